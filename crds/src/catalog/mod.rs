@@ -1,0 +1,163 @@
+//! MIG geometry catalog: every GPU-instance profile of the MIG-capable boards Tessera knows, with
+//! its slices, maximum count and valid placements on the memory-slice axis.
+//!
+//! This table is for *offline* validation (CLI, admission-time checks, capacity maths). On a real
+//! node the agent reads profiles and placements from NVML at run time and only cross-checks them
+//! against this catalog, because names and IDs drift between boards and drivers.
+
+mod tables;
+
+use std::fmt;
+
+pub use tables::MODELS;
+
+/// One GPU-instance profile of one board, e.g. `3g.40gb` on H100-80GB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProfileSpec {
+    /// Profile name as NVML and `nvidia-smi` print it, without the `MIG ` prefix.
+    pub name: &'static str,
+    /// GPU-instance profile id as `nvidia-smi mig -lgip` shows it (NVML `GpuInstanceProfileInfo.id`).
+    pub id: u32,
+    /// SM slices (out of [`GpuModel::compute_slices`]).
+    pub compute_slices: u8,
+    /// Memory slices; also the width of every placement on the memory axis.
+    pub memory_slices: u8,
+    /// Most instances of this profile one GPU can hold.
+    pub max_count: u8,
+    /// Valid start positions on the memory-slice axis (`nvidia-smi mig -lgipp`).
+    pub starts: &'static [u8],
+    /// `+me` profiles carry the media engines; at most one such instance per GPU.
+    pub media_extensions: bool,
+}
+
+impl ProfileSpec {
+    /// Memory in whole GB as the profile name states it (`3g.40gb` -> 40).
+    pub fn memory_gb(&self) -> u32 {
+        parse_profile_name(self.name).map(|p| p.memory_gb).unwrap_or(0)
+    }
+
+    /// The extended resource name the NVIDIA device plugin's mixed strategy advertises.
+    pub fn resource_name(&self) -> String {
+        mig_resource_name(self.name)
+    }
+}
+
+/// A MIG-capable board.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuModel {
+    /// Short, stable name used in plans and output, e.g. `H100-80GB`.
+    pub name: &'static str,
+    /// Product names as NVML (`nvmlDeviceGetName`) reports them.
+    pub nvml_names: &'static [&'static str],
+    /// PCI device ids (the upper 16 bits of NVML's `pciDeviceId`).
+    pub pci_device_ids: &'static [u16],
+    /// Positions on the memory-slice axis (8, or 4 on A30).
+    pub memory_slots: u8,
+    /// SM slices a whole GPU has (7, or 4 on A30).
+    pub compute_slices: u8,
+    pub profiles: &'static [ProfileSpec],
+    /// Where the numbers come from and what was assumed.
+    pub source: &'static str,
+}
+
+impl GpuModel {
+    /// Looks a profile up by name, case-insensitively; the `.me` resource spelling is accepted too.
+    pub fn profile(&self, name: &str) -> Option<&'static ProfileSpec> {
+        let wanted = normalize_profile(name);
+        self.profiles.iter().find(|p| p.name == wanted)
+    }
+
+    pub fn profile_names(&self) -> Vec<&'static str> {
+        self.profiles.iter().map(|p| p.name).collect()
+    }
+}
+
+impl fmt::Display for GpuModel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// Finds a board by its short name (`H100-80GB`), NVML product name (`NVIDIA H100 80GB HBM3`) or
+/// GPU Feature Discovery label (`NVIDIA-H100-80GB-HBM3`), case-insensitively. GFD suffixes such as
+/// `-SHARED` or `-MIG-1g.10gb` are ignored.
+pub fn lookup(product: &str) -> Option<&'static GpuModel> {
+    let key = normalize_product(product);
+    let key = strip_gfd_suffix(&key);
+    MODELS.iter().find(|m| {
+        normalize_product(m.name) == key
+            || m.nvml_names.iter().any(|n| {
+                let n = normalize_product(n);
+                n == key || n.strip_prefix("nvidia-") == Some(key)
+            })
+    })
+}
+
+/// Finds a board by PCI device id, e.g. `0x2330` (H100 SXM5 80GB).
+pub fn lookup_pci(device_id: u16) -> Option<&'static GpuModel> {
+    MODELS.iter().find(|m| m.pci_device_ids.contains(&device_id))
+}
+
+/// Short names of every board in the catalog, for error messages.
+pub fn known_products() -> Vec<&'static str> {
+    MODELS.iter().map(|m| m.name).collect()
+}
+
+fn normalize_product(s: &str) -> String {
+    s.trim().to_ascii_lowercase().replace([' ', '_'], "-")
+}
+
+fn strip_gfd_suffix(s: &str) -> &str {
+    let s = s.strip_suffix("-shared").unwrap_or(s);
+    match s.find("-mig-") {
+        Some(i) => &s[..i],
+        None => s,
+    }
+}
+
+/// `1g.10gb.me` (resource spelling) and `1G.10GB+ME` both become `1g.10gb+me`.
+pub fn normalize_profile(name: &str) -> String {
+    let lower = name.trim().to_ascii_lowercase();
+    match lower.strip_suffix(".me") {
+        Some(base) => format!("{base}+me"),
+        None => lower,
+    }
+}
+
+/// The parts of a profile name `<G>g.<M>gb[+me]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProfileName {
+    pub compute_slices: u32,
+    pub memory_gb: u32,
+    pub media_extensions: bool,
+}
+
+/// Parses `<G>g.<M>gb` with an optional `+me` (or `.me`) suffix; `None` if it is not of that form.
+pub fn parse_profile_name(name: &str) -> Option<ProfileName> {
+    let n = normalize_profile(name);
+    let (base, media_extensions) = match n.strip_suffix("+me") {
+        Some(b) => (b, true),
+        None => (n.as_str(), false),
+    };
+    let (g, m) = base.split_once("g.")?;
+    let m = m.strip_suffix("gb")?;
+    let digits = |s: &str| !s.is_empty() && s.len() <= 4 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(g) || !digits(m) {
+        return None;
+    }
+    Some(ProfileName { compute_slices: g.parse().ok()?, memory_gb: m.parse().ok()?, media_extensions })
+}
+
+/// Mixed-strategy resource name: `1g.10gb+me` -> `nvidia.com/mig-1g.10gb.me`.
+pub fn mig_resource_name(profile: &str) -> String {
+    format!("nvidia.com/mig-{}", normalize_profile(profile).replace('+', "."))
+}
+
+/// Inverse of [`mig_resource_name`]: `nvidia.com/mig-1g.10gb.me` -> `1g.10gb+me`.
+pub fn profile_of_resource(resource: &str) -> Option<String> {
+    let p = resource.strip_prefix("nvidia.com/mig-")?;
+    parse_profile_name(p).map(|_| normalize_profile(p))
+}
+
+#[cfg(test)]
+mod tests;

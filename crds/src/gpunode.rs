@@ -1,0 +1,135 @@
+//! `GpuNode`: one per Kubernetes node, named after it. The operator writes the intent (`spec`) and
+//! the rollout bookkeeping (`status.rollout`); the node agent writes what the GPUs really hold
+//! (`status.gpus`, `status.observedGeneration`, its conditions). Each uses its own field manager.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::conditions::conditions_schema;
+use crate::plan::PROFILE_MAP_RULE;
+
+/// The MIG layout one node's GPUs should have.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "tessera.dev",
+    version = "v1alpha1",
+    kind = "GpuNode",
+    status = "GpuNodeStatus",
+    shortname = "gn",
+    category = "tessera",
+    printcolumn(name = "Plan", type_ = "string", json_path = ".spec.plan"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.rollout.phase"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Applied-Gen", type_ = "integer", json_path = ".status.observedGeneration", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuNodeSpec {
+    /// The plan this intent comes from (informational; the operator keeps it current).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// Desired state per GPU index. GPUs not listed are left as they are.
+    #[serde(default)]
+    pub gpus: Vec<GpuIntent>,
+}
+
+/// Desired state of one GPU.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuIntent {
+    #[x_kube(validation = kube::core::Rule::new("self >= 0").message("index must be >= 0"))]
+    pub index: i32,
+    pub mig_enabled: bool,
+    #[serde(default)]
+    #[x_kube(validation = kube::core::Rule::new(PROFILE_MAP_RULE).message("profile names must look like 3g.40gb, counts >= 0"))]
+    pub profiles: BTreeMap<String, i32>,
+}
+
+/// Observed state, written by the node agent (and `rollout` by the operator).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuNodeStatus {
+    /// The `metadata.generation` of the spec the agent last applied successfully.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuState>,
+    #[serde(default)]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<NodeRollout>,
+}
+
+/// Inventory and applied layout of one GPU.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuState {
+    pub index: i32,
+    pub uuid: String,
+    /// NVML product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub product: String,
+    #[serde(default)]
+    pub memory_mib: i64,
+    #[serde(default)]
+    pub mig_capable: bool,
+    #[serde(default)]
+    pub mig_enabled: bool,
+    /// MIG mode after the next reset or reboot, when it differs from the current one.
+    #[serde(default)]
+    pub mig_pending: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<MigInstance>,
+}
+
+/// One MIG device: a GPU instance and its full-size compute instance.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MigInstance {
+    pub profile: String,
+    pub start: i32,
+    pub size: i32,
+    /// The MIG device UUID (`MIG-...`) that the device plugin advertises.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default)]
+    pub gpu_instance_id: i32,
+    #[serde(default)]
+    pub compute_instance_id: i32,
+}
+
+/// Where a node stands in its plan's rollout; written only by the operator.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NodePhase {
+    /// The node's layout matches its plan.
+    #[default]
+    Idle,
+    /// Waiting for a rollout slot.
+    Pending,
+    /// Cordoned; evicting pods.
+    Draining,
+    /// Handed to the node agent; waiting for its report of the new generation.
+    Applying,
+    /// Applied; uncordoning (only if we cordoned it).
+    Uncordoning,
+    /// The change failed; the node is uncordoned and the reason is in the message.
+    Failed,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRollout {
+    pub phase: NodePhase,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// Whether Tessera cordoned the node: it uncordons only what it cordoned.
+    #[serde(default)]
+    pub cordoned_by_us: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}

@@ -1,0 +1,154 @@
+//! `GpuPartitionPlan`: the desired MIG layouts for the nodes a selector matches, and how to roll
+//! them out.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::conditions::conditions_schema;
+
+/// CEL rule shared by every profile-count map: names of the form `<G>g.<M>gb[+me]`, counts >= 0.
+pub const PROFILE_MAP_RULE: &str =
+    r"self.all(k, k.matches('^[0-9]+g\\.[0-9]+gb(\\+me)?$') && self[k] >= 0)";
+const PROFILE_MAP_MESSAGE: &str =
+    "profile names must look like 3g.40gb or 1g.10gb+me, and counts must be >= 0";
+
+/// Desired MIG layouts for every node its `nodeSelector` matches, rolled out a few nodes at a time.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "tessera.dev",
+    version = "v1alpha1",
+    kind = "GpuPartitionPlan",
+    status = "GpuPartitionPlanStatus",
+    shortname = "gpp",
+    shortname = "gpuplan",
+    category = "tessera",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Matched", type_ = "integer", json_path = ".status.matchedNodes"),
+    printcolumn(name = "Updated", type_ = "integer", json_path = ".status.updatedNodes"),
+    printcolumn(name = "In-Progress", type_ = "integer", json_path = ".status.inProgressNodes"),
+    printcolumn(name = "Failed", type_ = "integer", json_path = ".status.failedNodes"),
+    printcolumn(name = "Priority", type_ = "integer", json_path = ".spec.priority", priority = 1),
+    printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.paused", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuPartitionPlanSpec {
+    /// Nodes this plan manages. An empty selector matches every node that has GPUs.
+    #[serde(default)]
+    pub node_selector: LabelSelector,
+    /// When several plans match one node the highest priority owns it; equal priorities conflict
+    /// and neither acts on that node.
+    #[serde(default)]
+    pub priority: i32,
+    /// Stops nodes from starting a change; nodes already in flight finish.
+    #[serde(default)]
+    pub paused: bool,
+    /// Layouts keyed by GPU product; optionally narrowed to some GPU indices on each node.
+    #[x_kube(validation = kube::core::Rule::new("size(self) > 0").message("at least one layout is required"))]
+    pub layouts: Vec<GpuLayout>,
+    #[serde(default)]
+    pub rollout: RolloutPolicy,
+}
+
+/// One MIG layout for the GPUs of one product.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuLayout {
+    /// GPU product: a catalog name (`H100-80GB`), the NVML product name (`NVIDIA H100 80GB HBM3`) or
+    /// the GPU Feature Discovery label value (`NVIDIA-H100-80GB-HBM3`). Case-insensitive.
+    #[x_kube(validation = kube::core::Rule::new("size(self) > 0").message("gpuProduct must not be empty"))]
+    pub gpu_product: String,
+    /// Whether MIG mode is on. `false` means whole GPUs, and `profiles` must be empty.
+    #[serde(default = "default_true")]
+    pub mig_enabled: bool,
+    /// Instances per GPU: profile name -> count, e.g. `{3g.40gb: 1, 2g.20gb: 2}`.
+    #[serde(default)]
+    #[x_kube(validation = kube::core::Rule::new(PROFILE_MAP_RULE).message(PROFILE_MAP_MESSAGE))]
+    pub profiles: BTreeMap<String, i32>,
+    /// GPU indices on each node this layout applies to; absent means every GPU of the product.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self.all(i, i >= 0)").message("GPU indices must be >= 0"))]
+    pub gpu_indices: Option<Vec<i32>>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Which pods a drain evicts.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DrainScope {
+    /// Only pods that request `nvidia.com/gpu` or `nvidia.com/mig-*`; the rest keep running.
+    #[default]
+    GpuPods,
+    /// Every pod kubectl drain would evict.
+    AllPods,
+}
+
+/// How fast and how forcefully a plan rolls out.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutPolicy {
+    /// Nodes changed at once: an integer >= 1 or a percentage of matched nodes (`25%`, rounded
+    /// down, at least 1).
+    #[serde(default = "default_max_unavailable")]
+    #[x_kube(validation = kube::core::Rule::new(
+        r"type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')"
+    ).message("maxUnavailable must be an integer >= 1 or a percentage from 1% to 100%"))]
+    pub max_unavailable: IntOrString,
+    /// How long a drain may take before the node is reported `Stalled`.
+    #[serde(default = "default_drain_timeout")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0").message("drainTimeoutSeconds must be >= 0"))]
+    pub drain_timeout_seconds: i64,
+    #[serde(default)]
+    pub drain_scope: DrainScope,
+    /// After the drain timeout, delete the remaining pods instead of stalling. Off by default:
+    /// a PodDisruptionBudget is never overridden unless asked for.
+    #[serde(default)]
+    pub force_after_timeout: bool,
+}
+
+fn default_max_unavailable() -> IntOrString {
+    IntOrString::Int(1)
+}
+
+fn default_drain_timeout() -> i64 {
+    600
+}
+
+impl Default for RolloutPolicy {
+    fn default() -> Self {
+        Self {
+            max_unavailable: default_max_unavailable(),
+            drain_timeout_seconds: default_drain_timeout(),
+            drain_scope: DrainScope::default(),
+            force_after_timeout: false,
+        }
+    }
+}
+
+/// What the operator reports about a plan.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuPartitionPlanStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    #[serde(default)]
+    pub matched_nodes: i32,
+    #[serde(default)]
+    pub updated_nodes: i32,
+    #[serde(default)]
+    pub in_progress_nodes: i32,
+    #[serde(default)]
+    pub failed_nodes: i32,
+    /// Nodes matched but not acted on, with the reason (conflict, no layout for the product...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub skipped_nodes: BTreeMap<String, String>,
+}

@@ -1,0 +1,109 @@
+//! `TenantGpuQuota`: a tenant's GPU and MIG limits over its namespaces, enforced by materialising
+//! native `ResourceQuota` objects, so the API server's own admission does the counting.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::conditions::conditions_schema;
+
+const RESOURCE_MAP_RULE: &str = r"self.all(k, (k == 'nvidia.com/gpu' || k.matches('^nvidia\\.com/mig-[0-9]+g\\.[0-9]+gb(\\.me)?$')) && self[k] >= 0)";
+const RESOURCE_MAP_MESSAGE: &str =
+    "keys must be nvidia.com/gpu or nvidia.com/mig-<profile> (e.g. nvidia.com/mig-1g.10gb), values >= 0";
+
+/// GPU and MIG limits for one tenant over one or more namespaces.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "tessera.dev",
+    version = "v1alpha1",
+    kind = "TenantGpuQuota",
+    status = "TenantGpuQuotaStatus",
+    shortname = "tgq",
+    category = "tessera",
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Capacity", type_ = "string", json_path = ".status.conditions[?(@.type==\"CapacityAvailable\")].status"),
+    printcolumn(name = "Namespaces", type_ = "string", json_path = ".spec.namespaces", priority = 1),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantGpuQuotaSpec {
+    /// The tenant's namespaces. A namespace may belong to one quota only.
+    #[x_kube(validation = kube::core::Rule::new("size(self) > 0").message("at least one namespace is required"))]
+    pub namespaces: Vec<String>,
+    /// Hard limits for the whole tenant: `nvidia.com/gpu` and `nvidia.com/mig-<profile>` counts.
+    #[x_kube(validation = kube::core::Rule::new(RESOURCE_MAP_RULE).message(RESOURCE_MAP_MESSAGE))]
+    pub hard: BTreeMap<String, i64>,
+    /// How `hard` is divided among the namespaces.
+    #[serde(default)]
+    pub split: SplitPolicy,
+    /// With `split: Explicit`, each namespace's share; the shares of a resource may not add up to
+    /// more than `hard`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespace_hard: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Optional limits in physical units over all profiles, checked and reported by the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical: Option<PhysicalLimits>,
+}
+
+/// How a tenant-wide limit becomes per-namespace `ResourceQuota`s.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SplitPolicy {
+    /// Each namespace gets `floor(hard / n)`; the remainder goes to the first namespaces in the
+    /// order listed, so the shares add up to exactly `hard`.
+    #[default]
+    Even,
+    /// Shares come from `namespaceHard`; a resource missing there gets 0 in that namespace.
+    Explicit,
+}
+
+/// Limits in compute slices and GPU memory, summed over every MIG profile and whole GPU.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PhysicalLimits {
+    /// SM slices: a `3g.40gb` counts 3, a whole GPU counts 7 (4 on A30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0").message("computeSlices must be >= 0"))]
+    pub compute_slices: Option<i64>,
+    /// GPU memory in GB as profile names state it: a `3g.40gb` counts 40.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0").message("memoryGB must be >= 0"))]
+    #[serde(rename = "memoryGB")]
+    pub memory_gb: Option<i64>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantGpuQuotaStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// Per resource: hard, used and remaining over all namespaces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ResourceUsage>,
+    /// Per namespace: the share applied and what is used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<NamespaceUsage>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceUsage {
+    pub name: String,
+    pub hard: i64,
+    pub used: i64,
+    pub remaining: i64,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceUsage {
+    pub namespace: String,
+    #[serde(default)]
+    pub hard: BTreeMap<String, i64>,
+    #[serde(default)]
+    pub used: BTreeMap<String, i64>,
+}

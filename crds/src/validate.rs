@@ -1,0 +1,298 @@
+//! Offline validation shared by the CLI (`tessera-operator validate`) and the operator itself.
+//! Every error names the field (a JSON path from the object root) and the reason.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+
+use crate::catalog::{self, GpuModel, parse_profile_name, profile_of_resource};
+use crate::plan::{GpuLayout, GpuPartitionPlanSpec, RolloutPolicy};
+use crate::quota::{SplitPolicy, TenantGpuQuotaSpec};
+use crate::solver::{self, ProfileCounts};
+
+/// One problem with one field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self { field: field.into(), reason: reason.into() }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+/// The resource name for whole GPUs.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// Checks a plan: products known, layouts that fit, indices that do not overlap, a valid
+/// selector and rollout policy.
+pub fn validate_plan(spec: &GpuPartitionPlanSpec) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    validate_selector(&spec.node_selector, "spec.nodeSelector", &mut errs);
+    if spec.layouts.is_empty() {
+        errs.push(FieldError::new("spec.layouts", "at least one layout is required"));
+    }
+    // product -> (covers-every-GPU layout, index -> layout that claims it)
+    let mut coverage: BTreeMap<&str, (Option<usize>, BTreeMap<i32, usize>)> = BTreeMap::new();
+    for (i, layout) in spec.layouts.iter().enumerate() {
+        let at = format!("spec.layouts[{i}]");
+        let Some(model) = validate_layout(layout, &at, &mut errs) else { continue };
+        let (all, indices) = coverage.entry(model.name).or_default();
+        match &layout.gpu_indices {
+            None => match all {
+                Some(j) => errs.push(FieldError::new(
+                    format!("{at}.gpuIndices"),
+                    format!(
+                        "spec.layouts[{j}] already applies to every {} GPU; give one of them gpuIndices",
+                        model.name
+                    ),
+                )),
+                None => *all = Some(i),
+            },
+            Some(list) => {
+                if list.is_empty() {
+                    errs.push(FieldError::new(
+                        format!("{at}.gpuIndices"),
+                        "must list at least one GPU index, or be omitted to mean every GPU",
+                    ));
+                }
+                for (k, &idx) in list.iter().enumerate() {
+                    let field = format!("{at}.gpuIndices[{k}]");
+                    if idx < 0 {
+                        errs.push(FieldError::new(field, format!("GPU index {idx} must be >= 0")));
+                    } else if let Some(j) = indices.insert(idx, i) {
+                        let owner = if j == i { "this layout".to_string() } else { format!("spec.layouts[{j}]") };
+                        errs.push(FieldError::new(
+                            field,
+                            format!("GPU {idx} of {} is already listed by {owner}", model.name),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    validate_rollout(&spec.rollout, "spec.rollout", &mut errs);
+    errs
+}
+
+/// Checks one layout and returns its board when the product is known.
+fn validate_layout(layout: &GpuLayout, at: &str, errs: &mut Vec<FieldError>) -> Option<&'static GpuModel> {
+    let model = catalog::lookup(&layout.gpu_product);
+    if model.is_none() {
+        errs.push(FieldError::new(
+            format!("{at}.gpuProduct"),
+            format!(
+                "unknown GPU product {:?}; known products: {}",
+                layout.gpu_product,
+                catalog::known_products().join(", ")
+            ),
+        ));
+    }
+    let Some(counts) = profile_counts(&layout.profiles, &format!("{at}.profiles"), errs) else {
+        return model;
+    };
+    let total: u32 = counts.values().sum();
+    if !layout.mig_enabled {
+        if total > 0 {
+            errs.push(FieldError::new(format!("{at}.profiles"), "must be empty when migEnabled is false"));
+        }
+        return model;
+    }
+    if total == 0 {
+        errs.push(FieldError::new(
+            format!("{at}.profiles"),
+            "migEnabled is true but no instances are listed; a MIG GPU without instances offers \
+             nothing (and the device plugin's mixed strategy fails on it)",
+        ));
+        return model;
+    }
+    if let Some(model) = model
+        && let Err(e) = solver::fit(model, &counts)
+    {
+        errs.push(FieldError::new(format!("{at}.profiles"), e.to_string()));
+    }
+    model
+}
+
+/// Turns a profile map into solver counts, reporting malformed names and negative counts.
+/// Returns `None` when any entry is unusable.
+pub fn profile_counts(
+    profiles: &BTreeMap<String, i32>,
+    at: &str,
+    errs: &mut Vec<FieldError>,
+) -> Option<ProfileCounts> {
+    let mut counts = ProfileCounts::new();
+    let before = errs.len();
+    for (name, &n) in profiles {
+        let field = format!("{at}[{name:?}]");
+        if parse_profile_name(name).is_none() || name.ends_with(".me") {
+            errs.push(FieldError::new(field, format!("{name:?} is not a MIG profile name like 3g.40gb or 1g.10gb+me")));
+        } else if n < 0 {
+            errs.push(FieldError::new(field, format!("count {n} must be >= 0")));
+        } else if n > 0 {
+            *counts.entry(catalog::normalize_profile(name)).or_default() += n as u32;
+        }
+    }
+    (errs.len() == before).then_some(counts)
+}
+
+fn validate_selector(sel: &LabelSelector, at: &str, errs: &mut Vec<FieldError>) {
+    for (i, expr) in sel.match_expressions.iter().flatten().enumerate() {
+        let field = format!("{at}.matchExpressions[{i}]");
+        let has_values = expr.values.as_ref().is_some_and(|v| !v.is_empty());
+        match expr.operator.as_str() {
+            "In" | "NotIn" if !has_values => errs.push(FieldError::new(
+                format!("{field}.values"),
+                format!("operator {} needs at least one value", expr.operator),
+            )),
+            "Exists" | "DoesNotExist" if has_values => errs.push(FieldError::new(
+                format!("{field}.values"),
+                format!("operator {} takes no values", expr.operator),
+            )),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => errs.push(FieldError::new(
+                format!("{field}.operator"),
+                format!("{other:?} is not one of In, NotIn, Exists, DoesNotExist"),
+            )),
+        }
+    }
+}
+
+fn validate_rollout(r: &RolloutPolicy, at: &str, errs: &mut Vec<FieldError>) {
+    if let Err(reason) = max_unavailable(&r.max_unavailable, 1) {
+        errs.push(FieldError::new(format!("{at}.maxUnavailable"), reason));
+    }
+    if r.drain_timeout_seconds < 0 {
+        errs.push(FieldError::new(format!("{at}.drainTimeoutSeconds"), "must be >= 0"));
+    }
+}
+
+/// Nodes that may be disrupted at once out of `matched`: an integer, or a percentage rounded down
+/// (at least 1, so a rollout always makes progress).
+pub fn max_unavailable(value: &IntOrString, matched: usize) -> Result<usize, String> {
+    match value {
+        IntOrString::Int(n) if *n >= 1 => Ok(*n as usize),
+        IntOrString::Int(n) => Err(format!("{n} must be >= 1")),
+        IntOrString::String(s) => {
+            let pct = s
+                .strip_suffix('%')
+                .and_then(|p| p.parse::<u32>().ok())
+                .filter(|p| (1..=100).contains(p) && !s.starts_with('0'))
+                .ok_or_else(|| format!("{s:?} must be an integer >= 1 or a percentage from 1% to 100%"))?;
+            Ok((matched * pct as usize / 100).max(1))
+        }
+    }
+}
+
+/// Checks a quota: namespaces, resource names (known MIG profiles only, so a typo cannot leave a
+/// real resource unlimited), non-negative limits and a consistent split.
+pub fn validate_quota(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    if spec.namespaces.is_empty() {
+        errs.push(FieldError::new("spec.namespaces", "at least one namespace is required"));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, ns) in spec.namespaces.iter().enumerate() {
+        let field = format!("spec.namespaces[{i}]");
+        if !is_dns1123_label(ns) {
+            errs.push(FieldError::new(field, format!("{ns:?} is not a valid namespace name (DNS-1123 label)")));
+        } else if !seen.insert(ns.as_str()) {
+            errs.push(FieldError::new(field, format!("namespace {ns:?} is listed twice")));
+        }
+    }
+    for (res, &n) in &spec.hard {
+        let field = format!("spec.hard[{res:?}]");
+        if let Err(reason) = check_resource_name(res) {
+            errs.push(FieldError::new(field, reason));
+        } else if n < 0 {
+            errs.push(FieldError::new(field, format!("limit {n} must be >= 0")));
+        }
+    }
+    match spec.split {
+        SplitPolicy::Even if !spec.namespace_hard.is_empty() => errs.push(FieldError::new(
+            "spec.namespaceHard",
+            "is only used with split: Explicit (split is Even)",
+        )),
+        SplitPolicy::Even => {}
+        SplitPolicy::Explicit => validate_explicit_split(spec, &mut errs),
+    }
+    if let Some(p) = &spec.physical {
+        for (name, v) in [("computeSlices", p.compute_slices), ("memoryGB", p.memory_gb)] {
+            if let Some(v) = v.filter(|v| *v < 0) {
+                errs.push(FieldError::new(format!("spec.physical.{name}"), format!("{v} must be >= 0")));
+            }
+        }
+    }
+    errs
+}
+
+fn validate_explicit_split(spec: &TenantGpuQuotaSpec, errs: &mut Vec<FieldError>) {
+    let mut sums: BTreeMap<&str, i64> = BTreeMap::new();
+    for (ns, shares) in &spec.namespace_hard {
+        if !spec.namespaces.contains(ns) {
+            errs.push(FieldError::new(
+                format!("spec.namespaceHard[{ns:?}]"),
+                format!("namespace {ns:?} is not in spec.namespaces"),
+            ));
+        }
+        for (res, &n) in shares {
+            let field = format!("spec.namespaceHard[{ns:?}][{res:?}]");
+            if !spec.hard.contains_key(res) {
+                errs.push(FieldError::new(field, format!("{res} has no tenant-wide limit in spec.hard")));
+            } else if n < 0 {
+                errs.push(FieldError::new(field, format!("share {n} must be >= 0")));
+            } else {
+                *sums.entry(res.as_str()).or_default() += n;
+            }
+        }
+    }
+    for (res, sum) in sums {
+        let hard = spec.hard[res];
+        if sum > hard {
+            errs.push(FieldError::new(
+                "spec.namespaceHard",
+                format!("the shares of {res} add up to {sum}, more than spec.hard allows ({hard})"),
+            ));
+        }
+    }
+}
+
+/// `nvidia.com/gpu`, or `nvidia.com/mig-<profile>` for a profile some known board has.
+pub fn check_resource_name(res: &str) -> Result<(), String> {
+    if res == GPU_RESOURCE {
+        return Ok(());
+    }
+    let Some(profile) = profile_of_resource(res) else {
+        return Err(format!(
+            "{res:?} is not {GPU_RESOURCE} or nvidia.com/mig-<profile> (e.g. nvidia.com/mig-1g.10gb)"
+        ));
+    };
+    if catalog::MODELS.iter().any(|m| m.profile(&profile).is_some()) {
+        Ok(())
+    } else {
+        Err(format!("MIG profile {profile:?} exists on no known GPU, so this limit would never apply"))
+    }
+}
+
+fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,158 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+use super::*;
+use crate::plan::GpuLayout;
+use crate::quota::PhysicalLimits;
+
+fn layout(product: &str, profiles: &[(&str, i32)], indices: Option<Vec<i32>>) -> GpuLayout {
+    GpuLayout {
+        gpu_product: product.into(),
+        mig_enabled: true,
+        profiles: profiles.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        gpu_indices: indices,
+    }
+}
+
+fn plan(layouts: Vec<GpuLayout>) -> GpuPartitionPlanSpec {
+    GpuPartitionPlanSpec {
+        node_selector: Default::default(),
+        priority: 0,
+        paused: false,
+        layouts,
+        rollout: Default::default(),
+    }
+}
+
+fn fields(errs: &[FieldError]) -> Vec<&str> {
+    errs.iter().map(|e| e.field.as_str()).collect()
+}
+
+#[test]
+fn a_good_plan_has_no_errors() {
+    let p = plan(vec![
+        layout("H100-80GB", &[("3g.40gb", 1), ("2g.20gb", 2)], None),
+        layout("NVIDIA A100-SXM4-40GB", &[("7g.40gb", 1)], Some(vec![0])),
+        layout("A100-40GB", &[("1g.5gb", 7)], Some(vec![1, 2])),
+    ]);
+    assert_eq!(validate_plan(&p), vec![]);
+}
+
+#[test]
+fn plan_errors_name_the_field_and_reason() {
+    let mut p = plan(vec![
+        layout("H100-81GB", &[("1g.10gb", 1)], None),
+        layout("H100-80GB", &[("4g.40gb", 2)], None),
+        layout("H100-80GB", &[("3g", 1)], Some(vec![0, 0])),
+        GpuLayout { mig_enabled: false, ..layout("A30", &[("1g.6gb", 1)], None) },
+        layout("A30", &[], Some(vec![1])),
+    ]);
+    p.rollout.max_unavailable = IntOrString::String("150%".into());
+    p.rollout.drain_timeout_seconds = -1;
+    let errs = validate_plan(&p);
+    let got: Vec<String> = errs.iter().map(ToString::to_string).collect();
+    let has = |field: &str, reason_part: &str| {
+        assert!(
+            errs.iter().any(|e| e.field == field && e.reason.contains(reason_part)),
+            "missing {field}: ...{reason_part}... in {got:#?}"
+        )
+    };
+    has("spec.layouts[0].gpuProduct", "unknown GPU product \"H100-81GB\"; known products: A30-24GB");
+    has("spec.layouts[1].profiles", "2 x 4g.40gb requested, but a H100-80GB holds at most 1");
+    has("spec.layouts[2].profiles[\"3g\"]", "is not a MIG profile name");
+    has("spec.layouts[2].gpuIndices[1]", "GPU 0 of H100-80GB is already listed by this layout");
+    has("spec.layouts[3].profiles", "must be empty when migEnabled is false");
+    has("spec.layouts[4].profiles", "no instances are listed");
+    has("spec.rollout.maxUnavailable", "percentage from 1% to 100%");
+    has("spec.rollout.drainTimeoutSeconds", ">= 0");
+}
+
+#[test]
+fn two_catch_all_layouts_for_one_product_conflict() {
+    let p = plan(vec![layout("H100-80GB", &[("7g.80gb", 1)], None), layout("h100-80gb", &[("1g.10gb", 7)], None)]);
+    let errs = validate_plan(&p);
+    assert_eq!(fields(&errs), vec!["spec.layouts[1].gpuIndices"]);
+    assert!(errs[0].reason.contains("spec.layouts[0] already applies to every H100-80GB GPU"));
+}
+
+#[test]
+fn selector_operators_are_checked() {
+    let mut p = plan(vec![layout("H100-80GB", &[("7g.80gb", 1)], None)]);
+    p.node_selector.match_expressions = Some(vec![
+        LabelSelectorRequirement { key: "a".into(), operator: "In".into(), values: None },
+        LabelSelectorRequirement { key: "b".into(), operator: "Equals".into(), values: None },
+        LabelSelectorRequirement { key: "c".into(), operator: "Exists".into(), values: Some(vec!["x".into()]) },
+    ]);
+    assert_eq!(
+        fields(&validate_plan(&p)),
+        vec![
+            "spec.nodeSelector.matchExpressions[0].values",
+            "spec.nodeSelector.matchExpressions[1].operator",
+            "spec.nodeSelector.matchExpressions[2].values"
+        ]
+    );
+}
+
+#[test]
+fn max_unavailable_rounds_percentages_down_but_never_to_zero() {
+    let pct = |s: &str| IntOrString::String(s.into());
+    assert_eq!(max_unavailable(&IntOrString::Int(2), 10), Ok(2));
+    assert_eq!(max_unavailable(&pct("25%"), 10), Ok(2));
+    assert_eq!(max_unavailable(&pct("25%"), 3), Ok(1));
+    assert_eq!(max_unavailable(&pct("100%"), 7), Ok(7));
+    for bad in ["0%", "101%", "abc", "5", "05%", "-1%"] {
+        assert!(max_unavailable(&pct(bad), 10).is_err(), "{bad}");
+    }
+    assert!(max_unavailable(&IntOrString::Int(0), 10).is_err());
+}
+
+fn quota(namespaces: &[&str], hard: &[(&str, i64)]) -> TenantGpuQuotaSpec {
+    TenantGpuQuotaSpec {
+        namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
+        hard: hard.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        split: SplitPolicy::Even,
+        namespace_hard: BTreeMap::new(),
+        physical: None,
+    }
+}
+
+#[test]
+fn a_good_quota_has_no_errors() {
+    let mut q = quota(&["team-a", "team-a-batch"], &[("nvidia.com/mig-1g.10gb", 4), ("nvidia.com/gpu", 1)]);
+    q.split = SplitPolicy::Explicit;
+    q.namespace_hard.insert("team-a".into(), [("nvidia.com/mig-1g.10gb".to_string(), 3)].into());
+    q.physical = Some(PhysicalLimits { compute_slices: Some(8), memory_gb: Some(80) });
+    assert_eq!(validate_quota(&q), vec![]);
+}
+
+#[test]
+fn quota_errors_name_the_field_and_reason() {
+    let mut q = quota(
+        &["team-a", "Team_B", "team-a"],
+        &[("nvidia.com/mig-1g.11gb", 1), ("nvidia.com/mig-3g", 1), ("nvidia.com/gpu", -1), ("nvidia.com/mig-1g.10gb", 2)],
+    );
+    q.split = SplitPolicy::Explicit;
+    q.namespace_hard.insert("team-c".into(), BTreeMap::new());
+    q.namespace_hard.insert("team-a".into(), [("nvidia.com/mig-1g.10gb".to_string(), 3)].into());
+    q.physical = Some(PhysicalLimits { compute_slices: Some(-2), memory_gb: None });
+    let errs = validate_quota(&q);
+    let has = |field: &str, part: &str| {
+        assert!(errs.iter().any(|e| e.field == field && e.reason.contains(part)), "missing {field}: {part} in {errs:#?}")
+    };
+    has("spec.namespaces[1]", "not a valid namespace name");
+    has("spec.namespaces[2]", "listed twice");
+    has("spec.hard[\"nvidia.com/mig-1g.11gb\"]", "exists on no known GPU");
+    has("spec.hard[\"nvidia.com/mig-3g\"]", "is not nvidia.com/gpu or nvidia.com/mig-<profile>");
+    has("spec.hard[\"nvidia.com/gpu\"]", "must be >= 0");
+    has("spec.namespaceHard[\"team-c\"]", "not in spec.namespaces");
+    has("spec.namespaceHard", "add up to 3, more than spec.hard allows (2)");
+    has("spec.physical.computeSlices", "must be >= 0");
+}
+
+#[test]
+fn namespace_hard_without_explicit_split_is_refused() {
+    let mut q = quota(&["a"], &[("nvidia.com/gpu", 1)]);
+    q.namespace_hard.insert("a".into(), BTreeMap::new());
+    assert_eq!(fields(&validate_quota(&q)), vec!["spec.namespaceHard"]);
+}

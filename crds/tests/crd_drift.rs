@@ -1,0 +1,34 @@
+//! The committed CRD YAML in `config/crd/` must equal what the Rust types generate.
+
+use std::path::Path;
+
+#[test]
+fn committed_crds_match_the_types() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/crd");
+    let mut drift = Vec::new();
+    for (name, yaml) in tessera_crds::crdgen::rendered_crds() {
+        match std::fs::read_to_string(dir.join(&name)) {
+            Ok(committed) if committed == yaml => {}
+            Ok(_) => drift.push(format!("{name} differs")),
+            Err(e) => drift.push(format!("{name}: {e}")),
+        }
+    }
+    assert!(drift.is_empty(), "config/crd is stale ({}); run `make crds` and commit", drift.join("; "));
+}
+
+#[test]
+fn crds_carry_cel_rules_printer_columns_and_status() {
+    let all: String = tessera_crds::crdgen::rendered_crds().into_iter().map(|(_, y)| y).collect();
+    for needle in [
+        "x-kubernetes-validations",
+        "maxUnavailable must be an integer >= 1 or a percentage",
+        "x-kubernetes-list-map-keys",
+        "additionalPrinterColumns",
+        "- tessera",
+        "status: {}",
+        "scope: Cluster",
+    ] {
+        assert!(all.contains(needle), "generated CRDs lack {needle:?}");
+    }
+    assert!(!all.contains("scope: Namespaced"), "every Tessera kind is cluster-scoped");
+}

@@ -1,6 +1,10 @@
 //! Tessera's API (`tessera.dev/v1alpha1`), MIG geometry catalog, layout solver and offline
 //! validation. Pure: no I/O, so the operator, the node agent and the CLI share one source of truth.
 
+// kube's `#[kube(printcolumn(type_ = ..), printcolumn(type_ = ..))]` repeats argument names on
+// purpose; clippy reads them as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod catalog;
 pub mod conditions;
 pub mod crdgen;

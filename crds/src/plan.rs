@@ -11,10 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::conditions::conditions_schema;
 
 /// CEL rule shared by every profile-count map: names of the form `<G>g.<M>gb[+me]`, counts >= 0.
-pub const PROFILE_MAP_RULE: &str =
-    r"self.all(k, k.matches('^[0-9]+g\\.[0-9]+gb(\\+me)?$') && self[k] >= 0)";
-const PROFILE_MAP_MESSAGE: &str =
-    "profile names must look like 3g.40gb or 1g.10gb+me, and counts must be >= 0";
+pub const PROFILE_MAP_RULE: &str = r"self.all(k, k.matches('^[0-9]+g\\.[0-9]+gb(\\+me)?$') && self[k] >= 0)";
+const PROFILE_MAP_MESSAGE: &str = "profile names must look like 3g.40gb or 1g.10gb+me, and counts must be >= 0";
 
 /// Desired MIG layouts for every node its `nodeSelector` matches, rolled out a few nodes at a time.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -23,7 +23,11 @@ const RESOURCE_MAP_MESSAGE: &str =
     shortname = "tgq",
     category = "tessera",
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
-    printcolumn(name = "Capacity", type_ = "string", json_path = ".status.conditions[?(@.type==\"CapacityAvailable\")].status"),
+    printcolumn(
+        name = "Capacity",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"CapacityAvailable\")].status"
+    ),
     printcolumn(name = "Namespaces", type_ = "string", json_path = ".spec.namespaces", priority = 1),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]

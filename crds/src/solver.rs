@@ -34,17 +34,18 @@ impl fmt::Display for Placement {
 pub enum FitError {
     #[error("profile {profile:?} does not exist on {product}; valid profiles: {}", known.join(", "))]
     UnknownProfile { profile: String, product: String, known: Vec<String> },
-    #[error("{requested} x {profile} requested, but a {product} holds at most {max}")]
+    #[error("{requested} x {profile} requested, but one {product} holds at most {max}")]
     OverMaxCount { profile: String, requested: u32, max: u8, product: String },
     #[error("{requested} instances with media extensions (+me) requested, but a GPU holds at most one")]
     TooManyMediaExtensions { requested: u32 },
-    #[error("the layout needs {requested} compute slices, but a {product} has {available}")]
+    #[error("the layout needs {requested} compute slices, but one {product} has {available}")]
     ComputeExceeded { requested: u32, available: u8, product: String },
-    #[error("the layout needs {requested} memory slices, but a {product} has {available}")]
+    #[error("the layout needs {requested} memory slices, but one {product} has {available}")]
     MemoryExceeded { requested: u32, available: u8, product: String },
     #[error(
         "no non-overlapping placement exists on {product}; best partial placement: [{}]; left over: {}",
-        join(best_partial), join_counts(unplaced)
+        join(best_partial),
+        join_counts(unplaced)
     )]
     NoPlacement { product: String, best_partial: Vec<Placement>, unplaced: ProfileCounts },
 }
@@ -73,11 +74,7 @@ pub fn fit(model: &GpuModel, request: &ProfileCounts) -> Result<Vec<Placement>, 
 
 /// Places `request` on a GPU that already holds `kept` (which stay where they are). Returns only
 /// the new placements, sorted by start. The node agent uses this to keep matching instances.
-pub fn fit_around(
-    model: &GpuModel,
-    kept: &[Placement],
-    request: &ProfileCounts,
-) -> Result<Vec<Placement>, FitError> {
+pub fn fit_around(model: &GpuModel, kept: &[Placement], request: &ProfileCounts) -> Result<Vec<Placement>, FitError> {
     let mut total = counts_of(kept);
     for (name, n) in request {
         *total.entry(normalize_profile(name)).or_default() += n;
@@ -90,13 +87,10 @@ pub fn fit_around(
     }
     let mut instances: Vec<&ProfileSpec> = wanted;
     // Largest first, then the most constrained, then by name: a deterministic search order.
-    instances.sort_by(|a, b| {
-        (b.memory_slices, a.starts.len(), a.name).cmp(&(a.memory_slices, b.starts.len(), b.name))
-    });
+    instances.sort_by(|a, b| (b.memory_slices, a.starts.len(), a.name).cmp(&(a.memory_slices, b.starts.len(), b.name)));
     let mut chosen = Vec::with_capacity(instances.len());
     if place_all(model, &instances, 0, occupied, &mut chosen) {
-        let mut out: Vec<Placement> =
-            chosen.iter().map(|&(spec, start)| placement(spec, start)).collect();
+        let mut out: Vec<Placement> = chosen.iter().map(|&(spec, start)| placement(spec, start)).collect();
         out.sort();
         return Ok(out);
     }
@@ -233,11 +227,7 @@ fn best_partial(model: &GpuModel, instances: &[&ProfileSpec], occupied: u32) -> 
             return;
         }
         let spec = s.instances[idx];
-        let after = cur
-            .iter()
-            .rev()
-            .find(|(i, _)| s.instances[*i].name == spec.name)
-            .map(|&(_, st)| st);
+        let after = cur.iter().rev().find(|(i, _)| s.instances[*i].name == spec.name).map(|&(_, st)| st);
         for start in free_starts(s.model, spec, occupied, after).collect::<Vec<_>>() {
             cur.push((idx, start));
             let used = occupied | mask(start, spec.memory_slices);
@@ -248,8 +238,7 @@ fn best_partial(model: &GpuModel, instances: &[&ProfileSpec], occupied: u32) -> 
     }
     let mut s = Search { model, instances, best: Vec::new(), best_score: (0, 0) };
     go(&mut s, 0, occupied, &mut Vec::new(), 0);
-    let mut out: Vec<Placement> =
-        s.best.iter().map(|&(i, start)| placement(instances[i], start)).collect();
+    let mut out: Vec<Placement> = s.best.iter().map(|&(i, start)| placement(instances[i], start)).collect();
     out.sort();
     out
 }
@@ -279,16 +268,12 @@ pub fn maximal_layouts(model: &GpuModel, profiles: Option<&[&str]>) -> Vec<Vec<P
 }
 
 fn candidates(model: &GpuModel, profiles: Option<&[&str]>) -> Vec<(&'static ProfileSpec, u8)> {
-    let allowed = |spec: &ProfileSpec| {
-        profiles.is_none_or(|ps| ps.iter().any(|p| normalize_profile(p) == spec.name))
-    };
+    let allowed = |spec: &ProfileSpec| profiles.is_none_or(|ps| ps.iter().any(|p| normalize_profile(p) == spec.name));
     model
         .profiles
         .iter()
         .filter(|s| allowed(s))
-        .flat_map(|s| {
-            s.starts.iter().filter(|&&st| st + s.memory_slices <= model.memory_slots).map(move |&st| (s, st))
-        })
+        .flat_map(|s| s.starts.iter().filter(|&&st| st + s.memory_slices <= model.memory_slots).map(move |&st| (s, st)))
         .collect()
 }
 

@@ -127,11 +127,7 @@ fn validate_layout(layout: &GpuLayout, at: &str, errs: &mut Vec<FieldError>) -> 
 
 /// Turns a profile map into solver counts, reporting malformed names and negative counts.
 /// Returns `None` when any entry is unusable.
-pub fn profile_counts(
-    profiles: &BTreeMap<String, i32>,
-    at: &str,
-    errs: &mut Vec<FieldError>,
-) -> Option<ProfileCounts> {
+pub fn profile_counts(profiles: &BTreeMap<String, i32>, at: &str, errs: &mut Vec<FieldError>) -> Option<ProfileCounts> {
     let mut counts = ProfileCounts::new();
     let before = errs.len();
     for (name, &n) in profiles {
@@ -220,10 +216,9 @@ pub fn validate_quota(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
         }
     }
     match spec.split {
-        SplitPolicy::Even if !spec.namespace_hard.is_empty() => errs.push(FieldError::new(
-            "spec.namespaceHard",
-            "is only used with split: Explicit (split is Even)",
-        )),
+        SplitPolicy::Even if !spec.namespace_hard.is_empty() => {
+            errs.push(FieldError::new("spec.namespaceHard", "is only used with split: Explicit (split is Even)"))
+        }
         SplitPolicy::Even => {}
         SplitPolicy::Explicit => validate_explicit_split(spec, &mut errs),
     }
@@ -274,9 +269,7 @@ pub fn check_resource_name(res: &str) -> Result<(), String> {
         return Ok(());
     }
     let Some(profile) = profile_of_resource(res) else {
-        return Err(format!(
-            "{res:?} is not {GPU_RESOURCE} or nvidia.com/mig-<profile> (e.g. nvidia.com/mig-1g.10gb)"
-        ));
+        return Err(format!("{res:?} is not {GPU_RESOURCE} or nvidia.com/mig-<profile> (e.g. nvidia.com/mig-1g.10gb)"));
     };
     if catalog::MODELS.iter().any(|m| m.profile(&profile).is_some()) {
         Ok(())

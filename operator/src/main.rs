@@ -1,1 +1,68 @@
-fn main() {}
+//! `tessera-operator`: offline checks for GitOps pipelines (`validate`, `mig ...`).
+
+use clap::{Parser, Subcommand};
+use tessera_operator::cli::{self, Output};
+
+#[derive(Parser)]
+#[command(name = "tessera-operator", version, about = "Declarative MIG partitioning and GPU quotas for Kubernetes")]
+struct Cli {
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t, global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate YAML files of GpuPartitionPlans and TenantGpuQuotas offline (exit 1 on any error).
+    Validate {
+        #[arg(required = true)]
+        files: Vec<String>,
+    },
+    /// MIG geometry from the built-in catalog.
+    Mig {
+        #[command(subcommand)]
+        command: MigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum MigCommand {
+    /// Print the profile table of a GPU product.
+    Profiles {
+        #[arg(long)]
+        gpu: String,
+    },
+    /// Check whether PROFILE=COUNT... fits on one GPU (exit 0 fits, 1 does not, 2 usage error).
+    Fit {
+        #[arg(long)]
+        gpu: String,
+        #[arg(required = true, value_name = "PROFILE=COUNT")]
+        profiles: Vec<String>,
+    },
+    /// List every maximal layout of a GPU product, optionally using only some profiles.
+    Layouts {
+        #[arg(long)]
+        gpu: String,
+        #[arg(long = "only", value_name = "PROFILE")]
+        only: Vec<String>,
+    },
+}
+
+fn main() {
+    let args = Cli::parse();
+    let result = match args.command {
+        Command::Validate { files } => cli::validate::run(&files, args.output),
+        Command::Mig { command: MigCommand::Profiles { gpu } } => cli::mig::profiles(&gpu, args.output),
+        Command::Mig { command: MigCommand::Fit { gpu, profiles } } => cli::mig::fit(&gpu, &profiles, args.output),
+        Command::Mig { command: MigCommand::Layouts { gpu, only } } => cli::mig::layouts(&gpu, &only, args.output),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(e.exit_code());
+        }
+    }
+}

@@ -164,7 +164,8 @@ fn arb_request() -> impl Strategy<Value = (&'static GpuModel, ProfileCounts)> {
     (0..MODELS.len()).prop_flat_map(|i| {
         let m = &MODELS[i];
         proptest::collection::vec(0u32..4, m.profiles.len()).prop_map(move |counts| {
-            let req = m.profiles.iter().zip(counts).filter(|(_, n)| *n > 0).map(|(p, n)| (p.name.to_string(), n)).collect();
+            let req =
+                m.profiles.iter().zip(counts).filter(|(_, n)| *n > 0).map(|(p, n)| (p.name.to_string(), n)).collect();
             (m, req)
         })
     })

@@ -59,7 +59,7 @@ fn plan_errors_name_the_field_and_reason() {
         )
     };
     has("spec.layouts[0].gpuProduct", "unknown GPU product \"H100-81GB\"; known products: A30-24GB");
-    has("spec.layouts[1].profiles", "2 x 4g.40gb requested, but a H100-80GB holds at most 1");
+    has("spec.layouts[1].profiles", "2 x 4g.40gb requested, but one H100-80GB holds at most 1");
     has("spec.layouts[2].profiles[\"3g\"]", "is not a MIG profile name");
     has("spec.layouts[2].gpuIndices[1]", "GPU 0 of H100-80GB is already listed by this layout");
     has("spec.layouts[3].profiles", "must be empty when migEnabled is false");
@@ -130,7 +130,12 @@ fn a_good_quota_has_no_errors() {
 fn quota_errors_name_the_field_and_reason() {
     let mut q = quota(
         &["team-a", "Team_B", "team-a"],
-        &[("nvidia.com/mig-1g.11gb", 1), ("nvidia.com/mig-3g", 1), ("nvidia.com/gpu", -1), ("nvidia.com/mig-1g.10gb", 2)],
+        &[
+            ("nvidia.com/mig-1g.11gb", 1),
+            ("nvidia.com/mig-3g", 1),
+            ("nvidia.com/gpu", -1),
+            ("nvidia.com/mig-1g.10gb", 2),
+        ],
     );
     q.split = SplitPolicy::Explicit;
     q.namespace_hard.insert("team-c".into(), BTreeMap::new());
@@ -138,7 +143,10 @@ fn quota_errors_name_the_field_and_reason() {
     q.physical = Some(PhysicalLimits { compute_slices: Some(-2), memory_gb: None });
     let errs = validate_quota(&q);
     let has = |field: &str, part: &str| {
-        assert!(errs.iter().any(|e| e.field == field && e.reason.contains(part)), "missing {field}: {part} in {errs:#?}")
+        assert!(
+            errs.iter().any(|e| e.field == field && e.reason.contains(part)),
+            "missing {field}: {part} in {errs:#?}"
+        )
     };
     has("spec.namespaces[1]", "not a valid namespace name");
     has("spec.namespaces[2]", "listed twice");

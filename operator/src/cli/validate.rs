@@ -1,0 +1,169 @@
+//! `tessera-operator validate FILE...`: checks multi-document YAML of Tessera objects with the
+//! same code the operator uses, and prints `file:doc N: field: reason` for every problem.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tessera_crds::validate::{FieldError, validate_plan, validate_quota};
+use tessera_crds::{GpuPartitionPlanSpec, TenantGpuQuotaSpec};
+
+use super::Output;
+use crate::Error;
+
+/// One problem, located in a file and document (1-based).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DocError {
+    pub file: String,
+    pub doc: usize,
+    pub field: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for DocError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:doc {}: {}: {}", self.file, self.doc, self.field, self.reason)
+    }
+}
+
+/// What one document was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DocSummary {
+    pub file: String,
+    pub doc: usize,
+    pub kind: String,
+    pub name: String,
+    pub valid: bool,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    pub documents: Vec<DocSummary>,
+    pub errors: Vec<DocError>,
+}
+
+/// Validates YAML text (possibly several documents). Documents of other API groups are listed
+/// as skipped: a GitOps directory holds more than Tessera objects.
+pub fn validate_text(file: &str, text: &str, report: &mut Report) {
+    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let doc = i + 1;
+        let mut errs = Vec::new();
+        let value = match <serde_yaml::Value as serde::Deserialize>::deserialize(de) {
+            Ok(serde_yaml::Value::Null) => continue,
+            Ok(v) => v,
+            Err(e) => {
+                report.errors.push(DocError {
+                    file: file.into(),
+                    doc,
+                    field: "(document)".into(),
+                    reason: e.to_string(),
+                });
+                // A syntax error ends the stream: later documents cannot be located reliably.
+                break;
+            }
+        };
+        let json = match serde_json::to_value(&value) {
+            Ok(j) => j,
+            Err(e) => {
+                errs.push(FieldError::new("(document)", e.to_string()));
+                serde_json::Value::Null
+            }
+        };
+        let kind = json.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_string();
+        let api_version = json.get("apiVersion").and_then(|k| k.as_str()).unwrap_or("");
+        let name = json.pointer("/metadata/name").and_then(|k| k.as_str()).unwrap_or("").to_string();
+        let tessera = api_version.split('/').next() == Some(tessera_crds::GROUP);
+        if !tessera {
+            report.documents.push(DocSummary {
+                file: file.into(),
+                doc,
+                kind: format!("{kind} (skipped: not tessera.dev)"),
+                name,
+                valid: true,
+            });
+            continue;
+        }
+        if api_version != format!("{}/{}", tessera_crds::GROUP, tessera_crds::VERSION) {
+            errs.push(FieldError::new(
+                "apiVersion",
+                format!("{api_version:?} is not served; use tessera.dev/v1alpha1"),
+            ));
+        }
+        errs.extend(check_metadata(&json));
+        match kind.as_str() {
+            "GpuPartitionPlan" => errs.extend(check_spec::<GpuPartitionPlanSpec>(&json, validate_plan)),
+            "TenantGpuQuota" => errs.extend(check_spec::<TenantGpuQuotaSpec>(&json, validate_quota)),
+            "GpuNode" => errs.push(FieldError::new(
+                "kind",
+                "GpuNode objects are written by the operator and node agents; do not commit them",
+            )),
+            other => errs.push(FieldError::new(
+                "kind",
+                format!("{other:?} is not a Tessera kind (GpuPartitionPlan, TenantGpuQuota)"),
+            )),
+        }
+        report.documents.push(DocSummary { file: file.into(), doc, kind, name, valid: errs.is_empty() });
+        report.errors.extend(errs.into_iter().map(|e| DocError {
+            file: file.into(),
+            doc,
+            field: e.field,
+            reason: e.reason,
+        }));
+    }
+}
+
+fn check_metadata(json: &serde_json::Value) -> Vec<FieldError> {
+    let name = json.pointer("/metadata/name").and_then(|n| n.as_str());
+    let mut errs = Vec::new();
+    match name {
+        None => errs.push(FieldError::new("metadata.name", "is required")),
+        Some(n) if !is_dns1123_subdomain(n) => errs.push(FieldError::new(
+            "metadata.name",
+            format!("{n:?} must be lowercase letters, digits, '-' and '.', at most 253 characters"),
+        )),
+        Some(_) => {}
+    }
+    if json.pointer("/metadata/namespace").is_some() {
+        errs.push(FieldError::new("metadata.namespace", "Tessera kinds are cluster-scoped; remove the namespace"));
+    }
+    errs
+}
+
+/// Deserialises `spec` with the exact path of any type error, then runs the semantic checks.
+fn check_spec<T: DeserializeOwned>(json: &serde_json::Value, semantic: fn(&T) -> Vec<FieldError>) -> Vec<FieldError> {
+    let Some(spec) = json.get("spec") else { return vec![FieldError::new("spec", "is required")] };
+    match serde_path_to_error::deserialize::<_, T>(spec) {
+        Ok(typed) => semantic(&typed),
+        Err(e) => {
+            let path = e.path().to_string();
+            let field = if path == "." { "spec".to_string() } else { format!("spec.{path}") };
+            vec![FieldError::new(field, e.into_inner().to_string())]
+        }
+    }
+}
+
+fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Runs the subcommand over files; returns the exit status.
+pub fn run(files: &[String], output: Output) -> Result<i32, Error> {
+    let mut report = Report::default();
+    for f in files {
+        let text = std::fs::read_to_string(f).map_err(|source| Error::ReadFile { path: f.clone(), source })?;
+        validate_text(f, &text, &mut report);
+    }
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Output::Text => {
+            for e in &report.errors {
+                println!("{e}");
+            }
+            let valid = report.documents.iter().filter(|d| d.valid).count();
+            println!("{} documents, {} valid, {} errors", report.documents.len(), valid, report.errors.len());
+        }
+    }
+    Ok(if report.errors.is_empty() { 0 } else { 1 })
+}

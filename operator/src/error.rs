@@ -1,0 +1,21 @@
+//! The operator crate's one error type.
+
+/// Errors of the operator and its CLI.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {path}: {source}")]
+    ReadFile { path: String, source: std::io::Error },
+    #[error("unknown GPU product {product:?}; known products: {known}")]
+    UnknownProduct { product: String, known: String },
+    #[error("{0}")]
+    Usage(String),
+    #[error("cannot render output: {0}")]
+    Render(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// Process exit status: 2 for usage errors (bad arguments, unknown names, unreadable files).
+    pub fn exit_code(&self) -> i32 {
+        2
+    }
+}

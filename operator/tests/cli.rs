@@ -1,0 +1,148 @@
+//! Drives the real `tessera-operator` binary: exit codes, text and JSON output.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera-operator")).args(args).current_dir(repo()).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn yaml_files(dir: &str) -> Vec<String> {
+    let mut files: Vec<String> = std::fs::read_dir(repo().join(dir))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| p.strip_prefix(repo()).unwrap().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no YAML in {dir}");
+    files
+}
+
+#[test]
+fn every_sample_validates() {
+    for f in yaml_files("config/samples") {
+        let (code, out) = run(&["validate", &f]);
+        assert_eq!(code, 0, "{f}: {out}");
+        assert!(out.contains(", 0 errors"), "{out}");
+    }
+}
+
+#[test]
+fn every_broken_sample_fails_naming_each_expected_field() {
+    for f in yaml_files("config/samples-invalid") {
+        let text = std::fs::read_to_string(repo().join(&f)).unwrap();
+        let expected: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# expect: ")).collect();
+        assert!(!expected.is_empty(), "{f} has no # expect: lines");
+        let (code, out) = run(&["validate", &f]);
+        assert_eq!(code, 1, "{f}: {out}");
+        for e in expected {
+            assert!(out.contains(e), "{f}: expected {e:?} in:\n{out}");
+        }
+    }
+}
+
+#[test]
+fn validate_json_lists_documents_and_errors() {
+    let (code, out) = run(&["validate", "--output", "json", "config/samples-invalid/plan-wrong-type.yaml"]);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["documents"].as_array().unwrap().len(), 2);
+    assert_eq!(v["errors"][1]["doc"], 2);
+    assert_eq!(v["errors"][1]["field"], "metadata.name");
+}
+
+#[test]
+fn other_kinds_in_a_gitops_file_are_skipped_not_failed() {
+    let dir = std::env::temp_dir().join(format!("tessera-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("mixed.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n---\n\
+         apiVersion: tessera.dev/v1alpha1\nkind: GpuPartitionPlan\nmetadata: {name: p}\n\
+         spec: {layouts: [{gpuProduct: A30, profiles: {4g.24gb: 1}}]}\n---\n\
+         apiVersion: tessera.dev/v1beta9\nkind: GpuPartitionPlan\nmetadata: {name: q, namespace: x}\n\
+         spec: {layouts: [{gpuProduct: A30, profiles: {4g.24gb: 1}}]}\n",
+    )
+    .unwrap();
+    let (code, out) = run(&["validate", f.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("doc 3: apiVersion: \"tessera.dev/v1beta9\" is not served"), "{out}");
+    assert!(out.contains("doc 3: metadata.namespace: Tessera kinds are cluster-scoped"), "{out}");
+    assert!(!out.contains("doc 1:") && !out.contains("doc 2:"), "{out}");
+    assert!(out.contains("3 documents, 2 valid, 2 errors"), "{out}");
+}
+
+#[test]
+fn unreadable_file_is_a_usage_error() {
+    let (code, out) = run(&["validate", "does/not/exist.yaml"]);
+    assert_eq!(code, 2);
+    assert!(out.contains("cannot read does/not/exist.yaml"), "{out}");
+}
+
+#[test]
+fn mig_fit_exit_codes() {
+    let (code, out) = run(&["mig", "fit", "--gpu", "A100-40GB", "2g.10gb=2", "3g.20gb=1"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("3g.20gb      start 4 size 4"), "{out}");
+    assert!(out.contains("memory slots: [AABBCCCC]"), "{out}");
+
+    let (code, out) = run(&["mig", "fit", "--gpu", "A100-40GB", "3g.20gb=2", "1g.5gb=1"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("does not fit: the layout needs 9 memory slices, but one A100-40GB has 8"), "{out}");
+
+    let (code, out) = run(&["mig", "fit", "--gpu", "A100-40GB", "1g.10gb+me=1"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("profile \"1g.10gb+me\" does not exist on A100-40GB"), "{out}");
+
+    let (code, out) = run(&["mig", "fit", "--gpu", "Z100", "1g.5gb=1"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("unknown GPU product \"Z100\""), "{out}");
+
+    let (code, _) = run(&["mig", "fit", "--gpu", "A100-40GB", "1g.5gb"]);
+    assert_eq!(code, 2);
+    let (code, _) = run(&["mig", "fit", "--gpu", "A100-40GB"]);
+    assert_eq!(code, 2, "clap refuses a missing PROFILE=COUNT");
+}
+
+#[test]
+fn mig_fit_json_for_machines() {
+    let (code, out) = run(&["mig", "fit", "-o", "json", "--gpu", "NVIDIA H100 80GB HBM3", "3g.40gb=1", "2g.20gb=2"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["fits"], true);
+    assert_eq!(v["product"], "H100-80GB");
+    assert_eq!(v["placements"][2], serde_json::json!({"start": 4, "size": 4, "profile": "3g.40gb"}));
+
+    let (code, out) = run(&["mig", "fit", "-o", "json", "--gpu", "A30", "1g.6gb+me=1", "2g.12gb+me=1"]);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["fits"], false);
+    assert!(v["reason"].as_str().unwrap().contains("at most one"));
+}
+
+#[test]
+fn mig_profiles_and_layouts() {
+    let (code, out) = run(&["mig", "profiles", "--gpu", "a30", "-o", "json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["memorySlots"], 4);
+    assert_eq!(v["profiles"][1]["resource"], "nvidia.com/mig-1g.6gb.me");
+
+    let only = ["--only", "1g.5gb", "--only", "2g.10gb", "--only", "3g.20gb", "--only", "4g.20gb", "--only", "7g.40gb"];
+    let mut args = vec!["mig", "layouts", "--gpu", "A100-40GB"];
+    args.extend(only);
+    let (code, out) = run(&args);
+    assert_eq!(code, 0);
+    assert!(out.contains("19 maximal layouts on A100-40GB"), "{out}");
+
+    let (code, _) = run(&["mig", "profiles", "--gpu", "nope"]);
+    assert_eq!(code, 2);
+}

@@ -9,7 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use crate::conditions::conditions_schema;
-use crate::plan::PROFILE_MAP_RULE;
+use crate::plan::{MAX_GPUS_PER_NODE, MAX_PROFILES_PER_GPU, PROFILE_MAP_RULE};
 
 /// The MIG layout one node's GPUs should have.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -33,6 +33,7 @@ pub struct GpuNodeSpec {
     pub plan: Option<String>,
     /// Desired state per GPU index. GPUs not listed are left as they are.
     #[serde(default)]
+    #[schemars(extend("maxItems" = MAX_GPUS_PER_NODE))]
     pub gpus: Vec<GpuIntent>,
 }
 
@@ -45,6 +46,7 @@ pub struct GpuIntent {
     pub mig_enabled: bool,
     #[serde(default)]
     #[x_kube(validation = kube::core::Rule::new(PROFILE_MAP_RULE).message("profile names must look like 3g.40gb, counts >= 0"))]
+    #[schemars(extend("maxProperties" = MAX_PROFILES_PER_GPU))]
     pub profiles: BTreeMap<String, i32>,
 }
 

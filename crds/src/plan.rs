@@ -12,6 +12,11 @@ use crate::conditions::conditions_schema;
 
 /// CEL rule shared by every profile-count map: names of the form `<G>g.<M>gb[+me]`, counts >= 0.
 pub const PROFILE_MAP_RULE: &str = r"self.all(k, k.matches('^[0-9]+g\\.[0-9]+gb(\\+me)?$') && self[k] >= 0)";
+/// Bounds that keep the CEL rules within the API server's cost budget: no board has more than
+/// nine profiles, and no node more than 16 GPUs.
+pub const MAX_PROFILES_PER_GPU: usize = 12;
+pub const MAX_GPUS_PER_NODE: usize = 16;
+
 const PROFILE_MAP_MESSAGE: &str = "profile names must look like 3g.40gb or 1g.10gb+me, and counts must be >= 0";
 
 /// Desired MIG layouts for every node its `nodeSelector` matches, rolled out a few nodes at a time.
@@ -47,6 +52,7 @@ pub struct GpuPartitionPlanSpec {
     pub paused: bool,
     /// Layouts keyed by GPU product; optionally narrowed to some GPU indices on each node.
     #[x_kube(validation = kube::core::Rule::new("size(self) > 0").message("at least one layout is required"))]
+    #[schemars(extend("maxItems" = 32))]
     pub layouts: Vec<GpuLayout>,
     #[serde(default)]
     pub rollout: RolloutPolicy,
@@ -59,6 +65,7 @@ pub struct GpuLayout {
     /// GPU product: a catalog name (`H100-80GB`), the NVML product name (`NVIDIA H100 80GB HBM3`) or
     /// the GPU Feature Discovery label value (`NVIDIA-H100-80GB-HBM3`). Case-insensitive.
     #[x_kube(validation = kube::core::Rule::new("size(self) > 0").message("gpuProduct must not be empty"))]
+    #[schemars(extend("maxLength" = 128))]
     pub gpu_product: String,
     /// Whether MIG mode is on. `false` means whole GPUs, and `profiles` must be empty.
     #[serde(default = "default_true")]
@@ -66,10 +73,12 @@ pub struct GpuLayout {
     /// Instances per GPU: profile name -> count, e.g. `{3g.40gb: 1, 2g.20gb: 2}`.
     #[serde(default)]
     #[x_kube(validation = kube::core::Rule::new(PROFILE_MAP_RULE).message(PROFILE_MAP_MESSAGE))]
+    #[schemars(extend("maxProperties" = MAX_PROFILES_PER_GPU))]
     pub profiles: BTreeMap<String, i32>,
     /// GPU indices on each node this layout applies to; absent means every GPU of the product.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("self.all(i, i >= 0)").message("GPU indices must be >= 0"))]
+    #[schemars(extend("maxItems" = MAX_GPUS_PER_NODE))]
     pub gpu_indices: Option<Vec<i32>>,
 }
 

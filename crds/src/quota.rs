@@ -35,9 +35,11 @@ const RESOURCE_MAP_MESSAGE: &str =
 pub struct TenantGpuQuotaSpec {
     /// The tenant's namespaces. A namespace may belong to one quota only.
     #[x_kube(validation = kube::core::Rule::new("size(self) > 0").message("at least one namespace is required"))]
+    #[schemars(extend("maxItems" = 64, "items" = {"type": "string", "maxLength": 63}))]
     pub namespaces: Vec<String>,
     /// Hard limits for the whole tenant: `nvidia.com/gpu` and `nvidia.com/mig-<profile>` counts.
     #[x_kube(validation = kube::core::Rule::new(RESOURCE_MAP_RULE).message(RESOURCE_MAP_MESSAGE))]
+    #[schemars(extend("maxProperties" = 64))]
     pub hard: BTreeMap<String, i64>,
     /// How `hard` is divided among the namespaces.
     #[serde(default)]

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
 use crate::catalog::{self, GpuModel, parse_profile_name, profile_of_resource};
-use crate::plan::{GpuLayout, GpuPartitionPlanSpec, RolloutPolicy};
+use crate::plan::{GpuLayout, GpuPartitionPlanSpec, MAX_GPUS_PER_NODE, MAX_PROFILES_PER_GPU, RolloutPolicy};
 use crate::quota::{SplitPolicy, TenantGpuQuotaSpec};
 use crate::solver::{self, ProfileCounts};
 
@@ -43,6 +43,7 @@ pub fn validate_plan(spec: &GpuPartitionPlanSpec) -> Vec<FieldError> {
     if spec.layouts.is_empty() {
         errs.push(FieldError::new("spec.layouts", "at least one layout is required"));
     }
+    too_many(&mut errs, "spec.layouts", spec.layouts.len(), 32);
     // product -> (covers-every-GPU layout, index -> layout that claims it)
     let mut coverage: BTreeMap<&str, (Option<usize>, BTreeMap<i32, usize>)> = BTreeMap::new();
     for (i, layout) in spec.layouts.iter().enumerate() {
@@ -98,6 +99,10 @@ fn validate_layout(layout: &GpuLayout, at: &str, errs: &mut Vec<FieldError>) -> 
                 catalog::known_products().join(", ")
             ),
         ));
+    }
+    too_many(errs, &format!("{at}.profiles"), layout.profiles.len(), MAX_PROFILES_PER_GPU);
+    if let Some(list) = &layout.gpu_indices {
+        too_many(errs, &format!("{at}.gpuIndices"), list.len(), MAX_GPUS_PER_NODE);
     }
     let Some(counts) = profile_counts(&layout.profiles, &format!("{at}.profiles"), errs) else {
         return model;
@@ -198,6 +203,8 @@ pub fn validate_quota(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
     if spec.namespaces.is_empty() {
         errs.push(FieldError::new("spec.namespaces", "at least one namespace is required"));
     }
+    too_many(&mut errs, "spec.namespaces", spec.namespaces.len(), 64);
+    too_many(&mut errs, "spec.hard", spec.hard.len(), 64);
     let mut seen = BTreeSet::new();
     for (i, ns) in spec.namespaces.iter().enumerate() {
         let field = format!("spec.namespaces[{i}]");
@@ -275,6 +282,13 @@ pub fn check_resource_name(res: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("MIG profile {profile:?} exists on no known GPU, so this limit would never apply"))
+    }
+}
+
+/// The same bounds the CRD schema sets (they keep CEL within the API server's cost budget).
+fn too_many(errs: &mut Vec<FieldError>, field: &str, len: usize, max: usize) {
+    if len > max {
+        errs.push(FieldError::new(field, format!("has {len} entries; at most {max} are allowed")));
     }
 }
 

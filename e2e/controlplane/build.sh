@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from the pinned Go
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and kubectl from the pinned Go
 # modules in this folder into a cache directory outside the clone, keyed by go.mod + go.sum, so a
 # second run (and CI's fresh clone on the same machine) reuses them. Prints the bin directory.
 set -euo pipefail
@@ -7,7 +7,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 key=$(cat "$here/go.mod" "$here/go.sum" "$here/cmd/etcd/main.go" | sha256sum | cut -c1-16)
 cache=${TESSERA_CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/controlplane}
 bin="$cache/$key/bin"
-tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl)
 missing=()
 for t in "${tools[@]}"; do [ -x "$bin/$t" ] || missing+=("$t"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$bin"; exit 0; fi

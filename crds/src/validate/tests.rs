@@ -159,6 +159,19 @@ fn quota_errors_name_the_field_and_reason() {
 }
 
 #[test]
+fn schema_bounds_are_checked_offline_too() {
+    let many: Vec<(String, i32)> = (1..=13).map(|i| (format!("{i}g.{i}gb"), 0)).collect();
+    let mut l = layout("H100-80GB", &[("7g.80gb", 1)], Some((0..17).collect()));
+    l.profiles.extend(many);
+    let errs = validate_plan(&plan(vec![l]));
+    assert!(errs.iter().any(|e| e.field == "spec.layouts[0].profiles" && e.reason.contains("at most 12")), "{errs:?}");
+    assert!(
+        errs.iter().any(|e| e.field == "spec.layouts[0].gpuIndices" && e.reason.contains("at most 16")),
+        "{errs:?}"
+    );
+}
+
+#[test]
 fn namespace_hard_without_explicit_split_is_refused() {
     let mut q = quota(&["a"], &[("nvidia.com/gpu", 1)]);
     q.namespace_hard.insert("a".into(), BTreeMap::new());

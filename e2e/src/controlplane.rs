@@ -1,0 +1,304 @@
+//! A real Kubernetes control plane on loopback: etcd, kube-apiserver (RBAC, static tokens,
+//! ResourceQuota admission), kube-controller-manager, kube-scheduler and kwok.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::Error;
+use crate::identity::Identity;
+use crate::pki::write_pki;
+use crate::process::Component;
+
+/// Label that makes kwok manage a node (the harness sets it on every fake node).
+pub const KWOK_NODE_LABEL: &str = "tessera.dev/kwok";
+
+/// Where the cluster is: started here, or an existing one from a kubeconfig.
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    kubeconfigs: HashMap<Identity, PathBuf>,
+    components: Vec<Component>,
+    /// An external cluster: identities other than admin are impersonated.
+    external: bool,
+    keep_logs: bool,
+}
+
+impl ControlPlane {
+    /// Starts a control plane, or connects to `TESSERA_E2E_KUBECONFIG` when that is set.
+    pub async fn start() -> Result<Self, Error> {
+        if let Ok(path) = std::env::var("TESSERA_E2E_KUBECONFIG") {
+            let kubeconfigs = Identity::ALL.iter().map(|&i| (i, PathBuf::from(&path))).collect();
+            return Ok(Self {
+                dir: PathBuf::from(path),
+                kubeconfigs,
+                components: vec![],
+                external: true,
+                keep_logs: true,
+            });
+        }
+        let bin = binaries()?;
+        let dir = std::env::temp_dir().join(format!("tessera-e2e-{}-{}", std::process::id(), unique()));
+        let logs = dir.join("logs");
+        std::fs::create_dir_all(&logs).map_err(|e| Error::io("temp dir", e))?;
+        write_pki(&dir)?;
+        let tokens = write_tokens(&dir)?;
+        let [etcd_port, etcd_peer, api_port, kcm_port, sched_port, kwok_port] = free_ports()?;
+        let api = format!("https://127.0.0.1:{api_port}");
+        let kubeconfigs = write_kubeconfigs(&dir, &api, &tokens)?;
+        let mut cp = Self { dir: dir.clone(), kubeconfigs, components: vec![], external: false, keep_logs: false };
+        let p = |f: &str| dir.join(f).display().to_string();
+
+        cp.spawn(
+            &bin,
+            "etcd",
+            &logs,
+            vec![
+                format!("--data-dir={}", p("etcd")),
+                format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
+                format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        cp.spawn(&bin, "kube-apiserver", &logs, vec![
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", p("certs")),
+            format!("--tls-cert-file={}", p("apiserver.crt")),
+            format!("--tls-private-key-file={}", p("apiserver.key")),
+            format!("--token-auth-file={}", p("tokens.csv")),
+            "--authorization-mode=RBAC".into(),
+            // ServiceAccount admission is off (as in envtest): it would refuse pods created before
+            // the controller-manager made the namespace's default ServiceAccount.
+            "--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ResourceQuota,ValidatingAdmissionPolicy,MutatingAdmissionWebhook,ValidatingAdmissionWebhook".into(),
+            "--disable-admission-plugins=ServiceAccount".into(),
+            format!("--service-account-issuer={api}"),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--endpoint-reconciler-type=none".into(),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+            "--enable-priority-and-fairness=false".into(),
+            "--v=1".into(),
+        ])?;
+        cp.wait_for_apiserver(Duration::from_secs(90)).await?;
+        let system = p("system.kubeconfig");
+        cp.spawn(&bin, "kube-controller-manager", &logs, vec![
+            format!("--kubeconfig={system}"),
+            format!("--authentication-kubeconfig={system}"),
+            format!("--authorization-kubeconfig={system}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={kcm_port}"),
+            "--leader-elect=false".into(),
+            "--controllers=disruption,replicaset,deployment,daemonset,garbagecollector,namespace,resourcequota,job,serviceaccount,nodelifecycle".into(),
+            "--concurrent-gc-syncs=5".into(),
+            "--v=1".into(),
+        ])?;
+        let sched = p("scheduler.kubeconfig");
+        cp.spawn(
+            &bin,
+            "kube-scheduler",
+            &logs,
+            vec![
+                format!("--kubeconfig={sched}"),
+                format!("--authentication-kubeconfig={sched}"),
+                format!("--authorization-kubeconfig={sched}"),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={sched_port}"),
+                "--leader-elect=false".into(),
+                "--v=1".into(),
+            ],
+        )?;
+        cp.spawn(
+            &bin,
+            "kwok",
+            &logs,
+            vec![
+                format!("--kubeconfig={system}"),
+                "--manage-all-nodes=false".into(),
+                format!("--manage-nodes-with-label-selector={KWOK_NODE_LABEL}=true"),
+                format!("--server-address=127.0.0.1:{kwok_port}"),
+                "--cidr=10.244.0.1/16".into(),
+                "--node-ip=127.0.0.1".into(),
+                "--node-lease-duration-seconds=40".into(),
+            ],
+        )?;
+        Ok(cp)
+    }
+
+    fn spawn(&mut self, bin: &Path, name: &str, logs: &Path, args: Vec<String>) -> Result<(), Error> {
+        self.components.push(Component::spawn(name, &bin.join(name), &args, logs)?);
+        Ok(())
+    }
+
+    /// Polls `/readyz` as admin until the API server is ready (or a component died).
+    async fn wait_for_apiserver(&mut self, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            if let Ok(client) = self.client(Identity::Admin).await {
+                let req = http::Request::get("/readyz").body(Vec::new()).expect("static request");
+                if client.request_text(req).await.is_ok_and(|body| body.trim() == "ok") {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                self.keep_logs = true;
+                return Err(Error::Timeout(format!("kube-apiserver not ready; logs in {}", self.dir.display())));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Fails if any component has exited (and keeps its logs).
+    pub fn check_alive(&mut self) -> Result<(), Error> {
+        for c in &mut self.components {
+            if let Some(status) = c.exited() {
+                self.keep_logs = true;
+                return Err(Error::ComponentExited {
+                    name: c.name.clone(),
+                    status: status.to_string(),
+                    log: self.dir.join("logs").join(format!("{}.log", c.name)),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A client acting as `who`.
+    pub async fn client(&self, who: Identity) -> Result<Client, Error> {
+        Client::try_from(self.config(who).await?).map_err(Error::Kube)
+    }
+
+    /// The client configuration for `who` (impersonated on an external cluster).
+    pub async fn config(&self, who: Identity) -> Result<Config, Error> {
+        let path = &self.kubeconfigs[&who];
+        let kc = Kubeconfig::read_from(path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        if self.external && who != Identity::Admin {
+            config.auth_info.impersonate = Some(who.user().to_string());
+            config.auth_info.impersonate_groups = Some(who.groups().iter().map(|g| g.to_string()).collect());
+        }
+        Ok(config)
+    }
+
+    /// Path of the kubeconfig for `who` (for kubectl or child processes).
+    pub fn kubeconfig(&self, who: Identity) -> &Path {
+        &self.kubeconfigs[&who]
+    }
+
+    /// PIDs of the running components (tests check none outlives the harness).
+    pub fn pids(&self) -> Vec<u32> {
+        self.components.iter().map(Component::pid).collect()
+    }
+
+    /// Keep the temp dir and logs after drop (set automatically when a test panics).
+    pub fn keep_logs(&mut self) {
+        self.keep_logs = true;
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Reverse order: kwok and controllers before the API server, etcd last.
+        while let Some(mut c) = self.components.pop() {
+            c.stop();
+        }
+        if self.external {
+            return;
+        }
+        if self.keep_logs || std::thread::panicking() {
+            eprintln!("control-plane logs kept in {}", self.dir.join("logs").display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Finds the binaries: `TESSERA_CONTROLPLANE_BIN`, else builds (or reuses) them via build.sh.
+fn binaries() -> Result<PathBuf, Error> {
+    if let Ok(dir) = std::env::var("TESSERA_CONTROLPLANE_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane/build.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| Error::io("controlplane/build.sh", e))?;
+    if !out.status.success() {
+        return Err(Error::Build(format!("{} failed with {}", script.display(), out.status)));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+    // Hold every listener until all are chosen so the ports differ.
+    let listeners: Vec<TcpListener> =
+        (0..N).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>().map_err(|e| Error::io("port", e))?;
+    let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().map(|a| a.port()).unwrap_or(0)).collect();
+    Ok(ports.try_into().expect("N ports"))
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn random_token() -> Result<String, Error> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| Error::io("urandom", e))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// `tokens.csv` for `--token-auth-file`: `token,user,uid,"group1,group2"`.
+fn write_tokens(dir: &Path) -> Result<HashMap<Identity, String>, Error> {
+    let mut tokens = HashMap::new();
+    let mut csv = String::new();
+    for who in Identity::ALL {
+        let token = random_token()?;
+        csv.push_str(&format!("{token},{},{},\"{}\"\n", who.user(), who.file_name(), who.groups().join(",")));
+        tokens.insert(who, token);
+    }
+    std::fs::write(dir.join("tokens.csv"), csv).map_err(|e| Error::io("tokens.csv", e))?;
+    Ok(tokens)
+}
+
+fn write_kubeconfigs(
+    dir: &Path,
+    server: &str,
+    tokens: &HashMap<Identity, String>,
+) -> Result<HashMap<Identity, PathBuf>, Error> {
+    let ca = dir.join("ca.crt");
+    let mut paths = HashMap::new();
+    for who in Identity::ALL {
+        let name = who.file_name();
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: tessera-e2e\n  cluster:\n    server: {server}\n    \
+             certificate-authority: {}\nusers:\n- name: {name}\n  user:\n    token: {}\ncontexts:\n- name: {name}\n  \
+             context:\n    cluster: tessera-e2e\n    user: {name}\ncurrent-context: {name}\n",
+            ca.display(),
+            tokens[&who]
+        );
+        let path = dir.join(format!("{name}.kubeconfig"));
+        std::fs::write(&path, yaml).map_err(|e| Error::io("kubeconfig", e))?;
+        paths.insert(who, path);
+    }
+    Ok(paths)
+}

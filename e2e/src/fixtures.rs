@@ -1,0 +1,162 @@
+//! Shared steps for end-to-end tests: install Tessera's CRDs, create fake GPU nodes that kwok
+//! keeps Ready, and wait for conditions without sleeping blindly.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::Error;
+use crate::controlplane::KWOK_NODE_LABEL;
+
+/// Field manager for everything the harness writes.
+pub const MANAGER: &str = "tessera-e2e";
+
+/// Polls `check` every 200 ms until it yields `Some`, or fails after `timeout` naming `what`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout(what.to_string()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Applies every CRD in `config/crd/` and waits until each is Established.
+pub async fn install_crds(client: &Client) -> Result<Vec<String>, Error> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/crd");
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut names = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir).map_err(|e| Error::io("config/crd", e))?.flatten().collect();
+    files.sort_by_key(|f| f.path());
+    for f in files {
+        let text = std::fs::read_to_string(f.path()).map_err(|e| Error::io("CRD file", e))?;
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text)?;
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&crd)).await?;
+        names.push(name);
+    }
+    for name in &names {
+        wait_for(&format!("CRD {name} Established"), Duration::from_secs(30), || async {
+            let crd = api.get(name).await.ok()?;
+            let established = crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True");
+            established.then_some(())
+        })
+        .await?;
+    }
+    Ok(names)
+}
+
+/// A fake GPU node: GPU Feature Discovery-style labels and the extended resources to advertise.
+#[derive(Debug, Clone)]
+pub struct FakeGpuNode {
+    pub name: String,
+    /// GFD `nvidia.com/gpu.product` value, e.g. `NVIDIA-H100-80GB-HBM3`.
+    pub product: String,
+    pub gpus: u32,
+    /// Extra allocatable resources, e.g. `nvidia.com/mig-1g.10gb: 7`.
+    pub resources: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl FakeGpuNode {
+    pub fn new(name: &str, product: &str, gpus: u32) -> Self {
+        Self { name: name.into(), product: product.into(), gpus, resources: BTreeMap::new(), labels: BTreeMap::new() }
+    }
+
+    pub fn resource(mut self, name: &str, quantity: u32) -> Self {
+        self.resources.insert(name.into(), quantity.to_string());
+        self
+    }
+
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+}
+
+/// Creates the nodes (kwok manages them through [`KWOK_NODE_LABEL`]) and waits until each is Ready.
+pub async fn create_gpu_nodes(client: &Client, nodes: &[FakeGpuNode]) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    for n in nodes {
+        let mut labels: BTreeMap<String, String> = [
+            (KWOK_NODE_LABEL, "true"),
+            ("type", "kwok"),
+            ("kubernetes.io/hostname", n.name.as_str()),
+            ("kubernetes.io/os", "linux"),
+            ("nvidia.com/gpu.product", n.product.as_str()),
+            ("nvidia.com/mig.capable", "true"),
+            ("nvidia.com/mig.strategy", "mixed"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        labels.insert("nvidia.com/gpu.count".into(), n.gpus.to_string());
+        labels.extend(n.labels.clone());
+        let mut resources: BTreeMap<String, String> = [("cpu", "64"), ("memory", "512Gi"), ("pods", "110")]
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        resources.extend(n.resources.clone());
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": n.name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}},
+            "spec": {},
+            "status": {"capacity": resources, "allocatable": resources},
+        }))
+        .expect("a valid Node");
+        api.create(&PostParams::default(), &node).await?;
+        set_node_resources(client, &n.name, &resources).await?;
+    }
+    for n in nodes {
+        wait_node_ready(client, &n.name).await?;
+    }
+    Ok(())
+}
+
+/// Sets a node's capacity and allocatable (what a device plugin would advertise).
+pub async fn set_node_resources(
+    client: &Client,
+    node: &str,
+    resources: &BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    let patch = json!({"status": {"capacity": resources, "allocatable": resources}});
+    api.patch_status(node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+/// Waits until kwok reports the node Ready.
+pub async fn wait_node_ready(client: &Client, name: &str) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    wait_for(&format!("node {name} Ready"), Duration::from_secs(60), || async {
+        let node = api.get(name).await.ok()?;
+        let ready = node.status?.conditions?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(())
+    })
+    .await
+}
+
+/// Creates a namespace and waits for it to be usable.
+pub async fn create_namespace(client: &Client, name: &str) -> Result<(), Error> {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))
+        .expect("a valid Namespace");
+    api.create(&PostParams::default(), &ns).await?;
+    Ok(())
+}

@@ -1,7 +1,198 @@
-//! Tessera node agent. The NVML and simulated backends arrive with the node-agent issue; until then
-//! this binary only says so, so nothing mistakes it for a working agent.
+//! `node-agent`: run the agent, probe the GPUs read-only, or drive simulated GPUs.
 
-fn main() {
-    eprintln!("node-agent: not implemented yet (see the node-agent issue)");
-    std::process::exit(2);
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use tessera_node_agent::agent::Agent;
+use tessera_node_agent::backend::nvml::NvmlBackend;
+use tessera_node_agent::backend::sim::{self, Fault, SimBackend};
+use tessera_node_agent::backend::{GpuBackend, catalog_differences};
+
+#[derive(Parser)]
+#[command(name = "node-agent", version, about = "Tessera node agent: applies MIG layouts and reports GPU state")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum BackendKind {
+    Nvml,
+    Sim,
+}
+
+#[derive(clap::Args)]
+struct BackendArgs {
+    #[arg(long, value_enum, default_value = "nvml", env = "TESSERA_BACKEND")]
+    backend: BackendKind,
+    /// Simulated GPUs: state file (created on first use).
+    #[arg(long, env = "TESSERA_SIM_STATE", default_value = "/var/lib/tessera/sim-gpus.json")]
+    sim_state: PathBuf,
+    /// Simulated GPUs: products, comma-separated (used when the state file is new).
+    #[arg(long, env = "TESSERA_SIM_GPUS", value_delimiter = ',', default_value = "H100-80GB")]
+    sim_gpus: Vec<String>,
+    /// Simulated GPUs: latency of every driver operation, in milliseconds.
+    #[arg(long, env = "TESSERA_SIM_LATENCY_MS", default_value_t = 0)]
+    sim_latency_ms: u64,
+    /// Simulated GPUs: fail every operation after the k-th.
+    #[arg(long, env = "TESSERA_SIM_FAIL_AFTER")]
+    sim_fail_after: Option<u64>,
+    /// Simulated GPUs: abort the process right after the k-th operation.
+    #[arg(long, env = "TESSERA_SIM_CRASH_AFTER")]
+    sim_crash_after: Option<u64>,
+}
+
+impl BackendArgs {
+    fn open(&self) -> anyhow::Result<Box<dyn GpuBackend>> {
+        Ok(match self.backend {
+            BackendKind::Nvml => Box::new(NvmlBackend::init()?),
+            BackendKind::Sim => {
+                let fault = match (self.sim_fail_after, self.sim_crash_after) {
+                    (Some(k), _) => Some(Fault::FailAfter(k)),
+                    (None, Some(k)) => Some(Fault::CrashAfter(k)),
+                    _ => None,
+                };
+                Box::new(
+                    SimBackend::open(&self.sim_state, &self.sim_gpus)?
+                        .with_latency(Duration::from_millis(self.sim_latency_ms))
+                        .with_fault(fault),
+                )
+            }
+        })
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Reconcile this node's GpuNode until stopped.
+    Run {
+        /// This node's name (from the downward API).
+        #[arg(long, env = "NODE_NAME")]
+        node_name: String,
+        #[command(flatten)]
+        backend: BackendArgs,
+        #[arg(long, default_value_t = 30)]
+        resync_seconds: u64,
+        /// Advertise nvidia.com/mig-* on the Node like the device plugin (default: with --backend sim).
+        #[arg(long)]
+        advertise_resources: Option<bool>,
+        /// Label selector of GPU client pods on this node to restart after a change.
+        #[arg(long, env = "TESSERA_GPU_CLIENT_SELECTOR")]
+        gpu_client_selector: Option<String>,
+    },
+    /// Read-only: print the inventory and the NVML profile/placement table, and any difference
+    /// from the built-in catalog.
+    Probe {
+        #[command(flatten)]
+        backend: BackendArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drive simulated GPUs (tests and the demo).
+    Sim {
+        #[command(subcommand)]
+        command: SimCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum SimCommand {
+    /// Start a simulated process on a MIG device (or a whole GPU).
+    RunProcess {
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        mig_uuid: Option<String>,
+        #[arg(long)]
+        pid: u32,
+        #[arg(long, default_value = "python")]
+        name: String,
+    },
+    /// Stop a simulated process.
+    StopProcess {
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long)]
+        pid: u32,
+    },
+    /// Simulate a node reboot: instances are lost, pending MIG modes apply.
+    Reboot {
+        #[arg(long)]
+        state: PathBuf,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Run { node_name, backend, resync_seconds, advertise_resources, gpu_client_selector } => {
+            let advertise = advertise_resources.unwrap_or(backend.backend == BackendKind::Sim);
+            let backend = backend.open()?;
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            rt.block_on(async move {
+                let client = kube::Client::try_default().await.context("connecting to the API server")?;
+                let agent =
+                    Agent { backend, client, node: node_name, advertise_resources: advertise, gpu_client_selector };
+                tokio::select! {
+                    r = agent.run(Duration::from_secs(resync_seconds)) => r.map_err(anyhow::Error::from),
+                    _ = tokio::signal::ctrl_c() => Ok(()),
+                }
+            })
+        }
+        Command::Probe { backend, json } => probe(backend.open()?, json),
+        Command::Sim { command } => {
+            match command {
+                SimCommand::RunProcess { state, gpu, mig_uuid, pid, name } => {
+                    sim::run_process(&state, gpu, mig_uuid.as_deref(), pid, &name)?
+                }
+                SimCommand::StopProcess { state, pid } => sim::stop_process(&state, pid)?,
+                SimCommand::Reboot { state } => sim::reboot(&state)?,
+            }
+            Ok(())
+        }
+    }
+}
+
+fn probe(mut backend: Box<dyn GpuBackend>, json: bool) -> anyhow::Result<()> {
+    let mut report = Vec::new();
+    for gpu in backend.inventory()? {
+        let profiles = if gpu.mig_capable { backend.profiles(gpu.index)? } else { vec![] };
+        let instances = if gpu.mig_enabled { backend.instances(gpu.index)? } else { vec![] };
+        let diffs = catalog_differences(&gpu.product, &profiles);
+        if !json {
+            println!(
+                "GPU {} {} ({}), {} MiB, MIG capable {}, enabled {}, pending {:?}",
+                gpu.index, gpu.product, gpu.uuid, gpu.memory_mib, gpu.mig_capable, gpu.mig_enabled, gpu.mig_pending
+            );
+            for p in &profiles {
+                println!(
+                    "  {:<12} id {:>2}  compute {}  memory slices {}  max {}  starts {:?}  {} MiB",
+                    p.name, p.id, p.compute_slices, p.memory_slices, p.max_count, p.starts, p.memory_mib
+                );
+            }
+            for i in &instances {
+                println!("  instance {} at {}:{} gi {} {}", i.profile, i.start, i.size, i.gpu_instance_id, i.uuid);
+            }
+            if diffs.is_empty() {
+                println!("  catalog: matches");
+            }
+            for d in &diffs {
+                println!("  catalog difference: {d}");
+            }
+        }
+        report.push(
+            serde_json::json!({"gpu": gpu, "profiles": profiles, "instances": instances, "catalogDifferences": diffs}),
+        );
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
 }

@@ -1,0 +1,244 @@
+//! The reconcile loop: observe the GPUs and the node's `GpuNode`, plan each GPU (pure), act one
+//! driver call at a time, and write one status at the end. No state is kept between passes, so
+//! the agent can be killed at any point and the next pass re-plans from what the GPUs hold.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tessera_crds::GpuNode;
+use tessera_crds::catalog::mig_resource_name;
+use tessera_crds::solver::ProfileCounts;
+use tracing::{info, warn};
+
+use crate::Error;
+use crate::backend::{GpuBackend, ModeChange, model_from_hardware};
+use crate::planner::{self, Blocked, Observed, Step, Target};
+use crate::report::{self, GpuOutcome};
+
+/// The field manager for everything the agent writes.
+pub const MANAGER: &str = "tessera-node-agent";
+
+pub struct Agent<B: GpuBackend> {
+    pub backend: B,
+    pub client: Client,
+    pub node: String,
+    /// Play the NVIDIA device plugin: advertise `nvidia.com/mig-*` on the Node (simulation only).
+    pub advertise_resources: bool,
+    /// Pods on this node to restart after a change so they re-enumerate MIG devices (device
+    /// plugin, feature discovery, DCGM exporter). Empty: none.
+    pub gpu_client_selector: Option<String>,
+}
+
+impl<B: GpuBackend> Agent<B> {
+    /// Runs until the process is stopped: a pass on every change of this node's `GpuNode`, and
+    /// at least every `resync`.
+    pub async fn run(mut self, resync: Duration) -> Result<(), Error> {
+        let api: Api<GpuNode> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.node));
+        let mut events = watcher(api, config).boxed();
+        let mut tick = tokio::time::interval(resync);
+        loop {
+            tokio::select! {
+                ev = events.next() => match ev {
+                    Some(Err(e)) => warn!(error = %e, "watch error; the watcher retries"),
+                    None => return Ok(()),
+                    Some(Ok(_)) => {}
+                },
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.reconcile().await {
+                warn!(error = %e, "reconcile failed; retrying on the next event or resync");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+
+    /// One pass. Returns the outcome per GPU of the intent.
+    pub async fn reconcile(&mut self) -> Result<Vec<(u32, GpuOutcome)>, Error> {
+        let api: Api<GpuNode> = Api::all(self.client.clone());
+        let gn = match api.get_opt(&self.node).await? {
+            Some(gn) => gn,
+            None => {
+                // Register the node so the operator can see its inventory; the spec is the operator's.
+                let body =
+                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": self.node}});
+                api.patch(&self.node, &PatchParams::apply(MANAGER), &Patch::Apply(&body)).await?
+            }
+        };
+        let generation = gn.metadata.generation;
+        let intent = gn.spec.gpus.clone();
+        let (outcomes, changed) = tokio::task::block_in_place(|| self.apply(&intent));
+        let inventory = tokio::task::block_in_place(|| self.backend.inventory())?;
+        let mut gpus = Vec::new();
+        let mut all_instances = Vec::new();
+        for info in &inventory {
+            let instances = if info.mig_enabled {
+                tokio::task::block_in_place(|| self.backend.instances(info.index))?
+            } else {
+                vec![]
+            };
+            gpus.push(report::gpu_state(info, &instances));
+            all_instances.push((info.clone(), instances));
+        }
+        let previous = gn.status.clone().unwrap_or_default();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let (conditions, applied) =
+            report::conditions(&previous.conditions, &outcomes, generation, previous.observed_generation, now);
+        let status = json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+            "status": {"observedGeneration": applied, "gpus": gpus, "conditions": conditions}
+        });
+        api.patch_status(&self.node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&status)).await?;
+        if self.advertise_resources {
+            self.advertise(&all_instances).await?;
+        }
+        if changed {
+            self.restart_gpu_clients().await?;
+        }
+        Ok(outcomes)
+    }
+
+    /// Brings every GPU of the intent to its target; returns outcomes and whether anything changed.
+    fn apply(&mut self, intent: &[tessera_crds::gpunode::GpuIntent]) -> (Vec<(u32, GpuOutcome)>, bool) {
+        let mut outcomes = Vec::new();
+        let mut changed = false;
+        let inventory = match self.backend.inventory() {
+            Ok(i) => i,
+            Err(e) => {
+                return (
+                    intent.iter().map(|g| (g.index as u32, GpuOutcome::Failed { message: e.to_string() })).collect(),
+                    false,
+                );
+            }
+        };
+        for want in intent {
+            let gpu = want.index as u32;
+            let Some(info) = inventory.iter().find(|i| i.index == gpu) else {
+                let message = format!("no GPU with index {gpu} on this node ({} GPUs)", inventory.len());
+                outcomes.push((gpu, GpuOutcome::Blocked { reason: "GpuNotFound", message }));
+                continue;
+            };
+            if want.mig_enabled && !info.mig_capable {
+                let message = format!("{} is not MIG capable", info.product);
+                outcomes.push((gpu, GpuOutcome::Blocked { reason: "MigNotSupported", message }));
+                continue;
+            }
+            let target = Target {
+                mig_enabled: want.mig_enabled,
+                profiles: want
+                    .profiles
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(k, n)| (k.clone(), *n as u32))
+                    .collect::<ProfileCounts>(),
+            };
+            match self.apply_gpu(info, &target) {
+                Ok(did) => {
+                    changed |= did;
+                    outcomes.push((gpu, GpuOutcome::InSync));
+                }
+                Err(o) => {
+                    changed = true;
+                    outcomes.push((gpu, o));
+                }
+            }
+        }
+        (outcomes, changed)
+    }
+
+    fn apply_gpu(&mut self, info: &crate::backend::GpuInfo, target: &Target) -> Result<bool, GpuOutcome> {
+        let failed = |e: Error| GpuOutcome::Failed { message: e.to_string() };
+        let gpu = info.index;
+        let profiles = if info.mig_capable { self.backend.profiles(gpu).map_err(failed)? } else { vec![] };
+        let model = model_from_hardware(&info.product, &profiles);
+        let instances = if info.mig_enabled { self.backend.instances(gpu).map_err(failed)? } else { vec![] };
+        let mut busy: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        let mut gpu_processes = Vec::new();
+        for p in self.backend.processes(gpu).map_err(failed)? {
+            match p.gpu_instance_id {
+                Some(gi) => busy.entry(gi).or_default().push(p.pid),
+                None => gpu_processes.push(p.pid),
+            }
+        }
+        let observed =
+            Observed { mig_enabled: info.mig_enabled, mig_pending: info.mig_pending, instances, busy, gpu_processes };
+        let steps = planner::plan(model, &observed, target).map_err(|b| {
+            let reason = match &b {
+                Blocked::Busy(_) | Blocked::GpuBusy(_) => "InstanceInUse",
+                Blocked::ResetPending(_) => "ResetRequired",
+                Blocked::NoFit(_) => "LayoutDoesNotFit",
+            };
+            GpuOutcome::Blocked { reason, message: b.to_string() }
+        })?;
+        for step in &steps {
+            info!(gpu, ?step, "applying");
+            match step {
+                Step::Destroy { gpu_instance_id, .. } => {
+                    self.backend.destroy_instance(gpu, *gpu_instance_id).map_err(failed)?
+                }
+                Step::Create { profile, start } => {
+                    self.backend.create_instance(gpu, profile, *start).map_err(failed)?;
+                }
+                Step::SetMigMode(on) => {
+                    if self.backend.set_mig_mode(gpu, *on).map_err(failed)? == ModeChange::ResetRequired {
+                        return Err(GpuOutcome::Blocked {
+                            reason: "ResetRequired",
+                            message: format!(
+                                "MIG mode change to {} needs a GPU reset or node reboot",
+                                if *on { "enabled" } else { "disabled" }
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(!steps.is_empty())
+    }
+
+    /// Sets the node's `nvidia.com/mig-*` and `nvidia.com/gpu` capacity from the instances, and
+    /// removes stale ones, as the device plugin's mixed strategy would.
+    async fn advertise(&self, gpus: &[(crate::backend::GpuInfo, Vec<crate::backend::Instance>)]) -> Result<(), Error> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = nodes.get(&self.node).await?;
+        let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+        for (info, instances) in gpus {
+            if info.mig_enabled {
+                for i in instances {
+                    *counts.entry(mig_resource_name(&i.profile)).or_default() += 1;
+                }
+            } else {
+                *counts.entry("nvidia.com/gpu".to_string()).or_default() += 1;
+            }
+        }
+        let mut resources = serde_json::Map::new();
+        let current = node.status.and_then(|s| s.capacity).unwrap_or_default();
+        for key in current.keys().filter(|k| k.starts_with("nvidia.com/mig-") || *k == "nvidia.com/gpu") {
+            resources.insert(key.clone(), serde_json::Value::Null);
+        }
+        for (k, v) in counts {
+            resources.insert(k, json!(v.to_string()));
+        }
+        let patch = json!({"status": {"capacity": resources, "allocatable": resources}});
+        nodes.patch_status(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        Ok(())
+    }
+
+    async fn restart_gpu_clients(&self) -> Result<(), Error> {
+        let Some(selector) = &self.gpu_client_selector else { return Ok(()) };
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let lp = ListParams::default().labels(selector).fields(&format!("spec.nodeName={}", self.node));
+        for p in pods.list(&lp).await? {
+            let ns = p.namespace().unwrap_or_default();
+            info!(pod = %p.name_any(), namespace = %ns, "restarting GPU client to re-enumerate MIG devices");
+            Api::<Pod>::namespaced(self.client.clone(), &ns).delete(&p.name_any(), &DeleteParams::default()).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,190 @@
+//! The GPU backend the agent drives: real GPUs through NVML, or simulated ones with the same rules.
+
+pub mod nvml;
+mod nvml_raw;
+pub mod sim;
+
+use serde::{Deserialize, Serialize};
+use tessera_crds::catalog::{GpuModel, ProfileSpec};
+
+use crate::Error;
+
+/// One physical GPU as the driver reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    /// NVML product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub product: String,
+    pub memory_mib: u64,
+    pub mig_capable: bool,
+    pub mig_enabled: bool,
+    /// The MIG mode after the next reset or reboot, when it differs from the current one.
+    pub mig_pending: Option<bool>,
+}
+
+/// A MIG device: a GPU instance with one full-size compute instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Instance {
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    pub profile: String,
+    pub start: u8,
+    pub size: u8,
+    /// The MIG device UUID.
+    pub uuid: String,
+}
+
+/// A process using a GPU; `gpu_instance_id` is set for processes inside a MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub gpu_instance_id: Option<u32>,
+    #[serde(default)]
+    pub name: String,
+}
+
+/// What a MIG mode change did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeChange {
+    Applied,
+    /// The mode is pending until a GPU reset or a reboot (Ampere; or a reset was refused).
+    ResetRequired,
+}
+
+/// A GPU-instance profile as the hardware reports it (NVML), or as the catalog states it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HardwareProfile {
+    pub name: String,
+    pub id: u32,
+    pub compute_slices: u8,
+    pub memory_slices: u8,
+    pub max_count: u8,
+    pub memory_mib: u64,
+    pub starts: Vec<u8>,
+}
+
+/// Everything the agent needs from a GPU. Every method is a single driver call or a read, so the
+/// agent can be killed between any two and re-plan from what it reads back.
+pub trait GpuBackend: Send {
+    fn inventory(&mut self) -> Result<Vec<GpuInfo>, Error>;
+    /// The profile table of one GPU (read from NVML at run time on real hardware).
+    fn profiles(&mut self, gpu: u32) -> Result<Vec<HardwareProfile>, Error>;
+    fn instances(&mut self, gpu: u32) -> Result<Vec<Instance>, Error>;
+    fn processes(&mut self, gpu: u32) -> Result<Vec<GpuProcess>, Error>;
+    fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error>;
+    /// Creates a GPU instance at `start` and its full-size compute instance.
+    fn create_instance(&mut self, gpu: u32, profile: &str, start: u8) -> Result<Instance, Error>;
+    /// Destroys the GPU instance (and its compute instances).
+    fn destroy_instance(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error>;
+}
+
+/// A geometry model for the solver built from the hardware's own table. Leaked once per distinct
+/// table: a node has a handful of GPU models, and the model lives as long as the agent.
+pub fn model_from_hardware(product: &str, profiles: &[HardwareProfile]) -> &'static GpuModel {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static CACHE: Mutex<Option<HashMap<String, &'static GpuModel>>> = Mutex::new(None);
+    let key = format!("{product}:{profiles:?}");
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if let Some(m) = cache.get(&key) {
+        return m;
+    }
+    let specs: Vec<ProfileSpec> = profiles
+        .iter()
+        .map(|p| ProfileSpec {
+            name: Box::leak(p.name.clone().into_boxed_str()),
+            id: p.id,
+            compute_slices: p.compute_slices,
+            memory_slices: p.memory_slices,
+            max_count: p.max_count,
+            starts: Box::leak(p.starts.clone().into_boxed_slice()),
+            media_extensions: p.name.ends_with("+me"),
+        })
+        .collect();
+    let catalog = tessera_crds::catalog::lookup(product);
+    let memory_slots = profiles.iter().map(|p| p.memory_slices).max().unwrap_or(8);
+    let model: &'static GpuModel = Box::leak(Box::new(GpuModel {
+        name: catalog.map(|m| m.name).unwrap_or_else(|| Box::leak(product.to_string().into_boxed_str())),
+        nvml_names: &[],
+        pci_device_ids: &[],
+        memory_slots,
+        compute_slices: profiles.iter().map(|p| p.compute_slices).max().unwrap_or(7),
+        profiles: Box::leak(specs.into_boxed_slice()),
+        source: "read from NVML at run time",
+    }));
+    cache.insert(key, model);
+    model
+}
+
+/// The catalog's table for a product, in the hardware form (what the simulator reports).
+pub fn catalog_profiles(model: &GpuModel) -> Vec<HardwareProfile> {
+    model
+        .profiles
+        .iter()
+        .map(|p| HardwareProfile {
+            name: p.name.to_string(),
+            id: p.id,
+            compute_slices: p.compute_slices,
+            memory_slices: p.memory_slices,
+            max_count: p.max_count,
+            memory_mib: u64::from(p.memory_gb()) * 1000,
+            starts: p.starts.to_vec(),
+        })
+        .collect()
+}
+
+/// Differences between a hardware table and the catalog, for `node-agent probe`.
+pub fn catalog_differences(product: &str, hardware: &[HardwareProfile]) -> Vec<String> {
+    let Some(model) = tessera_crds::catalog::lookup(product) else {
+        return vec![format!("{product:?} is not in the catalog; the hardware table is used as is")];
+    };
+    let mut diffs = Vec::new();
+    for h in hardware {
+        match model.profile(&h.name) {
+            None => diffs.push(format!("{}: on the GPU but not in the catalog", h.name)),
+            Some(c) => {
+                let want = (c.id, c.compute_slices, c.memory_slices, c.max_count, c.starts.to_vec());
+                let got = (h.id, h.compute_slices, h.memory_slices, h.max_count, h.starts.clone());
+                if want != got {
+                    diffs.push(format!("{}: catalog (id, compute, memory, max, starts) {want:?}, GPU {got:?}", h.name));
+                }
+            }
+        }
+    }
+    for c in model.profiles {
+        if !hardware.iter().any(|h| h.name == c.name) {
+            diffs.push(format!("{}: in the catalog but not reported by the GPU", c.name));
+        }
+    }
+    diffs
+}
+
+/// A boxed backend is a backend (the binary picks NVML or the simulator at run time).
+impl GpuBackend for Box<dyn GpuBackend> {
+    fn inventory(&mut self) -> Result<Vec<GpuInfo>, Error> {
+        (**self).inventory()
+    }
+    fn profiles(&mut self, gpu: u32) -> Result<Vec<HardwareProfile>, Error> {
+        (**self).profiles(gpu)
+    }
+    fn instances(&mut self, gpu: u32) -> Result<Vec<Instance>, Error> {
+        (**self).instances(gpu)
+    }
+    fn processes(&mut self, gpu: u32) -> Result<Vec<GpuProcess>, Error> {
+        (**self).processes(gpu)
+    }
+    fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {
+        (**self).set_mig_mode(gpu, enabled)
+    }
+    fn create_instance(&mut self, gpu: u32, profile: &str, start: u8) -> Result<Instance, Error> {
+        (**self).create_instance(gpu, profile, start)
+    }
+    fn destroy_instance(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error> {
+        (**self).destroy_instance(gpu, gpu_instance_id)
+    }
+}

@@ -1,0 +1,175 @@
+//! Real GPUs through NVML. Inventory, MIG mode and processes come from nvml-wrapper; profiles,
+//! placements and instance create/destroy from the raw calls in `nvml_raw`. Profiles and
+//! placements are read at run time; the catalog is only a cross-check (`node-agent probe`).
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+
+use super::nvml_raw::{self, PROFILE_ENUMS};
+use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChange};
+use crate::Error;
+
+pub struct NvmlBackend {
+    nvml: Nvml,
+}
+
+fn nvml_err(what: &str) -> impl Fn(NvmlError) -> Error + '_ {
+    move |e| match e {
+        NvmlError::InUse => Error::InUse(what.to_string()),
+        NvmlError::NotSupported => Error::NotSupported(what.to_string()),
+        NvmlError::InvalidArg => Error::InvalidArgument(what.to_string()),
+        NvmlError::NotFound => Error::NotFound(what.to_string()),
+        other => Error::Nvml(format!("{what}: {other}")),
+    }
+}
+
+impl NvmlBackend {
+    pub fn init() -> Result<Self, Error> {
+        Ok(Self { nvml: Nvml::init().map_err(nvml_err("initialise NVML (is the driver loaded?)"))? })
+    }
+
+    pub fn driver_version(&self) -> String {
+        self.nvml.sys_driver_version().unwrap_or_default()
+    }
+
+    fn device(&self, gpu: u32) -> Result<nvml_wrapper::Device<'_>, Error> {
+        self.nvml.device_by_index(gpu).map_err(nvml_err("device"))
+    }
+
+    fn profile_ids(&mut self, gpu: u32) -> Result<Vec<(u32, String, u32)>, Error> {
+        Ok(self.profiles(gpu)?.into_iter().map(|p| (p.id, p.name, u32::from(p.compute_slices))).collect())
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn inventory(&mut self) -> Result<Vec<GpuInfo>, Error> {
+        let count = self.nvml.device_count().map_err(nvml_err("device count"))?;
+        let mut out = Vec::new();
+        for index in 0..count {
+            let d = self.device(index)?;
+            let mode = d.mig_mode();
+            let (mig_capable, mig_enabled, mig_pending) = match mode {
+                Ok(m) => (true, m.current == 1, (m.pending != m.current).then_some(m.pending == 1)),
+                Err(NvmlError::NotSupported) => (false, false, None),
+                Err(e) => return Err(nvml_err("MIG mode")(e)),
+            };
+            out.push(GpuInfo {
+                index,
+                uuid: d.uuid().map_err(nvml_err("UUID"))?,
+                product: d.name().map_err(nvml_err("name"))?,
+                memory_mib: d.memory_info().map(|m| m.total / (1024 * 1024)).unwrap_or(0),
+                mig_capable,
+                mig_enabled,
+                mig_pending,
+            });
+        }
+        Ok(out)
+    }
+
+    fn profiles(&mut self, gpu: u32) -> Result<Vec<HardwareProfile>, Error> {
+        let d = self.device(gpu)?;
+        let lib = self.nvml.lib();
+        // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
+        let handle = unsafe { d.handle() };
+        let mut out = Vec::new();
+        for e in PROFILE_ENUMS {
+            let info = match nvml_raw::gpu_instance_profile(lib, handle, e) {
+                Ok(i) => i,
+                Err(Error::NotSupported(_) | Error::InvalidArgument(_) | Error::NotFound(_)) => continue,
+                Err(other) => return Err(other),
+            };
+            let placements = nvml_raw::possible_placements(lib, handle, info.id)?;
+            let size = placements.first().map(|p| p.1).unwrap_or(0);
+            out.push(HardwareProfile {
+                name: info.name,
+                id: info.id,
+                compute_slices: info.slice_count as u8,
+                memory_slices: size as u8,
+                max_count: info.instance_count as u8,
+                memory_mib: info.memory_mib,
+                starts: placements.iter().map(|p| p.0 as u8).collect(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn instances(&mut self, gpu: u32) -> Result<Vec<Instance>, Error> {
+        let profiles = self.profile_ids(gpu)?;
+        let d = self.device(gpu)?;
+        let lib = self.nvml.lib();
+        // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
+        let handle = unsafe { d.handle() };
+        // MIG device UUIDs by GPU instance id.
+        let mut uuids = std::collections::HashMap::new();
+        let max = d.mig_device_count().unwrap_or(0);
+        for i in 0..max {
+            if let Ok(mig) = d.mig_device_by_index(i) {
+                // SAFETY: `mig` is a live MIG device handle of this session.
+                let gi = nvml_raw::mig_device_gpu_instance_id(lib, unsafe { mig.handle() })?;
+                uuids.insert(gi, mig.uuid().unwrap_or_default());
+            }
+        }
+        let mut out = Vec::new();
+        for (id, name, _) in profiles {
+            for gi in nvml_raw::gpu_instances(lib, handle, id)? {
+                out.push(Instance {
+                    gpu_instance_id: gi.id,
+                    compute_instance_id: 0,
+                    profile: name.clone(),
+                    start: gi.start as u8,
+                    size: gi.size as u8,
+                    uuid: uuids.get(&gi.id).cloned().unwrap_or_default(),
+                });
+            }
+        }
+        out.sort_by_key(|i| i.start);
+        Ok(out)
+    }
+
+    fn processes(&mut self, gpu: u32) -> Result<Vec<GpuProcess>, Error> {
+        let d = self.device(gpu)?;
+        let list = d.running_compute_processes().map_err(nvml_err("processes"))?;
+        Ok(list
+            .into_iter()
+            .map(|p| GpuProcess { pid: p.pid, gpu_instance_id: p.gpu_instance_id, name: String::new() })
+            .collect())
+    }
+
+    fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {
+        let d = self.device(gpu)?;
+        d.set_mig_mode(enabled).map_err(nvml_err("set MIG mode"))?;
+        let m = d.mig_mode().map_err(nvml_err("MIG mode"))?;
+        Ok(if (m.current == 1) == enabled { ModeChange::Applied } else { ModeChange::ResetRequired })
+    }
+
+    fn create_instance(&mut self, gpu: u32, profile: &str, start: u8) -> Result<Instance, Error> {
+        let profiles = self.profiles(gpu)?;
+        let p = profiles
+            .iter()
+            .find(|p| p.name == profile)
+            .ok_or_else(|| Error::InvalidArgument(format!("GPU {gpu} has no profile {profile}")))?;
+        let d = self.device(gpu)?;
+        // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
+        let handle = unsafe { d.handle() };
+        let id = nvml_raw::create(
+            self.nvml.lib(),
+            handle,
+            p.id,
+            u32::from(start),
+            u32::from(p.memory_slices),
+            u32::from(p.compute_slices),
+        )?;
+        let instances = self.instances(gpu)?;
+        instances
+            .into_iter()
+            .find(|i| i.gpu_instance_id == id)
+            .ok_or_else(|| Error::NotFound(format!("created GPU instance {id} is not listed")))
+    }
+
+    fn destroy_instance(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error> {
+        let d = self.device(gpu)?;
+        // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
+        let handle = unsafe { d.handle() };
+        nvml_raw::destroy(self.nvml.lib(), handle, gpu_instance_id)
+    }
+}

@@ -160,3 +160,77 @@ pub async fn create_namespace(client: &Client, name: &str) -> Result<(), Error> 
     api.create(&PostParams::default(), &ns).await?;
     Ok(())
 }
+
+/// Server-side-applies every object of a multi-document YAML file (path relative to the repo).
+pub async fn apply_file(client: &Client, relative: &str) -> Result<usize, Error> {
+    use kube::api::DynamicObject;
+    use kube::discovery::{Discovery, Scope};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(relative);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(relative, e))?;
+    let discovery = Discovery::new(client.clone()).run().await?;
+    let mut n = 0;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        if value.is_null() {
+            continue;
+        }
+        let obj: DynamicObject = serde_json::from_value(value.clone()).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        let gvk = obj
+            .types
+            .as_ref()
+            .map(|t| kube::api::GroupVersionKind::try_from(t))
+            .transpose()
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?
+            .ok_or_else(|| Error::Kubeconfig(format!("{relative}: a document without apiVersion/kind")))?;
+        let (ar, caps) = discovery
+            .resolve_gvk(&gvk)
+            .ok_or_else(|| Error::Kubeconfig(format!("{relative}: unknown kind {gvk:?}")))?;
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.as_deref()) {
+            (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &ar),
+            (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), &ar),
+            (Scope::Cluster, _) => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&value)).await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Path of a workspace binary built by `cargo build --bins` (which `make test` runs first).
+pub fn workspace_binary(name: &str) -> std::path::PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let path = target.join("debug").join(name);
+    assert!(path.exists(), "{} is missing: run `cargo build --bins` first (make test does)", path.display());
+    path
+}
+
+/// Runs the real `node-agent` binary for `node` on simulated GPUs, as the node-agent identity.
+pub fn spawn_node_agent(
+    cp: &crate::ControlPlane,
+    node: &str,
+    state: &Path,
+    gpus: &str,
+    extra: &[&str],
+) -> Result<crate::process::Component, Error> {
+    let mut args: Vec<String> =
+        ["run", "--backend", "sim", "--node-name", node, "--resync-seconds", "2", "--sim-gpus", gpus, "--sim-state"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    args.push(state.display().to_string());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let env = [
+        ("KUBECONFIG", cp.kubeconfig(crate::Identity::NodeAgent).display().to_string()),
+        ("RUST_LOG", "info".to_string()),
+    ];
+    crate::process::Component::spawn_with_env(
+        &format!("node-agent-{node}"),
+        &workspace_binary("node-agent"),
+        &args,
+        &env,
+        &cp.dir.join("logs"),
+    )
+}

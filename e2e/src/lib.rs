@@ -5,7 +5,7 @@ pub mod controlplane;
 pub mod fixtures;
 pub mod identity;
 mod pki;
-mod process;
+pub mod process;
 
 pub use controlplane::ControlPlane;
 pub use identity::Identity;

@@ -16,10 +16,24 @@ pub struct Component {
 
 impl Component {
     pub fn spawn(name: &str, program: &Path, args: &[String], logs: &Path) -> Result<Self, Error> {
-        let log = File::create(logs.join(format!("{name}.log"))).map_err(|e| Error::io(name, e))?;
+        Self::spawn_with_env(name, program, args, &[], logs)
+    }
+
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        logs: &Path,
+    ) -> Result<Self, Error> {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(logs.join(format!("{name}.log")))
+            .map_err(|e| Error::io(name, e))?;
         let err = log.try_clone().map_err(|e| Error::io(name, e))?;
         let mut cmd = Command::new(program);
-        cmd.args(args).stdin(Stdio::null()).stdout(log).stderr(err);
+        cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(log).stderr(err);
         // SAFETY: the closure runs in the forked child before exec and calls only prctl(2), which
         // is async-signal-safe; it allocates nothing and touches no locks.
         unsafe {
@@ -66,5 +80,19 @@ impl Component {
 impl Drop for Component {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+impl Component {
+    /// Waits for the process to exit on its own (e.g. an injected crash), up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Some(s) = self.exited() {
+                return Some(s);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        None
     }
 }

@@ -67,8 +67,7 @@ impl<B: GpuBackend> Agent<B> {
             Some(gn) => gn,
             None => {
                 // Register the node so the operator can see its inventory; the spec is the operator's.
-                let body =
-                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": self.node}});
+                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": self.node}, "spec": {}});
                 api.patch(&self.node, &PatchParams::apply(MANAGER), &Patch::Apply(&body)).await?
             }
         };

@@ -1,0 +1,200 @@
+//! The node agent against the real control plane: it runs as its own process with the RBAC from
+//! `config/`, on simulated GPUs, and plays the device plugin so the real scheduler sees the slices.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tessera_crds::GpuNode;
+use tessera_crds::conditions::{READY, STALLED, find};
+use tessera_e2e::fixtures::{FakeGpuNode, apply_file, create_gpu_nodes, install_crds, spawn_node_agent, wait_for};
+use tessera_e2e::{ControlPlane, Identity};
+
+const T: Duration = Duration::from_secs(60);
+
+async fn setup(nodes: &[&str]) -> (ControlPlane, Client) {
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = cp.client(Identity::Admin).await.unwrap();
+    install_crds(&admin).await.unwrap();
+    apply_file(&admin, "config/namespace.yaml").await.unwrap();
+    apply_file(&admin, "config/rbac/node-agent.yaml").await.unwrap();
+    let fake: Vec<FakeGpuNode> = nodes.iter().map(|n| FakeGpuNode::new(n, "NVIDIA-H100-80GB-HBM3", 2)).collect();
+    create_gpu_nodes(&admin, &fake).await.unwrap();
+    (cp, admin)
+}
+
+/// Sets the node's intent (as the operator would) and returns the new generation.
+async fn set_intent(admin: &Client, node: &str, gpus: serde_json::Value) -> i64 {
+    let api: Api<GpuNode> = Api::all(admin.clone());
+    let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
+                      "spec": {"plan": "test", "gpus": gpus}});
+    let gn = api.patch(node, &PatchParams::apply("tessera-operator").force(), &Patch::Apply(&body)).await.unwrap();
+    gn.metadata.generation.unwrap()
+}
+
+async fn wait_applied(admin: &Client, node: &str, generation: i64) -> GpuNode {
+    let api: Api<GpuNode> = Api::all(admin.clone());
+    wait_for(&format!("{node} applied generation {generation}"), T, || async {
+        let gn = api.get(node).await.ok()?;
+        let st = gn.status.as_ref()?;
+        let ready = find(&st.conditions, READY).is_some_and(|c| c.status == "True");
+        (st.observed_generation == Some(generation) && ready).then_some(gn)
+    })
+    .await
+    .unwrap()
+}
+
+fn profiles(gn: &GpuNode, gpu: usize) -> Vec<(String, i32)> {
+    let st = gn.status.as_ref().unwrap();
+    st.gpus[gpu].instances.iter().map(|i| (i.profile.clone(), i.start)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices() {
+    let (cp, admin) = setup(&["gpu-a"]).await;
+    let dir = cp.dir.clone();
+    let _agent = spawn_node_agent(&cp, "gpu-a", &dir.join("gpu-a.json"), "H100-80GB,H100-80GB", &[]).unwrap();
+    let api: Api<GpuNode> = Api::all(admin.clone());
+    // The agent registers its node and reports the inventory before any intent exists.
+    let gn = wait_for("inventory", T, || async {
+        api.get(&"gpu-a").await.ok().filter(|g| g.status.as_ref().is_some_and(|s| s.gpus.len() == 2))
+    })
+    .await
+    .unwrap();
+    assert_eq!(gn.status.unwrap().gpus[0].product, "NVIDIA H100 80GB HBM3");
+
+    let generation = set_intent(
+        &admin,
+        "gpu-a",
+        json!([
+            {"index": 0, "migEnabled": true, "profiles": {"3g.40gb": 1, "2g.20gb": 2}},
+            {"index": 1, "migEnabled": true, "profiles": {"1g.10gb": 7}},
+        ]),
+    )
+    .await;
+    let gn = wait_applied(&admin, "gpu-a", generation).await;
+    assert_eq!(profiles(&gn, 0), vec![("2g.20gb".into(), 0), ("2g.20gb".into(), 2), ("3g.40gb".into(), 4)]);
+    assert_eq!(profiles(&gn, 1).len(), 7);
+    let st = gn.status.unwrap();
+    assert!(st.gpus[0].instances.iter().all(|i| i.uuid.as_deref().is_some_and(|u| u.starts_with("MIG-"))));
+
+    // Played device plugin: the real scheduler sees the slices and runs a pod on one.
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let alloc = wait_for("MIG resources advertised", T, || async {
+        let a = nodes.get("gpu-a").await.ok()?.status?.allocatable?;
+        a.contains_key("nvidia.com/mig-1g.10gb").then_some(a)
+    })
+    .await
+    .unwrap();
+    assert_eq!(alloc["nvidia.com/mig-1g.10gb"].0, "7");
+    assert_eq!(alloc["nvidia.com/mig-2g.20gb"].0, "2");
+    assert_eq!(alloc["nvidia.com/mig-3g.40gb"].0, "1");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "infer"},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"}}}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    wait_for("pod Running on gpu-a", T, || async {
+        let p = pods.get("infer").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running") && p.spec?.node_name.as_deref() == Some("gpu-a")).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // Back to whole GPUs on GPU 1: stale MIG resources are withdrawn.
+    let generation = set_intent(
+        &admin,
+        "gpu-a",
+        json!([
+            {"index": 0, "migEnabled": true, "profiles": {"3g.40gb": 1, "2g.20gb": 2}},
+            {"index": 1, "migEnabled": false},
+        ]),
+    )
+    .await;
+    wait_applied(&admin, "gpu-a", generation).await;
+    let alloc = wait_for("1g.10gb withdrawn", T, || async {
+        let a = nodes.get("gpu-a").await.ok()?.status?.allocatable?;
+        (!a.contains_key("nvidia.com/mig-1g.10gb")).then_some(a)
+    })
+    .await
+    .unwrap();
+    assert_eq!(alloc["nvidia.com/gpu"].0, "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_apply_converges_after_restart() {
+    let (cp, admin) = setup(&["gpu-b"]).await;
+    let state = cp.dir.join("gpu-b.json");
+    // Aborts right after its 4th driver operation: mode, two creates, ... mid-layout.
+    let mut agent = spawn_node_agent(&cp, "gpu-b", &state, "H100-80GB", &["--sim-crash-after", "4"]).unwrap();
+    let api: Api<GpuNode> = Api::all(admin.clone());
+    wait_for("registered", T, || async { api.get("gpu-b").await.ok()?.status.map(|_| ()) }).await.unwrap();
+    let generation =
+        set_intent(&admin, "gpu-b", json!([{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7}}])).await;
+    let status = agent.wait_exit(T).expect("the injected crash ends the agent");
+    assert!(!status.success());
+    let half: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    let made = half["gpus"][0]["instances"].as_array().unwrap().len();
+    assert!(made > 0 && made < 7, "the crash left a partial layout ({made} instances)");
+
+    drop(agent);
+    let _agent = spawn_node_agent(&cp, "gpu-b", &state, "H100-80GB", &[]).unwrap();
+    let gn = wait_applied(&admin, "gpu-b", generation).await;
+    let starts: Vec<i32> = profiles(&gn, 0).iter().map(|p| p.1).collect();
+    assert_eq!(starts, vec![0, 1, 2, 3, 4, 5, 6], "exactly seven, no duplicates, none lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_instance_is_not_destroyed_and_the_condition_names_the_process() {
+    let (cp, admin) = setup(&["gpu-c"]).await;
+    let state = cp.dir.join("gpu-c.json");
+    let _agent = spawn_node_agent(&cp, "gpu-c", &state, "H100-80GB", &[]).unwrap();
+    let api: Api<GpuNode> = Api::all(admin.clone());
+    wait_for("registered", T, || async { api.get("gpu-c").await.ok()?.status.map(|_| ()) }).await.unwrap();
+    let generation =
+        set_intent(&admin, "gpu-c", json!([{"index": 0, "migEnabled": true, "profiles": {"7g.80gb": 1}}])).await;
+    let gn = wait_applied(&admin, "gpu-c", generation).await;
+    let uuid = gn.status.unwrap().gpus[0].instances[0].uuid.clone().unwrap();
+    tessera_node_agent_sim_process(&state, &uuid, 4242);
+
+    let generation =
+        set_intent(&admin, "gpu-c", json!([{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7}}])).await;
+    let gn = wait_for("Stalled InstanceInUse", T, || async {
+        let gn = api.get("gpu-c").await.ok()?;
+        let st = gn.status.as_ref()?;
+        find(&st.conditions, STALLED).filter(|c| c.status == "True" && c.reason == "InstanceInUse").map(|_| gn.clone())
+    })
+    .await
+    .unwrap();
+    let st = gn.status.unwrap();
+    let stalled = find(&st.conditions, STALLED).unwrap();
+    assert!(stalled.message.contains("4242") && stalled.message.contains(&uuid), "{}", stalled.message);
+    assert_eq!(st.gpus[0].instances.len(), 1, "the busy 7g instance is still there");
+    assert_ne!(st.observed_generation, Some(generation));
+
+    // The workload ends: the agent converges on its next pass.
+    stop_sim_process(&state, 4242);
+    let gn = wait_applied(&admin, "gpu-c", generation).await;
+    assert_eq!(profiles(&gn, 0).len(), 7);
+    assert!(find(&gn.status.unwrap().conditions, STALLED).is_none());
+}
+
+fn tessera_node_agent_sim_process(state: &std::path::Path, uuid: &str, pid: u32) {
+    let out = std::process::Command::new(tessera_e2e::fixtures::workspace_binary("node-agent"))
+        .args(["sim", "run-process", "--gpu", "0", "--mig-uuid", uuid, "--pid", &pid.to_string(), "--state"])
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn stop_sim_process(state: &std::path::Path, pid: u32) {
+    let out = std::process::Command::new(tessera_e2e::fixtures::workspace_binary("node-agent"))
+        .args(["sim", "stop-process", "--pid", &pid.to_string(), "--state"])
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

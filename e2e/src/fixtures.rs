@@ -178,7 +178,7 @@ pub async fn apply_file(client: &Client, relative: &str) -> Result<usize, Error>
         let gvk = obj
             .types
             .as_ref()
-            .map(|t| kube::api::GroupVersionKind::try_from(t))
+            .map(kube::api::GroupVersionKind::try_from)
             .transpose()
             .map_err(|e| Error::Kubeconfig(e.to_string()))?
             .ok_or_else(|| Error::Kubeconfig(format!("{relative}: a document without apiVersion/kind")))?;

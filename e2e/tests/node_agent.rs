@@ -59,7 +59,7 @@ async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices() {
     let api: Api<GpuNode> = Api::all(admin.clone());
     // The agent registers its node and reports the inventory before any intent exists.
     let gn = wait_for("inventory", T, || async {
-        api.get(&"gpu-a").await.ok().filter(|g| g.status.as_ref().is_some_and(|s| s.gpus.len() == 2))
+        api.get("gpu-a").await.ok().filter(|g| g.status.as_ref().is_some_and(|s| s.gpus.len() == 2))
     })
     .await
     .unwrap();

@@ -127,6 +127,9 @@ pub struct NodeRollout {
     pub phase: NodePhase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<String>,
+    /// The plan generation this rollout works towards (a failed node is retried when it changes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_generation: Option<i64>,
     /// Whether Tessera cordoned the node: it uncordons only what it cordoned.
     #[serde(default)]
     pub cordoned_by_us: bool,

@@ -1,6 +1,11 @@
-//! The Tessera operator: offline CLI checks now; the rollout and quota controllers build on them.
+//! The Tessera operator: offline CLI checks, and the controllers that roll out
+//! `GpuPartitionPlan`s (observe -> pure plan -> act).
 
 pub mod cli;
+pub mod drain;
 pub mod error;
+pub mod rollout;
+pub mod selector;
+pub mod status;
 
 pub use error::Error;

@@ -234,3 +234,38 @@ pub fn spawn_node_agent(
         &cp.dir.join("logs"),
     )
 }
+
+/// Runs the real `tessera-operator run` as the operator identity; returns it and its HTTP port.
+pub fn spawn_operator(cp: &crate::ControlPlane, tag: &str) -> Result<(crate::process::Component, u16), Error> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| Error::io("port", e))?;
+    let args: Vec<String> = ["run", "--leader-elect", "--listen", &format!("127.0.0.1:{port}"), "--identity", tag]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let env = [
+        ("KUBECONFIG", cp.kubeconfig(crate::Identity::Operator).display().to_string()),
+        ("RUST_LOG", "info".to_string()),
+        ("POD_NAMESPACE", "tessera-system".to_string()),
+    ];
+    let c = crate::process::Component::spawn_with_env(
+        &format!("operator-{tag}"),
+        &workspace_binary("tessera-operator"),
+        &args,
+        &env,
+        &cp.dir.join("logs"),
+    )?;
+    Ok((c, port))
+}
+
+/// A plain HTTP GET on loopback (probes and metrics).
+pub fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").as_bytes())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}

@@ -84,6 +84,12 @@ impl Drop for Component {
 }
 
 impl Component {
+    /// SIGKILL, as a crash would: no cleanup runs in the process.
+    pub fn stop_now(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Waits for the process to exit on its own (e.g. an injected crash), up to `timeout`.
     pub fn wait_exit(&mut self, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
         let deadline = std::time::Instant::now() + timeout;

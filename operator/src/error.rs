@@ -11,11 +11,22 @@ pub enum Error {
     Usage(String),
     #[error("cannot render output: {0}")]
     Render(#[from] serde_json::Error),
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
 }
 
 impl Error {
     /// Process exit status: 2 for usage errors (bad arguments, unknown names, unreadable files).
     pub fn exit_code(&self) -> i32 {
         2
+    }
+
+    /// A short, low-cardinality label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(_)) => "api",
+            Error::Kube(_) => "client",
+            Error::ReadFile { .. } | Error::UnknownProduct { .. } | Error::Usage(_) | Error::Render(_) => "usage",
+        }
     }
 }

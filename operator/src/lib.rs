@@ -2,10 +2,14 @@
 //! `GpuPartitionPlan`s (observe -> pure plan -> act).
 
 pub mod cli;
+pub mod controller;
 pub mod drain;
 pub mod error;
+pub mod metrics;
 pub mod rollout;
+pub mod run;
 pub mod selector;
+pub mod server;
 pub mod status;
 
 pub use error::Error;

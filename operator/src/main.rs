@@ -20,6 +20,20 @@ enum Command {
         #[arg(required = true)]
         files: Vec<String>,
     },
+    /// Run the controllers (in a cluster, or with KUBECONFIG).
+    Run {
+        /// Address of /livez, /readyz and /metrics.
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        listen: String,
+        /// Elect a leader through a Lease so several replicas can run.
+        #[arg(long)]
+        leader_elect: bool,
+        #[arg(long, env = "POD_NAMESPACE", default_value = "tessera-system")]
+        lease_namespace: String,
+        /// This replica's identity (the pod name).
+        #[arg(long, env = "POD_NAME", default_value = "tessera-operator")]
+        identity: String,
+    },
     /// MIG geometry from the built-in catalog.
     Mig {
         #[command(subcommand)]
@@ -52,7 +66,20 @@ enum MigCommand {
 
 fn main() {
     let args = Cli::parse();
+    if let Command::Run { listen, leader_elect, lease_namespace, identity } = args.command {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+            .init();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+        let opts = tessera_operator::run::RunOptions { listen, leader_elect, lease_namespace, identity };
+        if let Err(e) = rt.block_on(tessera_operator::run::run(opts)) {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let result = match args.command {
+        Command::Run { .. } => unreachable!("handled above"),
         Command::Validate { files } => cli::validate::run(&files, args.output),
         Command::Mig { command: MigCommand::Profiles { gpu } } => cli::mig::profiles(&gpu, args.output),
         Command::Mig { command: MigCommand::Fit { gpu, profiles } } => cli::mig::fit(&gpu, &profiles, args.output),

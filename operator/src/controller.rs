@@ -1,0 +1,357 @@
+//! The operator's control loop: observe (reflector caches plus the pods of draining nodes),
+//! plan (`rollout::plan_fleet`, pure), act (the small executor below), then one status write per
+//! plan. Level-triggered: a pass runs on every change and at least every two seconds, and every
+//! decision is re-derived from the API objects, so a restarted operator resumes where it stopped.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::api::policy::v1::Eviction;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tessera_crds::{GpuNode, GpuPartitionPlan};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::Error;
+use crate::metrics::Metrics;
+use crate::rollout::{self, Action, NodeInput};
+use crate::status::plan_status;
+
+/// Field manager of everything the operator writes.
+pub const MANAGER: &str = "tessera-operator";
+/// Finalizer that releases a deleted plan's nodes (uncordon, forget) without touching their GPUs.
+pub const FINALIZER: &str = "tessera.dev/release-nodes";
+/// How long one eviction call may take before it counts as blocked (never block a pass).
+const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct Context {
+    pub client: Client,
+    /// kube retries 429 by default; evictions must see a PDB refusal at once.
+    pub evict_client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub plans: Store<GpuPartitionPlan>,
+    pub gpunodes: Store<GpuNode>,
+    pub nodes: Store<Node>,
+}
+
+/// Starts the caches and returns the context plus a notifier that fires on every change.
+pub async fn start(
+    client: Client,
+    evict_client: Client,
+    metrics: Arc<Metrics>,
+    instance: String,
+) -> (Arc<Context>, Arc<Notify>) {
+    let changed = Arc::new(Notify::new());
+    let (plans, w1) = reflector::store();
+    let (gpunodes, w2) = reflector::store();
+    let (nodes, w3) = reflector::store();
+    spawn_reflector(Api::<GpuPartitionPlan>::all(client.clone()), w1, changed.clone());
+    spawn_reflector(Api::<GpuNode>::all(client.clone()), w2, changed.clone());
+    spawn_reflector(Api::<Node>::all(client.clone()), w3, changed.clone());
+    let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance) });
+    let ctx = Context { client, evict_client, recorder, metrics, plans, gpunodes, nodes };
+    (Arc::new(ctx), changed)
+}
+
+fn spawn_reflector<K>(api: Api<K>, writer: reflector::store::Writer<K>, changed: Arc<Notify>)
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    tokio::spawn(async move {
+        let stream =
+            reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff()).applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            if let Err(e) = ev {
+                warn!(error = %e, "watch error; retrying with backoff");
+            }
+            changed.notify_one();
+        }
+    });
+}
+
+impl Context {
+    pub async fn wait_ready(&self) {
+        let _ = tokio::join!(
+            self.plans.wait_until_ready(),
+            self.gpunodes.wait_until_ready(),
+            self.nodes.wait_until_ready()
+        );
+    }
+
+    /// Runs passes until the future is dropped.
+    pub async fn run(self: Arc<Self>, changed: Arc<Notify>) {
+        self.wait_ready().await;
+        loop {
+            let started = Instant::now();
+            if let Err(e) = self.reconcile().await {
+                self.metrics.error(e.kind());
+                warn!(error = %e, "reconcile pass failed; retrying");
+            }
+            self.metrics.reconciled(started.elapsed());
+            tokio::select! {
+                _ = changed.notified() => tokio::time::sleep(Duration::from_millis(100)).await,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    }
+
+    /// One pass over the fleet.
+    pub async fn reconcile(&self) -> Result<(), Error> {
+        let plans: Vec<GpuPartitionPlan> = self.plans.state().iter().map(|p| (**p).clone()).collect();
+        self.ensure_finalizers(&plans).await?;
+        let gpunodes: BTreeMap<String, GpuNode> =
+            self.gpunodes.state().iter().map(|g| (g.name_any(), (**g).clone())).collect();
+        let mut inputs = Vec::new();
+        for node in self.nodes.state() {
+            let name = node.name_any();
+            let gn = gpunodes.get(&name).cloned();
+            let draining = gn
+                .as_ref()
+                .and_then(|g| g.status.as_ref()?.rollout.as_ref())
+                .is_some_and(|r| r.phase == tessera_crds::gpunode::NodePhase::Draining);
+            let pods = if draining { self.pods_on(&name).await? } else { vec![] };
+            inputs.push(NodeInput {
+                name,
+                labels: node.labels().clone(),
+                unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+                gpunode: gn,
+                pods,
+            });
+        }
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let (actions, reports) = rollout::plan_fleet(&plans, &inputs, now);
+        let mut blocked: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut evicting: BTreeMap<String, bool> = BTreeMap::new();
+        for action in actions {
+            if let Action::Evict { node, .. } = &action {
+                evicting.insert(node.clone(), true);
+            }
+            if let Some((node, why)) = self.act(action, &plans).await? {
+                blocked.entry(node).or_default().push(why);
+            }
+        }
+        self.record_drain_messages(&gpunodes, &evicting, &blocked).await?;
+        let mut phases: BTreeMap<String, i64> = BTreeMap::new();
+        for gn in gpunodes.values() {
+            let phase = gn
+                .status
+                .as_ref()
+                .and_then(|s| s.rollout.as_ref())
+                .map(|r| format!("{:?}", r.phase))
+                .unwrap_or_else(|| "Idle".into());
+            *phases.entry(phase).or_default() += 1;
+        }
+        self.metrics.set_phases(&phases);
+        for plan in &plans {
+            let name = plan.name_any();
+            if plan.metadata.deletion_timestamp.is_some() {
+                self.finish_deletion(plan, &gpunodes).await?;
+                continue;
+            }
+            let Some(report) = reports.get(&name) else { continue };
+            let previous = plan.status.clone().unwrap_or_default();
+            let status =
+                plan_status(&previous.conditions, report, plan.metadata.generation, plan.spec.paused, Time(now));
+            if status != previous {
+                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": status});
+                Api::<GpuPartitionPlan>::all(self.client.clone())
+                    .patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn pods_on(&self, node: &str) -> Result<Vec<Pod>, Error> {
+        let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        Ok(Api::<Pod>::all(self.client.clone()).list(&lp).await?.items)
+    }
+
+    /// Executes one action; returns `(node, reason)` when an eviction was refused.
+    async fn act(&self, action: Action, plans: &[GpuPartitionPlan]) -> Result<Option<(String, String)>, Error> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let gns: Api<GpuNode> = Api::all(self.client.clone());
+        match action {
+            Action::Rollout { node, rollout } => {
+                let body =
+                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {"rollout": rollout}});
+                let body = if rollout.is_none() {
+                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {}})
+                } else {
+                    body
+                };
+                gns.patch_status(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await?;
+            }
+            Action::Cordon { node } => {
+                info!(%node, "cordon");
+                nodes
+                    .patch(&node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true}})))
+                    .await?;
+            }
+            Action::Uncordon { node } => {
+                info!(%node, "uncordon");
+                nodes
+                    .patch(&node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": null}})))
+                    .await?;
+                self.event_on_node(&node, "Uncordoned", "uncordoned after its MIG change", false).await;
+            }
+            Action::Evict { node, namespace, pod } => {
+                return Ok(self.evict(&node, &namespace, &pod).await?.map(|why| (node, why)));
+            }
+            Action::ForceDelete { node, namespace, pod } => {
+                warn!(%node, %namespace, %pod, "drain timed out; deleting as the plan's forceAfterTimeout asks");
+                let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+                match Api::<Pod>::namespaced(self.client.clone(), &namespace).delete(&pod, &dp).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Action::Intent { node, plan, gpus } => {
+                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
+                                  "spec": {"plan": plan, "gpus": gpus}});
+                gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await?;
+            }
+            Action::Event { plan, node, reason, message, warning } => {
+                if let Some(p) = plans.iter().find(|p| p.name_any() == plan) {
+                    self.publish(&p.object_ref(&()), reason, &message, warning).await;
+                }
+                self.event_on_node(&node, reason, &message, warning).await;
+            }
+        }
+        Ok(None)
+    }
+
+    /// One eviction through a typed policy/v1 Eviction, bounded in time. `Some(reason)` if refused.
+    async fn evict(&self, node: &str, namespace: &str, pod: &str) -> Result<Option<String>, Error> {
+        let api: Api<Pod> = Api::namespaced(self.evict_client.clone(), namespace);
+        let eviction: Eviction = serde_json::from_value(json!({
+            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}
+        }))
+        .expect("a valid Eviction");
+        let pp = PostParams::default();
+        let call = api.create_subresource::<Eviction, serde_json::Value>("eviction", pod, &pp, &eviction);
+        match tokio::time::timeout(EVICTION_TIMEOUT, call).await {
+            Ok(Ok(_)) => {
+                info!(%node, %namespace, %pod, "evicted");
+                self.metrics.evicted();
+                Ok(None)
+            }
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 => Ok(None),
+            Ok(Err(kube::Error::Api(s))) if s.code == 429 => {
+                self.metrics.eviction_blocked();
+                let why = format!("eviction of {namespace}/{pod} blocked: {}", s.message);
+                Ok(Some(why))
+            }
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => {
+                Ok(Some(format!("eviction of {namespace}/{pod} timed out after {}s", EVICTION_TIMEOUT.as_secs())))
+            }
+        }
+    }
+
+    /// Writes why a drain is blocked into the node's rollout message (the plan status shows it),
+    /// and emits an Event when the reason changes.
+    async fn record_drain_messages(
+        &self,
+        gpunodes: &BTreeMap<String, GpuNode>,
+        evicting: &BTreeMap<String, bool>,
+        blocked: &BTreeMap<String, Vec<String>>,
+    ) -> Result<(), Error> {
+        for node in evicting.keys() {
+            let Some(mut r) = gpunodes.get(node).and_then(|g| g.status.as_ref()?.rollout.clone()) else { continue };
+            let message = blocked.get(node).map(|m| m.join("; ")).unwrap_or_default();
+            if r.message == message {
+                continue;
+            }
+            if !message.is_empty() {
+                self.event_on_node(node, "EvictionBlocked", &message, true).await;
+                if let Some(plan) =
+                    r.plan.as_deref().and_then(|p| self.plans.state().into_iter().find(|x| x.name_any() == p))
+                {
+                    self.publish(&plan.object_ref(&()), "EvictionBlocked", &format!("{node}: {message}"), true).await;
+                }
+            }
+            r.message = message;
+            let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {"rollout": r}});
+            Api::<GpuNode>::all(self.client.clone())
+                .patch_status(node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn ensure_finalizers(&self, plans: &[GpuPartitionPlan]) -> Result<(), Error> {
+        for p in plans
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && !p.finalizers().iter().any(|f| f == FINALIZER))
+        {
+            let mut finalizers = p.finalizers().to_vec();
+            finalizers.push(FINALIZER.into());
+            let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": p.resource_version()}});
+            Api::<GpuPartitionPlan>::all(self.client.clone())
+                .patch(&p.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A deleted plan: once no node is mid-rollout for it any more, drop the finalizer. GPUs keep
+    /// their layout; the nodes' intent simply stops naming the plan.
+    async fn finish_deletion(
+        &self,
+        plan: &GpuPartitionPlan,
+        gpunodes: &BTreeMap<String, GpuNode>,
+    ) -> Result<(), Error> {
+        let name = plan.name_any();
+        let busy = gpunodes.values().any(|g| {
+            g.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| r.plan.as_deref() == Some(&name))
+        });
+        if busy || !plan.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        let finalizers: Vec<&String> = plan.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": plan.resource_version()}});
+        Api::<GpuPartitionPlan>::all(self.client.clone())
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        info!(plan = %name, "released; its nodes keep their MIG layout");
+        Ok(())
+    }
+
+    async fn event_on_node(&self, node: &str, reason: &str, message: &str, warning: bool) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            uid: Some(node.into()),
+            ..Default::default()
+        };
+        self.publish(&reference, reason, message, warning).await;
+    }
+
+    async fn publish(&self, reference: &ObjectReference, reason: &str, message: &str, warning: bool) {
+        let ev = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.into(),
+            note: Some(message.chars().take(1000).collect()),
+            action: "Rollout".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, reference).await {
+            warn!(error = %e, "could not publish an event");
+        }
+    }
+}

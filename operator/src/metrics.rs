@@ -1,0 +1,92 @@
+//! Prometheus metrics (prometheus-client): reconciles, errors by kind, nodes by rollout phase,
+//! evictions and evictions blocked by a PodDisruptionBudget, pass duration.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: String,
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    reconciles: Counter,
+    errors: Family<KindLabel, Counter>,
+    nodes: Family<PhaseLabel, Gauge>,
+    evictions: Counter,
+    evictions_blocked: Counter,
+    duration: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("tessera_operator");
+        let m = Self {
+            reconciles: Counter::default(),
+            errors: Family::default(),
+            nodes: Family::default(),
+            evictions: Counter::default(),
+            evictions_blocked: Counter::default(),
+            duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            registry: Mutex::new(Registry::default()),
+        };
+        registry.register("reconciles", "Fleet reconcile passes", m.reconciles.clone());
+        registry.register("reconcile_errors", "Failed passes by error kind", m.errors.clone());
+        registry.register("nodes", "GPU nodes by rollout phase", m.nodes.clone());
+        registry.register("evictions", "Pods evicted", m.evictions.clone());
+        registry.register(
+            "evictions_blocked",
+            "Evictions refused (PodDisruptionBudget) or timed out",
+            m.evictions_blocked.clone(),
+        );
+        registry.register("reconcile_duration_seconds", "Duration of one fleet pass", m.duration.clone());
+        *m.registry.lock().expect("fresh mutex") = registry;
+        m
+    }
+}
+
+impl Metrics {
+    pub fn reconciled(&self, took: Duration) {
+        self.reconciles.inc();
+        self.duration.observe(took.as_secs_f64());
+    }
+
+    pub fn error(&self, kind: &str) {
+        self.errors.get_or_create(&KindLabel { kind: kind.into() }).inc();
+    }
+
+    pub fn evicted(&self) {
+        self.evictions.inc();
+    }
+
+    pub fn eviction_blocked(&self) {
+        self.evictions_blocked.inc();
+    }
+
+    pub fn set_phases(&self, phases: &std::collections::BTreeMap<String, i64>) {
+        for phase in ["Idle", "Pending", "Draining", "Applying", "Uncordoning", "Failed"] {
+            self.nodes.get_or_create(&PhaseLabel { phase: phase.into() }).set(phases.get(phase).copied().unwrap_or(0));
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,77 @@
+//! `tessera-operator run`: caches, leader election, the control loop, and the probe/metrics
+//! endpoint. Followers keep their caches warm and take over as soon as the lease is theirs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kube::Client;
+use kube_lease_manager::LeaseManagerBuilder;
+use tracing::{info, warn};
+
+use crate::controller;
+use crate::metrics::Metrics;
+
+pub struct RunOptions {
+    pub listen: String,
+    pub leader_elect: bool,
+    pub lease_namespace: String,
+    pub identity: String,
+}
+
+pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
+    let client = Client::try_default().await?;
+    let mut config = kube::Config::infer().await?;
+    config.default_retry = false;
+    let evict_client = Client::try_from(config)?;
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind(&opts.listen).await?;
+    info!(addr = %opts.listen, "serving /livez, /readyz, /metrics");
+    tokio::spawn(crate::server::serve(listener, ready.clone(), metrics.clone()));
+
+    let (ctx, changed) = controller::start(client.clone(), evict_client, metrics, opts.identity.clone()).await;
+    ctx.wait_ready().await;
+    ready.store(true, Ordering::Relaxed);
+    info!("caches synced");
+
+    if !opts.leader_elect {
+        tokio::select! {
+            _ = ctx.run(changed) => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        return Ok(());
+    }
+    let manager = LeaseManagerBuilder::new(client, "tessera-operator")
+        .with_namespace(&opts.lease_namespace)
+        .with_identity(&opts.identity)
+        .build()
+        .await?;
+    let (mut leader, lease_task) = manager.watch().await;
+    let mut worker: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        let is_leader = *leader.borrow_and_update();
+        match (is_leader, worker.is_some()) {
+            (true, false) => {
+                info!(identity = %opts.identity, "became leader");
+                worker = Some(tokio::spawn(ctx.clone().run(changed.clone())));
+            }
+            (false, true) => {
+                warn!("lost the lease; stopping");
+                if let Some(w) = worker.take() {
+                    w.abort();
+                }
+            }
+            _ => {}
+        }
+        tokio::select! {
+            r = leader.changed() => if r.is_err() { break },
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    if let Some(w) = worker.take() {
+        w.abort();
+    }
+    drop(leader);
+    let _ = lease_task.await;
+    Ok(())
+}

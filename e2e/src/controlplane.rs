@@ -100,7 +100,7 @@ impl ControlPlane {
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={kcm_port}"),
             "--leader-elect=false".into(),
-            "--controllers=disruption,replicaset,deployment,daemonset,garbagecollector,namespace,resourcequota,job,serviceaccount,nodelifecycle".into(),
+            "--controllers=disruption,replicaset,deployment,daemonset,garbagecollector,namespace,resourcequota,job,serviceaccount,nodelifecycle,clusterrole-aggregation".into(),
             "--concurrent-gc-syncs=5".into(),
             "--v=1".into(),
         ])?;

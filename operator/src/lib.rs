@@ -6,6 +6,8 @@ pub mod controller;
 pub mod drain;
 pub mod error;
 pub mod metrics;
+pub mod quota;
+pub mod quota_controller;
 pub mod rollout;
 pub mod run;
 pub mod selector;

@@ -10,6 +10,7 @@ use tracing::{info, warn};
 
 use crate::controller;
 use crate::metrics::Metrics;
+use crate::quota_controller::QuotaController;
 
 pub struct RunOptions {
     pub listen: String,
@@ -29,14 +30,17 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     info!(addr = %opts.listen, "serving /livez, /readyz, /metrics");
     tokio::spawn(crate::server::serve(listener, ready.clone(), metrics.clone()));
 
-    let (ctx, changed) = controller::start(client.clone(), evict_client, metrics, opts.identity.clone()).await;
+    let (ctx, changed) = controller::start(client.clone(), evict_client, metrics.clone(), opts.identity.clone()).await;
+    let quotas = QuotaController::start(client.clone(), metrics);
     ctx.wait_ready().await;
+    quotas.wait_ready().await;
     ready.store(true, Ordering::Relaxed);
     info!("caches synced");
 
     if !opts.leader_elect {
         tokio::select! {
             _ = ctx.run(changed) => {}
+            _ = quotas.run() => {}
             _ = tokio::signal::ctrl_c() => {}
         }
         return Ok(());
@@ -47,18 +51,19 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         .build()
         .await?;
     let (mut leader, lease_task) = manager.watch().await;
-    let mut worker: Option<tokio::task::JoinHandle<()>> = None;
+    let mut worker: Option<(tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>)> = None;
     loop {
         let is_leader = *leader.borrow_and_update();
         match (is_leader, worker.is_some()) {
             (true, false) => {
                 info!(identity = %opts.identity, "became leader");
-                worker = Some(tokio::spawn(ctx.clone().run(changed.clone())));
+                worker = Some((tokio::spawn(ctx.clone().run(changed.clone())), tokio::spawn(quotas.clone().run())));
             }
             (false, true) => {
                 warn!("lost the lease; stopping");
-                if let Some(w) = worker.take() {
-                    w.abort();
+                if let Some((a, b)) = worker.take() {
+                    a.abort();
+                    b.abort();
                 }
             }
             _ => {}
@@ -68,8 +73,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => break,
         }
     }
-    if let Some(w) = worker.take() {
-        w.abort();
+    if let Some((a, b)) = worker.take() {
+        a.abort();
+        b.abort();
     }
     drop(leader);
     let _ = lease_task.await;

@@ -1,0 +1,278 @@
+//! Pure quota planning: a `TenantGpuQuota` becomes one native `ResourceQuota` per namespace (the
+//! API server's own admission enforces it, race-free), and its status reports usage, per-namespace
+//! shares, conflicts and whether the fleet's applied layouts can honour every quota at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::ResourceQuota;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tessera_crds::conditions::{CAPACITY_AVAILABLE, CONFLICT, READY, STALLED, remove_condition, set_condition};
+use tessera_crds::quota::{NamespaceUsage, ResourceUsage, SplitPolicy, TenantGpuQuotaSpec, TenantGpuQuotaStatus};
+use tessera_crds::validate::{GPU_RESOURCE, validate_quota};
+use tessera_crds::{GpuNode, TenantGpuQuota, catalog};
+
+/// Label on every ResourceQuota Tessera writes: the owning quota's name.
+pub const QUOTA_LABEL: &str = "tessera.dev/quota";
+/// Compute slices a whole GPU counts in physical limits (A30: 4; see the README).
+pub const WHOLE_GPU_COMPUTE_SLICES: i64 = 7;
+
+/// The `ResourceQuota` name in each namespace.
+pub fn resource_quota_name(quota: &str) -> String {
+    format!("tessera-{quota}")
+}
+
+/// Each namespace's share of every tenant-wide limit.
+pub fn shares(spec: &TenantGpuQuotaSpec) -> BTreeMap<String, BTreeMap<String, i64>> {
+    let mut out: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+    let n = spec.namespaces.len() as i64;
+    for (i, ns) in spec.namespaces.iter().enumerate() {
+        let mut mine = BTreeMap::new();
+        for (res, &hard) in &spec.hard {
+            let share = match spec.split {
+                SplitPolicy::Even => hard / n + i64::from((i as i64) < hard % n),
+                SplitPolicy::Explicit => spec.namespace_hard.get(ns).and_then(|m| m.get(res)).copied().unwrap_or(0),
+            };
+            mine.insert(res.clone(), share);
+        }
+        out.insert(ns.clone(), mine);
+    }
+    out
+}
+
+/// Slices (and whole GPUs) the applied layouts supply, per resource name, from the agents' reports.
+pub fn fleet_supply(gpunodes: &[GpuNode]) -> BTreeMap<String, i64> {
+    let mut supply = BTreeMap::new();
+    for gn in gpunodes {
+        for g in gn.status.iter().flat_map(|s| s.gpus.iter()) {
+            if g.mig_enabled {
+                for i in &g.instances {
+                    *supply.entry(catalog::mig_resource_name(&i.profile)).or_default() += 1;
+                }
+            } else {
+                *supply.entry(GPU_RESOURCE.to_string()).or_default() += 1;
+            }
+        }
+    }
+    supply
+}
+
+/// Compute slices and GB that `counts` (resource -> amount) stand for.
+pub fn physical(counts: &BTreeMap<String, i64>, whole_gpu_gb: i64) -> (i64, i64) {
+    let (mut compute, mut memory) = (0, 0);
+    for (res, &n) in counts {
+        if res == GPU_RESOURCE {
+            compute += n * WHOLE_GPU_COMPUTE_SLICES;
+            memory += n * whole_gpu_gb;
+        } else if let Some(p) = catalog::profile_of_resource(res).and_then(|p| catalog::parse_profile_name(&p)) {
+            compute += n * i64::from(p.compute_slices);
+            memory += n * i64::from(p.memory_gb);
+        }
+    }
+    (compute, memory)
+}
+
+/// What the controller should make true.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct QuotaPlan {
+    /// (namespace, quota name, hard as `requests.<resource>` -> quantity) to apply.
+    pub apply: Vec<(String, String, BTreeMap<String, String>)>,
+    /// (namespace, ResourceQuota name) to delete: stale or orphaned.
+    pub delete: Vec<(String, String)>,
+    pub statuses: BTreeMap<String, TenantGpuQuotaStatus>,
+}
+
+/// Plans every quota at once (conflicts and capacity are fleet-wide properties).
+pub fn plan_quotas(
+    quotas: &[TenantGpuQuota],
+    existing_namespaces: &BTreeSet<String>,
+    resource_quotas: &[ResourceQuota],
+    gpunodes: &[GpuNode],
+    now: Time,
+) -> QuotaPlan {
+    let live: Vec<&TenantGpuQuota> = quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none()).collect();
+    let mut claims: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for q in &live {
+        for ns in q.spec.namespaces.iter().collect::<BTreeSet<_>>() {
+            claims.entry(ns.as_str()).or_default().push(q.metadata.name.clone().unwrap_or_default());
+        }
+    }
+    let supply = fleet_supply(gpunodes);
+    let whole_gpu_gb = gpunodes
+        .iter()
+        .flat_map(|g| g.status.iter().flat_map(|s| s.gpus.iter()))
+        .map(|g| (g.memory_mib / 1024).max(0))
+        .max()
+        .unwrap_or(0);
+    let mut demand: BTreeMap<String, i64> = BTreeMap::new();
+    let mut plan = QuotaPlan::default();
+    let mut wanted: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut valid: Vec<&TenantGpuQuota> = Vec::new();
+    for q in &live {
+        let name = q.metadata.name.clone().unwrap_or_default();
+        let errors = validate_quota(&q.spec);
+        let mut st = q.status.clone().unwrap_or_default();
+        st.observed_generation = q.metadata.generation;
+        let g = q.metadata.generation;
+        if !errors.is_empty() {
+            let msg = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+            set_condition(&mut st.conditions, STALLED, true, "InvalidSpec", &msg, g, now.clone());
+            set_condition(&mut st.conditions, READY, false, "InvalidSpec", msg, g, now.clone());
+            plan.statuses.insert(name, st);
+            // Keep what was applied before: an invalid edit never removes enforcement.
+            for rq in resource_quotas.iter().filter(|rq| owned_by(rq, q)) {
+                wanted.insert((
+                    rq.metadata.namespace.clone().unwrap_or_default(),
+                    rq.metadata.name.clone().unwrap_or_default(),
+                ));
+            }
+            continue;
+        }
+        valid.push(q);
+        for (res, n) in &q.spec.hard {
+            *demand.entry(res.clone()).or_default() += n;
+        }
+    }
+    for q in valid {
+        let name = q.metadata.name.clone().unwrap_or_default();
+        let g = q.metadata.generation;
+        let mut st = q.status.clone().unwrap_or_default();
+        st.observed_generation = g;
+        let conflicts: Vec<String> = q
+            .spec
+            .namespaces
+            .iter()
+            .filter(|ns| claims.get(ns.as_str()).is_some_and(|c| c.len() > 1))
+            .map(|ns| {
+                format!(
+                    "{ns} (also claimed by {})",
+                    claims[ns.as_str()].iter().filter(|c| **c != name).cloned().collect::<Vec<_>>().join(", ")
+                )
+            })
+            .collect();
+        let missing: Vec<&String> = q.spec.namespaces.iter().filter(|ns| !existing_namespaces.contains(*ns)).collect();
+        let mut used_total: BTreeMap<String, i64> = BTreeMap::new();
+        st.namespaces.clear();
+        for (ns, share) in shares(&q.spec) {
+            if claims.get(ns.as_str()).is_some_and(|c| c.len() > 1) || !existing_namespaces.contains(&ns) {
+                continue;
+            }
+            let rq_name = resource_quota_name(&name);
+            let hard: BTreeMap<String, String> =
+                share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
+            plan.apply.push((ns.clone(), name.clone(), hard));
+            wanted.insert((ns.clone(), rq_name.clone()));
+            let used = used_in(resource_quotas, &ns, &rq_name);
+            for (r, n) in &used {
+                *used_total.entry(r.clone()).or_default() += n;
+            }
+            st.namespaces.push(NamespaceUsage { namespace: ns, hard: share, used });
+        }
+        st.resources = q
+            .spec
+            .hard
+            .iter()
+            .map(|(r, &hard)| {
+                let used = used_total.get(r).copied().unwrap_or(0);
+                ResourceUsage { name: r.clone(), hard, used, remaining: (hard - used).max(0) }
+            })
+            .collect();
+        let t = || now.clone();
+        if conflicts.is_empty() {
+            remove_condition(&mut st.conditions, CONFLICT);
+            remove_condition(&mut st.conditions, STALLED);
+        } else {
+            let msg =
+                format!("namespace(s) claimed by more than one quota are left unmanaged: {}", conflicts.join("; "));
+            set_condition(&mut st.conditions, CONFLICT, true, "NamespaceClaimedTwice", &msg, g, t());
+            set_condition(&mut st.conditions, STALLED, true, "Conflict", msg, g, t());
+        }
+        let shortfalls: Vec<String> = demand
+            .iter()
+            .filter_map(|(r, d)| {
+                let s = supply.get(r).copied().unwrap_or(0);
+                (*d > s).then(|| format!("{r}: quotas {d}, fleet {s}, short {}", d - s))
+            })
+            .collect();
+        if shortfalls.is_empty() {
+            set_condition(
+                &mut st.conditions,
+                CAPACITY_AVAILABLE,
+                true,
+                "Sufficient",
+                "the fleet's applied layouts supply every tenant's quota at once",
+                g,
+                t(),
+            );
+        } else {
+            set_condition(
+                &mut st.conditions,
+                CAPACITY_AVAILABLE,
+                false,
+                "OverCommitted",
+                format!("over-committed: {}", shortfalls.join("; ")),
+                g,
+                t(),
+            );
+        }
+        let mut notes = Vec::new();
+        if !missing.is_empty() {
+            notes.push(format!(
+                "namespace(s) not found yet: {}",
+                missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        if let Some(p) = &q.spec.physical {
+            let (c_allowed, m_allowed) = physical(&q.spec.hard, whole_gpu_gb);
+            let (c_used, m_used) = physical(&used_total, whole_gpu_gb);
+            for (what, limit, allowed, used) in
+                [("compute slices", p.compute_slices, c_allowed, c_used), ("GB", p.memory_gb, m_allowed, m_used)]
+            {
+                let Some(limit) = limit else { continue };
+                if used > limit {
+                    notes.push(format!("uses {used} {what}, over the physical limit {limit}"));
+                } else if allowed > limit {
+                    notes.push(format!("per-profile limits allow {allowed} {what}, more than the physical limit {limit}; usage is {used}"));
+                }
+            }
+        }
+        let over_physical = notes.iter().any(|n| n.contains("over the physical limit"));
+        let ready = conflicts.is_empty() && missing.is_empty() && !over_physical;
+        let (reason, msg) = if !conflicts.is_empty() {
+            ("Conflict", "see the Conflict condition".to_string())
+        } else if over_physical {
+            ("OverPhysicalLimit", notes.join("; "))
+        } else if !missing.is_empty() {
+            ("NamespaceMissing", notes.join("; "))
+        } else {
+            ("Enforced", if notes.is_empty() { "ResourceQuotas are in place".to_string() } else { notes.join("; ") })
+        };
+        set_condition(&mut st.conditions, READY, ready, reason, msg, g, t());
+        plan.statuses.insert(name, st);
+    }
+    for rq in resource_quotas {
+        let key = (rq.metadata.namespace.clone().unwrap_or_default(), rq.metadata.name.clone().unwrap_or_default());
+        let ours = rq.metadata.labels.as_ref().is_some_and(|l| l.contains_key(QUOTA_LABEL));
+        if ours && !wanted.contains(&key) {
+            plan.delete.push(key);
+        }
+    }
+    plan
+}
+
+fn owned_by(rq: &ResourceQuota, q: &TenantGpuQuota) -> bool {
+    rq.metadata.labels.as_ref().and_then(|l| l.get(QUOTA_LABEL)) == q.metadata.name.as_ref()
+}
+
+/// `status.used` of our ResourceQuota in `ns`, by resource name (without `requests.`).
+fn used_in(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64> {
+    rqs.iter()
+        .find(|rq| rq.metadata.namespace.as_deref() == Some(ns) && rq.metadata.name.as_deref() == Some(name))
+        .and_then(|rq| rq.status.as_ref()?.used.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("requests.")?.to_string(), v.0.parse::<i64>().ok()?)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

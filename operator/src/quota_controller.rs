@@ -1,0 +1,150 @@
+//! Acts on `quota::plan_quotas`: server-side-applies one owned, labelled ResourceQuota per tenant
+//! namespace (drift is overwritten on the next pass), deletes stale ones, writes quota status.
+//! Deleting a TenantGpuQuota removes its ResourceQuotas through their owner references (garbage
+//! collector) and through the stale-object sweep here.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tessera_crds::{GpuNode, TenantGpuQuota};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::Error;
+use crate::controller::MANAGER;
+use crate::metrics::Metrics;
+use crate::quota::{QUOTA_LABEL, plan_quotas, resource_quota_name};
+
+pub struct QuotaController {
+    client: Client,
+    metrics: Arc<Metrics>,
+    quotas: Store<TenantGpuQuota>,
+    rqs: Store<ResourceQuota>,
+    namespaces: Store<Namespace>,
+    gpunodes: Store<GpuNode>,
+    changed: Arc<Notify>,
+}
+
+fn watch<K>(api: Api<K>, cfg: watcher::Config, changed: Arc<Notify>) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (store, writer) = reflector::store();
+    tokio::spawn(async move {
+        use futures::StreamExt;
+        let s = reflector::reflector(writer, watcher(api, cfg).default_backoff()).applied_objects();
+        futures::pin_mut!(s);
+        while let Some(ev) = s.next().await {
+            if let Err(e) = ev {
+                warn!(error = %e, "watch error; retrying with backoff");
+            }
+            changed.notify_one();
+        }
+    });
+    store
+}
+
+impl QuotaController {
+    pub fn start(client: Client, metrics: Arc<Metrics>) -> Arc<Self> {
+        let changed = Arc::new(Notify::new());
+        let d = watcher::Config::default;
+        Arc::new(Self {
+            quotas: watch(Api::all(client.clone()), d(), changed.clone()),
+            rqs: watch(Api::all(client.clone()), d().labels(QUOTA_LABEL), changed.clone()),
+            namespaces: watch(Api::all(client.clone()), d(), changed.clone()),
+            gpunodes: watch(Api::all(client.clone()), d(), changed.clone()),
+            client,
+            metrics,
+            changed,
+        })
+    }
+
+    pub async fn wait_ready(&self) {
+        let _ = tokio::join!(
+            self.quotas.wait_until_ready(),
+            self.rqs.wait_until_ready(),
+            self.namespaces.wait_until_ready(),
+            self.gpunodes.wait_until_ready()
+        );
+    }
+
+    pub async fn run(self: Arc<Self>) {
+        self.wait_ready().await;
+        loop {
+            if let Err(e) = self.reconcile().await {
+                self.metrics.error(e.kind());
+                warn!(error = %e, "quota pass failed; retrying");
+            }
+            tokio::select! {
+                _ = self.changed.notified() => tokio::time::sleep(Duration::from_millis(100)).await,
+                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            }
+        }
+    }
+
+    pub async fn reconcile(&self) -> Result<(), Error> {
+        let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
+        let rqs: Vec<ResourceQuota> = self.rqs.state().iter().map(|q| (**q).clone()).collect();
+        let namespaces: BTreeSet<String> = self
+            .namespaces
+            .state()
+            .iter()
+            .filter(|n| n.metadata.deletion_timestamp.is_none())
+            .map(|n| n.name_any())
+            .collect();
+        let gpunodes: Vec<GpuNode> = self.gpunodes.state().iter().map(|g| (**g).clone()).collect();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let plan = plan_quotas(&quotas, &namespaces, &rqs, &gpunodes, now);
+        for (ns, quota, hard) in &plan.apply {
+            let Some(owner) = quotas.iter().find(|q| q.name_any() == *quota) else { continue };
+            let name = resource_quota_name(quota);
+            let current = rqs.iter().find(|r| r.metadata.namespace.as_deref() == Some(ns) && r.name_any() == name);
+            let same = current.and_then(|r| r.spec.as_ref()?.hard.as_ref()).is_some_and(|h| {
+                h.len() == hard.len() && hard.iter().all(|(k, v)| h.get(k).is_some_and(|q| q.0 == *v))
+            });
+            if same {
+                continue;
+            }
+            let body = json!({
+                "apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": name, "namespace": ns,
+                    "labels": {QUOTA_LABEL: quota, "app.kubernetes.io/managed-by": "tessera"},
+                    "ownerReferences": [owner.controller_owner_ref(&()).expect("a stored object has a name and uid")]},
+                "spec": {"hard": hard}
+            });
+            info!(namespace = %ns, quota = %quota, "applying ResourceQuota");
+            Api::<ResourceQuota>::namespaced(self.client.clone(), ns)
+                .patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+                .await?;
+        }
+        for (ns, name) in &plan.delete {
+            info!(namespace = %ns, name = %name, "deleting stale ResourceQuota");
+            match Api::<ResourceQuota>::namespaced(self.client.clone(), ns).delete(name, &DeleteParams::default()).await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for q in &quotas {
+            let Some(status) = plan.statuses.get(&q.name_any()) else { continue };
+            if q.status.as_ref() == Some(status) {
+                continue;
+            }
+            let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "status": status});
+            Api::<TenantGpuQuota>::all(self.client.clone())
+                .patch_status(&q.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+                .await?;
+        }
+        Ok(())
+    }
+}

@@ -153,7 +153,7 @@ fn physical_limits_are_checked_and_reported() {
     let rq: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": "tessera-a", "namespace": "a",
         "labels": {"tessera.dev/quota": "a"}}, "status": {"used": {"requests.nvidia.com/mig-3g.40gb": "1"}}}))
     .unwrap();
-    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["a"]), &[rq.clone()], &[], now());
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["a"]), std::slice::from_ref(&rq), &[], now());
     let ready = cond(&p.statuses["a"], READY);
     assert_eq!(ready.status, "True");
     assert!(

@@ -170,9 +170,32 @@ async fn a_plan_rolls_out_two_nodes_at_a_time_without_breaking_a_pdb() {
     let max_cordoned = watch_cordons(&admin);
     let min_available = watch_available(&admin, "serve", "web");
 
+    // Preview first: a dry run against the live cluster.
+    let the_plan = plan("inference", 0, json!(2), json!({"3g.40gb": 2}));
+    let file = f.cp.dir.join("plan.yaml");
+    std::fs::write(&file, serde_yaml::to_string(&the_plan).unwrap()).unwrap();
+    let out = std::process::Command::new(tessera_e2e::fixtures::workspace_binary("tessera-operator"))
+        .args(["plan", "preview", "-o", "json"])
+        .arg(&file)
+        .env("KUBECONFIG", f.cp.kubeconfig(Identity::Admin))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let preview: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(preview[0]["changes"].as_array().unwrap().len(), 6);
+    let evictions: usize =
+        preview[0]["changes"].as_array().unwrap().iter().map(|c| c["evict"].as_array().unwrap().len()).sum();
+    assert_eq!(evictions, 6, "every web pod uses a GPU and would be evicted");
+    assert_eq!(preview[0]["capacity_before"], json!({"nvidia.com/gpu": 18}));
+    assert_eq!(preview[0]["capacity_after"], json!({"nvidia.com/gpu": 12, "nvidia.com/mig-3g.40gb": 12}));
+    assert!(
+        Api::<GpuPartitionPlan>::all(admin.clone()).list(&Default::default()).await.unwrap().items.is_empty(),
+        "preview changed nothing"
+    );
+
     let (_op, port) = spawn_operator(&f.cp, "op-1").unwrap();
     let plans: Api<GpuPartitionPlan> = Api::all(admin.clone());
-    plans.create(&PostParams::default(), &plan("inference", 0, json!(2), json!({"3g.40gb": 2}))).await.unwrap();
+    plans.create(&PostParams::default(), &the_plan).await.unwrap();
     let p = wait_plan_ready(&admin, "inference").await;
     let st = p.status.unwrap();
     assert_eq!((st.matched_nodes, st.updated_nodes, st.failed_nodes), (6, 6, 0));

@@ -34,11 +34,22 @@ enum Command {
         #[arg(long, env = "POD_NAME", default_value = "tessera-operator")]
         identity: String,
     },
+    /// Plans against the live cluster (KUBECONFIG), changing nothing.
+    Plan {
+        #[command(subcommand)]
+        command: PlanCommand,
+    },
     /// MIG geometry from the built-in catalog.
     Mig {
         #[command(subcommand)]
         command: MigCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum PlanCommand {
+    /// Which nodes would change, which pods would be evicted, and MIG capacity before and after.
+    Preview { file: String },
 }
 
 #[derive(Subcommand)]
@@ -80,6 +91,10 @@ fn main() {
     }
     let result = match args.command {
         Command::Run { .. } => unreachable!("handled above"),
+        Command::Plan { command: PlanCommand::Preview { file } } => {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            rt.block_on(cli::preview::run(&file, args.output))
+        }
         Command::Validate { files } => cli::validate::run(&files, args.output),
         Command::Mig { command: MigCommand::Profiles { gpu } } => cli::mig::profiles(&gpu, args.output),
         Command::Mig { command: MigCommand::Fit { gpu, profiles } } => cli::mig::fit(&gpu, &profiles, args.output),

@@ -2,6 +2,7 @@
 //! invalid or does not fit, 2 a usage error.
 
 pub mod mig;
+pub mod preview;
 pub mod validate;
 
 use clap::ValueEnum;

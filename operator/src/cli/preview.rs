@@ -1,0 +1,229 @@
+//! `tessera-operator plan preview FILE`: what applying a plan would do, against the live cluster,
+//! without changing anything: nodes that change, pods that would be evicted, and the MIG
+//! capacity before and after, per resource name.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde::Serialize;
+use tessera_crds::gpunode::{GpuIntent, GpuState};
+use tessera_crds::{GpuNode, GpuPartitionPlan, catalog};
+
+use super::Output;
+use crate::Error;
+use crate::drain::{PodVerdict, verdict};
+use crate::rollout::desired_intent;
+use crate::selector::matches;
+
+#[derive(Debug, Default, Serialize, PartialEq)]
+pub struct Preview {
+    pub plan: String,
+    pub changes: Vec<NodeChange>,
+    pub unchanged: Vec<String>,
+    pub skipped: BTreeMap<String, String>,
+    pub capacity_before: BTreeMap<String, i64>,
+    pub capacity_after: BTreeMap<String, i64>,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct NodeChange {
+    pub node: String,
+    pub gpus: Vec<GpuIntent>,
+    pub evict: Vec<String>,
+}
+
+/// What a GPU supplies: its instances, or one whole GPU.
+fn supply_of(g: &GpuState, out: &mut BTreeMap<String, i64>) {
+    if g.mig_enabled {
+        for i in &g.instances {
+            *out.entry(catalog::mig_resource_name(&i.profile)).or_default() += 1;
+        }
+    } else {
+        *out.entry("nvidia.com/gpu".into()).or_default() += 1;
+    }
+}
+
+fn supply_after(gpus: &[GpuState], intent: &[GpuIntent], out: &mut BTreeMap<String, i64>) {
+    for g in gpus {
+        match intent.iter().find(|i| i.index == g.index) {
+            Some(i) if i.mig_enabled => {
+                for (p, n) in &i.profiles {
+                    *out.entry(catalog::mig_resource_name(p)).or_default() += i64::from(*n);
+                }
+            }
+            Some(_) => *out.entry("nvidia.com/gpu".into()).or_default() += 1,
+            None => supply_of(g, out),
+        }
+    }
+}
+
+/// Pure: the preview of `plan` given the other plans and the cluster's nodes and pods.
+pub fn preview(
+    plan: &GpuPartitionPlan,
+    others: &[GpuPartitionPlan],
+    nodes: &[(Node, Option<GpuNode>)],
+    pods: &[Pod],
+) -> Preview {
+    let mut p = Preview { plan: plan.name_any(), ..Default::default() };
+    for (node, gn) in nodes {
+        let name = node.name_any();
+        if !matches(&plan.spec.node_selector, node.labels()) {
+            continue;
+        }
+        let rival =
+            others.iter().filter(|o| o.name_any() != plan.name_any() && matches(&o.spec.node_selector, node.labels()));
+        if let Some(o) = rival.clone().find(|o| o.spec.priority > plan.spec.priority) {
+            p.skipped.insert(name, format!("owned by plan {} (priority {})", o.name_any(), o.spec.priority));
+            continue;
+        }
+        if let Some(o) = rival.clone().find(|o| o.spec.priority == plan.spec.priority) {
+            p.skipped.insert(name, format!("conflict with plan {} (same priority {})", o.name_any(), o.spec.priority));
+            continue;
+        }
+        let Some(gpus) = gn.as_ref().and_then(|g| g.status.as_ref()).map(|s| s.gpus.clone()).filter(|g| !g.is_empty())
+        else {
+            p.skipped.insert(name, "no GPU inventory reported by a node agent".into());
+            continue;
+        };
+        gpus.iter().for_each(|g| supply_of(g, &mut p.capacity_before));
+        match desired_intent(&plan.spec, &gpus) {
+            Err(reason) => {
+                p.skipped.insert(name, reason);
+                gpus.iter().for_each(|g| supply_of(g, &mut p.capacity_after));
+            }
+            Ok(intent) => {
+                supply_after(&gpus, &intent, &mut p.capacity_after);
+                let current = gn.as_ref().map(|g| g.spec.gpus.clone()).unwrap_or_default();
+                if current == intent {
+                    p.unchanged.push(name);
+                    continue;
+                }
+                let evict = pods
+                    .iter()
+                    .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
+                    .filter(|pod| verdict(pod, plan.spec.rollout.drain_scope) == PodVerdict::Evict)
+                    .map(|pod| format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
+                    .collect();
+                p.changes.push(NodeChange { node: name, gpus: intent, evict });
+            }
+        }
+    }
+    p
+}
+
+pub async fn run(file: &str, output: Output) -> Result<i32, Error> {
+    let text = std::fs::read_to_string(file).map_err(|source| Error::ReadFile { path: file.into(), source })?;
+    let mut plans = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v: serde_json::Value =
+            serde::Deserialize::deserialize(doc).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
+        if v.get("kind").and_then(|k| k.as_str()) == Some("GpuPartitionPlan") {
+            let p: GpuPartitionPlan = serde_json::from_value(v).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
+            let errs = tessera_crds::validate::validate_plan(&p.spec);
+            if !errs.is_empty() {
+                for e in errs {
+                    println!("{file}: {}: {e}", p.name_any());
+                }
+                return Ok(1);
+            }
+            plans.push(p);
+        }
+    }
+    if plans.is_empty() {
+        return Err(Error::Usage(format!("{file} holds no GpuPartitionPlan")));
+    }
+    let client = Client::try_default().await.map_err(|e| Error::Usage(format!("connecting to the cluster: {e}")))?;
+    let others = Api::<GpuPartitionPlan>::all(client.clone()).list(&ListParams::default()).await?.items;
+    let gns: BTreeMap<String, GpuNode> = Api::<GpuNode>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|g| (g.name_any(), g))
+        .collect();
+    let nodes: Vec<(Node, Option<GpuNode>)> = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|n| {
+            let g = gns.get(&n.name_any()).cloned();
+            (n, g)
+        })
+        .collect();
+    let pods = Api::<Pod>::all(client).list(&ListParams::default()).await?.items;
+    let previews: Vec<Preview> = plans.iter().map(|p| preview(p, &others, &nodes, &pods)).collect();
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&previews)?),
+        Output::Text => {
+            for p in &previews {
+                println!(
+                    "plan {}: {} node(s) change, {} unchanged, {} skipped",
+                    p.plan,
+                    p.changes.len(),
+                    p.unchanged.len(),
+                    p.skipped.len()
+                );
+                for c in &p.changes {
+                    let gpus: Vec<String> = c
+                        .gpus
+                        .iter()
+                        .map(|g| {
+                            let prof: Vec<String> = g.profiles.iter().map(|(k, v)| format!("{v}x{k}")).collect();
+                            format!("gpu{}={}", g.index, if g.mig_enabled { prof.join("+") } else { "whole".into() })
+                        })
+                        .collect();
+                    println!("  change {}: {}", c.node, gpus.join(" "));
+                    for pod in &c.evict {
+                        println!("    evict {pod}");
+                    }
+                }
+                for (n, why) in &p.skipped {
+                    println!("  skip {n}: {why}");
+                }
+                println!("  capacity (before -> after):");
+                let keys: std::collections::BTreeSet<&String> =
+                    p.capacity_before.keys().chain(p.capacity_after.keys()).collect();
+                for k in keys {
+                    let b = p.capacity_before.get(k).copied().unwrap_or(0);
+                    let a = p.capacity_after.get(k).copied().unwrap_or(0);
+                    println!("    {k}: {b} -> {a}");
+                }
+            }
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn preview_lists_changes_evictions_and_capacity() {
+        let plan: GpuPartitionPlan =
+            serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
+            "metadata": {"name": "p"}, "spec": {"nodeSelector": {"matchLabels": {"pool": "a"}},
+            "layouts": [{"gpuProduct": "H100-80GB", "profiles": {"3g.40gb": 2}}]}}))
+            .unwrap();
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1", "labels": {"pool": "a"}}})).unwrap();
+        let other: Node = serde_json::from_value(json!({"metadata": {"name": "n2", "labels": {"pool": "b"}}})).unwrap();
+        let gn: GpuNode = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": "n1"},
+            "spec": {}, "status": {"gpus": [{"index": 0, "uuid": "u", "product": "NVIDIA H100 80GB HBM3", "migCapable": true}]}})).unwrap();
+        let pod = |name: &str, node: &str, gpu: bool| -> Pod {
+            let res = if gpu { json!({"limits": {"nvidia.com/gpu": "1"}}) } else { json!({}) };
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml"},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "resources": res}]}, "status": {"phase": "Running"}})).unwrap()
+        };
+        let pods = [pod("train", "n1", true), pod("web", "n1", false), pod("far", "n2", true)];
+        let p = preview(&plan, &[], &[(node, Some(gn)), (other, None)], &pods);
+        assert_eq!(p.changes.len(), 1);
+        assert_eq!(p.changes[0].evict, vec!["ml/train"]);
+        assert_eq!(p.capacity_before, [("nvidia.com/gpu".to_string(), 1)].into());
+        assert_eq!(p.capacity_after, [("nvidia.com/mig-3g.40gb".to_string(), 2)].into());
+    }
+}

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONTROLPLANE_BUILD := e2e/controlplane/build.sh
 
-.PHONY: all build crds lint test unit e2e controlplane bench clean
+.PHONY: all build crds lint test unit e2e controlplane bench demo demo-down clean
 
 all: build
 
@@ -35,6 +35,12 @@ e2e: controlplane
 test: lint
 	$(CARGO) build --workspace --bins
 	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) $(CARGO) test --workspace -- --test-threads=2
+
+## The operator's cost per node reconfigured at 100 and 1,000 kwok nodes (see BENCHMARKS.md).
+bench: controlplane
+	$(CARGO) build --release -p tessera-operator -p tessera-e2e --bins
+	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) TESSERA_OPERATOR_BIN=target/release/tessera-operator \
+	  target/release/bench-rollout $(BENCH_NODES)
 
 clean:
 	$(CARGO) clean

@@ -207,14 +207,52 @@ pub fn workspace_binary(name: &str) -> std::path::PathBuf {
     path
 }
 
-/// Runs the real `node-agent` binary for `node` on simulated GPUs, as the node-agent identity.
-pub fn spawn_node_agent(
+/// A kubeconfig for the node agent of `node` holding a service-account token bound to a pod on
+/// that node, as the kubelet gives a DaemonSet pod: the token carries the node-name claim that
+/// `config/rbac/node-agent-fence.yaml` checks.
+pub async fn node_agent_kubeconfig(cp: &crate::ControlPlane, node: &str) -> Result<std::path::PathBuf, Error> {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    let admin = cp.client(crate::Identity::Admin).await?;
+    let ns = "tessera-system";
+    let pod_name = format!("tessera-node-agent-{node}");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let pod: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/name": "tessera-node-agent"}},
+        "spec": {"nodeName": node, "serviceAccountName": "tessera-node-agent",
+                 "tolerations": [{"operator": "Exists"}],
+                 "containers": [{"name": "agent", "image": "tessera/node-agent:dev"}]}}))
+    .expect("a valid Pod");
+    let pod = match pods.get_opt(&pod_name).await? {
+        Some(p) => p,
+        None => pods.create(&PostParams::default(), &pod).await?,
+    };
+    let sa: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
+    let tr: TokenRequest =
+        serde_json::from_value(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"audiences": [], "expirationSeconds": 7200,
+                 "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod.metadata.uid}}}))
+        .expect("a valid TokenRequest");
+    let tr: TokenRequest = sa.create_subresource("token", "tessera-node-agent", &PostParams::default(), &tr).await?;
+    let token = tr.status.map(|s| s.token).unwrap_or_default();
+    let template =
+        std::fs::read_to_string(cp.kubeconfig(crate::Identity::NodeAgent)).map_err(|e| Error::io("kubeconfig", e))?;
+    let old_token = template.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap_or_default().to_string();
+    let path = cp.dir.join(format!("node-agent-{node}.kubeconfig"));
+    std::fs::write(&path, template.replace(&old_token, &token)).map_err(|e| Error::io("kubeconfig", e))?;
+    Ok(path)
+}
+
+/// Runs the real `node-agent` binary for `node` on simulated GPUs, with a pod-bound token of the
+/// node-agent service account (see [`node_agent_kubeconfig`]).
+pub async fn spawn_node_agent(
     cp: &crate::ControlPlane,
     node: &str,
     state: &Path,
     gpus: &str,
     extra: &[&str],
 ) -> Result<crate::process::Component, Error> {
+    let kubeconfig = node_agent_kubeconfig(cp, node).await?;
     let mut args: Vec<String> =
         ["run", "--backend", "sim", "--node-name", node, "--resync-seconds", "2", "--sim-gpus", gpus, "--sim-state"]
             .iter()
@@ -222,10 +260,7 @@ pub fn spawn_node_agent(
             .collect();
     args.push(state.display().to_string());
     args.extend(extra.iter().map(|s| s.to_string()));
-    let env = [
-        ("KUBECONFIG", cp.kubeconfig(crate::Identity::NodeAgent).display().to_string()),
-        ("RUST_LOG", "info".to_string()),
-    ];
+    let env = [("KUBECONFIG", kubeconfig.display().to_string()), ("RUST_LOG", "info".to_string())];
     crate::process::Component::spawn_with_env(
         &format!("node-agent-{node}"),
         &workspace_binary("node-agent"),

@@ -20,6 +20,7 @@ async fn setup(nodes: &[&str]) -> (ControlPlane, Client) {
     install_crds(&admin).await.unwrap();
     apply_file(&admin, "config/namespace.yaml").await.unwrap();
     apply_file(&admin, "config/rbac/node-agent.yaml").await.unwrap();
+    apply_file(&admin, "config/rbac/node-agent-fence.yaml").await.unwrap();
     let fake: Vec<FakeGpuNode> = nodes.iter().map(|n| FakeGpuNode::new(n, "NVIDIA-H100-80GB-HBM3", 2)).collect();
     create_gpu_nodes(&admin, &fake).await.unwrap();
     (cp, admin)
@@ -55,7 +56,7 @@ fn profiles(gn: &GpuNode, gpu: usize) -> Vec<(String, i32)> {
 async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices() {
     let (cp, admin) = setup(&["gpu-a"]).await;
     let dir = cp.dir.clone();
-    let _agent = spawn_node_agent(&cp, "gpu-a", &dir.join("gpu-a.json"), "H100-80GB,H100-80GB", &[]).unwrap();
+    let _agent = spawn_node_agent(&cp, "gpu-a", &dir.join("gpu-a.json"), "H100-80GB,H100-80GB", &[]).await.unwrap();
     let api: Api<GpuNode> = Api::all(admin.clone());
     // The agent registers its node and reports the inventory before any intent exists.
     let gn = wait_for("inventory", T, || async {
@@ -128,7 +129,7 @@ async fn an_agent_killed_mid_apply_converges_after_restart() {
     let (cp, admin) = setup(&["gpu-b"]).await;
     let state = cp.dir.join("gpu-b.json");
     // Aborts right after its 4th driver operation: mode, two creates, ... mid-layout.
-    let mut agent = spawn_node_agent(&cp, "gpu-b", &state, "H100-80GB", &["--sim-crash-after", "4"]).unwrap();
+    let mut agent = spawn_node_agent(&cp, "gpu-b", &state, "H100-80GB", &["--sim-crash-after", "4"]).await.unwrap();
     let api: Api<GpuNode> = Api::all(admin.clone());
     wait_for("registered", T, || async { api.get("gpu-b").await.ok()?.status.map(|_| ()) }).await.unwrap();
     let generation =
@@ -140,7 +141,7 @@ async fn an_agent_killed_mid_apply_converges_after_restart() {
     assert!(made > 0 && made < 7, "the crash left a partial layout ({made} instances)");
 
     drop(agent);
-    let _agent = spawn_node_agent(&cp, "gpu-b", &state, "H100-80GB", &[]).unwrap();
+    let _agent = spawn_node_agent(&cp, "gpu-b", &state, "H100-80GB", &[]).await.unwrap();
     let gn = wait_applied(&admin, "gpu-b", generation).await;
     let starts: Vec<i32> = profiles(&gn, 0).iter().map(|p| p.1).collect();
     assert_eq!(starts, vec![0, 1, 2, 3, 4, 5, 6], "exactly seven, no duplicates, none lost");
@@ -150,7 +151,7 @@ async fn an_agent_killed_mid_apply_converges_after_restart() {
 async fn a_busy_instance_is_not_destroyed_and_the_condition_names_the_process() {
     let (cp, admin) = setup(&["gpu-c"]).await;
     let state = cp.dir.join("gpu-c.json");
-    let _agent = spawn_node_agent(&cp, "gpu-c", &state, "H100-80GB", &[]).unwrap();
+    let _agent = spawn_node_agent(&cp, "gpu-c", &state, "H100-80GB", &[]).await.unwrap();
     let api: Api<GpuNode> = Api::all(admin.clone());
     wait_for("registered", T, || async { api.get("gpu-c").await.ok()?.status.map(|_| ()) }).await.unwrap();
     let generation =
@@ -197,4 +198,41 @@ fn stop_sim_process(state: &std::path::Path, pid: u32) {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_agent_cannot_modify_another_nodes_objects() {
+    let (cp, admin) = setup(&["gpu-x", "gpu-y"]).await;
+    let state = cp.dir.join("gpu-y.json");
+    let _y = spawn_node_agent(&cp, "gpu-y", &state, "H100-80GB", &[]).await.unwrap();
+    let api: Api<GpuNode> = Api::all(admin.clone());
+    wait_for("gpu-y registered", T, || async { api.get("gpu-y").await.ok()?.status.map(|_| ()) }).await.unwrap();
+
+    // The agent identity of gpu-x: same service account, token bound to a pod on gpu-x.
+    let kubeconfig = tessera_e2e::fixtures::node_agent_kubeconfig(&cp, "gpu-x").await.unwrap();
+    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    let x = Client::try_from(config).unwrap();
+    let as_x: Api<GpuNode> = Api::all(x.clone());
+    let fake = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {"gpus": []}});
+    let err = as_x
+        .patch_status("gpu-y", &PatchParams::apply("tessera-node-agent").force(), &Patch::Apply(&fake))
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("may write only its own node") && msg.contains("token of node gpu-x, object gpu-y"), "{msg}");
+    let nodes: Api<Node> = Api::all(x.clone());
+    let err = nodes
+        .patch_status(
+            "gpu-y",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"capacity": {"nvidia.com/gpu": "99"}}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("may write only its own node"), "{err}");
+    // Its own node's object is fine.
+    let own =
+        json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": "gpu-x"}, "spec": {}});
+    as_x.patch("gpu-x", &PatchParams::apply("tessera-node-agent"), &Patch::Apply(&own)).await.unwrap();
 }

@@ -36,19 +36,23 @@ async fn fleet(n: usize) -> Fleet {
     let cp = ControlPlane::start().await.unwrap();
     let admin = cp.client(Identity::Admin).await.unwrap();
     install_crds(&admin).await.unwrap();
-    for f in ["config/namespace.yaml", "config/rbac/node-agent.yaml", "config/rbac/operator.yaml"] {
+    for f in [
+        "config/namespace.yaml",
+        "config/rbac/node-agent.yaml",
+        "config/rbac/node-agent-fence.yaml",
+        "config/rbac/operator.yaml",
+    ] {
         apply_file(&admin, f).await.unwrap();
     }
     let names: Vec<String> = (0..n).map(|i| format!("gpu-{i}")).collect();
     let fake: Vec<FakeGpuNode> =
         names.iter().map(|n| FakeGpuNode::new(n, "NVIDIA-H100-80GB-HBM3", 3).label("pool", "a")).collect();
     create_gpu_nodes(&admin, &fake).await.unwrap();
-    let agents = names
-        .iter()
-        .map(|n| {
-            spawn_node_agent(&cp, n, &cp.dir.join(format!("{n}.json")), "H100-80GB,H100-80GB,H100-80GB", &[]).unwrap()
-        })
-        .collect();
+    let mut agents = Vec::new();
+    for n in &names {
+        let state = cp.dir.join(format!("{n}.json"));
+        agents.push(spawn_node_agent(&cp, n, &state, "H100-80GB,H100-80GB,H100-80GB", &[]).await.unwrap());
+    }
     let nodes: Api<Node> = Api::all(admin.clone());
     for n in &names {
         wait_for(&format!("{n} advertises whole GPUs"), T, || async {

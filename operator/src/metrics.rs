@@ -29,6 +29,8 @@ pub struct Metrics {
     evictions: Counter,
     evictions_blocked: Counter,
     duration: Histogram,
+    /// Every request the operator sends to the API server (watches count once, when opened).
+    pub api_requests: Counter,
 }
 
 impl Default for Metrics {
@@ -41,6 +43,7 @@ impl Default for Metrics {
             evictions: Counter::default(),
             evictions_blocked: Counter::default(),
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            api_requests: Counter::default(),
             registry: Mutex::new(Registry::default()),
         };
         registry.register("reconciles", "Fleet reconcile passes", m.reconciles.clone());
@@ -53,6 +56,7 @@ impl Default for Metrics {
             m.evictions_blocked.clone(),
         );
         registry.register("reconcile_duration_seconds", "Duration of one fleet pass", m.duration.clone());
+        registry.register("api_requests", "Requests sent to the API server", m.api_requests.clone());
         *m.registry.lock().expect("fresh mutex") = registry;
         m
     }

@@ -20,11 +20,12 @@ pub struct RunOptions {
 }
 
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
-    let client = Client::try_default().await?;
-    let mut config = kube::Config::infer().await?;
-    config.default_retry = false;
-    let evict_client = Client::try_from(config)?;
     let metrics = Arc::new(Metrics::default());
+    let config = kube::Config::infer().await?;
+    let client = counted_client(config.clone(), &metrics)?;
+    let mut no_retry = config;
+    no_retry.default_retry = false;
+    let evict_client = counted_client(no_retry, &metrics)?;
     let ready = Arc::new(AtomicBool::new(false));
     let listener = tokio::net::TcpListener::bind(&opts.listen).await?;
     info!(addr = %opts.listen, "serving /livez, /readyz, /metrics");
@@ -80,4 +81,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     drop(leader);
     let _ = lease_task.await;
     Ok(())
+}
+
+/// A client whose every request increments `tessera_operator_api_requests_total`.
+fn counted_client(config: kube::Config, metrics: &Arc<Metrics>) -> anyhow::Result<Client> {
+    let counter = metrics.api_requests.clone();
+    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        counter.inc();
+        req
+    });
+    Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&layer).build())
 }

@@ -1,0 +1,182 @@
+//! `make bench`: the operator's own cost per node reconfigured. Starts the real control plane,
+//! creates N kwok nodes, stands in for N zero-latency node agents with one in-process emulator,
+//! runs the release `tessera-operator` as a process, applies one plan over every node and waits
+//! until it is Ready. Reports the operator's CPU time (from /proc), the requests it sent (its own
+//! counter), wall time and peak RSS.
+
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tessera_crds::solver::{self, ProfileCounts};
+use tessera_crds::{GpuNode, GpuPartitionPlan, catalog};
+use tessera_e2e::fixtures::{apply_file, http_get, install_crds, wait_for};
+use tessera_e2e::{ControlPlane, Identity};
+
+fn proc_stat(pid: u32) -> (f64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let cpu = (ticks(11) + ticks(12)) / 100.0; // utime + stime, USER_HZ = 100
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    (cpu, hwm)
+}
+
+fn requests(port: u16) -> f64 {
+    let m = http_get(port, "/metrics").unwrap_or_default();
+    m.lines()
+        .find(|l| l.starts_with("tessera_operator_api_requests_total"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Plays every node agent at zero latency: registers inventory, then reports each new intent as
+/// applied at once (instances placed by the solver).
+async fn emulate_agents(client: Client, nodes: Vec<String>) {
+    let api: Api<GpuNode> = Api::all(client.clone());
+    futures::stream::iter(nodes.clone())
+        .for_each_concurrent(16, |n| {
+            let api = api.clone();
+            async move {
+                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": n}, "spec": {}});
+                api.patch(&n, &PatchParams::apply("tessera-node-agent"), &Patch::Apply(&body)).await.unwrap();
+                let st = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {"gpus": [
+                    {"index": 0, "uuid": format!("GPU-{n}"), "product": "NVIDIA H100 80GB HBM3", "migCapable": true}]}});
+                api.patch_status(&n, &PatchParams::apply("tessera-node-agent").force(), &Patch::Apply(&st)).await.unwrap();
+            }
+        })
+        .await;
+    tokio::spawn(async move {
+        let model = catalog::lookup("H100-80GB").unwrap();
+        let stream = watcher(api.clone(), watcher::Config::default()).applied_objects();
+        futures::pin_mut!(stream);
+        while let Ok(Some(gn)) = stream.try_next().await {
+            let generation = gn.metadata.generation;
+            let done = gn.status.as_ref().and_then(|s| s.observed_generation) == generation;
+            if done || gn.spec.gpus.is_empty() {
+                continue;
+            }
+            let gpus: Vec<_> = gn
+                .spec
+                .gpus
+                .iter()
+                .map(|g| {
+                    let req: ProfileCounts = g.profiles.iter().map(|(k, v)| (k.clone(), *v as u32)).collect();
+                    let inst: Vec<_> = solver::fit(model, &req)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|p| json!({"profile": p.profile, "start": p.start, "size": p.size}))
+                        .collect();
+                    json!({"index": g.index, "uuid": format!("GPU-{}", gn.name_any()), "product": "NVIDIA H100 80GB HBM3",
+                           "migCapable": true, "migEnabled": g.mig_enabled, "instances": inst})
+                })
+                .collect();
+            let st = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {
+                "observedGeneration": generation, "gpus": gpus,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "Applied", "message": "emulated",
+                                "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": generation}]}});
+            let _ = api
+                .patch_status(&gn.name_any(), &PatchParams::apply("tessera-node-agent").force(), &Patch::Apply(&st))
+                .await;
+        }
+    });
+}
+
+async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<String> {
+    let cp = ControlPlane::start().await?;
+    let admin = cp.client(Identity::Admin).await?;
+    install_crds(&admin).await?;
+    for f in ["config/namespace.yaml", "config/rbac/node-agent.yaml", "config/rbac/operator.yaml"] {
+        apply_file(&admin, f).await?;
+    }
+    let names: Vec<String> = (0..n).map(|i| format!("gpu-{i:04}")).collect();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    futures::stream::iter(names.clone())
+        .for_each_concurrent(16, |name| {
+            let nodes = nodes.clone();
+            async move {
+                let node: Node = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "labels": {"pool": "bench", "tessera.dev/kwok": "true"},
+                                 "annotations": {"kwok.x-k8s.io/node": "fake"}}}))
+                .unwrap();
+                nodes.create(&PostParams::default(), &node).await.unwrap();
+            }
+        })
+        .await;
+    emulate_agents(admin.clone(), names.clone()).await;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let log = std::fs::File::create(cp.dir.join("logs/operator-bench.log"))?;
+    let mut op = std::process::Command::new(operator)
+        .args(["run", "--listen", &format!("127.0.0.1:{port}")])
+        .env("KUBECONFIG", cp.kubeconfig(Identity::Operator))
+        .env("RUST_LOG", "warn")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    wait_for("operator ready", Duration::from_secs(120), || async {
+        http_get(port, "/readyz").ok().filter(|r| r.starts_with("HTTP/1.1 200")).map(|_| ())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (cpu0, _) = proc_stat(op.id());
+    let req0 = requests(port);
+    let started = Instant::now();
+    let plan: GpuPartitionPlan =
+        serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
+        "metadata": {"name": "bench"}, "spec": {"nodeSelector": {"matchLabels": {"pool": "bench"}},
+        "layouts": [{"gpuProduct": "H100-80GB", "profiles": {"3g.40gb": 2}}],
+        "rollout": {"maxUnavailable": "10%"}}}))?;
+    let plans: Api<GpuPartitionPlan> = Api::all(admin.clone());
+    plans.create(&PostParams::default(), &plan).await?;
+    wait_for("plan Ready", Duration::from_secs(1800), || async {
+        let st = plans.get("bench").await.ok()?.status?;
+        (st.updated_nodes as usize == n
+            && st.in_progress_nodes == 0
+            && st.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .then_some(())
+    })
+    .await?;
+    let wall = started.elapsed().as_secs_f64();
+    let (cpu1, hwm) = proc_stat(op.id());
+    let req1 = requests(port);
+    let _ = op.kill();
+    let _ = op.wait();
+    let cpu = cpu1 - cpu0;
+    let reqs = req1 - req0;
+    Ok(format!(
+        "| {n} | {wall:.1} | {cpu:.2} | {:.1} | {reqs:.0} | {:.1} | {:.0} |",
+        cpu * 1000.0 / n as f64,
+        reqs / n as f64,
+        hwm as f64 / 1024.0
+    ))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let sizes = if sizes.is_empty() { vec![100, 1000] } else { sizes };
+    let operator = std::path::PathBuf::from(
+        std::env::var("TESSERA_OPERATOR_BIN").unwrap_or_else(|_| "target/release/tessera-operator".into()),
+    );
+    anyhow::ensure!(
+        operator.exists(),
+        "{} missing: run `cargo build --release -p tessera-operator`",
+        operator.display()
+    );
+    println!("| nodes | wall s | operator CPU s | CPU ms / node | API requests | requests / node | peak RSS MiB |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for n in sizes {
+        println!("{}", bench(n, &operator).await?);
+    }
+    Ok(())
+}

@@ -41,7 +41,11 @@ pub async fn install_crds(client: &Client) -> Result<Vec<String>, Error> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/crd");
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut names = Vec::new();
-    let mut files: Vec<_> = std::fs::read_dir(&dir).map_err(|e| Error::io("config/crd", e))?.flatten().collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .map_err(|e| Error::io("config/crd", e))?
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().ends_with(".tessera.dev.yaml"))
+        .collect();
     files.sort_by_key(|f| f.path());
     for f in files {
         let text = std::fs::read_to_string(f.path()).map_err(|e| Error::io("CRD file", e))?;

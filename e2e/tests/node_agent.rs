@@ -18,7 +18,7 @@ async fn setup(nodes: &[&str]) -> (ControlPlane, Client) {
     let cp = ControlPlane::start().await.unwrap();
     let admin = cp.client(Identity::Admin).await.unwrap();
     install_crds(&admin).await.unwrap();
-    apply_file(&admin, "config/namespace.yaml").await.unwrap();
+    apply_file(&admin, "config/base/namespace.yaml").await.unwrap();
     apply_file(&admin, "config/rbac/node-agent.yaml").await.unwrap();
     apply_file(&admin, "config/rbac/node-agent-fence.yaml").await.unwrap();
     let fake: Vec<FakeGpuNode> = nodes.iter().map(|n| FakeGpuNode::new(n, "NVIDIA-H100-80GB-HBM3", 2)).collect();

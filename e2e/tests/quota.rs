@@ -19,7 +19,7 @@ async fn setup(namespaces: &[&str]) -> (ControlPlane, Client, Component) {
     let cp = ControlPlane::start().await.unwrap();
     let admin = cp.client(Identity::Admin).await.unwrap();
     install_crds(&admin).await.unwrap();
-    for f in ["config/namespace.yaml", "config/rbac/operator.yaml", "config/rbac/viewer.yaml"] {
+    for f in ["config/base/namespace.yaml", "config/rbac/operator.yaml", "config/rbac/viewer.yaml"] {
         apply_file(&admin, f).await.unwrap();
     }
     for ns in namespaces {

@@ -37,7 +37,7 @@ async fn fleet(n: usize) -> Fleet {
     let admin = cp.client(Identity::Admin).await.unwrap();
     install_crds(&admin).await.unwrap();
     for f in [
-        "config/namespace.yaml",
+        "config/base/namespace.yaml",
         "config/rbac/node-agent.yaml",
         "config/rbac/node-agent-fence.yaml",
         "config/rbac/operator.yaml",

@@ -95,7 +95,7 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<String> {
     let cp = ControlPlane::start().await?;
     let admin = cp.client(Identity::Admin).await?;
     install_crds(&admin).await?;
-    for f in ["config/namespace.yaml", "config/rbac/node-agent.yaml", "config/rbac/operator.yaml"] {
+    for f in ["config/base/namespace.yaml", "config/rbac/node-agent.yaml", "config/rbac/operator.yaml"] {
         apply_file(&admin, f).await?;
     }
     let names: Vec<String> = (0..n).map(|i| format!("gpu-{i:04}")).collect();

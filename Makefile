@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONTROLPLANE_BUILD := e2e/controlplane/build.sh
 
-.PHONY: all build crds lint test unit e2e controlplane bench demo demo-down clean
+.PHONY: all build crds lint test unit e2e controlplane bench demo demo-down demo-ci clean
 
 all: build
 
@@ -35,12 +35,24 @@ e2e: controlplane
 test: lint
 	$(CARGO) build --workspace --bins
 	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) $(CARGO) test --workspace -- --test-threads=2
+	scripts/demo.sh ci
 
 ## The operator's cost per node reconfigured at 100 and 1,000 kwok nodes (see BENCHMARKS.md).
 bench: controlplane
 	$(CARGO) build --release -p tessera-operator -p tessera-e2e --bins
 	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) TESSERA_OPERATOR_BIN=target/release/tessera-operator \
 	  target/release/bench-rollout $(BENCH_NODES)
+
+## The demo: an embedded cluster with simulated GPUs, left running (`make demo-down` stops it).
+demo:
+	@scripts/demo.sh up
+
+demo-down:
+	@scripts/demo.sh down
+
+## The demo, non-interactive: fails unless every sample plan becomes Ready (part of `make test`).
+demo-ci:
+	@scripts/demo.sh ci
 
 clean:
 	$(CARGO) clean

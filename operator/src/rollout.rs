@@ -81,6 +81,8 @@ pub struct PlanReport {
     pub invalid: Vec<String>,
     pub drain_timeouts: Vec<String>,
     pub drain_blocked: Vec<String>,
+    /// Nodes kept cordoned until an admin resets their GPUs or reboots them.
+    pub reset_required: Vec<String>,
 }
 
 fn in_flight(phase: NodePhase) -> bool {
@@ -362,6 +364,13 @@ fn plan_one(
                         }),
                     });
                     actions.push(event("Applied", format!("{n} has its new MIG layout"), false));
+                } else if let Some(why) =
+                    agent_stalled(gn).filter(|w| gn.spec.gpus == desired && w.starts_with("ResetRequired"))
+                {
+                    // Mid-change GPUs: keep the node cordoned and ask for the reset; the agent
+                    // finishes by itself afterwards.
+                    report.in_progress += 1;
+                    report.reset_required.push(format!("{n}: {why}"));
                 } else if let Some(why) = agent_stalled(gn).filter(|_| gn.spec.gpus == desired) {
                     report.failed.push((n.clone(), why.clone()));
                     actions.push(Action::Rollout {

@@ -27,6 +27,14 @@ pub fn plan_status(
         ))
     } else if !report.invalid.is_empty() {
         Some(("InvalidLayout", report.invalid.join("; ")))
+    } else if !report.reset_required.is_empty() {
+        Some((
+            "ResetRequired",
+            format!(
+                "GPU reset or node reboot needed (nodes stay cordoned until then): {}",
+                report.reset_required.join("; ")
+            ),
+        ))
     } else if !report.drain_timeouts.is_empty() {
         Some(("DrainTimeout", report.drain_timeouts.join("; ")))
     } else if !report.failed.is_empty() {

@@ -167,6 +167,24 @@ fn an_agent_failure_uncordons_and_reports() {
     assert_eq!(reports["p"].failed, vec![("n1".to_string(), "InstanceInUse: pid 7".to_string())]);
 }
 
+#[test]
+fn a_reset_request_keeps_the_node_cordoned_and_stalls_the_plan() {
+    let r = json!({"phase": "Applying", "plan": "p", "planGeneration": 1, "cordonedByUs": true});
+    let mut gn = gpunode("n1", wanted(), false, Some(r));
+    gn.status.as_mut().unwrap().conditions = serde_json::from_value(json!([{"type": "Stalled", "status": "True",
+        "reason": "ResetRequired", "message": "GPU 0: MIG mode change to enabled needs a GPU reset or node reboot",
+        "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 2}]))
+    .unwrap();
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[node("n1", true, gn)], now());
+    assert!(actions.is_empty(), "{actions:?}");
+    assert_eq!(reports["p"].reset_required.len(), 1);
+    assert!(reports["p"].failed.is_empty());
+    let st = crate::status::plan_status(&[], &reports["p"], Some(1), false, Time(now()));
+    let stalled = st.conditions.iter().find(|c| c.type_ == STALLED).unwrap();
+    assert_eq!(stalled.reason, "ResetRequired");
+    assert!(stalled.message.contains("n1: ResetRequired"), "{}", stalled.message);
+}
+
 /// Simulates rollouts to completion, executing the planner's actions against a tiny model of
 /// the cluster (agents apply instantly), over random fleets and budgets.
 fn simulate(n: usize, budget: serde_json::Value, pre_cordoned: &BTreeSet<usize>) -> (usize, BTreeSet<String>, usize) {

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Tessera demo on an embedded cluster: real etcd, kube-apiserver, controller-manager, scheduler
+# and kwok on loopback; simulated GPUs; the operator and node agents as local processes with the
+# RBAC from config/. Usage: scripts/demo.sh up | down | ci
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEMO=.demo
+mode=${1:-up}
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+down() {
+  if [ -f "$DEMO/pids" ]; then
+    while read -r pid; do kill "$pid" 2>/dev/null || true; done < "$DEMO/pids"
+    for _ in $(seq 1 50); do
+      alive=0
+      while read -r pid; do kill -0 "$pid" 2>/dev/null && alive=1; done < "$DEMO/pids"
+      [ $alive = 0 ] && break
+      sleep 0.2
+    done
+    while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done < "$DEMO/pids"
+  fi
+  rm -rf "$DEMO"
+  echo "demo stopped"
+}
+
+if [ "$mode" = down ]; then down; exit 0; fi
+if [ -f "$DEMO/pids" ]; then echo "a demo is already running; 'make demo-down' first" >&2; exit 1; fi
+
+say "Building the control plane (first run on 2 cores: about 8 minutes; cached afterwards)"
+BIN=$(e2e/controlplane/build.sh)
+say "Building Tessera (first run: a few minutes)"
+cargo build -q --bins -p tessera-operator -p tessera-node-agent -p tessera-e2e
+K="$BIN/kubectl"
+mkdir -p "$DEMO"
+: > "$DEMO/pids"
+
+say "Starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok"
+setsid nohup target/debug/cluster-up > "$DEMO/cluster-up.log" 2>&1 < /dev/null &
+echo $! >> "$DEMO/pids"
+for _ in $(seq 1 120); do grep -q '^pids:' "$DEMO/cluster-up.log" 2>/dev/null && break; sleep 0.5; done
+grep -q '^pids:' "$DEMO/cluster-up.log" || { cat "$DEMO/cluster-up.log"; down; exit 1; }
+DIR=$(sed -n 's/^dir: //p' "$DEMO/cluster-up.log")
+export KUBECONFIG="$DIR/admin.kubeconfig"
+echo "$DIR" > "$DEMO/dir"
+
+say "Installing Tessera's CRDs, namespace, RBAC and the node-agent fence from config/"
+$K apply --server-side -k config/crd >/dev/null
+$K apply --server-side -k config/base >/dev/null
+$K apply --server-side -k config/rbac >/dev/null
+$K wait --for condition=established --timeout=60s crd --all >/dev/null
+
+say "Creating kwok GPU nodes: 2 x H100 (inference), 1 x A100 (inference), 1 x H100 (training)"
+node() { # name product gpus pool
+  cat <<YAML | $K create -f - >/dev/null
+apiVersion: v1
+kind: Node
+metadata:
+  name: $1
+  annotations: {kwok.x-k8s.io/node: fake}
+  labels: {tessera.dev/kwok: "true", type: kwok, tessera.dev/pool: $4, nvidia.com/gpu.product: $2,
+           nvidia.com/gpu.count: "$3", nvidia.com/mig.capable: "true", kubernetes.io/hostname: $1}
+YAML
+  $K patch node "$1" --subresource=status --type=merge \
+    -p '{"status":{"capacity":{"cpu":"64","memory":"512Gi","pods":"110"},"allocatable":{"cpu":"64","memory":"512Gi","pods":"110"}}}' >/dev/null
+}
+node h100-a NVIDIA-H100-80GB-HBM3 2 inference
+node h100-b NVIDIA-H100-80GB-HBM3 2 inference
+node a100-a NVIDIA-A100-SXM4-40GB 2 inference
+node h100-train NVIDIA-H100-80GB-HBM3 8 training
+
+say "Starting a simulated node agent per node (pod-bound service-account tokens, fenced to their node)"
+agent() { # name gpus
+  $K -n tessera-system run "tessera-node-agent-$1" --image=tessera/node-agent:demo --restart=Never \
+    --overrides="{\"spec\":{\"nodeName\":\"$1\",\"serviceAccountName\":\"tessera-node-agent\",\"tolerations\":[{\"operator\":\"Exists\"}]}}" >/dev/null
+  local token
+  token=$($K -n tessera-system create token tessera-node-agent --bound-object-kind Pod --bound-object-name "tessera-node-agent-$1" --duration 24h)
+  sed "s|token: .*|token: $token|" "$DIR/node-agent.kubeconfig" > "$DEMO/agent-$1.kubeconfig"
+  KUBECONFIG="$DEMO/agent-$1.kubeconfig" setsid nohup target/debug/node-agent run --backend sim --node-name "$1" \
+    --sim-state "$DEMO/gpus-$1.json" --sim-gpus "$2" --sim-latency-ms 300 --resync-seconds 5 \
+    > "$DEMO/agent-$1.log" 2>&1 < /dev/null &
+  echo $! >> "$DEMO/pids"
+}
+agent h100-a H100-80GB,H100-80GB
+agent h100-b H100-80GB,H100-80GB
+agent a100-a A100-40GB,A100-40GB
+agent h100-train "$(printf 'H100-80GB,%.0s' 1 2 3 4 5 6 7)H100-80GB"
+
+say "Starting the operator (leader election, metrics on http://127.0.0.1:18080/metrics)"
+KUBECONFIG="$DIR/operator.kubeconfig" POD_NAMESPACE=tessera-system setsid nohup target/debug/tessera-operator run \
+  --leader-elect --identity demo --listen 127.0.0.1:18080 > "$DEMO/operator.log" 2>&1 < /dev/null &
+echo $! >> "$DEMO/pids"
+
+say "Applying config/samples (two plans, two tenant quotas)"
+for ns in team-a team-a-batch team-b; do $K create namespace "$ns" >/dev/null; done
+$K apply -f config/samples/ >/dev/null
+
+say "Rolling out (watch the phases; A100s need a simulated reset when MIG mode changes, see below)"
+deadline=$((SECONDS + 300))
+last=""
+reset_done=""
+while [ $SECONDS -lt $deadline ]; do
+  now=$($K get gpunodes -o custom-columns=NODE:.metadata.name,PLAN:.spec.plan,PHASE:.status.rollout.phase,READY:'.status.conditions[?(@.type=="Ready")].reason' --no-headers 2>/dev/null | tr -s ' ')
+  if [ "$now" != "$last" ]; then echo "--- $(date +%T)"; echo "$now"; last=$now; fi
+  # A100s: MIG mode needs a GPU reset; the simulated reboot stands in for the admin's reset.
+  if [ -z "$reset_done" ] && $K get gpunode a100-a -o jsonpath='{.status.conditions[?(@.type=="Stalled")].reason}' 2>/dev/null | grep -q ResetRequired; then
+    say "a100-a reports ResetRequired (kept cordoned): simulating the admin's GPU reset"
+    target/debug/node-agent sim reboot --state "$DEMO/gpus-a100-a.json"
+    reset_done=1
+  fi
+  ready=$($K get gpupartitionplans -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{" "}{end}')
+  if [ "$ready" = "True True " ]; then break; fi
+  sleep 1
+done
+echo
+$K get gpupartitionplans
+$K get gpunodes
+$K get tenantgpuquotas
+echo
+if [ "$mode" = ci ]; then
+  status=0
+  [ "$ready" = "True True " ] || { echo "demo: the plans did not become Ready" >&2; tail -20 "$DEMO/operator.log" >&2; status=1; }
+  down
+  exit $status
+fi
+cat <<TXT
+The cluster stays up. Look around:
+  export KUBECONFIG=$KUBECONFIG
+  $K get gpupartitionplans,gpunodes,tenantgpuquotas      # or: kubectl get tessera
+  $K describe gpupartitionplan inference
+  $K get events -A --sort-by=.lastTimestamp | tail
+  $K get nodes -o custom-columns=NODE:.metadata.name,MIG:'.status.allocatable'
+  curl -s 127.0.0.1:18080/metrics | grep tessera_
+Logs: $DEMO/*.log, control plane: $DIR/logs. Stop it with: make demo-down
+TXT

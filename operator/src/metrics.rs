@@ -94,3 +94,37 @@ impl Metrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric the shipped Grafana dashboard queries exists in what the operator exports.
+    #[test]
+    fn the_dashboard_queries_only_exported_metrics() {
+        let m = Metrics::default();
+        m.reconciled(Duration::from_millis(3));
+        m.error("api");
+        m.evicted();
+        m.eviction_blocked();
+        m.set_phases(&[("Draining".to_string(), 2)].into());
+        let text = m.render();
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/observability/grafana-dashboard.json");
+        let dash: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut checked = 0;
+        for panel in dash["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                    if word.starts_with("tessera_operator_") {
+                        assert!(text.contains(word), "dashboard queries {word}, which is not exported:\n{text}");
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked >= 8);
+        assert!(text.contains("tessera_operator_nodes{phase=\"Draining\"} 2"), "{text}");
+    }
+}

@@ -1,4 +1,4 @@
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 use serde_json::json;
@@ -290,5 +290,4 @@ fn paused_plans_start_no_new_node_but_finish_in_flight_ones() {
     assert!(actions.iter().any(|a| matches!(a, Action::Intent { node, .. } if node == "n1")));
     assert!(!actions.iter().any(|a| matches!(a, Action::Cordon { node } if node == "n2")));
     assert_eq!(reports["p"].pending, 1);
-    let _ = BTreeMap::<u8, u8>::new();
 }

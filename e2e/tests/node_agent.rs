@@ -56,7 +56,16 @@ fn profiles(gn: &GpuNode, gpu: usize) -> Vec<(String, i32)> {
 async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices() {
     let (cp, admin) = setup(&["gpu-a"]).await;
     let dir = cp.dir.clone();
-    let _agent = spawn_node_agent(&cp, "gpu-a", &dir.join("gpu-a.json"), "H100-80GB,H100-80GB", &[]).await.unwrap();
+    let selector = ["--gpu-client-selector", "app=nvidia-device-plugin-daemonset"];
+    let _agent =
+        spawn_node_agent(&cp, "gpu-a", &dir.join("gpu-a.json"), "H100-80GB,H100-80GB", &selector).await.unwrap();
+    // A device-plugin pod on this node: it must be restarted to see the new MIG devices.
+    let system: Api<Pod> = Api::namespaced(admin.clone(), "kube-system");
+    let plugin: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "nvidia-device-plugin-gpu-a", "labels": {"app": "nvidia-device-plugin-daemonset"}},
+        "spec": {"nodeName": "gpu-a", "containers": [{"name": "c", "image": "x"}]}}))
+    .unwrap();
+    let plugin_uid = system.create(&PostParams::default(), &plugin).await.unwrap().metadata.uid;
     let api: Api<GpuNode> = Api::all(admin.clone());
     // The agent registers its node and reports the inventory before any intent exists.
     let gn = wait_for("inventory", T, || async {
@@ -77,6 +86,15 @@ async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices() {
     .await;
     let gn = wait_applied(&admin, "gpu-a", generation).await;
     assert_eq!(profiles(&gn, 0), vec![("2g.20gb".into(), 0), ("2g.20gb".into(), 2), ("3g.40gb".into(), 4)]);
+    wait_for("device plugin restarted", T, || async {
+        match system.get_opt("nvidia-device-plugin-gpu-a").await.ok()? {
+            None => Some(()),
+            Some(p) if p.metadata.uid != plugin_uid || p.metadata.deletion_timestamp.is_some() => Some(()),
+            Some(_) => None,
+        }
+    })
+    .await
+    .unwrap();
     assert_eq!(profiles(&gn, 1).len(), 7);
     let st = gn.status.unwrap();
     assert!(st.gpus[0].instances.iter().all(|i| i.uuid.as_deref().is_some_and(|u| u.starts_with("MIG-"))));

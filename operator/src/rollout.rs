@@ -350,19 +350,7 @@ fn plan_one(
                         node: n.clone(),
                         rollout: Some(NodeRollout { phase: NodePhase::Uncordoning, ..base.clone() }),
                     });
-                    if r.cordoned_by_us {
-                        actions.push(Action::Uncordon { node: n.clone() });
-                    }
-                    actions.push(Action::Rollout {
-                        node: n.clone(),
-                        rollout: Some(NodeRollout {
-                            phase: NodePhase::Idle,
-                            cordoned_by_us: false,
-                            drain_started_at: None,
-                            message: String::new(),
-                            ..base
-                        }),
-                    });
+                    finish(&n, r.cordoned_by_us, base, actions);
                     actions.push(event("Applied", format!("{n} has its new MIG layout"), false));
                 } else if let Some(why) =
                     agent_stalled(gn).filter(|w| gn.spec.gpus == desired && w.starts_with("ResetRequired"))
@@ -399,21 +387,25 @@ fn plan_one(
             }
             NodePhase::Uncordoning => {
                 report.updated += 1;
-                if r.cordoned_by_us {
-                    actions.push(Action::Uncordon { node: n.clone() });
-                }
-                actions.push(Action::Rollout {
-                    node: n.clone(),
-                    rollout: Some(NodeRollout {
-                        phase: NodePhase::Idle,
-                        cordoned_by_us: false,
-                        drain_started_at: None,
-                        ..base
-                    }),
-                });
+                finish(&n, r.cordoned_by_us, base, actions);
             }
         }
     }
+}
+
+/// The last step of a node's rollout: uncordon it if we cordoned it, then forget the drain.
+fn finish(node: &str, cordoned_by_us: bool, base: NodeRollout, actions: &mut Vec<Action>) {
+    if cordoned_by_us {
+        actions.push(Action::Uncordon { node: node.to_string() });
+    }
+    let idle = NodeRollout {
+        phase: NodePhase::Idle,
+        cordoned_by_us: false,
+        drain_started_at: None,
+        message: String::new(),
+        ..base
+    };
+    actions.push(Action::Rollout { node: node.to_string(), rollout: Some(idle) });
 }
 
 #[cfg(test)]

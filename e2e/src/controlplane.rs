@@ -228,7 +228,7 @@ impl Drop for ControlPlane {
 }
 
 /// Finds the binaries: `TESSERA_CONTROLPLANE_BIN`, else builds (or reuses) them via build.sh.
-fn binaries() -> Result<PathBuf, Error> {
+pub fn binaries() -> Result<PathBuf, Error> {
     if let Ok(dir) = std::env::var("TESSERA_CONTROLPLANE_BIN") {
         return Ok(PathBuf::from(dir));
     }

@@ -220,6 +220,22 @@ async fn a_plan_rolls_out_two_nodes_at_a_time_without_breaking_a_pdb() {
         assert!(!gs.gpus[1].mig_enabled && !gs.gpus[2].mig_enabled);
         assert_eq!(gs.rollout.unwrap().phase, tessera_crds::gpunode::NodePhase::Idle);
     }
+    // Events on the plan and on the Nodes (cluster-scoped objects' events land in `default`).
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let events = events.list(&Default::default()).await.unwrap().items;
+    let seen = |kind: &str, reason: &str| {
+        events.iter().any(|e| {
+            e.reason.as_deref() == Some(reason) && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some(kind)
+        })
+    };
+    for (kind, reason) in [
+        ("GpuPartitionPlan", "DrainStarted"),
+        ("GpuPartitionPlan", "Applied"),
+        ("Node", "Cordoned"),
+        ("Node", "Uncordoned"),
+    ] {
+        assert!(seen(kind, reason), "no {reason} event on a {kind}");
+    }
     let metrics = http_get(port, "/metrics").unwrap();
     assert!(metrics.contains("tessera_operator_reconciles_total"), "{metrics}");
     assert!(metrics.contains("tessera_operator_evictions_total"), "{metrics}");

@@ -239,6 +239,7 @@ async fn a_plan_rolls_out_two_nodes_at_a_time_without_breaking_a_pdb() {
     let metrics = http_get(port, "/metrics").unwrap();
     assert!(metrics.contains("tessera_operator_reconciles_total"), "{metrics}");
     assert!(metrics.contains("tessera_operator_evictions_total"), "{metrics}");
+    assert!(metrics.contains("tessera_operator_node_rollout_duration_seconds_count 6"), "{metrics}");
     assert!(http_get(port, "/readyz").unwrap().starts_with("HTTP/1.1 200"));
 }
 

@@ -224,6 +224,7 @@ impl Context {
                                   "spec": {"plan": plan, "gpus": gpus}});
                 gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await?;
             }
+            Action::Completed { seconds, .. } => self.metrics.node_rolled_out(seconds),
             Action::Event { plan, node, reason, message, warning } => {
                 if let Some(p) = plans.iter().find(|p| p.name_any() == plan) {
                     self.publish(&p.object_ref(&()), reason, &message, warning).await;

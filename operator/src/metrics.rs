@@ -29,6 +29,7 @@ pub struct Metrics {
     evictions: Counter,
     evictions_blocked: Counter,
     duration: Histogram,
+    rollout: Histogram,
     /// Every request the operator sends to the API server (watches count once, when opened).
     pub api_requests: Counter,
 }
@@ -44,6 +45,7 @@ impl Default for Metrics {
             evictions_blocked: Counter::default(),
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             api_requests: Counter::default(),
+            rollout: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             registry: Mutex::new(Registry::default()),
         };
         registry.register("reconciles", "Fleet reconcile passes", m.reconciles.clone());
@@ -57,6 +59,11 @@ impl Default for Metrics {
         );
         registry.register("reconcile_duration_seconds", "Duration of one fleet pass", m.duration.clone());
         registry.register("api_requests", "Requests sent to the API server", m.api_requests.clone());
+        registry.register(
+            "node_rollout_duration_seconds",
+            "From a node's drain start to its uncordon",
+            m.rollout.clone(),
+        );
         *m.registry.lock().expect("fresh mutex") = registry;
         m
     }
@@ -70,6 +77,10 @@ impl Metrics {
 
     pub fn error(&self, kind: &str) {
         self.errors.get_or_create(&KindLabel { kind: kind.into() }).inc();
+    }
+
+    pub fn node_rolled_out(&self, seconds: f64) {
+        self.rollout.observe(seconds);
     }
 
     pub fn evicted(&self) {
@@ -107,6 +118,7 @@ mod tests {
         m.error("api");
         m.evicted();
         m.eviction_blocked();
+        m.node_rolled_out(42.0);
         m.set_phases(&[("Draining".to_string(), 2)].into());
         let text = m.render();
         let path =

@@ -66,6 +66,11 @@ pub enum Action {
         message: String,
         warning: bool,
     },
+    /// A node finished its change, `seconds` after its drain started (for the duration metric).
+    Completed {
+        node: String,
+        seconds: f64,
+    },
 }
 
 /// What the planner found for one plan; turned into status by `status::plan_status`.
@@ -350,6 +355,10 @@ fn plan_one(
                         node: n.clone(),
                         rollout: Some(NodeRollout { phase: NodePhase::Uncordoning, ..base.clone() }),
                     });
+                    if let Some(started) = &r.drain_started_at {
+                        let seconds = now.duration_since(started.0).as_secs_f64().max(0.0);
+                        actions.push(Action::Completed { node: n.clone(), seconds });
+                    }
                     finish(&n, r.cordoned_by_us, base, actions);
                     actions.push(event("Applied", format!("{n} has its new MIG layout"), false));
                 } else if let Some(why) =

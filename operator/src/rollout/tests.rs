@@ -168,6 +168,16 @@ fn an_agent_failure_uncordons_and_reports() {
 }
 
 #[test]
+fn finishing_a_node_reports_how_long_its_change_took() {
+    let r = json!({"phase": "Applying", "plan": "p", "planGeneration": 1, "cordonedByUs": true, "drainStartedAt": "2026-05-31T23:59:00Z"});
+    let nodes = [node("n1", true, gpunode("n1", wanted(), true, Some(r)))];
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &nodes, now());
+    assert!(actions.contains(&Action::Completed { node: "n1".into(), seconds: 60.0 }), "{actions:?}");
+    assert!(actions.contains(&Action::Uncordon { node: "n1".into() }));
+    assert_eq!(reports["p"].updated, 1);
+}
+
+#[test]
 fn a_reset_request_keeps_the_node_cordoned_and_stalls_the_plan() {
     let r = json!({"phase": "Applying", "plan": "p", "planGeneration": 1, "cordonedByUs": true});
     let mut gn = gpunode("n1", wanted(), false, Some(r));
@@ -225,7 +235,8 @@ fn simulate(n: usize, budget: serde_json::Value, pre_cordoned: &BTreeSet<usize>)
                         c.observed_generation = gn.metadata.generation;
                     }
                 }
-                Action::Evict { .. } | Action::ForceDelete { .. } | Action::Event { .. } => {}
+                Action::Evict { .. } | Action::ForceDelete { .. } | Action::Event { .. } | Action::Completed { .. } => {
+                }
             }
         }
         let disrupted = nodes

@@ -86,9 +86,11 @@ agent h100-b H100-80GB,H100-80GB
 agent a100-a A100-40GB,A100-40GB
 agent h100-train "$(printf 'H100-80GB,%.0s' 1 2 3 4 5 6 7)H100-80GB"
 
-say "Starting the operator (leader election, metrics on http://127.0.0.1:18080/metrics)"
+LISTEN=127.0.0.1:18080
+[ "$mode" = ci ] && LISTEN=127.0.0.1:0   # CI: any free port
+say "Starting the operator (leader election, metrics on http://$LISTEN/metrics)"
 KUBECONFIG="$DIR/operator.kubeconfig" POD_NAMESPACE=tessera-system setsid nohup target/debug/tessera-operator run \
-  --leader-elect --identity demo --listen 127.0.0.1:18080 > "$DEMO/operator.log" 2>&1 < /dev/null &
+  --leader-elect --identity demo --listen "$LISTEN" > "$DEMO/operator.log" 2>&1 < /dev/null &
 echo $! >> "$DEMO/pids"
 
 say "Applying config/samples (two plans, two tenant quotas)"

@@ -74,6 +74,8 @@ async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices() {
     .await
     .unwrap();
     assert_eq!(gn.status.unwrap().gpus[0].product, "NVIDIA H100 80GB HBM3");
+    let owner = &gn.metadata.owner_references.as_ref().expect("owned by its Node")[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", "gpu-a"));
 
     let generation = set_intent(
         &admin,
@@ -233,6 +235,13 @@ async fn a_node_agent_cannot_modify_another_nodes_objects() {
     let x = Client::try_from(config).unwrap();
     let as_x: Api<GpuNode> = Api::all(x.clone());
     let fake = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {"gpus": []}});
+    // A new admission policy takes effect asynchronously: probe with dry runs until it denies.
+    let probe = PatchParams { dry_run: true, ..PatchParams::apply("tessera-node-agent").force() };
+    wait_for("the fence is active", T, || async {
+        as_x.patch_status("gpu-y", &probe, &Patch::Apply(&fake)).await.is_err().then_some(())
+    })
+    .await
+    .unwrap();
     let err = as_x
         .patch_status("gpu-y", &PatchParams::apply("tessera-node-agent").force(), &Patch::Apply(&fake))
         .await

@@ -67,7 +67,11 @@ impl<B: GpuBackend> Agent<B> {
             Some(gn) => gn,
             None => {
                 // Register the node so the operator can see its inventory; the spec is the operator's.
-                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": self.node}, "spec": {}});
+                // Owned by the Node: the garbage collector removes it when the node leaves.
+                let node = Api::<Node>::all(self.client.clone()).get(&self.node).await?;
+                let owner = json!({"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": node.metadata.uid});
+                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+                                  "metadata": {"name": self.node, "ownerReferences": [owner]}, "spec": {}});
                 api.patch(&self.node, &PatchParams::apply(MANAGER), &Patch::Apply(&body)).await?
             }
         };

@@ -317,7 +317,9 @@ impl Context {
         gpunodes: &BTreeMap<String, GpuNode>,
     ) -> Result<(), Error> {
         let name = plan.name_any();
-        let busy = gpunodes.values().any(|g| {
+        // A GpuNode whose Node is gone cannot be released any more; it must not hold the plan.
+        let nodes: std::collections::BTreeSet<String> = self.nodes.state().iter().map(|n| n.name_any()).collect();
+        let busy = gpunodes.values().filter(|g| nodes.contains(&g.name_any())).any(|g| {
             g.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| r.plan.as_deref() == Some(&name))
         });
         if busy || !plan.finalizers().iter().any(|f| f == FINALIZER) {

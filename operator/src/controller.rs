@@ -52,25 +52,25 @@ pub async fn start(
     instance: String,
 ) -> (Arc<Context>, Arc<Notify>) {
     let changed = Arc::new(Notify::new());
-    let (plans, w1) = reflector::store();
-    let (gpunodes, w2) = reflector::store();
-    let (nodes, w3) = reflector::store();
-    spawn_reflector(Api::<GpuPartitionPlan>::all(client.clone()), w1, changed.clone());
-    spawn_reflector(Api::<GpuNode>::all(client.clone()), w2, changed.clone());
-    spawn_reflector(Api::<Node>::all(client.clone()), w3, changed.clone());
+    let all = watcher::Config::default;
+    let plans = watch_into_store(Api::<GpuPartitionPlan>::all(client.clone()), all(), changed.clone());
+    let gpunodes = watch_into_store(Api::<GpuNode>::all(client.clone()), all(), changed.clone());
+    let nodes = watch_into_store(Api::<Node>::all(client.clone()), all(), changed.clone());
     let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance) });
     let ctx = Context { client, evict_client, recorder, metrics, plans, gpunodes, nodes };
     (Arc::new(ctx), changed)
 }
 
-fn spawn_reflector<K>(api: Api<K>, writer: reflector::store::Writer<K>, changed: Arc<Notify>)
+/// A cache of `api` kept current by a watch (with backoff) in the background; every change wakes
+/// `changed`. Shared by the rollout and quota controllers.
+pub fn watch_into_store<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    let (store, writer) = reflector::store();
     tokio::spawn(async move {
-        let stream =
-            reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff()).applied_objects();
+        let stream = reflector::reflector(writer, watcher(api, config).default_backoff()).applied_objects();
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             if let Err(e) = ev {
@@ -79,6 +79,7 @@ where
             changed.notify_one();
         }
     });
+    store
 }
 
 impl Context {

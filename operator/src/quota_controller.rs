@@ -10,8 +10,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tessera_crds::{GpuNode, TenantGpuQuota};
@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::Error;
-use crate::controller::MANAGER;
+use crate::controller::{MANAGER, watch_into_store};
 use crate::metrics::Metrics;
 use crate::quota::{QUOTA_LABEL, plan_quotas, resource_quota_name};
 
@@ -33,35 +33,15 @@ pub struct QuotaController {
     changed: Arc<Notify>,
 }
 
-fn watch<K>(api: Api<K>, cfg: watcher::Config, changed: Arc<Notify>) -> Store<K>
-where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    let (store, writer) = reflector::store();
-    tokio::spawn(async move {
-        use futures::StreamExt;
-        let s = reflector::reflector(writer, watcher(api, cfg).default_backoff()).applied_objects();
-        futures::pin_mut!(s);
-        while let Some(ev) = s.next().await {
-            if let Err(e) = ev {
-                warn!(error = %e, "watch error; retrying with backoff");
-            }
-            changed.notify_one();
-        }
-    });
-    store
-}
-
 impl QuotaController {
     pub fn start(client: Client, metrics: Arc<Metrics>) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let d = watcher::Config::default;
         Arc::new(Self {
-            quotas: watch(Api::all(client.clone()), d(), changed.clone()),
-            rqs: watch(Api::all(client.clone()), d().labels(QUOTA_LABEL), changed.clone()),
-            namespaces: watch(Api::all(client.clone()), d(), changed.clone()),
-            gpunodes: watch(Api::all(client.clone()), d(), changed.clone()),
+            quotas: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
+            rqs: watch_into_store(Api::all(client.clone()), d().labels(QUOTA_LABEL), changed.clone()),
+            namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
+            gpunodes: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             client,
             metrics,
             changed,

@@ -32,6 +32,23 @@ pub const MANAGER: &str = "tessera-operator";
 pub const FINALIZER: &str = "tessera.dev/release-nodes";
 /// How long one eviction call may take before it counts as blocked (never block a pass).
 const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
+/// Changes are batched for this long before a pass: each pass plans the whole fleet.
+const DEBOUNCE: Duration = Duration::from_millis(500);
+/// Nodes whose actions run at once within a pass.
+const NODES_IN_PARALLEL: usize = 16;
+
+fn node_of(action: &Action) -> &str {
+    match action {
+        Action::Rollout { node, .. }
+        | Action::Cordon { node }
+        | Action::Uncordon { node }
+        | Action::Evict { node, .. }
+        | Action::ForceDelete { node, .. }
+        | Action::Intent { node, .. }
+        | Action::Event { node, .. }
+        | Action::Completed { node, .. } => node,
+    }
+}
 
 pub struct Context {
     pub client: Client,
@@ -102,7 +119,7 @@ impl Context {
             }
             self.metrics.reconciled(started.elapsed());
             tokio::select! {
-                _ = changed.notified() => tokio::time::sleep(Duration::from_millis(100)).await,
+                _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
             }
         }
@@ -133,13 +150,38 @@ impl Context {
         }
         let now = k8s_openapi::jiff::Timestamp::now();
         let (actions, reports) = rollout::plan_fleet(&plans, &inputs, now);
-        let mut blocked: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let mut evicting: BTreeMap<String, bool> = BTreeMap::new();
+        let evicting: BTreeMap<String, bool> = actions
+            .iter()
+            .filter(|a| matches!(a, Action::Evict { .. }))
+            .map(|a| (node_of(a).to_string(), true))
+            .collect();
+        // One node's actions run in order (intent before act); different nodes run concurrently.
+        let mut groups: Vec<(String, Vec<Action>)> = Vec::new();
+        let mut index: BTreeMap<String, usize> = BTreeMap::new();
         for action in actions {
-            if let Action::Evict { node, .. } = &action {
-                evicting.insert(node.clone(), true);
+            let node = node_of(&action).to_string();
+            match index.get(&node) {
+                Some(&i) => groups[i].1.push(action),
+                None => {
+                    index.insert(node.clone(), groups.len());
+                    groups.push((node, vec![action]));
+                }
             }
-            if let Some((node, why)) = self.act(action, &plans).await? {
+        }
+        let results: Vec<Result<Vec<(String, String)>, Error>> = futures::stream::iter(groups)
+            .map(|(_, list)| async {
+                let mut refused = Vec::new();
+                for action in list {
+                    refused.extend(self.act(action, &plans).await?);
+                }
+                Ok(refused)
+            })
+            .buffer_unordered(NODES_IN_PARALLEL)
+            .collect()
+            .await;
+        let mut blocked: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for r in results {
+            for (node, why) in r? {
                 blocked.entry(node).or_default().push(why);
             }
         }

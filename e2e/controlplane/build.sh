@@ -13,7 +13,7 @@ for t in "${tools[@]}"; do [ -x "$bin/$t" ] || missing+=("$t"); done
 if [ ${#missing[@]} -eq 0 ]; then echo "$bin"; exit 0; fi
 
 command -v go >/dev/null || { echo "build.sh: Go is required to build the control plane (https://go.dev/dl)" >&2; exit 1; }
-echo "building ${missing[*]} into $bin (first run on 2 cores takes about 20-30 minutes; later runs reuse it)" >&2
+echo "building ${missing[*]} into $bin (first run on 2 cores: about 8 minutes with downloads; later runs reuse it)" >&2
 mkdir -p "$bin.partial"
 kube_version=v1.33.13
 ldflags="-s -w"

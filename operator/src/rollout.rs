@@ -88,6 +88,8 @@ pub struct PlanReport {
     pub drain_blocked: Vec<String>,
     /// Nodes kept cordoned until an admin resets their GPUs or reboots them.
     pub reset_required: Vec<String>,
+    /// Matched nodes whose agent has not reported its GPUs yet: work still to do.
+    pub waiting_for_agents: i32,
 }
 
 fn in_flight(phase: NodePhase) -> bool {
@@ -217,6 +219,7 @@ fn plan_one(
     for node in nodes {
         let Some(gn) = node.gpunode.as_ref().filter(|g| g.status.as_ref().is_some_and(|s| !s.gpus.is_empty())) else {
             report.skipped.insert(node.name.clone(), "waiting for the node agent to report its GPUs".into());
+            report.waiting_for_agents += 1;
             continue;
         };
         match desired_intent(&plan.spec, &gn.status.as_ref().expect("checked").gpus) {

@@ -60,12 +60,15 @@ pub fn plan_status(
         Some((reason, msg)) => set_condition(&mut c, STALLED, true, reason, msg.clone(), g, t()),
         None => remove_condition(&mut c, STALLED),
     }
-    let remaining = report.in_progress + report.pending;
+    let remaining = report.in_progress + report.pending + report.waiting_for_agents;
     if remaining > 0 {
         let mut msg = format!(
             "{} of {} node(s) updated; {} in progress, {} waiting",
             report.updated, report.matched, report.in_progress, report.pending
         );
+        if report.waiting_for_agents > 0 {
+            msg.push_str(&format!("; {} matched node(s) have no node agent report yet", report.waiting_for_agents));
+        }
         if paused {
             msg.push_str(" (paused: no new node starts)");
         }
@@ -80,6 +83,9 @@ pub fn plan_status(
     let (reason, msg) = match (&stalled, ready) {
         (Some((reason, msg)), _) => (*reason, msg.clone()),
         (None, true) if report.matched == 0 => ("NoNodes", "no GPU node matches the plan".to_string()),
+        (None, false) if report.in_progress + report.pending == 0 => {
+            ("WaitingForAgents", format!("{} matched node(s) have no node agent report yet", report.waiting_for_agents))
+        }
         (None, true) => ("Applied", format!("all {} matched node(s) have the plan's layout", report.matched)),
         (None, false) => ("RollingOut", format!("{} of {} node(s) updated", report.updated, report.matched)),
     };
@@ -92,5 +98,50 @@ pub fn plan_status(
         in_progress_nodes: report.in_progress,
         failed_nodes: report.failed.len() as i32,
         skipped_nodes: report.skipped.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> Time {
+        Time("2026-06-01T00:00:00Z".parse().unwrap())
+    }
+
+    fn cond<'a>(st: &'a GpuPartitionPlanStatus, t: &str) -> Option<&'a Condition> {
+        st.conditions.iter().find(|c| c.type_ == t)
+    }
+
+    #[test]
+    fn nodes_without_an_agent_report_are_work_still_to_do() {
+        let report = PlanReport { waiting_for_agents: 2, ..Default::default() };
+        let st = plan_status(&[], &report, Some(1), false, now());
+        let ready = cond(&st, READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "WaitingForAgents"));
+        assert!(
+            cond(&st, RECONCILING)
+                .is_some_and(|c| c.message.contains("2 matched node(s) have no node agent report yet"))
+        );
+    }
+
+    #[test]
+    fn a_plan_matching_nothing_is_ready_and_says_so() {
+        let st = plan_status(&[], &PlanReport::default(), Some(1), false, now());
+        let ready = cond(&st, READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "NoNodes"));
+        assert!(cond(&st, RECONCILING).is_none() && cond(&st, STALLED).is_none());
+    }
+
+    #[test]
+    fn last_transition_time_moves_only_when_the_status_changes() {
+        let rolling = PlanReport { matched: 2, updated: 1, in_progress: 1, ..Default::default() };
+        let first = plan_status(&[], &rolling, Some(1), false, now());
+        let later = Time("2026-06-01T01:00:00Z".parse().unwrap());
+        let again = plan_status(&first.conditions, &rolling, Some(1), false, later.clone());
+        assert_eq!(cond(&again, READY).unwrap().last_transition_time, now());
+        let done = PlanReport { matched: 2, updated: 2, ..Default::default() };
+        let flipped = plan_status(&again.conditions, &done, Some(1), false, later.clone());
+        assert_eq!(cond(&flipped, READY).unwrap().last_transition_time, later);
     }
 }

@@ -178,7 +178,7 @@ async fn a_busy_instance_is_not_destroyed_and_the_condition_names_the_process() 
         set_intent(&admin, "gpu-c", json!([{"index": 0, "migEnabled": true, "profiles": {"7g.80gb": 1}}])).await;
     let gn = wait_applied(&admin, "gpu-c", generation).await;
     let uuid = gn.status.unwrap().gpus[0].instances[0].uuid.clone().unwrap();
-    tessera_node_agent_sim_process(&state, &uuid, 4242);
+    sim_cli(&state, &["run-process", "--gpu", "0", "--mig-uuid", &uuid, "--pid", "4242"]);
 
     let generation =
         set_intent(&admin, "gpu-c", json!([{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7}}])).await;
@@ -196,24 +196,18 @@ async fn a_busy_instance_is_not_destroyed_and_the_condition_names_the_process() 
     assert_ne!(st.observed_generation, Some(generation));
 
     // The workload ends: the agent converges on its next pass.
-    stop_sim_process(&state, 4242);
+    sim_cli(&state, &["stop-process", "--pid", "4242"]);
     let gn = wait_applied(&admin, "gpu-c", generation).await;
     assert_eq!(profiles(&gn, 0).len(), 7);
     assert!(find(&gn.status.unwrap().conditions, STALLED).is_none());
 }
 
-fn tessera_node_agent_sim_process(state: &std::path::Path, uuid: &str, pid: u32) {
+/// Runs `node-agent sim ARGS --state STATE` (the workload side of the simulated GPUs).
+fn sim_cli(state: &std::path::Path, args: &[&str]) {
     let out = std::process::Command::new(tessera_e2e::fixtures::workspace_binary("node-agent"))
-        .args(["sim", "run-process", "--gpu", "0", "--mig-uuid", uuid, "--pid", &pid.to_string(), "--state"])
-        .arg(state)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn stop_sim_process(state: &std::path::Path, pid: u32) {
-    let out = std::process::Command::new(tessera_e2e::fixtures::workspace_binary("node-agent"))
-        .args(["sim", "stop-process", "--pid", &pid.to_string(), "--state"])
+        .arg("sim")
+        .args(args)
+        .arg("--state")
         .arg(state)
         .output()
         .unwrap();

@@ -17,6 +17,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+use tessera_crds::gpunode::NodeRollout;
 use tessera_crds::{GpuNode, GpuPartitionPlan};
 use tokio::sync::Notify;
 use tracing::{info, warn};
@@ -227,16 +228,7 @@ impl Context {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let gns: Api<GpuNode> = Api::all(self.client.clone());
         match action {
-            Action::Rollout { node, rollout } => {
-                let body =
-                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {"rollout": rollout}});
-                let body = if rollout.is_none() {
-                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {}})
-                } else {
-                    body
-                };
-                gns.patch_status(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await?;
-            }
+            Action::Rollout { node, rollout } => self.write_rollout(&node, rollout.as_ref()).await?,
             Action::Cordon { node } => {
                 info!(%node, "cordon");
                 nodes
@@ -329,11 +321,22 @@ impl Context {
                 }
             }
             r.message = message;
-            let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {"rollout": r}});
-            Api::<GpuNode>::all(self.client.clone())
-                .patch_status(node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-                .await?;
+            self.write_rollout(node, Some(&r)).await?;
         }
+        Ok(())
+    }
+
+    /// Server-side-applies a node's `status.rollout` (the operator's only status field there);
+    /// `None` releases it, which removes it.
+    async fn write_rollout(&self, node: &str, rollout: Option<&NodeRollout>) -> Result<(), Error> {
+        let status = match rollout {
+            Some(r) => json!({"rollout": r}),
+            None => json!({}),
+        };
+        let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": status});
+        Api::<GpuNode>::all(self.client.clone())
+            .patch_status(node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+            .await?;
         Ok(())
     }
 

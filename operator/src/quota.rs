@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tessera_crds::conditions::{CAPACITY_AVAILABLE, CONFLICT, READY, STALLED, remove_condition, set_condition};
+use tessera_crds::gpunode::GpuState;
 use tessera_crds::quota::{NamespaceUsage, ResourceUsage, SplitPolicy, TenantGpuQuotaSpec, TenantGpuQuotaStatus};
 use tessera_crds::validate::{GPU_RESOURCE, validate_quota};
 use tessera_crds::{GpuNode, TenantGpuQuota, catalog};
@@ -39,19 +40,22 @@ pub fn shares(spec: &TenantGpuQuotaSpec) -> BTreeMap<String, BTreeMap<String, i6
     out
 }
 
+/// What one GPU supplies per resource name: its MIG instances, or itself as a whole GPU.
+pub fn gpu_supply(g: &GpuState, out: &mut BTreeMap<String, i64>) {
+    if g.mig_enabled {
+        for i in &g.instances {
+            *out.entry(catalog::mig_resource_name(&i.profile)).or_default() += 1;
+        }
+    } else {
+        *out.entry(GPU_RESOURCE.to_string()).or_default() += 1;
+    }
+}
+
 /// Slices (and whole GPUs) the applied layouts supply, per resource name, from the agents' reports.
 pub fn fleet_supply(gpunodes: &[GpuNode]) -> BTreeMap<String, i64> {
     let mut supply = BTreeMap::new();
-    for gn in gpunodes {
-        for g in gn.status.iter().flat_map(|s| s.gpus.iter()) {
-            if g.mig_enabled {
-                for i in &g.instances {
-                    *supply.entry(catalog::mig_resource_name(&i.profile)).or_default() += 1;
-                }
-            } else {
-                *supply.entry(GPU_RESOURCE.to_string()).or_default() += 1;
-            }
-        }
+    for g in gpunodes.iter().flat_map(|gn| gn.status.iter().flat_map(|s| s.gpus.iter())) {
+        gpu_supply(g, &mut supply);
     }
     supply
 }

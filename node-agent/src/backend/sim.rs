@@ -63,7 +63,7 @@ fn needs_reset(product: &str) -> bool {
 impl SimBackend {
     /// Opens the state file, creating GPUs of the given catalog products if it does not exist.
     pub fn open(path: &Path, products: &[String]) -> Result<Self, Error> {
-        let sim = Self { path: path.to_path_buf(), latency: Duration::ZERO, fault: None };
+        let sim = Self::at(path);
         if !path.exists() {
             let mut state = SimState::default();
             for (i, p) in products.iter().enumerate() {
@@ -89,6 +89,11 @@ impl SimBackend {
         Ok(sim)
     }
 
+    /// The simulator over a state file, with no latency and no faults.
+    fn at(path: &Path) -> Self {
+        Self { path: path.to_path_buf(), latency: Duration::ZERO, fault: None }
+    }
+
     pub fn with_latency(mut self, latency: Duration) -> Self {
         self.latency = latency;
         self
@@ -108,12 +113,16 @@ impl SimBackend {
         serde_json::from_str(&text).map_err(|e| self.err(e))
     }
 
-    /// Atomic write (temp file + rename): a crash never leaves a torn state file.
     fn save(&self, state: &SimState) -> Result<(), Error> {
-        let tmp = self.path.with_extension("tmp");
-        let text = serde_json::to_string_pretty(state).map_err(|e| self.err(e))?;
+        self.write_atomically(&self.path, state)
+    }
+
+    /// Temp file + rename: a crash never leaves a torn state or processes file.
+    fn write_atomically(&self, path: &Path, value: &impl Serialize) -> Result<(), Error> {
+        let text = serde_json::to_string_pretty(value).map_err(|e| self.err(e))?;
+        let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, text).map_err(|e| self.err(e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| self.err(e))
+        std::fs::rename(&tmp, path).map_err(|e| self.err(e))
     }
 
     pub fn processes_path(&self) -> PathBuf {
@@ -170,7 +179,7 @@ pub fn processes_path(state: &Path) -> PathBuf {
 
 /// Adds a simulated process on a MIG device (by UUID) or on a whole GPU; used by tests and the demo.
 pub fn run_process(state: &Path, gpu: u32, mig_uuid: Option<&str>, pid: u32, name: &str) -> Result<(), Error> {
-    let sim = SimBackend { path: state.to_path_buf(), latency: Duration::ZERO, fault: None };
+    let sim = SimBackend::at(state);
     let st = sim.load()?;
     let g = st.gpus.get(gpu as usize).ok_or_else(|| Error::NotFound(format!("GPU {gpu}")))?;
     let gpu_instance_id = match mig_uuid {
@@ -190,23 +199,20 @@ pub fn run_process(state: &Path, gpu: u32, mig_uuid: Option<&str>, pid: u32, nam
 
 /// Removes every simulated process with `pid`.
 pub fn stop_process(state: &Path, pid: u32) -> Result<(), Error> {
-    let sim = SimBackend { path: state.to_path_buf(), latency: Duration::ZERO, fault: None };
+    let sim = SimBackend::at(state);
     let mut all = sim.all_processes()?;
     all.retain(|p| p.process.pid != pid);
     write_processes(&sim, &all)
 }
 
 fn write_processes(sim: &SimBackend, all: &[SimProcess]) -> Result<(), Error> {
-    let text = serde_json::to_string_pretty(all).map_err(|e| sim.err(e))?;
-    let tmp = sim.processes_path().with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(|e| sim.err(e))?;
-    std::fs::rename(tmp, sim.processes_path()).map_err(|e| sim.err(e))
+    sim.write_atomically(&sim.processes_path(), &all)
 }
 
 /// A simulated reboot: instances are gone (they never survive one); a pending MIG mode takes
 /// effect on Ampere; on Hopper and later MIG mode is not persistent and comes back disabled.
 pub fn reboot(state: &Path) -> Result<(), Error> {
-    let sim = SimBackend { path: state.to_path_buf(), latency: Duration::ZERO, fault: None };
+    let sim = SimBackend::at(state);
     let mut st = sim.load()?;
     for g in &mut st.gpus {
         g.instances.clear();

@@ -14,6 +14,7 @@ use tessera_crds::{GpuNode, GpuPartitionPlan, catalog};
 use super::Output;
 use crate::Error;
 use crate::drain::{PodVerdict, verdict};
+use crate::quota::gpu_supply;
 use crate::rollout::desired_intent;
 use crate::selector::matches;
 
@@ -34,17 +35,6 @@ pub struct NodeChange {
     pub evict: Vec<String>,
 }
 
-/// What a GPU supplies: its instances, or one whole GPU.
-fn supply_of(g: &GpuState, out: &mut BTreeMap<String, i64>) {
-    if g.mig_enabled {
-        for i in &g.instances {
-            *out.entry(catalog::mig_resource_name(&i.profile)).or_default() += 1;
-        }
-    } else {
-        *out.entry("nvidia.com/gpu".into()).or_default() += 1;
-    }
-}
-
 fn supply_after(gpus: &[GpuState], intent: &[GpuIntent], out: &mut BTreeMap<String, i64>) {
     for g in gpus {
         match intent.iter().find(|i| i.index == g.index) {
@@ -54,7 +44,7 @@ fn supply_after(gpus: &[GpuState], intent: &[GpuIntent], out: &mut BTreeMap<Stri
                 }
             }
             Some(_) => *out.entry("nvidia.com/gpu".into()).or_default() += 1,
-            None => supply_of(g, out),
+            None => gpu_supply(g, out),
         }
     }
 }
@@ -87,11 +77,11 @@ pub fn preview(
             p.skipped.insert(name, "no GPU inventory reported by a node agent".into());
             continue;
         };
-        gpus.iter().for_each(|g| supply_of(g, &mut p.capacity_before));
+        gpus.iter().for_each(|g| gpu_supply(g, &mut p.capacity_before));
         match desired_intent(&plan.spec, &gpus) {
             Err(reason) => {
                 p.skipped.insert(name, reason);
-                gpus.iter().for_each(|g| supply_of(g, &mut p.capacity_after));
+                gpus.iter().for_each(|g| gpu_supply(g, &mut p.capacity_after));
             }
             Ok(intent) => {
                 supply_after(&gpus, &intent, &mut p.capacity_after);

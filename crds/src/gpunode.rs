@@ -85,6 +85,27 @@ pub struct GpuState {
     pub mig_pending: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instances: Vec<MigInstance>,
+    /// The GPU-instance profile table as the driver reports it (NVML), so the operator can check
+    /// layouts for boards missing from the built-in catalog.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 32))]
+    pub profiles: Vec<GpuProfileInfo>,
+}
+
+/// One GPU-instance profile of a GPU, as its driver reports it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuProfileInfo {
+    pub name: String,
+    #[serde(default)]
+    pub id: u32,
+    pub compute_slices: u8,
+    pub memory_slices: u8,
+    pub max_count: u8,
+    /// Valid start slots on the memory axis.
+    #[serde(default)]
+    #[schemars(extend("maxItems" = 16))]
+    pub starts: Vec<u8>,
 }
 
 /// One MIG device: a GPU instance and its full-size compute instance.
@@ -113,11 +134,13 @@ pub enum NodePhase {
     Pending,
     /// Cordoned; evicting pods.
     Draining,
-    /// Handed to the node agent; waiting for its report of the new generation.
+    /// Handed to the node agent; waiting for its report of the new generation. This phase is the
+    /// hand-over: only while it holds may the agent destroy instances or change MIG mode.
     Applying,
     /// Applied; uncordoning (only if we cordoned it).
     Uncordoning,
-    /// The change failed; the node is uncordoned and the reason is in the message.
+    /// The change failed; the hand-over is withdrawn, the node uncordoned and the reason is in the
+    /// message. It counts against `maxUnavailable` until the plan changes.
     Failed,
 }
 
@@ -135,6 +158,13 @@ pub struct NodeRollout {
     pub cordoned_by_us: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_started_at: Option<Time>,
+    /// When the node was handed to its agent (`Applying`), for `applyTimeoutSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apply_started_at: Option<Time>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
 }
+
+/// Namespace of the node agents' heartbeat Leases, one per node, named after it (as the kubelet's
+/// leases live in `kube-node-lease`): the agent renews it; the operator reads it.
+pub const AGENT_LEASE_NAMESPACE: &str = "tessera-node-leases";

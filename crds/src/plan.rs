@@ -113,10 +113,25 @@ pub struct RolloutPolicy {
     pub drain_timeout_seconds: i64,
     #[serde(default)]
     pub drain_scope: DrainScope,
-    /// After the drain timeout, delete the remaining pods instead of stalling. Off by default:
-    /// a PodDisruptionBudget is never overridden unless asked for.
+    /// After the drain timeout, delete the remaining pods (terminating ones included, with a zero
+    /// grace period) instead of stalling. Off by default: a PodDisruptionBudget is never
+    /// overridden unless asked for. Pods refused for lack of an opt-in below stay refused.
     #[serde(default)]
     pub force_after_timeout: bool,
+    /// Evict pods that no controller will recreate (no controller owner, or a DaemonSet that no
+    /// longer exists), like `kubectl drain --force`. Off by default: such pods are gone for good.
+    #[serde(default)]
+    pub evict_unmanaged_pods: bool,
+    /// Evict pods with `emptyDir` volumes, whose data is lost, like `kubectl drain
+    /// --delete-emptydir-data`. Off by default.
+    #[serde(default)]
+    pub delete_empty_dir_data: bool,
+    /// How long the node agent may take to apply a drained node's layout before the plan is
+    /// reported `Stalled` (`ApplyTimeout`). The node stays cordoned and the rollout resumes by
+    /// itself once the agent reports success. 0 disables the timeout.
+    #[serde(default = "default_apply_timeout")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0").message("applyTimeoutSeconds must be >= 0"))]
+    pub apply_timeout_seconds: i64,
 }
 
 fn default_max_unavailable() -> IntOrString {
@@ -127,6 +142,10 @@ fn default_drain_timeout() -> i64 {
     600
 }
 
+fn default_apply_timeout() -> i64 {
+    600
+}
+
 impl Default for RolloutPolicy {
     fn default() -> Self {
         Self {
@@ -134,6 +153,9 @@ impl Default for RolloutPolicy {
             drain_timeout_seconds: default_drain_timeout(),
             drain_scope: DrainScope::default(),
             force_after_timeout: false,
+            evict_unmanaged_pods: false,
+            delete_empty_dir_data: false,
+            apply_timeout_seconds: default_apply_timeout(),
         }
     }
 }

@@ -38,6 +38,15 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Checks a plan: products known, layouts that fit, indices that do not overlap, a valid
 /// selector and rollout policy.
 pub fn validate_plan(spec: &GpuPartitionPlanSpec) -> Vec<FieldError> {
+    validate_plan_with(spec, &|_| None)
+}
+
+/// Like [`validate_plan`], but a product missing from the catalog is checked against `reported`
+/// (the profile table a node agent read from the driver) instead of being an error.
+pub fn validate_plan_with(
+    spec: &GpuPartitionPlanSpec,
+    reported: &dyn Fn(&str) -> Option<&'static GpuModel>,
+) -> Vec<FieldError> {
     let mut errs = Vec::new();
     validate_selector(&spec.node_selector, "spec.nodeSelector", &mut errs);
     if spec.layouts.is_empty() {
@@ -48,7 +57,7 @@ pub fn validate_plan(spec: &GpuPartitionPlanSpec) -> Vec<FieldError> {
     let mut coverage: BTreeMap<&str, (Option<usize>, BTreeMap<i32, usize>)> = BTreeMap::new();
     for (i, layout) in spec.layouts.iter().enumerate() {
         let at = format!("spec.layouts[{i}]");
-        let Some(model) = validate_layout(layout, &at, &mut errs) else { continue };
+        let Some(model) = validate_layout(layout, &at, reported, &mut errs) else { continue };
         let (all, indices) = coverage.entry(model.name).or_default();
         match &layout.gpu_indices {
             None => match all {
@@ -88,13 +97,19 @@ pub fn validate_plan(spec: &GpuPartitionPlanSpec) -> Vec<FieldError> {
 }
 
 /// Checks one layout and returns its board when the product is known.
-fn validate_layout(layout: &GpuLayout, at: &str, errs: &mut Vec<FieldError>) -> Option<&'static GpuModel> {
-    let model = catalog::lookup(&layout.gpu_product);
+fn validate_layout(
+    layout: &GpuLayout,
+    at: &str,
+    reported: &dyn Fn(&str) -> Option<&'static GpuModel>,
+    errs: &mut Vec<FieldError>,
+) -> Option<&'static GpuModel> {
+    let model = catalog::lookup(&layout.gpu_product).or_else(|| reported(&layout.gpu_product));
     if model.is_none() {
         errs.push(FieldError::new(
             format!("{at}.gpuProduct"),
             format!(
-                "unknown GPU product {:?}; known products: {}",
+                "unknown GPU product {:?}; known products: {} (a board outside the catalog is accepted \
+                 where a matched node's agent reports its MIG profile table)",
                 layout.gpu_product,
                 catalog::known_products().join(", ")
             ),
@@ -176,6 +191,9 @@ fn validate_rollout(r: &RolloutPolicy, at: &str, errs: &mut Vec<FieldError>) {
     }
     if r.drain_timeout_seconds < 0 {
         errs.push(FieldError::new(format!("{at}.drainTimeoutSeconds"), "must be >= 0"));
+    }
+    if r.apply_timeout_seconds < 0 {
+        errs.push(FieldError::new(format!("{at}.applyTimeoutSeconds"), "must be >= 0"));
     }
 }
 

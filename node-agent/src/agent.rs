@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
@@ -14,6 +16,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tessera_crds::GpuNode;
 use tessera_crds::catalog::mig_resource_name;
+use tessera_crds::gpunode::{AGENT_LEASE_NAMESPACE, NodePhase};
 use tessera_crds::solver::ProfileCounts;
 use tracing::{info, warn};
 
@@ -34,6 +37,8 @@ pub struct Agent<B: GpuBackend> {
     /// Pods on this node to restart after a change so they re-enumerate MIG devices (device
     /// plugin, feature discovery, DCGM exporter). Empty: none.
     pub gpu_client_selector: Option<String>,
+    /// How long the heartbeat lease stays valid; it is renewed four times per duration.
+    pub lease_duration: Duration,
 }
 
 impl<B: GpuBackend> Agent<B> {
@@ -44,6 +49,9 @@ impl<B: GpuBackend> Agent<B> {
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.node));
         let mut events = watcher(api, config).boxed();
         let mut tick = tokio::time::interval(resync);
+        // The heartbeat shares this loop with the reconcile passes: an agent stuck in a driver
+        // call stops renewing, and the operator sees it as not responding.
+        let mut heartbeat = tokio::time::interval(self.lease_duration / 4);
         loop {
             tokio::select! {
                 ev = events.next() => match ev {
@@ -52,6 +60,12 @@ impl<B: GpuBackend> Agent<B> {
                     Some(Ok(_)) => {}
                 },
                 _ = tick.tick() => {}
+                _ = heartbeat.tick() => {
+                    if let Err(e) = self.renew_lease().await {
+                        warn!(error = %e, "could not renew the heartbeat lease; retrying");
+                    }
+                    continue;
+                }
             }
             if let Err(e) = self.reconcile().await {
                 warn!(error = %e, "reconcile failed; retrying on the next event or resync");
@@ -77,7 +91,11 @@ impl<B: GpuBackend> Agent<B> {
         };
         let generation = gn.metadata.generation;
         let intent = gn.spec.gpus.clone();
-        let (outcomes, changed) = tokio::task::block_in_place(|| self.apply(&intent));
+        // The operator's hand-over: the node is drained for this change. Without it only
+        // non-disruptive steps run (creating instances in free space, as after a reboot).
+        let handed_over =
+            gn.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| r.phase == NodePhase::Applying);
+        let (outcomes, changed) = tokio::task::block_in_place(|| self.apply(&intent, handed_over));
         let inventory = tokio::task::block_in_place(|| self.backend.inventory())?;
         let mut gpus = Vec::new();
         let mut all_instances = Vec::new();
@@ -87,7 +105,13 @@ impl<B: GpuBackend> Agent<B> {
             } else {
                 vec![]
             };
-            gpus.push(report::gpu_state(info, &instances));
+            // Boards the catalog lacks: report the driver's table so the operator can validate plans.
+            let table = if info.mig_capable && tessera_crds::catalog::lookup(&info.product).is_none() {
+                tokio::task::block_in_place(|| self.backend.profiles(info.index))?
+            } else {
+                vec![]
+            };
+            gpus.push(report::gpu_state(info, &instances, &table));
             all_instances.push((info.clone(), instances));
         }
         let previous = gn.status.clone().unwrap_or_default();
@@ -109,7 +133,11 @@ impl<B: GpuBackend> Agent<B> {
     }
 
     /// Brings every GPU of the intent to its target; returns outcomes and whether anything changed.
-    fn apply(&mut self, intent: &[tessera_crds::gpunode::GpuIntent]) -> (Vec<(u32, GpuOutcome)>, bool) {
+    fn apply(
+        &mut self,
+        intent: &[tessera_crds::gpunode::GpuIntent],
+        handed_over: bool,
+    ) -> (Vec<(u32, GpuOutcome)>, bool) {
         let mut outcomes = Vec::new();
         let mut changed = false;
         let inventory = match self.backend.inventory() {
@@ -142,11 +170,12 @@ impl<B: GpuBackend> Agent<B> {
                     .map(|(k, n)| (k.clone(), *n as u32))
                     .collect::<ProfileCounts>(),
             };
-            match self.apply_gpu(info, &target) {
+            match self.apply_gpu(info, &target, handed_over) {
                 Ok(did) => {
                     changed |= did;
                     outcomes.push((gpu, GpuOutcome::InSync));
                 }
+                Err(o @ GpuOutcome::Waiting { .. }) => outcomes.push((gpu, o)),
                 Err(o) => {
                     changed = true;
                     outcomes.push((gpu, o));
@@ -156,7 +185,12 @@ impl<B: GpuBackend> Agent<B> {
         (outcomes, changed)
     }
 
-    fn apply_gpu(&mut self, info: &crate::backend::GpuInfo, target: &Target) -> Result<bool, GpuOutcome> {
+    fn apply_gpu(
+        &mut self,
+        info: &crate::backend::GpuInfo,
+        target: &Target,
+        handed_over: bool,
+    ) -> Result<bool, GpuOutcome> {
         let failed = |e: Error| GpuOutcome::Failed { message: e.to_string() };
         let gpu = info.index;
         let profiles = if info.mig_capable { self.backend.profiles(gpu).map_err(failed)? } else { vec![] };
@@ -180,6 +214,16 @@ impl<B: GpuBackend> Agent<B> {
             };
             GpuOutcome::Blocked { reason, message: b.to_string() }
         })?;
+        let disruptive = steps.iter().filter(|s| !matches!(s, Step::Create { .. })).count();
+        if disruptive > 0 && !handed_over {
+            return Err(GpuOutcome::Waiting {
+                reason: "AwaitingDrain",
+                message: format!(
+                    "{disruptive} step(s) destroy instances or change MIG mode; waiting for the operator to drain \
+                     the node and hand it over"
+                ),
+            });
+        }
         for step in &steps {
             info!(gpu, ?step, "applying");
             match step {
@@ -230,6 +274,17 @@ impl<B: GpuBackend> Agent<B> {
         }
         let patch = json!({"status": {"capacity": resources, "allocatable": resources}});
         nodes.patch_status(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        Ok(())
+    }
+
+    /// Renews (or creates) this node's heartbeat Lease in [`AGENT_LEASE_NAMESPACE`].
+    pub async fn renew_lease(&self) -> Result<(), Error> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), AGENT_LEASE_NAMESPACE);
+        let body = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": self.node},
+            "spec": {"holderIdentity": self.node, "leaseDurationSeconds": self.lease_duration.as_secs().max(1),
+                     "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())}});
+        api.patch(&self.node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await?;
         Ok(())
     }
 

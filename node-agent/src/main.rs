@@ -81,6 +81,9 @@ enum Command {
         /// Label selector of GPU client pods on this node to restart after a change.
         #[arg(long, env = "TESSERA_GPU_CLIENT_SELECTOR")]
         gpu_client_selector: Option<String>,
+        /// Validity of the heartbeat lease the operator watches; renewed four times per period.
+        #[arg(long, default_value_t = 40)]
+        lease_duration_seconds: u64,
     },
     /// Read-only: print the inventory and the NVML profile/placement table, and any difference
     /// from the built-in catalog.
@@ -132,14 +135,27 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Run { node_name, backend, resync_seconds, advertise_resources, gpu_client_selector } => {
+        Command::Run {
+            node_name,
+            backend,
+            resync_seconds,
+            advertise_resources,
+            gpu_client_selector,
+            lease_duration_seconds,
+        } => {
             let advertise = advertise_resources.unwrap_or(backend.backend == BackendKind::Sim);
             let backend = backend.open()?;
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
             rt.block_on(async move {
                 let client = kube::Client::try_default().await.context("connecting to the API server")?;
-                let agent =
-                    Agent { backend, client, node: node_name, advertise_resources: advertise, gpu_client_selector };
+                let agent = Agent {
+                    backend,
+                    client,
+                    node: node_name,
+                    advertise_resources: advertise,
+                    gpu_client_selector,
+                    lease_duration: Duration::from_secs(lease_duration_seconds.max(4)),
+                };
                 tokio::select! {
                     r = agent.run(Duration::from_secs(resync_seconds)) => r.map_err(anyhow::Error::from),
                     _ = tokio::signal::ctrl_c() => Ok(()),

@@ -2,9 +2,9 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tessera_crds::conditions::{READY, RECONCILING, STALLED, remove_condition, set_condition};
-use tessera_crds::gpunode::{GpuState, MigInstance};
+use tessera_crds::gpunode::{GpuProfileInfo, GpuState, MigInstance};
 
-use crate::backend::{GpuInfo, Instance};
+use crate::backend::{GpuInfo, HardwareProfile, Instance};
 
 /// The outcome for one GPU of the intent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,9 +19,15 @@ pub enum GpuOutcome {
     Failed {
         message: String,
     },
+    /// Waiting for someone else (the operator's hand-over of a drained node); not an error.
+    Waiting {
+        reason: &'static str,
+        message: String,
+    },
 }
 
-pub fn gpu_state(info: &GpuInfo, instances: &[Instance]) -> GpuState {
+/// `table`: the driver's profile table, reported only for boards the catalog lacks.
+pub fn gpu_state(info: &GpuInfo, instances: &[Instance], table: &[HardwareProfile]) -> GpuState {
     GpuState {
         index: info.index as i32,
         uuid: info.uuid.clone(),
@@ -39,6 +45,17 @@ pub fn gpu_state(info: &GpuInfo, instances: &[Instance]) -> GpuState {
                 uuid: (!i.uuid.is_empty()).then(|| i.uuid.clone()),
                 gpu_instance_id: i.gpu_instance_id as i32,
                 compute_instance_id: i.compute_instance_id as i32,
+            })
+            .collect(),
+        profiles: table
+            .iter()
+            .map(|p| GpuProfileInfo {
+                name: p.name.clone(),
+                id: p.id,
+                compute_slices: p.compute_slices,
+                memory_slices: p.memory_slices,
+                max_count: p.max_count,
+                starts: p.starts.clone(),
             })
             .collect(),
     }
@@ -72,6 +89,13 @@ pub fn conditions(
         GpuOutcome::Blocked { reason, .. } => Some(*reason),
         _ => None,
     });
+    let waiting: Vec<(&'static str, String)> = outcomes
+        .iter()
+        .filter_map(|(gpu, o)| match o {
+            GpuOutcome::Waiting { reason, message } => Some((*reason, format!("GPU {gpu}: {message}"))),
+            _ => None,
+        })
+        .collect();
     let t = now;
     if let Some(reason) = first_reason {
         let msg = blocked.join("; ");
@@ -79,11 +103,13 @@ pub fn conditions(
         set_condition(&mut conds, READY, false, reason, &msg, generation, t.clone());
         remove_condition(&mut conds, RECONCILING);
         (conds, previous_applied)
-    } else if !failed.is_empty() {
-        let msg = failed.join("; ");
+    } else if !failed.is_empty() || !waiting.is_empty() {
+        let reason = if failed.is_empty() { waiting[0].0 } else { "Retrying" };
+        let ready_reason = if failed.is_empty() { waiting[0].0 } else { "ApplyFailed" };
+        let msg = failed.into_iter().chain(waiting.into_iter().map(|(_, m)| m)).collect::<Vec<_>>().join("; ");
         remove_condition(&mut conds, STALLED);
-        set_condition(&mut conds, RECONCILING, true, "Retrying", &msg, generation, t.clone());
-        set_condition(&mut conds, READY, false, "ApplyFailed", &msg, generation, t);
+        set_condition(&mut conds, RECONCILING, true, reason, &msg, generation, t.clone());
+        set_condition(&mut conds, READY, false, ready_reason, &msg, generation, t);
         (conds, previous_applied)
     } else {
         remove_condition(&mut conds, STALLED);
@@ -119,6 +145,17 @@ mod tests {
         let stalled = c.iter().find(|c| c.type_ == STALLED).unwrap();
         assert_eq!(stalled.reason, "InstanceInUse");
         assert_eq!(stalled.message, "GPU 1: pid 7");
+        assert_eq!(c.iter().find(|c| c.type_ == READY).unwrap().status, "False");
+    }
+
+    #[test]
+    fn waiting_for_the_hand_over_is_reconciling_not_applied() {
+        let waiting = GpuOutcome::Waiting { reason: "AwaitingDrain", message: "2 step(s)".into() };
+        let (c, applied) = conditions(&[], &[(0, GpuOutcome::InSync), (1, waiting)], Some(3), Some(2), now());
+        assert_eq!(applied, Some(2), "a generation waiting for the hand-over is not applied");
+        let reconciling = c.iter().find(|c| c.type_ == RECONCILING).unwrap();
+        assert_eq!((reconciling.reason.as_str(), reconciling.message.as_str()), ("AwaitingDrain", "GPU 1: 2 step(s)"));
+        assert!(!c.iter().any(|c| c.type_ == STALLED));
         assert_eq!(c.iter().find(|c| c.type_ == READY).unwrap().status, "False");
     }
 

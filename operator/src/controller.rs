@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -17,18 +19,22 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use tessera_crds::gpunode::NodeRollout;
+use tessera_crds::gpunode::{AGENT_LEASE_NAMESPACE, NodePhase, NodeRollout};
 use tessera_crds::{GpuNode, GpuPartitionPlan};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::Error;
+use crate::liveness::agent_health;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Action, NodeInput};
 use crate::status::plan_status;
 
 /// Field manager of everything the operator writes.
 pub const MANAGER: &str = "tessera-operator";
+/// Field manager of the `Ready=Unknown` the operator writes for a silent agent: separate, so the
+/// rollout writes never remove it and the agent takes the condition back when it returns.
+pub const LIVENESS_MANAGER: &str = "tessera-operator-liveness";
 /// Finalizer that releases a deleted plan's nodes (uncordon, forget) without touching their GPUs.
 pub const FINALIZER: &str = "tessera.dev/release-nodes";
 /// How long one eviction call may take before it counts as blocked (never block a pass).
@@ -47,7 +53,8 @@ fn node_of(action: &Action) -> &str {
         | Action::ForceDelete { node, .. }
         | Action::Intent { node, .. }
         | Action::Event { node, .. }
-        | Action::Completed { node, .. } => node,
+        | Action::Completed { node, .. }
+        | Action::AgentDown { node, .. } => node,
     }
 }
 
@@ -60,6 +67,7 @@ pub struct Context {
     pub plans: Store<GpuPartitionPlan>,
     pub gpunodes: Store<GpuNode>,
     pub nodes: Store<Node>,
+    pub leases: Store<Lease>,
 }
 
 /// Starts the caches and returns the context plus a notifier that fires on every change.
@@ -74,8 +82,10 @@ pub async fn start(
     let plans = watch_into_store(Api::<GpuPartitionPlan>::all(client.clone()), all(), changed.clone());
     let gpunodes = watch_into_store(Api::<GpuNode>::all(client.clone()), all(), changed.clone());
     let nodes = watch_into_store(Api::<Node>::all(client.clone()), all(), changed.clone());
+    let leases =
+        watch_into_store(Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE), all(), changed.clone());
     let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance) });
-    let ctx = Context { client, evict_client, recorder, metrics, plans, gpunodes, nodes };
+    let ctx = Context { client, evict_client, recorder, metrics, plans, gpunodes, nodes, leases };
     (Arc::new(ctx), changed)
 }
 
@@ -105,7 +115,8 @@ impl Context {
         let _ = tokio::join!(
             self.plans.wait_until_ready(),
             self.gpunodes.wait_until_ready(),
-            self.nodes.wait_until_ready()
+            self.nodes.wait_until_ready(),
+            self.leases.wait_until_ready()
         );
     }
 
@@ -115,7 +126,9 @@ impl Context {
         loop {
             let started = Instant::now();
             if let Err(e) = self.reconcile().await {
-                self.metrics.error(e.kind());
+                if !matches!(e, Error::PartialPass(_)) {
+                    self.metrics.error(e.kind());
+                }
                 warn!(error = %e, "reconcile pass failed; retrying");
             }
             self.metrics.reconciled(started.elapsed());
@@ -126,12 +139,18 @@ impl Context {
         }
     }
 
-    /// One pass over the fleet.
+    /// One pass over the fleet. A failing API call fails only its node's or its plan's part of
+    /// the pass: the rest goes on, and the failure is reported in the plan's status and metrics.
     pub async fn reconcile(&self) -> Result<(), Error> {
         let plans: Vec<GpuPartitionPlan> = self.plans.state().iter().map(|p| (**p).clone()).collect();
-        self.ensure_finalizers(&plans).await?;
+        let mut plan_errors: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (plan, e) in self.ensure_finalizers(&plans).await {
+            plan_errors.entry(plan).or_default().push(format!("adding the finalizer: {e}"));
+        }
         let gpunodes: BTreeMap<String, GpuNode> =
             self.gpunodes.state().iter().map(|g| (g.name_any(), (**g).clone())).collect();
+        let leases: BTreeMap<String, Arc<Lease>> = self.leases.state().into_iter().map(|l| (l.name_any(), l)).collect();
+        let now = k8s_openapi::jiff::Timestamp::now();
         let mut inputs = Vec::new();
         for node in self.nodes.state() {
             let name = node.name_any();
@@ -139,24 +158,27 @@ impl Context {
             let draining = gn
                 .as_ref()
                 .and_then(|g| g.status.as_ref()?.rollout.as_ref())
-                .is_some_and(|r| r.phase == tessera_crds::gpunode::NodePhase::Draining);
-            let pods = if draining { self.pods_on(&name).await? } else { vec![] };
+                .is_some_and(|r| r.phase == NodePhase::Draining);
+            let (pods, daemonsets) =
+                if draining { self.pods_on(&name).await } else { (Ok(vec![]), Default::default()) };
             inputs.push(NodeInput {
-                name,
+                name: name.clone(),
                 labels: node.labels().clone(),
                 unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
                 gpunode: gn,
                 pods,
+                daemonsets,
+                agent: agent_health(leases.get(&name).map(|l| &**l), now),
             });
         }
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let (actions, reports) = rollout::plan_fleet(&plans, &inputs, now);
+        let (actions, mut reports) = rollout::plan_fleet(&plans, &inputs, now);
         let evicting: BTreeMap<String, bool> = actions
             .iter()
             .filter(|a| matches!(a, Action::Evict { .. }))
             .map(|a| (node_of(a).to_string(), true))
             .collect();
-        // One node's actions run in order (intent before act); different nodes run concurrently.
+        // One node's actions run in order (intent before act) and stop at its first failure;
+        // different nodes run concurrently, and one node's failure does not stop the others.
         let mut groups: Vec<(String, Vec<Action>)> = Vec::new();
         let mut index: BTreeMap<String, usize> = BTreeMap::new();
         for action in actions {
@@ -169,24 +191,79 @@ impl Context {
                 }
             }
         }
-        let results: Vec<Result<Vec<(String, String)>, Error>> = futures::stream::iter(groups)
-            .map(|(_, list)| async {
+        let plans_ref = &plans;
+        let results: Vec<(String, Vec<String>, Option<Error>)> = futures::stream::iter(groups)
+            .map(|(node, list)| async move {
                 let mut refused = Vec::new();
                 for action in list {
-                    refused.extend(self.act(action, &plans).await?);
+                    match self.act(action, plans_ref).await {
+                        Ok(r) => refused.extend(r.map(|(_, why)| why)),
+                        Err(e) => return (node, refused, Some(e)),
+                    }
                 }
-                Ok(refused)
+                (node, refused, None)
             })
             .buffer_unordered(NODES_IN_PARALLEL)
             .collect()
             .await;
         let mut blocked: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for r in results {
-            for (node, why) in r? {
-                blocked.entry(node).or_default().push(why);
+        let mut node_errors: BTreeMap<String, String> = BTreeMap::new();
+        for (node, refused, error) in results {
+            if !refused.is_empty() {
+                blocked.insert(node.clone(), refused);
+            }
+            if let Some(e) = error {
+                self.metrics.error(e.kind());
+                warn!(%node, error = %e, "an action failed; the rest of the pass goes on");
+                node_errors.insert(node, e.to_string());
             }
         }
-        self.record_drain_messages(&gpunodes, &evicting, &blocked).await?;
+        for (node, e) in self.record_drain_messages(&gpunodes, &evicting, &blocked).await {
+            node_errors.entry(node).or_insert(e);
+        }
+        self.set_phase_metrics(&gpunodes);
+        for report in reports.values_mut() {
+            for node in &report.nodes {
+                if let Some(e) = node_errors.get(node) {
+                    report.errors.push(format!("{node}: {e}"));
+                }
+            }
+        }
+        let mut failed = 0;
+        for plan in &plans {
+            let name = plan.name_any();
+            if plan.metadata.deletion_timestamp.is_some() {
+                if let Err(e) = self.finish_deletion(plan, &gpunodes).await {
+                    self.metrics.error(e.kind());
+                    warn!(plan = %name, error = %e, "could not release a deleted plan; retrying");
+                    failed += 1;
+                }
+                continue;
+            }
+            let Some(report) = reports.get_mut(&name) else { continue };
+            report.errors.extend(plan_errors.remove(&name).unwrap_or_default());
+            let previous = plan.status.clone().unwrap_or_default();
+            let status =
+                plan_status(&previous.conditions, report, plan.metadata.generation, plan.spec.paused, Time(now));
+            if status != previous {
+                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": status});
+                let api = Api::<GpuPartitionPlan>::all(self.client.clone());
+                if let Err(e) =
+                    api.patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await
+                {
+                    self.metrics.error("kube");
+                    warn!(plan = %name, error = %e, "could not write the plan's status; retrying");
+                    failed += 1;
+                }
+            }
+        }
+        match node_errors.len() + failed {
+            0 => Ok(()),
+            n => Err(Error::PartialPass(n)),
+        }
+    }
+
+    fn set_phase_metrics(&self, gpunodes: &BTreeMap<String, GpuNode>) {
         let mut phases: BTreeMap<String, i64> = BTreeMap::new();
         for gn in gpunodes.values() {
             let phase = gn
@@ -198,29 +275,32 @@ impl Context {
             *phases.entry(phase).or_default() += 1;
         }
         self.metrics.set_phases(&phases);
-        for plan in &plans {
-            let name = plan.name_any();
-            if plan.metadata.deletion_timestamp.is_some() {
-                self.finish_deletion(plan, &gpunodes).await?;
-                continue;
-            }
-            let Some(report) = reports.get(&name) else { continue };
-            let previous = plan.status.clone().unwrap_or_default();
-            let status =
-                plan_status(&previous.conditions, report, plan.metadata.generation, plan.spec.paused, Time(now));
-            if status != previous {
-                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": status});
-                Api::<GpuPartitionPlan>::all(self.client.clone())
-                    .patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-                    .await?;
-            }
-        }
-        Ok(())
     }
 
-    async fn pods_on(&self, node: &str) -> Result<Vec<Pod>, Error> {
+    /// The pods on a draining node, and which of their DaemonSets exist (a DaemonSet pod is
+    /// skipped only while its DaemonSet exists). A DaemonSet that cannot be read counts as
+    /// existing: when in doubt, delete nothing.
+    async fn pods_on(&self, node: &str) -> (Result<Vec<Pod>, String>, std::collections::BTreeSet<(String, String)>) {
         let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
-        Ok(Api::<Pod>::all(self.client.clone()).list(&lp).await?.items)
+        let pods = match Api::<Pod>::all(self.client.clone()).list(&lp).await {
+            Ok(list) => list.items,
+            Err(e) => {
+                self.metrics.error("kube");
+                return (Err(e.to_string()), Default::default());
+            }
+        };
+        let mut existing = std::collections::BTreeSet::new();
+        let wanted: std::collections::BTreeSet<(String, String)> =
+            pods.iter().filter_map(crate::drain::daemonset_of).collect();
+        for (ns, name) in wanted {
+            match Api::<DaemonSet>::namespaced(self.client.clone(), &ns).get_opt(&name).await {
+                Ok(None) => {}
+                Ok(Some(_)) | Err(_) => {
+                    existing.insert((ns, name));
+                }
+            }
+        }
+        (Ok(pods), existing)
     }
 
     /// Executes one action; returns `(node, reason)` when an eviction was refused.
@@ -260,6 +340,14 @@ impl Context {
                 gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await?;
             }
             Action::Completed { seconds, .. } => self.metrics.node_rolled_out(seconds),
+            Action::AgentDown { node, message } => {
+                warn!(%node, %message, "node agent not responding");
+                let condition = json!({"type": "Ready", "status": "Unknown", "reason": "AgentNotResponding",
+                    "message": message, "lastTransitionTime": Time(k8s_openapi::jiff::Timestamp::now())});
+                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+                                  "status": {"conditions": [condition]}});
+                gns.patch_status(&node, &PatchParams::apply(LIVENESS_MANAGER).force(), &Patch::Apply(&body)).await?;
+            }
             Action::Event { plan, node, reason, message, warning } => {
                 if let Some(p) = plans.iter().find(|p| p.name_any() == plan) {
                     self.publish(&p.object_ref(&()), reason, &message, warning).await;
@@ -305,7 +393,8 @@ impl Context {
         gpunodes: &BTreeMap<String, GpuNode>,
         evicting: &BTreeMap<String, bool>,
         blocked: &BTreeMap<String, Vec<String>>,
-    ) -> Result<(), Error> {
+    ) -> Vec<(String, String)> {
+        let mut errors = Vec::new();
         for node in evicting.keys() {
             let Some(mut r) = gpunodes.get(node).and_then(|g| g.status.as_ref()?.rollout.clone()) else { continue };
             let message = blocked.get(node).map(|m| m.join("; ")).unwrap_or_default();
@@ -321,9 +410,12 @@ impl Context {
                 }
             }
             r.message = message;
-            self.write_rollout(node, Some(&r)).await?;
+            if let Err(e) = self.write_rollout(node, Some(&r)).await {
+                self.metrics.error(e.kind());
+                errors.push((node.clone(), e.to_string()));
+            }
         }
-        Ok(())
+        errors
     }
 
     /// Server-side-applies a node's `status.rollout` (the operator's only status field there);
@@ -340,7 +432,9 @@ impl Context {
         Ok(())
     }
 
-    async fn ensure_finalizers(&self, plans: &[GpuPartitionPlan]) -> Result<(), Error> {
+    /// Adds the finalizer where it is missing; returns the plans where that failed.
+    async fn ensure_finalizers(&self, plans: &[GpuPartitionPlan]) -> Vec<(String, Error)> {
+        let mut failed = Vec::new();
         for p in plans
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none() && !p.finalizers().iter().any(|f| f == FINALIZER))
@@ -348,11 +442,15 @@ impl Context {
             let mut finalizers = p.finalizers().to_vec();
             finalizers.push(FINALIZER.into());
             let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": p.resource_version()}});
-            Api::<GpuPartitionPlan>::all(self.client.clone())
+            if let Err(e) = Api::<GpuPartitionPlan>::all(self.client.clone())
                 .patch(&p.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
+                .await
+            {
+                self.metrics.error("kube");
+                failed.push((p.name_any(), e.into()));
+            }
         }
-        Ok(())
+        failed
     }
 
     /// A deleted plan: once no node is mid-rollout for it any more, drop the finalizer. GPUs keep

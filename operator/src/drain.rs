@@ -1,18 +1,24 @@
 //! Pure drain filters with kubectl drain's semantics, and the scope Tessera adds: by default only
-//! pods that use GPU resources are evicted, so the rest of the node keeps running.
+//! pods that use GPU resources are evicted, so the rest of the node keeps running. Like kubectl,
+//! pods whose loss cannot be undone (no controller to recreate them, `emptyDir` data) are refused
+//! unless the plan opts in, and a DaemonSet pod is skipped only while its DaemonSet exists.
+
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;
-use tessera_crds::plan::DrainScope;
+use tessera_crds::plan::{DrainScope, RolloutPolicy};
 
 /// What to do with one pod on a node being drained.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodVerdict {
     /// Evict it through the Eviction API (PodDisruptionBudgets apply).
     Evict,
-    /// Already being deleted: wait for it to go.
+    /// Already being deleted: wait for it to go (or force it after the timeout, if asked).
     Wait,
     /// Left alone: DaemonSet or mirror pod, finished, or outside the drain scope.
     Skip(&'static str),
+    /// Holds the drain: evicting it would lose something the plan did not opt in to losing.
+    Refuse(String),
 }
 
 /// Whether a pod requests or is limited to any `nvidia.com/gpu` or `nvidia.com/mig-*` resource.
@@ -30,23 +36,54 @@ pub fn uses_gpu(pod: &Pod) -> bool {
     })
 }
 
-pub fn verdict(pod: &Pod, scope: DrainScope) -> PodVerdict {
+/// The `(namespace, name)` of the DaemonSet controlling a pod, if any.
+pub fn daemonset_of(pod: &Pod) -> Option<(String, String)> {
+    let owner = pod.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true))?;
+    (owner.kind == "DaemonSet").then(|| (pod.metadata.namespace.clone().unwrap_or_default(), owner.name.clone()))
+}
+
+/// `existing_daemonsets` holds the DaemonSets (namespace, name) known to exist.
+pub fn verdict(pod: &Pod, policy: &RolloutPolicy, existing_daemonsets: &BTreeSet<(String, String)>) -> PodVerdict {
     let meta = &pod.metadata;
     if meta.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror")) {
         return PodVerdict::Skip("mirror pod");
-    }
-    if meta.owner_references.iter().flatten().any(|o| o.kind == "DaemonSet" && o.controller == Some(true)) {
-        return PodVerdict::Skip("DaemonSet pod");
     }
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if matches!(phase, Some("Succeeded") | Some("Failed")) {
         return PodVerdict::Skip("finished");
     }
-    if scope == DrainScope::GpuPods && !uses_gpu(pod) {
+    let daemonset = daemonset_of(pod);
+    if daemonset.as_ref().is_some_and(|ds| existing_daemonsets.contains(ds)) {
+        return PodVerdict::Skip("DaemonSet pod");
+    }
+    if policy.drain_scope == DrainScope::GpuPods && !uses_gpu(pod) {
         return PodVerdict::Skip("uses no GPU");
     }
     if meta.deletion_timestamp.is_some() {
         return PodVerdict::Wait;
+    }
+    let name =
+        format!("{}/{}", meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default());
+    if !policy.evict_unmanaged_pods {
+        if let Some((_, ds)) = &daemonset {
+            return PodVerdict::Refuse(format!(
+                "pod {name} belongs to DaemonSet {ds}, which no longer exists (set spec.rollout.evictUnmanagedPods \
+                 to evict it)"
+            ));
+        }
+        if !meta.owner_references.iter().flatten().any(|o| o.controller == Some(true)) {
+            return PodVerdict::Refuse(format!(
+                "pod {name} has no controller and would be gone for good (set spec.rollout.evictUnmanagedPods to \
+                 evict it)"
+            ));
+        }
+    }
+    let empty_dir =
+        pod.spec.as_ref().and_then(|s| s.volumes.as_ref()).into_iter().flatten().any(|v| v.empty_dir.is_some());
+    if empty_dir && !policy.delete_empty_dir_data {
+        return PodVerdict::Refuse(format!(
+            "pod {name} has emptyDir data that eviction deletes (set spec.rollout.deleteEmptyDirData to evict it)"
+        ));
     }
     PodVerdict::Evict
 }
@@ -61,14 +98,47 @@ mod tests {
     }
 
     fn gpu_pod() -> serde_json::Value {
-        json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c",
+        json!({"metadata": {"name": "p", "namespace": "ml", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u", "controller": true}]},
+            "spec": {"containers": [{"name": "c",
             "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}, "status": {"phase": "Running"}})
+    }
+
+    fn policy(scope: DrainScope) -> RolloutPolicy {
+        RolloutPolicy { drain_scope: scope, ..Default::default() }
+    }
+
+    fn existing() -> BTreeSet<(String, String)> {
+        [("ml".to_string(), "d".to_string())].into()
+    }
+
+    #[test]
+    fn pods_whose_loss_cannot_be_undone_are_refused_unless_the_plan_opts_in() {
+        let mut bare = gpu_pod();
+        bare["metadata"].as_object_mut().unwrap().remove("ownerReferences");
+        let mut scratch = gpu_pod();
+        scratch["spec"]["volumes"] = json!([{"name": "tmp", "emptyDir": {}}]);
+        let mut orphan_ds = gpu_pod();
+        orphan_ds["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gone", "uid": "u", "controller": true}]);
+        let strict = policy(DrainScope::GpuPods);
+        let refused = |p: &serde_json::Value, want: &str| match verdict(&pod(p.clone()), &strict, &existing()) {
+            PodVerdict::Refuse(why) => assert!(why.contains(want), "{why}"),
+            other => panic!("{other:?}"),
+        };
+        refused(&bare, "pod ml/p has no controller");
+        refused(&scratch, "emptyDir");
+        refused(&orphan_ds, "DaemonSet gone, which no longer exists");
+        let lenient = RolloutPolicy { evict_unmanaged_pods: true, delete_empty_dir_data: true, ..strict };
+        for p in [bare, scratch, orphan_ds] {
+            assert_eq!(verdict(&pod(p), &lenient, &existing()), PodVerdict::Evict);
+        }
     }
 
     #[test]
     fn verdicts_follow_kubectl_drain_and_the_gpu_scope() {
-        let plain =
-            json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}});
+        let mut plain = gpu_pod();
+        plain["spec"] = json!({"containers": [{"name": "c"}]});
         let mut ds = gpu_pod();
         ds["metadata"]["ownerReferences"] =
             json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]);
@@ -91,7 +161,7 @@ mod tests {
             (init_gpu, DrainScope::GpuPods, PodVerdict::Evict),
         ];
         for (i, (p, scope, want)) in table.into_iter().enumerate() {
-            assert_eq!(verdict(&pod(p), scope), want, "row {i}");
+            assert_eq!(verdict(&pod(p), &policy(scope), &existing()), want, "row {i}");
         }
     }
 }

@@ -13,6 +13,9 @@ pub enum Error {
     Render(#[from] serde_json::Error),
     #[error(transparent)]
     Kube(#[from] kube::Error),
+    /// Some API calls of a pass failed (each already logged, counted and reported on its plan).
+    #[error("{0} part(s) of the pass failed; the rest went on")]
+    PartialPass(usize),
 }
 
 impl Error {
@@ -27,6 +30,7 @@ impl Error {
             Error::Kube(kube::Error::Api(_)) => "api",
             Error::Kube(_) => "client",
             Error::ReadFile { .. } | Error::UnknownProduct { .. } | Error::Usage(_) | Error::Render(_) => "usage",
+            Error::PartialPass(_) => "partial",
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod cli;
 pub mod controller;
 pub mod drain;
 pub mod error;
+pub mod liveness;
 pub mod metrics;
 pub mod quota;
 pub mod quota_controller;

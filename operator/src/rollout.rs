@@ -1,21 +1,28 @@
-//! Pure rollout planner: from a snapshot of plans, nodes, `GpuNode`s and the pods of draining
-//! nodes, decide what to do next for every node, and what to report per plan. No I/O; the
-//! controller executes the actions in order. Intent is always recorded before the act it
-//! describes (`Draining` + `cordonedByUs` before the cordon), so a crash between the two is
-//! resumed correctly and a node is never left cordoned by us.
+//! Pure rollout planner: from a snapshot of plans, nodes, `GpuNode`s, agent heartbeats and the
+//! pods of draining nodes, decide what to do next for every node, and what to report per plan.
+//! No I/O; the controller executes the actions in order. Intent is always recorded before the act
+//! it describes (`Draining` + `cordonedByUs` before the cordon, `Failed` before the uncordon), so
+//! a crash between the two is resumed correctly and a node is never left cordoned by us.
+//!
+//! The hand-over: the agent may destroy instances or change MIG mode only while the node's phase
+//! is `Applying`, which is written only after the drain. Failed nodes, and nodes whose agent is
+//! not responding, count against `maxUnavailable` (as a Deployment counts unavailable pods), so a
+//! fleet-wide problem stops the rollout instead of churning every node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use tessera_crds::conditions::{self, READY, STALLED};
+use tessera_crds::catalog::GpuModel;
+use tessera_crds::conditions::{self, READY, RECONCILING, STALLED};
 use tessera_crds::gpunode::{GpuIntent, GpuState, NodePhase, NodeRollout};
 use tessera_crds::plan::GpuPartitionPlanSpec;
-use tessera_crds::validate::max_unavailable;
+use tessera_crds::validate::{max_unavailable, validate_plan_with};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog, solver};
 
 use crate::drain::{PodVerdict, verdict};
+use crate::liveness::AgentHealth;
 use crate::selector::matches;
 
 /// One Kubernetes node as the planner sees it.
@@ -25,8 +32,13 @@ pub struct NodeInput {
     pub labels: BTreeMap<String, String>,
     pub unschedulable: bool,
     pub gpunode: Option<GpuNode>,
-    /// Pods on the node; listed only for nodes that are draining.
-    pub pods: Vec<Pod>,
+    /// Pods on the node; listed only for nodes that are draining. `Err`: the list failed, so the
+    /// drain cannot be judged complete this pass.
+    pub pods: Result<Vec<Pod>, String>,
+    /// DaemonSets (namespace, name) known to exist, for the DaemonSet pods among `pods`.
+    pub daemonsets: BTreeSet<(String, String)>,
+    /// The node agent's heartbeat.
+    pub agent: AgentHealth,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +83,12 @@ pub enum Action {
         node: String,
         seconds: f64,
     },
+    /// The agent stopped renewing its lease: mark the `GpuNode` `Ready=Unknown`, as the node
+    /// lifecycle controller does for a silent kubelet, so nobody reads a stale `Ready=True`.
+    AgentDown {
+        node: String,
+        message: String,
+    },
 }
 
 /// What the planner found for one plan; turned into status by `status::plan_status`.
@@ -82,7 +100,10 @@ pub struct PlanReport {
     pub pending: i32,
     pub failed: Vec<(String, String)>,
     pub skipped: BTreeMap<String, String>,
-    pub conflicts: Vec<String>,
+    /// Node -> the other plans of equal priority that match it.
+    pub conflicts: BTreeMap<String, Vec<String>>,
+    /// Every field error of the plan itself; an invalid plan acts on no node.
+    pub invalid_spec: Vec<String>,
     pub invalid: Vec<String>,
     pub drain_timeouts: Vec<String>,
     pub drain_blocked: Vec<String>,
@@ -90,10 +111,35 @@ pub struct PlanReport {
     pub reset_required: Vec<String>,
     /// Matched nodes whose agent has not reported its GPUs yet: work still to do.
     pub waiting_for_agents: i32,
+    /// Not-yet-updated nodes whose agent stopped renewing its lease, with since when.
+    pub unresponsive: Vec<String>,
+    /// Nodes handed to their agent for longer than `applyTimeoutSeconds`.
+    pub apply_timeouts: Vec<String>,
+    /// What agents applying a layout say (a retried driver error, say).
+    pub agent_progress: Vec<String>,
+    /// API calls that failed this pass (filled in by the controller).
+    pub errors: Vec<String>,
+    /// Nodes counted against `maxUnavailable` (in flight, failed, or agent not responding), and
+    /// the budget: when they meet, no new node starts.
+    pub unavailable: i32,
+    pub budget: i32,
+    /// The nodes this plan owns, to attribute API errors to it.
+    pub nodes: Vec<String>,
 }
 
 fn in_flight(phase: NodePhase) -> bool {
     matches!(phase, NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning)
+}
+
+/// Product names compared loosely: case, spaces and underscores do not matter.
+fn product_key(s: &str) -> String {
+    s.trim().to_ascii_lowercase().replace([' ', '_'], "-")
+}
+
+/// The geometry of a reported GPU: the catalog's, or else the table its agent read from NVML.
+fn model_of(g: &GpuState) -> Option<&'static GpuModel> {
+    catalog::lookup(&g.product)
+        .or_else(|| (!g.profiles.is_empty()).then(|| catalog::model_from_table(&g.product, &g.profiles)))
 }
 
 /// The intent a plan asks for on a node, from the GPUs its agent reported. `Err` names why the
@@ -101,7 +147,7 @@ fn in_flight(phase: NodePhase) -> bool {
 pub fn desired_intent(spec: &GpuPartitionPlanSpec, gpus: &[GpuState]) -> Result<Vec<GpuIntent>, String> {
     let same_product = |layout: &str, gpu: &str| match (catalog::lookup(layout), catalog::lookup(gpu)) {
         (Some(a), Some(b)) => a.name == b.name,
-        _ => layout.eq_ignore_ascii_case(gpu),
+        _ => product_key(layout) == product_key(gpu),
     };
     let mut out = Vec::new();
     for g in gpus {
@@ -120,7 +166,7 @@ pub fn desired_intent(spec: &GpuPartitionPlanSpec, gpus: &[GpuState]) -> Result<
         if layout.mig_enabled && !g.mig_capable {
             return Err(format!("GPU {} ({}) is not MIG capable", g.index, g.product));
         }
-        if let (true, Some(model)) = (layout.mig_enabled, catalog::lookup(&g.product)) {
+        if let (true, Some(model)) = (layout.mig_enabled, model_of(g)) {
             let counts = profiles.iter().map(|(k, n)| (catalog::normalize_profile(k), *n as u32)).collect();
             if let Err(e) = solver::fit(model, &counts) {
                 return Err(format!("the layout for GPU {} does not fit: {e}", g.index));
@@ -151,6 +197,30 @@ fn agent_stalled(gn: &GpuNode) -> Option<String> {
         .map(|c| format!("{}: {}", c.reason, c.message))
 }
 
+/// What the agent says while it works on the current generation (a retried driver error, say).
+fn agent_progress(gn: &GpuNode) -> Option<String> {
+    let st = gn.status.as_ref()?;
+    conditions::find(&st.conditions, RECONCILING)
+        .filter(|c| c.status == "True" && c.observed_generation == gn.metadata.generation)
+        .map(|c| format!("{}: {}", c.reason, c.message))
+}
+
+/// Checks a plan as `tessera-operator validate` does; a product missing from the catalog is
+/// checked against the profile table an agent of a matched node reports for it.
+fn validate(plan: &GpuPartitionPlan, nodes: &[NodeInput]) -> Vec<String> {
+    let mut reported: BTreeMap<String, &'static GpuModel> = BTreeMap::new();
+    for node in nodes.iter().filter(|n| matches(&plan.spec.node_selector, &n.labels)) {
+        let gpus = node.gpunode.as_ref().and_then(|g| g.status.as_ref()).map(|s| s.gpus.as_slice()).unwrap_or(&[]);
+        for g in gpus.iter().filter(|g| catalog::lookup(&g.product).is_none() && !g.profiles.is_empty()) {
+            reported.insert(product_key(&g.product), catalog::model_from_table(&g.product, &g.profiles));
+        }
+    }
+    validate_plan_with(&plan.spec, &|product| reported.get(&product_key(product)).copied())
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
 /// Plans the whole fleet.
 pub fn plan_fleet(
     plans: &[GpuPartitionPlan],
@@ -161,23 +231,32 @@ pub fn plan_fleet(
     let mut reports: BTreeMap<String, PlanReport> =
         plans.iter().map(|p| (p.metadata.name.clone().unwrap_or_default(), PlanReport::default())).collect();
     let mut actions = Vec::new();
+    for node in nodes {
+        if let (AgentHealth::NotResponding { .. }, Some(gn)) = (&node.agent, &node.gpunode) {
+            let ready = gn.status.as_ref().and_then(|s| conditions::find(&s.conditions, READY));
+            if ready.is_some_and(|c| c.status != "Unknown") {
+                actions.push(Action::AgentDown { node: node.name.clone(), message: node.agent.describe() });
+            }
+        }
+    }
     // Ownership: highest priority wins; a tie at the top is a conflict and nobody acts.
     let mut owned: BTreeMap<String, Vec<&NodeInput>> = BTreeMap::new();
     for node in nodes {
         let matching: Vec<&&GpuPartitionPlan> =
             live.iter().filter(|p| matches(&p.spec.node_selector, &node.labels)).collect();
         let top = matching.iter().map(|p| p.spec.priority).max();
-        let winners: Vec<&&GpuPartitionPlan> =
-            matching.iter().copied().filter(|p| Some(p.spec.priority) == top).collect();
+        let winners: Vec<String> = matching
+            .iter()
+            .filter(|p| Some(p.spec.priority) == top)
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect();
         match winners.as_slice() {
             [] => release(node, &mut actions),
-            [one] => owned.entry(one.metadata.name.clone().unwrap_or_default()).or_default().push(node),
+            [one] => owned.entry(one.clone()).or_default().push(node),
             many => {
                 for p in many {
-                    let r = reports
-                        .get_mut(p.metadata.name.as_deref().unwrap_or_default())
-                        .expect("every plan has a report");
-                    r.conflicts.push(node.name.clone());
+                    let others = many.iter().filter(|o| *o != p).cloned().collect();
+                    reports.get_mut(p).expect("every plan has a report").conflicts.insert(node.name.clone(), others);
                 }
                 release(node, &mut actions);
             }
@@ -185,24 +264,45 @@ pub fn plan_fleet(
     }
     for plan in &live {
         let name = plan.metadata.name.clone().unwrap_or_default();
-        let nodes = owned.remove(&name).unwrap_or_default();
+        let owned = owned.remove(&name).unwrap_or_default();
         let report = reports.get_mut(&name).expect("every plan has a report");
-        plan_one(plan, &nodes, now, &mut actions, report);
+        report.nodes = owned.iter().map(|n| n.name.clone()).collect();
+        report.invalid_spec = validate(plan, nodes);
+        if !report.invalid_spec.is_empty() {
+            // It still owns its nodes (a typo must not hand them to a lower-priority plan), but
+            // acts on none: in-flight nodes are released once their agent is done.
+            for node in owned {
+                release(node, &mut actions);
+            }
+            continue;
+        }
+        plan_one(plan, &owned, now, &mut actions, report);
     }
     (actions, reports)
 }
 
-/// A node no plan owns any more: finish an in-flight apply, uncordon what we cordoned, forget.
+/// A node no plan acts on any more: finish an in-flight apply, uncordon what we cordoned, forget.
+/// Forgetting the rollout withdraws the hand-over, so the agent changes nothing disruptive after.
 fn release(node: &NodeInput, actions: &mut Vec<Action>) {
     let Some(gn) = &node.gpunode else { return };
     let Some(r) = gn.status.as_ref().and_then(|s| s.rollout.clone()) else { return };
-    if r.phase == NodePhase::Applying && !applied(gn, &gn.spec.gpus) && agent_stalled(gn).is_none() {
+    let agent_working = node.agent == AgentHealth::Alive && !applied(gn, &gn.spec.gpus) && agent_stalled(gn).is_none();
+    if r.phase == NodePhase::Applying && agent_working {
         return; // the agent is reconfiguring a drained node: let it finish first
     }
     if r.cordoned_by_us && node.unschedulable {
         actions.push(Action::Uncordon { node: node.name.clone() });
     }
     actions.push(Action::Rollout { node: node.name.clone(), rollout: None });
+}
+
+/// Whether a node counts against `maxUnavailable` for `plan_generation`: in flight, failed for
+/// this generation, or not updated while its agent is not responding.
+fn unavailable(node: &NodeInput, gn: &GpuNode, desired: &[GpuIntent], generation: Option<i64>) -> bool {
+    let r = gn.status.as_ref().and_then(|s| s.rollout.as_ref());
+    let phase = r.map(|r| r.phase).unwrap_or_default();
+    let failed_now = phase == NodePhase::Failed && r.is_some_and(|r| r.plan_generation == generation);
+    in_flight(phase) || ((failed_now || node.agent != AgentHealth::Alive) && !applied(gn, desired))
 }
 
 fn plan_one(
@@ -235,15 +335,13 @@ fn plan_one(
     }
     report.matched = candidates.len() as i32;
     let budget = max_unavailable(&policy.max_unavailable, candidates.len()).unwrap_or(1);
-    let mut busy = candidates
-        .iter()
-        .filter(|(_, gn, _)| gn.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| in_flight(r.phase)))
-        .count();
-    let timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
+    let mut busy = candidates.iter().filter(|(node, gn, desired)| unavailable(node, gn, desired, generation)).count();
+    report.budget = budget as i32;
+    let drain_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
+    let apply_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.apply_timeout_seconds.max(0));
     for (node, gn, desired) in candidates {
         let n = node.name.clone();
         let mut r = gn.status.as_ref().and_then(|s| s.rollout.clone()).unwrap_or_default();
-        let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
         let event = |reason: &'static str, message: String, warning: bool| Action::Event {
             plan: name.clone(),
             node: n.clone(),
@@ -253,18 +351,21 @@ fn plan_one(
         };
         match r.phase {
             NodePhase::Idle | NodePhase::Pending | NodePhase::Failed => {
-                if r.phase == NodePhase::Failed && r.cordoned_by_us && node.unschedulable {
-                    actions.push(Action::Uncordon { node: n.clone() });
+                if r.phase == NodePhase::Failed && r.cordoned_by_us {
+                    if node.unschedulable {
+                        actions.push(Action::Uncordon { node: n.clone() });
+                    }
                     r.cordoned_by_us = false;
                     actions.push(Action::Rollout { node: n.clone(), rollout: Some(r.clone()) });
                 }
+                // Built after the flag above is cleared: a stale `cordonedByUs` must never be
+                // written back (it could later uncordon a node an admin cordoned).
+                let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
                 if applied(gn, &desired) {
                     report.updated += 1;
-                    if r.phase != NodePhase::Idle || r.plan.as_deref() != Some(&name) {
-                        actions.push(Action::Rollout {
-                            node: n.clone(),
-                            rollout: Some(NodeRollout { phase: NodePhase::Idle, message: String::new(), ..base }),
-                        });
+                    if r.phase != NodePhase::Idle || r.plan.as_deref() != Some(&name) || r.plan_generation != generation
+                    {
+                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(idle(base)) });
                     }
                     continue;
                 }
@@ -272,9 +373,9 @@ fn plan_one(
                     report.failed.push((n.clone(), r.message.clone()));
                     continue;
                 }
-                if gn.spec.gpus == desired && agent_stalled(gn).is_none() {
-                    // Already handed over (e.g. GPUs re-applied after a reboot): the agent is on it.
-                    report.in_progress += 1;
+                if node.agent != AgentHealth::Alive {
+                    // Never start a node whose agent cannot take the hand-over.
+                    report.unresponsive.push(format!("{n}: {} (not started)", node.agent.describe()));
                     continue;
                 }
                 if busy < budget && !plan.spec.paused {
@@ -284,6 +385,7 @@ fn plan_one(
                         phase: NodePhase::Draining,
                         cordoned_by_us: !node.unschedulable,
                         drain_started_at: Some(Time(now)),
+                        apply_started_at: None,
                         message: String::new(),
                         ..base
                     };
@@ -296,62 +398,82 @@ fn plan_one(
                 } else {
                     report.pending += 1;
                     if r.phase != NodePhase::Pending {
-                        actions.push(Action::Rollout {
-                            node: n.clone(),
-                            rollout: Some(NodeRollout { phase: NodePhase::Pending, ..base }),
-                        });
+                        let pending = NodeRollout { phase: NodePhase::Pending, message: String::new(), ..base };
+                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(pending) });
                     }
                 }
             }
             NodePhase::Draining => {
+                let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
                 report.in_progress += 1;
                 if r.cordoned_by_us && !node.unschedulable {
                     actions.push(Action::Cordon { node: n.clone() });
                 }
-                let mut evict = Vec::new();
-                let mut waiting = 0;
-                for p in &node.pods {
+                let pods = match &node.pods {
+                    Ok(pods) => pods,
+                    Err(e) => {
+                        report.drain_blocked.push(format!("{n}: could not list its pods: {e}"));
+                        continue;
+                    }
+                };
+                let (mut evict, mut waiting, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+                for p in pods {
                     let ns = p.metadata.namespace.clone().unwrap_or_default();
                     let pod = p.metadata.name.clone().unwrap_or_default();
-                    match verdict(p, policy.drain_scope) {
+                    match verdict(p, policy, &node.daemonsets) {
                         PodVerdict::Evict => evict.push((ns, pod)),
-                        PodVerdict::Wait => waiting += 1,
+                        PodVerdict::Wait => waiting.push((ns, pod)),
+                        PodVerdict::Refuse(why) => refused.push(why),
                         PodVerdict::Skip(_) => {}
                     }
                 }
-                if evict.is_empty() && waiting == 0 {
+                if evict.is_empty() && waiting.is_empty() && refused.is_empty() {
                     actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.clone() });
-                    actions.push(Action::Rollout {
-                        node: n.clone(),
-                        rollout: Some(NodeRollout { phase: NodePhase::Applying, message: String::new(), ..base }),
-                    });
+                    let applying = NodeRollout {
+                        phase: NodePhase::Applying,
+                        apply_started_at: Some(Time(now)),
+                        message: String::new(),
+                        ..base
+                    };
+                    actions.push(Action::Rollout { node: n.clone(), rollout: Some(applying) });
                     actions.push(event("Applying", format!("{n} drained; handed to its node agent"), false));
                     continue;
                 }
                 let started = r.drain_started_at.as_ref().map(|t| t.0).unwrap_or(now);
-                let timed_out = policy.drain_timeout_seconds > 0 && now.duration_since(started) > timeout;
+                let timed_out = policy.drain_timeout_seconds > 0 && now.duration_since(started) > drain_timeout;
                 if !r.message.is_empty() {
                     report.drain_blocked.push(format!("{n}: {}", r.message));
                 }
-                if timed_out && policy.force_after_timeout {
-                    for (namespace, pod) in evict {
+                for why in &refused {
+                    report.drain_blocked.push(format!("{n}: {why}"));
+                }
+                let force = timed_out && policy.force_after_timeout;
+                if timed_out && (!force || !refused.is_empty()) {
+                    let left = evict.len() + waiting.len() + refused.len();
+                    let mut why: Vec<String> = refused.clone();
+                    if !r.message.is_empty() {
+                        why.push(r.message.clone());
+                    }
+                    report.drain_timeouts.push(format!(
+                        "{n}: drain exceeded {}s with {left} pod(s) left{}",
+                        policy.drain_timeout_seconds,
+                        if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) }
+                    ));
+                }
+                if force {
+                    // Terminating pods too: a long grace period or a dead kubelet must not hold
+                    // a drain the plan asked to force.
+                    for (namespace, pod) in evict.into_iter().chain(waiting) {
                         actions.push(Action::ForceDelete { node: n.clone(), namespace, pod });
                     }
                 } else {
-                    if timed_out {
-                        report.drain_timeouts.push(format!(
-                            "{n}: drain exceeded {}s with {} pod(s) left{}",
-                            policy.drain_timeout_seconds,
-                            evict.len() + waiting,
-                            if r.message.is_empty() { String::new() } else { format!(" ({})", r.message) }
-                        ));
-                    }
                     for (namespace, pod) in evict {
                         actions.push(Action::Evict { node: n.clone(), namespace, pod });
                     }
                 }
             }
             NodePhase::Applying => {
+                let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
                 if applied(gn, &desired) {
                     report.updated += 1;
                     actions.push(Action::Rollout {
@@ -372,22 +494,15 @@ fn plan_one(
                     report.in_progress += 1;
                     report.reset_required.push(format!("{n}: {why}"));
                 } else if let Some(why) = agent_stalled(gn).filter(|_| gn.spec.gpus == desired) {
+                    // Withdraw the hand-over (phase Failed) before the uncordon: from here the
+                    // agent changes nothing disruptive on this schedulable node.
                     report.failed.push((n.clone(), why.clone()));
-                    actions.push(Action::Rollout {
-                        node: n.clone(),
-                        rollout: Some(NodeRollout { phase: NodePhase::Failed, message: why.clone(), ..base.clone() }),
-                    });
+                    let failed = NodeRollout { phase: NodePhase::Failed, message: why.clone(), ..base };
+                    actions.push(Action::Rollout { node: n.clone(), rollout: Some(failed.clone()) });
                     if r.cordoned_by_us {
                         actions.push(Action::Uncordon { node: n.clone() });
-                        actions.push(Action::Rollout {
-                            node: n.clone(),
-                            rollout: Some(NodeRollout {
-                                phase: NodePhase::Failed,
-                                cordoned_by_us: false,
-                                message: why.clone(),
-                                ..base
-                            }),
-                        });
+                        let released = NodeRollout { cordoned_by_us: false, ..failed };
+                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(released) });
                     }
                     actions.push(event("Failed", format!("{n}: {why}"), true));
                 } else {
@@ -395,13 +510,50 @@ fn plan_one(
                     if gn.spec.gpus != desired {
                         actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.clone() });
                     }
+                    let since = match &r.apply_started_at {
+                        Some(t) => t.0,
+                        None => {
+                            let stamped = NodeRollout { apply_started_at: Some(Time(now)), ..base };
+                            actions.push(Action::Rollout { node: n.clone(), rollout: Some(stamped) });
+                            now
+                        }
+                    };
+                    let progress = agent_progress(gn);
+                    if node.agent != AgentHealth::Alive {
+                        report.unresponsive.push(format!(
+                            "{n}: {} (applying since {since}; the node stays cordoned until the agent is back)",
+                            node.agent.describe()
+                        ));
+                    } else if policy.apply_timeout_seconds > 0 && now.duration_since(since) > apply_timeout {
+                        report.apply_timeouts.push(format!(
+                            "{n}: applying since {since}, over {}s{}",
+                            policy.apply_timeout_seconds,
+                            progress.as_ref().map(|p| format!("; the agent says {p}")).unwrap_or_default()
+                        ));
+                    } else if let Some(p) = progress {
+                        report.agent_progress.push(format!("{n}: {p}"));
+                    }
                 }
             }
             NodePhase::Uncordoning => {
+                let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
                 report.updated += 1;
                 finish(&n, r.cordoned_by_us, base, actions);
             }
         }
+    }
+    report.unavailable = busy as i32;
+}
+
+/// The rollout record of a node at rest: no cordon held, no timers.
+fn idle(base: NodeRollout) -> NodeRollout {
+    NodeRollout {
+        phase: NodePhase::Idle,
+        cordoned_by_us: false,
+        drain_started_at: None,
+        apply_started_at: None,
+        message: String::new(),
+        ..base
     }
 }
 
@@ -410,14 +562,7 @@ fn finish(node: &str, cordoned_by_us: bool, base: NodeRollout, actions: &mut Vec
     if cordoned_by_us {
         actions.push(Action::Uncordon { node: node.to_string() });
     }
-    let idle = NodeRollout {
-        phase: NodePhase::Idle,
-        cordoned_by_us: false,
-        drain_started_at: None,
-        message: String::new(),
-        ..base
-    };
-    actions.push(Action::Rollout { node: node.to_string(), rollout: Some(idle) });
+    actions.push(Action::Rollout { node: node.to_string(), rollout: Some(idle(base)) });
 }
 
 #[cfg(test)]

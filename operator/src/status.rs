@@ -7,6 +7,75 @@ use tessera_crds::conditions::{CONFLICT, READY, RECONCILING, STALLED, remove_con
 
 use crate::rollout::PlanReport;
 
+/// Why a plan cannot make progress without a human, most fundamental first: (reason, message).
+fn stall_reasons(report: &PlanReport) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if !report.invalid_spec.is_empty() {
+        out.push(("InvalidSpec", format!("the plan acts on no node until fixed: {}", report.invalid_spec.join("; "))));
+    }
+    if !report.conflicts.is_empty() {
+        out.push(("Conflict", conflict_message(report)));
+    }
+    if !report.invalid.is_empty() {
+        out.push(("InvalidLayout", report.invalid.join("; ")));
+    }
+    if !report.unresponsive.is_empty() {
+        out.push(("AgentNotResponding", report.unresponsive.join("; ")));
+    }
+    if !report.reset_required.is_empty() {
+        out.push((
+            "ResetRequired",
+            format!(
+                "GPU reset or node reboot needed (nodes stay cordoned until then): {}",
+                report.reset_required.join("; ")
+            ),
+        ));
+    }
+    if !report.apply_timeouts.is_empty() {
+        out.push((
+            "ApplyTimeout",
+            format!("node(s) stay cordoned until their agent reports success: {}", report.apply_timeouts.join("; ")),
+        ));
+    }
+    if !report.drain_timeouts.is_empty() {
+        out.push(("DrainTimeout", report.drain_timeouts.join("; ")));
+    }
+    if !report.failed.is_empty() {
+        let list: Vec<String> = report.failed.iter().map(|(n, m)| format!("{n}: {m}")).collect();
+        out.push(("NodeFailed", list.join("; ")));
+    }
+    if halted(report) {
+        let msg = format!(
+            "rollout halted: {} node(s) failed or without a responding agent use the whole maxUnavailable \
+             budget of {}; {} node(s) wait",
+            report.unavailable, report.budget, report.pending
+        );
+        match out.iter_mut().find(|(r, _)| *r == "NodeFailed" || *r == "AgentNotResponding") {
+            Some((_, m)) => *m = format!("{msg}. {m}"),
+            None => out.push(("NodeFailed", msg)),
+        }
+    }
+    out
+}
+
+/// Nodes wait while failed or unresponsive nodes hold every rollout slot.
+fn halted(report: &PlanReport) -> bool {
+    let stuck = report.failed.len() + report.unresponsive.len();
+    report.pending > 0 && stuck > 0 && report.unavailable >= report.budget
+}
+
+fn conflict_message(report: &PlanReport) -> String {
+    let mut by_plans: std::collections::BTreeMap<String, Vec<&str>> = Default::default();
+    for (node, others) in &report.conflicts {
+        by_plans.entry(others.join(", ")).or_default().push(node);
+    }
+    let parts: Vec<String> = by_plans
+        .iter()
+        .map(|(others, nodes)| format!("plan(s) {others} of equal priority also match node(s) {}", nodes.join(", ")))
+        .collect();
+    format!("{}; neither plan acts there", parts.join("; "))
+}
+
 pub fn plan_status(
     previous: &[Condition],
     report: &PlanReport,
@@ -17,50 +86,24 @@ pub fn plan_status(
     let mut c: Vec<Condition> = previous.to_vec();
     let g = generation;
     let t = || now.clone();
-    let stalled: Option<(&str, String)> = if !report.conflicts.is_empty() {
-        Some((
-            "Conflict",
-            format!(
-                "another plan of equal priority matches node(s) {}; neither acts there",
-                report.conflicts.join(", ")
-            ),
-        ))
-    } else if !report.invalid.is_empty() {
-        Some(("InvalidLayout", report.invalid.join("; ")))
-    } else if !report.reset_required.is_empty() {
-        Some((
-            "ResetRequired",
-            format!(
-                "GPU reset or node reboot needed (nodes stay cordoned until then): {}",
-                report.reset_required.join("; ")
-            ),
-        ))
-    } else if !report.drain_timeouts.is_empty() {
-        Some(("DrainTimeout", report.drain_timeouts.join("; ")))
-    } else if !report.failed.is_empty() {
-        let list: Vec<String> = report.failed.iter().map(|(n, m)| format!("{n}: {m}")).collect();
-        Some(("NodeFailed", list.join("; ")))
-    } else {
-        None
+    let reasons = stall_reasons(report);
+    let stalled: Option<(&str, String)> = match reasons.as_slice() {
+        [] => None,
+        [(reason, msg)] => Some((reason, msg.clone())),
+        [(reason, _), ..] => {
+            Some((reason, reasons.iter().map(|(r, m)| format!("{r}: {m}")).collect::<Vec<_>>().join(" | ")))
+        }
     };
     if report.conflicts.is_empty() {
         remove_condition(&mut c, CONFLICT);
     } else {
-        set_condition(
-            &mut c,
-            CONFLICT,
-            true,
-            "EqualPriority",
-            format!("node(s) {} are also matched by another plan of the same priority", report.conflicts.join(", ")),
-            g,
-            t(),
-        );
+        set_condition(&mut c, CONFLICT, true, "EqualPriority", conflict_message(report), g, t());
     }
     match &stalled {
         Some((reason, msg)) => set_condition(&mut c, STALLED, true, reason, msg.clone(), g, t()),
         None => remove_condition(&mut c, STALLED),
     }
-    let remaining = report.in_progress + report.pending + report.waiting_for_agents;
+    let remaining = report.in_progress + report.pending + report.waiting_for_agents + report.errors.len() as i32;
     if remaining > 0 {
         let mut msg = format!(
             "{} of {} node(s) updated; {} in progress, {} waiting",
@@ -72,8 +115,13 @@ pub fn plan_status(
         if paused {
             msg.push_str(" (paused: no new node starts)");
         }
-        if !report.drain_blocked.is_empty() {
-            msg.push_str(&format!("; {}", report.drain_blocked.join("; ")));
+        for part in [&report.drain_blocked, &report.agent_progress] {
+            if !part.is_empty() {
+                msg.push_str(&format!("; {}", part.join("; ")));
+            }
+        }
+        if !report.errors.is_empty() {
+            msg.push_str(&format!("; API errors, retried: {}", report.errors.join("; ")));
         }
         set_condition(&mut c, RECONCILING, true, if paused { "Paused" } else { "RollingOut" }, msg, g, t());
     } else {
@@ -83,7 +131,7 @@ pub fn plan_status(
     let (reason, msg) = match (&stalled, ready) {
         (Some((reason, msg)), _) => (*reason, msg.clone()),
         (None, true) if report.matched == 0 => ("NoNodes", "no GPU node matches the plan".to_string()),
-        (None, false) if report.in_progress + report.pending == 0 => {
+        (None, false) if report.in_progress + report.pending == 0 && report.waiting_for_agents > 0 => {
             ("WaitingForAgents", format!("{} matched node(s) have no node agent report yet", report.waiting_for_agents))
         }
         (None, true) => ("Applied", format!("all {} matched node(s) have the plan's layout", report.matched)),

@@ -93,6 +93,43 @@ pub fn lookup(product: &str) -> Option<&'static GpuModel> {
     })
 }
 
+/// A geometry model built from a profile table a node agent read from the driver, for boards the
+/// catalog lacks. Leaked once per distinct table: a fleet has a handful of GPU models.
+pub fn model_from_table(product: &str, table: &[crate::gpunode::GpuProfileInfo]) -> &'static GpuModel {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static CACHE: Mutex<Option<HashMap<String, &'static GpuModel>>> = Mutex::new(None);
+    let key = format!("{product}:{table:?}");
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if let Some(m) = cache.get(&key) {
+        return m;
+    }
+    let specs: Vec<ProfileSpec> = table
+        .iter()
+        .map(|p| ProfileSpec {
+            name: Box::leak(normalize_profile(&p.name).into_boxed_str()),
+            id: p.id,
+            compute_slices: p.compute_slices,
+            memory_slices: p.memory_slices,
+            max_count: p.max_count,
+            starts: Box::leak(p.starts.clone().into_boxed_slice()),
+            media_extensions: p.name.ends_with("+me"),
+        })
+        .collect();
+    let model: &'static GpuModel = Box::leak(Box::new(GpuModel {
+        name: Box::leak(product.to_string().into_boxed_str()),
+        nvml_names: &[],
+        pci_device_ids: &[],
+        memory_slots: table.iter().map(|p| p.memory_slices).max().unwrap_or(8),
+        compute_slices: table.iter().map(|p| p.compute_slices).max().unwrap_or(7),
+        profiles: Box::leak(specs.into_boxed_slice()),
+        source: "reported by the node agent from NVML",
+    }));
+    cache.insert(key, model);
+    model
+}
+
 /// Finds a board by PCI device id, e.g. `0x2330` (H100 SXM5 80GB).
 pub fn lookup_pci(device_id: u16) -> Option<&'static GpuModel> {
     MODELS.iter().find(|m| m.pci_device_ids.contains(&device_id))

@@ -33,6 +33,9 @@ pub struct NodeChange {
     pub node: String,
     pub gpus: Vec<GpuIntent>,
     pub evict: Vec<String>,
+    /// Pods the drain would refuse to evict without an opt-in (no controller, emptyDir data).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<String>,
 }
 
 fn supply_after(gpus: &[GpuState], intent: &[GpuIntent], out: &mut BTreeMap<String, i64>) {
@@ -78,6 +81,9 @@ pub fn preview(
             continue;
         };
         gpus.iter().for_each(|g| gpu_supply(g, &mut p.capacity_before));
+        // A preview does not look DaemonSets up: their pods count as managed, as usual.
+        let daemonsets: std::collections::BTreeSet<(String, String)> =
+            pods.iter().filter_map(crate::drain::daemonset_of).collect();
         match desired_intent(&plan.spec, &gpus) {
             Err(reason) => {
                 p.skipped.insert(name, reason);
@@ -90,13 +96,20 @@ pub fn preview(
                     p.unchanged.push(name);
                     continue;
                 }
-                let evict = pods
+                let (mut evict, mut refused) = (Vec::new(), Vec::new());
+                for pod in pods
                     .iter()
                     .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
-                    .filter(|pod| verdict(pod, plan.spec.rollout.drain_scope) == PodVerdict::Evict)
-                    .map(|pod| format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
-                    .collect();
-                p.changes.push(NodeChange { node: name, gpus: intent, evict });
+                {
+                    match verdict(pod, &plan.spec.rollout, &daemonsets) {
+                        PodVerdict::Evict => {
+                            evict.push(format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
+                        }
+                        PodVerdict::Refuse(why) => refused.push(why),
+                        PodVerdict::Wait | PodVerdict::Skip(_) => {}
+                    }
+                }
+                p.changes.push(NodeChange { node: name, gpus: intent, evict, refused });
             }
         }
     }
@@ -166,6 +179,9 @@ pub async fn run(file: &str, output: Output) -> Result<i32, Error> {
                         })
                         .collect();
                     println!("  change {}: {}", c.node, gpus.join(" "));
+                    for why in &c.refused {
+                        println!("    blocks the drain: {why}");
+                    }
                     for pod in &c.evict {
                         println!("    evict {pod}");
                     }
@@ -206,13 +222,18 @@ mod tests {
             "spec": {}, "status": {"gpus": [{"index": 0, "uuid": "u", "product": "NVIDIA H100 80GB HBM3", "migCapable": true}]}})).unwrap();
         let pod = |name: &str, node: &str, gpu: bool| -> Pod {
             let res = if gpu { json!({"limits": {"nvidia.com/gpu": "1"}}) } else { json!({}) };
-            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml"},
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml", "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": true}]},
                 "spec": {"nodeName": node, "containers": [{"name": "c", "resources": res}]}, "status": {"phase": "Running"}})).unwrap()
         };
-        let pods = [pod("train", "n1", true), pod("web", "n1", false), pod("far", "n2", true)];
+        let mut notebook = pod("notebook", "n1", true);
+        notebook.metadata.owner_references = None;
+        let pods = [pod("train", "n1", true), pod("web", "n1", false), pod("far", "n2", true), notebook];
         let p = preview(&plan, &[], &[(node, Some(gn)), (other, None)], &pods);
         assert_eq!(p.changes.len(), 1);
         assert_eq!(p.changes[0].evict, vec!["ml/train"]);
+        assert_eq!(p.changes[0].refused.len(), 1);
+        assert!(p.changes[0].refused[0].contains("pod ml/notebook has no controller"), "{:?}", p.changes[0].refused);
         assert_eq!(p.capacity_before, [("nvidia.com/gpu".to_string(), 1)].into());
         assert_eq!(p.capacity_after, [("nvidia.com/mig-3g.40gb".to_string(), 2)].into());
     }

@@ -4,6 +4,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
+use crate::liveness::AgentHealth;
 
 fn plan(name: &str, priority: i32, max_unavailable: serde_json::Value, layouts: serde_json::Value) -> GpuPartitionPlan {
     serde_json::from_value(json!({
@@ -45,7 +46,9 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput {
         labels: [("pool".to_string(), "a".to_string())].into(),
         unschedulable,
         gpunode: Some(gn),
-        pods: vec![],
+        pods: Ok(vec![]),
+        daemonsets: BTreeSet::new(),
+        agent: AgentHealth::Alive,
     }
 }
 
@@ -100,11 +103,12 @@ fn gpu_pods_are_evicted_and_a_timeout_stalls_without_force() {
     let mut n = node("n1", true, gpunode("n1", json!([]), true, Some(r)));
     let pod = |name: &str, gpu: bool| -> Pod {
         let res = if gpu { json!({"limits": {"nvidia.com/mig-3g.40gb": "1"}}) } else { json!({}) };
-        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml"},
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u", "controller": true}]},
             "spec": {"containers": [{"name": "c", "resources": res}]}, "status": {"phase": "Running"}}))
         .unwrap()
     };
-    n.pods = vec![pod("a", true), pod("b", false)];
+    n.pods = Ok(vec![pod("a", true), pod("b", false)]);
     let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[n], now());
     assert_eq!(actions, vec![Action::Evict { node: "n1".into(), namespace: "ml".into(), pod: "a".into() }]);
     assert_eq!(reports["p"].drain_timeouts.len(), 1);
@@ -117,8 +121,20 @@ fn equal_priorities_conflict_and_neither_acts() {
     let plans = [plan("p", 5, json!(1), h100_layout()), plan("q", 5, json!(1), h100_layout())];
     let (actions, reports) = plan_fleet(&plans, &nodes, now());
     assert!(actions.is_empty(), "{actions:?}");
-    assert_eq!(reports["p"].conflicts, vec!["n1"]);
-    assert_eq!(reports["q"].conflicts, vec!["n1"]);
+    assert_eq!(reports["p"].conflicts, [("n1".to_string(), vec!["q".to_string()])].into());
+    assert_eq!(reports["q"].conflicts, [("n1".to_string(), vec!["p".to_string()])].into());
+    // Each plan's condition names the other one.
+    for (me, other) in [("p", "q"), ("q", "p")] {
+        let st = crate::status::plan_status(&[], &reports[me], Some(1), false, Time(now()));
+        for t in [STALLED, tessera_crds::conditions::CONFLICT] {
+            let c = st.conditions.iter().find(|c| c.type_ == t).unwrap();
+            assert!(
+                c.message.contains(&format!("plan(s) {other} of equal priority also match node(s) n1")),
+                "{}",
+                c.message
+            );
+        }
+    }
     // A higher priority wins cleanly.
     let plans = [plan("p", 5, json!(1), h100_layout()), plan("q", 6, json!(1), h100_layout())];
     let (_, reports) = plan_fleet(&plans, &nodes, now());
@@ -133,7 +149,7 @@ fn an_impossible_layout_is_reported_not_applied() {
     let bad = json!([{"gpuProduct": "H100-80GB", "profiles": {"4g.40gb": 2}}]);
     let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), bad)], &nodes, now());
     assert!(actions.is_empty());
-    assert!(reports["p"].invalid[0].contains("holds at most 1"), "{:?}", reports["p"]);
+    assert!(reports["p"].invalid_spec[0].contains("holds at most 1"), "{:?}", reports["p"]);
 }
 
 #[test]
@@ -195,96 +211,249 @@ fn a_reset_request_keeps_the_node_cordoned_and_stalls_the_plan() {
     assert!(stalled.message.contains("n1: ResetRequired"), "{}", stalled.message);
 }
 
-/// Simulates rollouts to completion, executing the planner's actions against a tiny model of
-/// the cluster (agents apply instantly), over random fleets and budgets.
-fn simulate(n: usize, budget: serde_json::Value, pre_cordoned: &BTreeSet<usize>) -> (usize, BTreeSet<String>, usize) {
-    let plans = [plan("p", 0, budget.clone(), h100_layout())];
-    let mut nodes: Vec<NodeInput> = (0..n)
-        .map(|i| {
-            node(&format!("n{i:02}"), pre_cordoned.contains(&i), gpunode(&format!("n{i:02}"), json!([]), true, None))
-        })
-        .collect();
-    let mut max_disrupted = 0;
-    let mut uncordoned = BTreeSet::new();
-    for _round in 0..(4 * n + 10) {
-        let (actions, reports) = plan_fleet(&plans, &nodes, now());
+/// How a simulated node agent behaves once it is handed a node.
+#[derive(Debug, Clone, Copy)]
+enum AgentKind {
+    Good,
+    /// Reports `Stalled` (a busy instance the drain cannot clear).
+    Stalls,
+    /// Fails a driver call this many passes, then succeeds.
+    Retries(u32),
+    /// Dies when handed the node, for this many rounds, then comes back and succeeds.
+    DiesFor(u32),
+}
+
+fn cond(t: &str, status: &str, reason: &str, generation: Option<i64>) -> Condition {
+    serde_json::from_value(json!({"type": t, "status": status, "reason": reason, "message": reason,
+        "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": generation}))
+    .unwrap()
+}
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+/// A tiny model of the cluster: the operator's actions change it, and each agent behaves as its
+/// kind says, changing the GPUs only when handed a node. Checks the invariants on every round.
+struct Sim {
+    plans: Vec<GpuPartitionPlan>,
+    nodes: Vec<NodeInput>,
+    /// What each node's GPUs hold (the ground truth, not what is reported).
+    held: Vec<Vec<GpuIntent>>,
+    kinds: Vec<AgentKind>,
+    dead_for: Vec<u32>,
+    retries: Vec<u32>,
+    pre_cordoned: BTreeSet<String>,
+    budget: usize,
+}
+
+impl Sim {
+    fn new(n: usize, budget: serde_json::Value, limit: usize, pre: &BTreeSet<usize>, kinds: Vec<AgentKind>) -> Self {
+        let nodes: Vec<NodeInput> = (0..n)
+            .map(|i| node(&format!("n{i:02}"), pre.contains(&i), gpunode(&format!("n{i:02}"), json!([]), true, None)))
+            .collect();
+        let retries = kinds.iter().map(|k| if let AgentKind::Retries(r) = k { *r } else { 0 }).collect();
+        Sim {
+            plans: vec![plan("p", 0, budget, h100_layout())],
+            pre_cordoned: nodes.iter().filter(|x| x.unschedulable).map(|x| x.name.clone()).collect(),
+            nodes,
+            held: vec![vec![]; n],
+            kinds,
+            dead_for: vec![0; n],
+            retries,
+            budget: limit,
+        }
+    }
+
+    fn desired(&self) -> Vec<GpuIntent> {
+        serde_json::from_value(wanted()).unwrap()
+    }
+
+    fn rollout(&self, i: usize) -> Option<&NodeRollout> {
+        self.nodes[i].gpunode.as_ref()?.status.as_ref()?.rollout.as_ref()
+    }
+
+    /// Independent of the planner's own bookkeeping: disrupted by us, failed for this plan
+    /// generation, or not updated with a dead agent.
+    fn unavailable(&self) -> usize {
+        let generation = self.plans[0].metadata.generation;
+        (0..self.nodes.len())
+            .filter(|&i| {
+                let r = self.rollout(i);
+                let phase = r.map(|r| r.phase).unwrap_or_default();
+                let failed = phase == NodePhase::Failed && r.is_some_and(|r| r.plan_generation == generation);
+                let dead = self.nodes[i].agent != AgentHealth::Alive && self.held[i] != self.desired();
+                in_flight(phase) || failed || dead
+            })
+            .count()
+    }
+
+    fn round(&mut self) -> PlanReport {
+        let before = self.unavailable();
+        let (actions, reports) = plan_fleet(&self.plans, &self.nodes, now());
+        let mut starts = 0;
         for a in actions {
-            let find = |nodes: &mut Vec<NodeInput>, name: &str| nodes.iter().position(|x| x.name == name).unwrap();
+            let i = |name: &str| self.nodes.iter().position(|x| x.name == name).unwrap();
             match a {
                 Action::Cordon { node } => {
-                    let i = find(&mut nodes, &node);
-                    nodes[i].unschedulable = true;
+                    let i = i(&node);
+                    self.nodes[i].unschedulable = true;
                 }
                 Action::Uncordon { node } => {
-                    let i = find(&mut nodes, &node);
-                    nodes[i].unschedulable = false;
-                    uncordoned.insert(node);
+                    assert!(!self.pre_cordoned.contains(&node), "uncordoned {node}, which an admin cordoned");
+                    let i = i(&node);
+                    self.nodes[i].unschedulable = false;
                 }
                 Action::Rollout { node, rollout } => {
-                    let i = find(&mut nodes, &node);
-                    nodes[i].gpunode.as_mut().unwrap().status.as_mut().unwrap().rollout = rollout;
+                    let i = i(&node);
+                    let was = self.rollout(i).map(|r| r.phase).unwrap_or_default();
+                    if rollout.as_ref().is_some_and(|r| r.phase == NodePhase::Draining) && was != NodePhase::Draining {
+                        starts += 1;
+                    }
+                    self.nodes[i].gpunode.as_mut().unwrap().status.as_mut().unwrap().rollout = rollout;
                 }
                 Action::Intent { node, gpus, .. } => {
-                    // The agent applies it at once and reports the new generation.
-                    let i = find(&mut nodes, &node);
-                    let gn = nodes[i].gpunode.as_mut().unwrap();
-                    gn.spec.gpus = gpus;
-                    gn.metadata.generation = Some(gn.metadata.generation.unwrap() + 1);
-                    gn.status.as_mut().unwrap().observed_generation = gn.metadata.generation;
-                    for c in &mut gn.status.as_mut().unwrap().conditions {
-                        c.observed_generation = gn.metadata.generation;
+                    let i = i(&node);
+                    let gn = self.nodes[i].gpunode.as_mut().unwrap();
+                    if gn.spec.gpus != gpus {
+                        gn.spec.gpus = gpus;
+                        gn.metadata.generation = Some(gn.metadata.generation.unwrap() + 1);
                     }
+                }
+                Action::AgentDown { node, .. } => {
+                    let i = i(&node);
+                    let st = self.nodes[i].gpunode.as_mut().unwrap().status.as_mut().unwrap();
+                    st.conditions.retain(|c| c.type_ != READY);
+                    st.conditions.push(cond(READY, "Unknown", "AgentNotResponding", None));
                 }
                 Action::Evict { .. } | Action::ForceDelete { .. } | Action::Event { .. } | Action::Completed { .. } => {
                 }
             }
         }
-        let disrupted = nodes
-            .iter()
-            .filter(|x| {
-                x.gpunode
-                    .as_ref()
-                    .unwrap()
-                    .status
-                    .as_ref()
-                    .unwrap()
-                    .rollout
-                    .as_ref()
-                    .is_some_and(|r| in_flight(r.phase))
+        assert!(
+            starts == 0 || before + starts <= self.budget,
+            "{before} unavailable + {starts} started > {}",
+            self.budget
+        );
+        let generation = self.plans[0].metadata.generation;
+        let disrupted = (0..self.nodes.len())
+            .filter(|&i| {
+                let r = self.rollout(i);
+                r.is_some_and(|r| {
+                    in_flight(r.phase) || (r.phase == NodePhase::Failed && r.plan_generation == generation)
+                })
             })
             .count();
-        max_disrupted = max_disrupted.max(disrupted);
-        if reports["p"].updated as usize == n && disrupted == 0 {
-            let still_cordoned = nodes.iter().filter(|x| x.unschedulable).count();
-            return (max_disrupted, uncordoned, still_cordoned);
+        assert!(disrupted <= self.budget, "{disrupted} nodes disrupted or failed > maxUnavailable {}", self.budget);
+        for i in 0..self.nodes.len() {
+            self.agent_pass(i);
         }
+        reports["p"].clone()
     }
-    panic!("rollout did not converge");
+
+    fn agent_pass(&mut self, i: usize) {
+        if self.dead_for[i] > 0 {
+            self.dead_for[i] -= 1;
+            self.nodes[i].agent =
+                if self.dead_for[i] == 0 { AgentHealth::Alive } else { AgentHealth::NotResponding { since: None } };
+            return;
+        }
+        let handed_over = self.rollout(i).is_some_and(|r| r.phase == NodePhase::Applying);
+        let gn = self.nodes[i].gpunode.as_ref().unwrap();
+        let (spec, generation) = (gn.spec.gpus.clone(), gn.metadata.generation);
+        let mut observed = gn.status.as_ref().unwrap().observed_generation;
+        let conditions = if self.held[i] == spec {
+            observed = generation;
+            vec![cond(READY, "True", "Applied", generation)]
+        } else if !handed_over {
+            vec![
+                cond(READY, "False", "AwaitingDrain", generation),
+                cond(RECONCILING, "True", "AwaitingDrain", generation),
+            ]
+        } else {
+            match self.kinds[i] {
+                AgentKind::Stalls => {
+                    vec![
+                        cond(READY, "False", "InstanceInUse", generation),
+                        cond(STALLED, "True", "InstanceInUse", generation),
+                    ]
+                }
+                AgentKind::Retries(_) if self.retries[i] > 0 => {
+                    self.retries[i] -= 1;
+                    vec![
+                        cond(READY, "False", "ApplyFailed", generation),
+                        cond(RECONCILING, "True", "Retrying", generation),
+                    ]
+                }
+                AgentKind::DiesFor(k) if k > 0 => {
+                    self.kinds[i] = AgentKind::DiesFor(0);
+                    self.dead_for[i] = k;
+                    self.nodes[i].agent = AgentHealth::NotResponding { since: None };
+                    return;
+                }
+                _ => {
+                    assert!(self.nodes[i].unschedulable, "{} changed its GPUs while schedulable", self.nodes[i].name);
+                    self.held[i] = spec;
+                    observed = generation;
+                    vec![cond(READY, "True", "Applied", generation)]
+                }
+            }
+        };
+        let st = self.nodes[i].gpunode.as_mut().unwrap().status.as_mut().unwrap();
+        st.observed_generation = observed;
+        st.conditions = conditions;
+    }
+}
+
+fn agent_kind() -> impl Strategy<Value = AgentKind> {
+    prop_oneof![
+        4 => Just(AgentKind::Good),
+        1 => Just(AgentKind::Stalls),
+        1 => (1u32..4).prop_map(AgentKind::Retries),
+        1 => (1u32..6).prop_map(AgentKind::DiesFor),
+    ]
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(96))]
 
+    /// Agents that fail, stall, die and come back: `maxUnavailable` (failed and unresponsive
+    /// nodes counted) is never exceeded, no GPU changes on a schedulable node, no node an admin
+    /// cordoned is uncordoned; once the agents are healthy and the plan is re-applied, the whole
+    /// fleet converges and only the admin's cordons remain.
     #[test]
-    fn never_more_than_max_unavailable_and_never_uncordon_what_we_did_not_cordon(
-        n in 1usize..12,
-        budget in 1usize..5,
+    fn failing_dying_and_stalling_agents_never_break_the_rollout_invariants(
+        (n, kinds) in (1usize..10).prop_flat_map(|n| (Just(n), proptest::collection::vec(agent_kind(), n))),
+        budget in 1usize..4,
         percent in proptest::bool::ANY,
-        cordoned in proptest::collection::btree_set(0usize..12, 0..4),
+        cordoned in proptest::collection::btree_set(0usize..10, 0..3),
     ) {
         let (value, limit) = if percent {
-            let pct = budget * 20; // 20..80 %
+            let pct = budget * 25; // 25..75 %
             (json!(format!("{pct}%")), ((n * pct) / 100).max(1))
         } else {
             (json!(budget), budget)
         };
-        let (max_disrupted, uncordoned, still_cordoned) = simulate(n, value, &cordoned);
-        prop_assert!(max_disrupted <= limit, "{max_disrupted} > {limit}");
-        for i in &cordoned {
-            prop_assert!(!uncordoned.contains(&format!("n{i:02}")), "uncordoned pre-cordoned n{i:02}");
+        let mut sim = Sim::new(n, value, limit, &cordoned, kinds);
+        for _ in 0..(6 * n + 10) {
+            sim.round();
         }
-        let pre = cordoned.iter().filter(|i| **i < n).count();
-        prop_assert_eq!(still_cordoned, pre, "only the nodes cordoned before us stay cordoned");
+        // Heal every agent and bump the plan (what an admin does after fixing the cause).
+        sim.kinds = vec![AgentKind::Good; n];
+        sim.plans[0].metadata.generation = Some(2);
+        let mut done = false;
+        for _ in 0..(8 * n + 20) {
+            let report = sim.round();
+            let in_flight_now = (0..n).any(|i| sim.rollout(i).is_some_and(|r| in_flight(r.phase)));
+            if report.updated as usize == n && !in_flight_now {
+                done = true;
+                break;
+            }
+        }
+        prop_assert!(done, "the healed fleet did not converge");
+        for i in 0..n {
+            prop_assert_eq!(&sim.held[i], &sim.desired(), "node {} has the plan's layout", i);
+        }
+        let still: BTreeSet<String> = sim.nodes.iter().filter(|x| x.unschedulable).map(|x| x.name.clone()).collect();
+        prop_assert_eq!(still, sim.pre_cordoned.clone(), "only the nodes cordoned before us stay cordoned");
     }
 }
 
@@ -301,4 +470,215 @@ fn paused_plans_start_no_new_node_but_finish_in_flight_ones() {
     assert!(actions.iter().any(|a| matches!(a, Action::Intent { node, .. } if node == "n1")));
     assert!(!actions.iter().any(|a| matches!(a, Action::Cordon { node } if node == "n2")));
     assert_eq!(reports["p"].pending, 1);
+}
+
+fn draining(started: &str) -> serde_json::Value {
+    json!({"phase": "Draining", "plan": "p", "planGeneration": 1, "cordonedByUs": true, "drainStartedAt": started})
+}
+
+fn gpu_pod(name: &str, extra: serde_json::Value) -> Pod {
+    let mut v = json!({"metadata": {"name": name, "namespace": "ml", "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u", "controller": true}]},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running"}});
+    for (k, val) in extra.as_object().unwrap() {
+        v["metadata"][k] = val.clone();
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+#[test]
+fn a_stale_cordoned_by_us_is_never_written_back_after_a_failure() {
+    // Failed and still cordoned by us, and the GPUs already match (the plan was reverted).
+    let r = json!({"phase": "Failed", "plan": "p", "planGeneration": 1, "cordonedByUs": true, "message": "x"});
+    let nodes = [node("n1", true, gpunode("n1", wanted(), true, Some(r)))];
+    let (actions, _) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &nodes, now());
+    let uncordon = actions.iter().position(|a| matches!(a, Action::Uncordon { .. })).expect("uncordoned");
+    for a in &actions[uncordon..] {
+        if let Action::Rollout { rollout: Some(r), .. } = a {
+            assert!(!r.cordoned_by_us, "cordonedByUs written back after the uncordon: {actions:?}");
+        }
+    }
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Rollout { rollout: Some(r), .. } if r.phase == NodePhase::Idle))
+    );
+}
+
+#[test]
+fn failed_nodes_hold_rollout_slots_and_the_rollout_halts_saying_why() {
+    let failed = json!({"phase": "Failed", "plan": "p", "planGeneration": 1, "message": "InstanceInUse: pid 7"});
+    let nodes = [
+        node("n1", false, gpunode("n1", wanted(), false, Some(failed))),
+        node("n2", false, gpunode("n2", json!([]), true, None)),
+    ];
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &nodes, now());
+    assert!(!actions.iter().any(|a| matches!(a, Action::Cordon { .. })), "{actions:?}");
+    assert_eq!((reports["p"].pending, reports["p"].unavailable, reports["p"].budget), (1, 1, 1));
+    let st = crate::status::plan_status(&[], &reports["p"], Some(1), false, Time(now()));
+    let stalled = st.conditions.iter().find(|c| c.type_ == STALLED).unwrap();
+    assert_eq!(stalled.reason, "NodeFailed");
+    assert!(stalled.message.starts_with("rollout halted: 1 node(s) failed"), "{}", stalled.message);
+    assert!(stalled.message.contains("n1: InstanceInUse: pid 7"), "{}", stalled.message);
+}
+
+#[test]
+fn a_failure_withdraws_the_hand_over_before_the_uncordon() {
+    let r = json!({"phase": "Applying", "plan": "p", "planGeneration": 1, "cordonedByUs": true});
+    let mut gn = gpunode("n1", wanted(), false, Some(r));
+    gn.status.as_mut().unwrap().conditions = vec![cond(STALLED, "True", "InstanceInUse", Some(2))];
+    let (actions, _) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[node("n1", true, gn)], now());
+    let failed = actions
+        .iter()
+        .position(|a| matches!(a, Action::Rollout { rollout: Some(r), .. } if r.phase == NodePhase::Failed))
+        .unwrap();
+    let uncordon = actions.iter().position(|a| matches!(a, Action::Uncordon { .. })).unwrap();
+    assert!(failed < uncordon, "{actions:?}");
+}
+
+#[test]
+fn a_dead_agent_keeps_its_node_cordoned_and_stalls_the_plan_and_blocks_new_starts() {
+    let r = json!({"phase": "Applying", "plan": "p", "planGeneration": 1, "cordonedByUs": true,
+                   "applyStartedAt": "2026-05-31T23:59:00Z"});
+    let mut gn = gpunode("n1", wanted(), false, Some(r));
+    // The bug: Ready=True left over from a generation before the one handed over.
+    gn.status.as_mut().unwrap().conditions = vec![cond(READY, "True", "Applied", Some(1))];
+    let mut dead = node("n1", true, gn);
+    let since: Timestamp = "2026-05-31T23:58:00Z".parse().unwrap();
+    dead.agent = AgentHealth::NotResponding { since: Some(since) };
+    let mut idle_dead = node("n2", false, gpunode("n2", json!([]), true, None));
+    idle_dead.agent = AgentHealth::NotResponding { since: None };
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(3), h100_layout())], &[dead, idle_dead], now());
+    assert!(!actions.iter().any(|a| matches!(a, Action::Uncordon { .. } | Action::Cordon { .. })), "{actions:?}");
+    // Ready=Unknown for both GpuNodes, so nobody reads a stale Ready=True.
+    assert_eq!(actions.iter().filter(|a| matches!(a, Action::AgentDown { .. })).count(), 2, "{actions:?}");
+    let st = crate::status::plan_status(&[], &reports["p"], Some(1), false, Time(now()));
+    let stalled = st.conditions.iter().find(|c| c.type_ == STALLED).unwrap();
+    assert_eq!(stalled.reason, "AgentNotResponding");
+    assert!(
+        stalled.message.contains("n1: node agent not responding: its lease was last renewed at 2026-05-31T23:58:00Z")
+    );
+    assert!(stalled.message.contains("n2: node agent not responding") && stalled.message.contains("(not started)"));
+}
+
+#[test]
+fn an_agent_that_keeps_retrying_past_the_apply_timeout_stalls_the_plan_naming_it() {
+    let r = json!({"phase": "Applying", "plan": "p", "planGeneration": 1, "cordonedByUs": true,
+                   "applyStartedAt": "2026-05-31T23:40:00Z"});
+    let mut gn = gpunode("n1", wanted(), false, Some(r));
+    gn.status.as_mut().unwrap().conditions = vec![cond(RECONCILING, "True", "Retrying", Some(2))];
+    let (actions, reports) =
+        plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[node("n1", true, gn.clone())], now());
+    assert!(!actions.iter().any(|a| matches!(a, Action::Uncordon { .. })), "stays cordoned: {actions:?}");
+    let st = crate::status::plan_status(&[], &reports["p"], Some(1), false, Time(now()));
+    let stalled = st.conditions.iter().find(|c| c.type_ == STALLED).unwrap();
+    assert_eq!(stalled.reason, "ApplyTimeout");
+    assert!(stalled.message.contains("n1: applying since 2026-05-31T23:40:00Z, over 600s; the agent says Retrying"));
+    // Before the timeout the plan says why it waits, without stalling.
+    let mut early = gn;
+    early.status.as_mut().unwrap().rollout.as_mut().unwrap().apply_started_at = Some(Time(now()));
+    let (_, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[node("n1", true, early)], now());
+    let st = crate::status::plan_status(&[], &reports["p"], Some(1), false, Time(now()));
+    assert!(st.conditions.iter().all(|c| c.type_ != STALLED));
+    let reconciling = st.conditions.iter().find(|c| c.type_ == RECONCILING).unwrap();
+    assert!(reconciling.message.contains("n1: Retrying"), "{}", reconciling.message);
+}
+
+#[test]
+fn forcing_after_the_timeout_also_deletes_pods_stuck_terminating() {
+    let mut p = plan("p", 0, json!(1), h100_layout());
+    p.spec.rollout.force_after_timeout = true;
+    let mut n = node("n1", true, gpunode("n1", json!([]), true, Some(draining("2026-05-31T00:00:00Z"))));
+    n.pods =
+        Ok(vec![gpu_pod("running", json!({})), gpu_pod("stuck", json!({"deletionTimestamp": "2026-05-31T00:00:00Z"}))]);
+    let (actions, _) = plan_fleet(&[p], &[n], now());
+    let forced: BTreeSet<&str> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ForceDelete { pod, .. } => Some(pod.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(forced, ["running", "stuck"].into());
+}
+
+#[test]
+fn a_node_whose_pods_cannot_be_listed_is_never_judged_drained() {
+    let mut n = node("n1", true, gpunode("n1", json!([]), true, Some(draining("2026-06-01T00:00:00Z"))));
+    n.pods = Err("the server is currently unable to handle the request".into());
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[n], now());
+    assert!(!actions.iter().any(|a| matches!(a, Action::Intent { .. })), "{actions:?}");
+    assert!(reports["p"].drain_blocked[0].contains("could not list its pods"));
+}
+
+#[test]
+fn unmanaged_pods_block_the_drain_unless_the_plan_opts_in() {
+    let bare = || gpu_pod("notebook", json!({"ownerReferences": null}));
+    let mut n = node("n1", true, gpunode("n1", json!([]), true, Some(draining("2026-05-31T00:00:00Z"))));
+    n.pods = Ok(vec![bare()]);
+    let mut p = plan("p", 0, json!(1), h100_layout());
+    p.spec.rollout.force_after_timeout = true; // force overrides PDBs, not this opt-in
+    let (actions, reports) = plan_fleet(&[p.clone()], &[n.clone()], now());
+    assert!(
+        !actions.iter().any(|a| matches!(a, Action::Evict { .. } | Action::ForceDelete { .. } | Action::Intent { .. }))
+    );
+    assert!(reports["p"].drain_blocked.iter().any(|m| m.contains("pod ml/notebook has no controller")));
+    assert!(reports["p"].drain_timeouts[0].contains("evictUnmanagedPods"), "{:?}", reports["p"].drain_timeouts);
+    p.spec.rollout.evict_unmanaged_pods = true;
+    p.spec.rollout.force_after_timeout = false;
+    let (actions, _) = plan_fleet(&[p], &[n], now());
+    assert!(actions.iter().any(|a| matches!(a, Action::Evict { pod, .. } if pod == "notebook")));
+}
+
+#[test]
+fn a_plan_that_can_never_be_valid_acts_on_no_node_and_is_not_ready() {
+    let cases = [
+        (
+            json!([{"gpuProduct": "Z100-80GB", "profiles": {"1g.10gb": 1}}]),
+            "spec.layouts[0].gpuProduct: unknown GPU product",
+        ),
+        (json!([{"gpuProduct": "H100-80GB", "profiles": {"1g.5gb": 1}}]), "spec.layouts[0].profiles"),
+        (
+            json!([{"gpuProduct": "H100-80GB", "migEnabled": false, "profiles": {"1g.10gb": 1}}]),
+            "must be empty when migEnabled is false",
+        ),
+        (
+            json!([{"gpuProduct": "H100-80GB", "gpuIndices": [0, 0], "profiles": {"1g.10gb": 1}}]),
+            "is already listed by this layout",
+        ),
+    ];
+    for (layouts, want) in cases {
+        for matched in [true, false] {
+            let mut p = plan("p", 0, json!(1), layouts.clone());
+            if !matched {
+                p.spec.node_selector = serde_json::from_value(json!({"matchLabels": {"pool": "none"}})).unwrap();
+            }
+            let nodes = [node("n1", false, gpunode("n1", json!([]), true, None))];
+            let (actions, reports) = plan_fleet(&[p], &nodes, now());
+            assert!(actions.is_empty(), "{actions:?}");
+            let st = crate::status::plan_status(&[], &reports["p"], Some(1), false, Time(now()));
+            let ready = st.conditions.iter().find(|c| c.type_ == READY).unwrap();
+            assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "InvalidSpec"), "{want}");
+            assert!(ready.message.contains(want), "{want}: {}", ready.message);
+        }
+    }
+}
+
+#[test]
+fn a_board_outside_the_catalog_is_valid_where_its_agent_reports_the_table() {
+    let layouts = json!([{"gpuProduct": "NVIDIA Z100", "profiles": {"2g.20gb": 2}}]);
+    let mut gn = gpunode("n1", json!([]), true, None);
+    let gpu = &mut gn.status.as_mut().unwrap().gpus[0];
+    gpu.product = "NVIDIA Z100".into();
+    gpu.profiles = serde_json::from_value(json!([
+        {"name": "2g.20gb", "id": 14, "computeSlices": 2, "memorySlices": 2, "maxCount": 3, "starts": [0, 2, 4]},
+        {"name": "7g.80gb", "id": 0, "computeSlices": 7, "memorySlices": 8, "maxCount": 1, "starts": [0]}]))
+    .unwrap();
+    let (actions, reports) =
+        plan_fleet(&[plan("p", 0, json!(1), layouts.clone())], &[node("n1", false, gn.clone())], now());
+    assert!(reports["p"].invalid_spec.is_empty(), "{:?}", reports["p"].invalid_spec);
+    assert!(actions.iter().any(|a| matches!(a, Action::Cordon { .. })));
+    // The agent's table also bounds the layout: 4 x 2g.20gb cannot fit.
+    let too_many = json!([{"gpuProduct": "NVIDIA Z100", "profiles": {"2g.20gb": 4}}]);
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), too_many)], &[node("n1", false, gn)], now());
+    assert!(actions.is_empty() && reports["p"].invalid_spec[0].contains("spec.layouts[0].profiles"), "{reports:?}");
 }

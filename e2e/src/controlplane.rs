@@ -25,6 +25,8 @@ pub struct ControlPlane {
     /// An external cluster: identities other than admin are impersonated.
     external: bool,
     keep_logs: bool,
+    /// How kube-apiserver was started, to restart it on the same port.
+    apiserver: Option<(PathBuf, Vec<String>)>,
 }
 
 impl ControlPlane {
@@ -38,6 +40,7 @@ impl ControlPlane {
                 components: vec![],
                 external: true,
                 keep_logs: true,
+                apiserver: None,
             });
         }
         let bin = binaries()?;
@@ -49,7 +52,14 @@ impl ControlPlane {
         let [etcd_port, etcd_peer, api_port, kcm_port, sched_port, kwok_port] = free_ports()?;
         let api = format!("https://127.0.0.1:{api_port}");
         let kubeconfigs = write_kubeconfigs(&dir, &api, &tokens)?;
-        let mut cp = Self { dir: dir.clone(), kubeconfigs, components: vec![], external: false, keep_logs: false };
+        let mut cp = Self {
+            dir: dir.clone(),
+            kubeconfigs,
+            components: vec![],
+            external: false,
+            keep_logs: false,
+            apiserver: None,
+        };
         let p = |f: &str| dir.join(f).display().to_string();
 
         cp.spawn(
@@ -67,7 +77,7 @@ impl ControlPlane {
                 "--log-level=warn".into(),
             ],
         )?;
-        cp.spawn(&bin, "kube-apiserver", &logs, vec![
+        let apiserver_args: Vec<String> = vec![
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
@@ -90,7 +100,9 @@ impl ControlPlane {
             "--profiling=false".into(),
             "--enable-priority-and-fairness=false".into(),
             "--v=1".into(),
-        ])?;
+        ];
+        cp.spawn(&bin, "kube-apiserver", &logs, apiserver_args.clone())?;
+        cp.apiserver = Some((bin.clone(), apiserver_args));
         cp.wait_for_apiserver(Duration::from_secs(90)).await?;
         let system = p("system.kubeconfig");
         cp.spawn(&bin, "kube-controller-manager", &logs, vec![
@@ -139,6 +151,19 @@ impl ControlPlane {
     fn spawn(&mut self, bin: &Path, name: &str, logs: &Path, args: Vec<String>) -> Result<(), Error> {
         self.components.push(Component::spawn(name, &bin.join(name), &args, logs)?);
         Ok(())
+    }
+
+    /// Kills kube-apiserver (as a crashed control-plane node would lose it), keeps it down for
+    /// `down`, then starts it again on the same port with the same flags and waits until ready.
+    pub async fn restart_apiserver(&mut self, down: Duration) -> Result<(), Error> {
+        let (bin, args) = self.apiserver.clone().ok_or_else(|| Error::Timeout("no local kube-apiserver".into()))?;
+        if let Some(i) = self.components.iter().position(|c| c.name == "kube-apiserver") {
+            self.components.remove(i).stop_now();
+        }
+        tokio::time::sleep(down).await;
+        let logs = self.dir.join("logs");
+        self.components.push(Component::spawn("kube-apiserver", &bin.join("kube-apiserver"), &args, &logs)?);
+        self.wait_for_apiserver(Duration::from_secs(90)).await
     }
 
     /// Polls `/readyz` as admin until the API server is ready (or a component died).

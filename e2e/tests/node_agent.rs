@@ -26,13 +26,29 @@ async fn setup(nodes: &[&str]) -> (ControlPlane, Client) {
     (cp, admin)
 }
 
-/// Sets the node's intent (as the operator would) and returns the new generation.
+/// Sets the node's intent and hands the node over (phase `Applying`), as the operator does once
+/// the node is drained; returns the new generation.
 async fn set_intent(admin: &Client, node: &str, gpus: serde_json::Value) -> i64 {
+    let generation = set_intent_only(admin, node, gpus).await;
+    hand_over(admin, node, "Applying").await;
+    generation
+}
+
+/// Sets the intent without handing the node over.
+async fn set_intent_only(admin: &Client, node: &str, gpus: serde_json::Value) -> i64 {
     let api: Api<GpuNode> = Api::all(admin.clone());
     let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
                       "spec": {"plan": "test", "gpus": gpus}});
     let gn = api.patch(node, &PatchParams::apply("tessera-operator").force(), &Patch::Apply(&body)).await.unwrap();
     gn.metadata.generation.unwrap()
+}
+
+/// Writes the operator's rollout phase for the node.
+async fn hand_over(admin: &Client, node: &str, phase: &str) {
+    let api: Api<GpuNode> = Api::all(admin.clone());
+    let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+                      "status": {"rollout": {"phase": phase, "plan": "test"}}});
+    api.patch_status(node, &PatchParams::apply("tessera-operator").force(), &Patch::Apply(&body)).await.unwrap();
 }
 
 async fn wait_applied(admin: &Client, node: &str, generation: i64) -> GpuNode {
@@ -202,6 +218,43 @@ async fn a_busy_instance_is_not_destroyed_and_the_condition_names_the_process() 
     assert!(find(&gn.status.unwrap().conditions, STALLED).is_none());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_hand_over_the_agent_destroys_nothing_and_says_it_waits() {
+    let (cp, admin) = setup(&["gpu-d"]).await;
+    let state = cp.dir.join("gpu-d.json");
+    let _agent = spawn_node_agent(&cp, "gpu-d", &state, "H100-80GB", &[]).await.unwrap();
+    let api: Api<GpuNode> = Api::all(admin.clone());
+    wait_for("registered", T, || async { api.get("gpu-d").await.ok()?.status.map(|_| ()) }).await.unwrap();
+    let generation =
+        set_intent(&admin, "gpu-d", json!([{"index": 0, "migEnabled": true, "profiles": {"7g.80gb": 1}}])).await;
+    wait_applied(&admin, "gpu-d", generation).await;
+    // The operator withdrew the hand-over (a failed node, uncordoned): a new intent must wait.
+    hand_over(&admin, "gpu-d", "Failed").await;
+    let generation =
+        set_intent_only(&admin, "gpu-d", json!([{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7}}])).await;
+    let gn = wait_for("Reconciling AwaitingDrain", T, || async {
+        let gn = api.get("gpu-d").await.ok()?;
+        let st = gn.status.as_ref()?;
+        find(&st.conditions, tessera_crds::conditions::RECONCILING)
+            .filter(|c| c.reason == "AwaitingDrain" && c.observed_generation == Some(generation))
+            .map(|_| gn.clone())
+    })
+    .await
+    .unwrap();
+    assert_eq!(profiles(&gn, 0), vec![("7g.80gb".to_string(), 0)], "the 7g instance is untouched");
+    let held: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    assert_eq!(held["gpus"][0]["instances"].as_array().unwrap().len(), 1, "the GPU itself is unchanged");
+    // Handed over: it applies.
+    hand_over(&admin, "gpu-d", "Applying").await;
+    let gn = wait_applied(&admin, "gpu-d", generation).await;
+    assert_eq!(profiles(&gn, 0).len(), 7);
+    // And it renews its heartbeat lease, named after its node.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(admin.clone(), tessera_crds::gpunode::AGENT_LEASE_NAMESPACE);
+    let lease = leases.get("gpu-d").await.unwrap();
+    assert!(lease.spec.and_then(|s| s.renew_time).is_some());
+}
+
 /// Runs `node-agent sim ARGS --state STATE` (the workload side of the simulated GPUs).
 fn sim_cli(state: &std::path::Path, args: &[&str]) {
     let out = std::process::Command::new(tessera_e2e::fixtures::workspace_binary("node-agent"))
@@ -249,6 +302,16 @@ async fn a_node_agent_cannot_modify_another_nodes_objects() {
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {"capacity": {"nvidia.com/gpu": "99"}}})),
         )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("may write only its own node"), "{err}");
+    // Nor another node's heartbeat.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(x.clone(), tessera_crds::gpunode::AGENT_LEASE_NAMESPACE);
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "gpu-y"},
+                       "spec": {"holderIdentity": "gpu-y", "leaseDurationSeconds": 40}});
+    let err = leases
+        .patch("gpu-y", &PatchParams::apply("tessera-node-agent").force(), &Patch::Apply(&lease))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("may write only its own node"), "{err}");

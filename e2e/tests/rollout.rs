@@ -302,6 +302,9 @@ async fn equal_priority_plans_conflict_and_impossible_layouts_are_reported_not_a
         .unwrap();
         let st = p.status.unwrap();
         assert_eq!(find(&st.conditions, STALLED).unwrap().reason, "Conflict");
+        let other = if name == "left" { "right" } else { "left" };
+        let msg = &find(&st.conditions, CONFLICT).unwrap().message;
+        assert!(msg.contains(&format!("plan(s) {other} of equal priority also match node(s) gpu-0, gpu-1")), "{msg}");
         assert_eq!(find(&st.conditions, READY).unwrap().status, "False");
     }
     let gns: Api<GpuNode> = Api::all(admin.clone());
@@ -313,14 +316,17 @@ async fn equal_priority_plans_conflict_and_impossible_layouts_are_reported_not_a
 
     // An impossible layout (CEL cannot know MIG geometry) is reported, and no node is touched.
     plans.create(&PostParams::default(), &plan("impossible", 0, json!(1), json!({"4g.40gb": 2}))).await.unwrap();
-    let p = wait_for("InvalidLayout", T, || async {
+    let p = wait_for("InvalidSpec", T, || async {
         let p = plans.get("impossible").await.ok()?;
-        find(&p.status.as_ref()?.conditions, STALLED).filter(|c| c.reason == "InvalidLayout").map(|_| p.clone())
+        find(&p.status.as_ref()?.conditions, STALLED).filter(|c| c.reason == "InvalidSpec").map(|_| p.clone())
     })
     .await
     .unwrap();
     let msg = find(&p.status.unwrap().conditions, STALLED).unwrap().message.clone();
-    assert!(msg.contains("2 x 4g.40gb requested, but one H100-80GB holds at most 1"), "{msg}");
+    assert!(
+        msg.contains("spec.layouts[0].profiles: 2 x 4g.40gb requested, but one H100-80GB holds at most 1"),
+        "{msg}"
+    );
     let nodes: Api<Node> = Api::all(admin.clone());
     for n in &f.nodes {
         assert!(!nodes.get(n).await.unwrap().spec.unwrap().unschedulable.unwrap_or(false));

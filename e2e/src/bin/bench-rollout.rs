@@ -40,13 +40,21 @@ fn requests(port: u16) -> f64 {
 }
 
 /// Plays every node agent at zero latency: registers inventory, then reports each new intent as
-/// applied at once (instances placed by the solver).
+/// applied at once (instances placed by the solver). Each emulated agent's heartbeat Lease is
+/// written once, valid for an hour (longer than any run), so heartbeats add no load to measure.
 async fn emulate_agents(client: Client, nodes: Vec<String>) {
     let api: Api<GpuNode> = Api::all(client.clone());
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), tessera_crds::gpunode::AGENT_LEASE_NAMESPACE);
     futures::stream::iter(nodes.clone())
         .for_each_concurrent(16, |n| {
             let api = api.clone();
+            let leases = leases.clone();
             async move {
+                let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": n},
+                    "spec": {"holderIdentity": n, "leaseDurationSeconds": 3600,
+                             "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now())}});
+                leases.patch(&n, &PatchParams::apply("tessera-node-agent"), &Patch::Apply(&lease)).await.unwrap();
                 let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": n}, "spec": {}});
                 api.patch(&n, &PatchParams::apply("tessera-node-agent"), &Patch::Apply(&body)).await.unwrap();
                 let st = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {"gpus": [

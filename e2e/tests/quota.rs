@@ -44,7 +44,7 @@ fn mig_pod(name: &str) -> Pod {
 /// has filled in its status (admission needs both).
 async fn wait_enforced(admin: &Client, ns: &str, quota: &str, resource: &str, hard: &str) {
     let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), ns);
-    let name = format!("tessera-{quota}");
+    let name = tessera_operator::quota::resource_quota_name(quota);
     wait_for(&format!("{ns}/{name} enforced"), T, || async {
         let rq = rqs.get(&name).await.ok()?;
         let spec_ok = rq.spec.as_ref()?.hard.as_ref()?.get(resource).map(|q| q.0.as_str()) == Some(hard);
@@ -216,4 +216,64 @@ async fn over_commitment_shows_in_capacity_available_with_the_shortfall() {
         .unwrap();
         assert_eq!(c.message, "over-committed: nvidia.com/mig-1g.10gb: quotas 9, fleet 7, short 2");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_long_names_and_a_users_own_resource_quota_lose_no_limit() {
+    let (_cp, admin, _op) = setup(&["team-a", "team-b", "shared"]).await;
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let mig = "requests.nvidia.com/mig-1g.10gb";
+    // A 253-character quota name: longer than a label value (63) and than `tessera-<name>` allows.
+    let long = format!("{}z", "l".repeat(252));
+    for (name, ns) in [("team-a", "team-a"), (long.as_str(), "team-b")] {
+        let spec = json!({"namespaces": [ns], "hard": {"nvidia.com/mig-1g.10gb": 3}});
+        quotas.create(&PostParams::default(), &quota(name, spec)).await.unwrap();
+    }
+    wait_enforced(&admin, "team-a", "team-a", mig, "3").await;
+    wait_enforced(&admin, "team-b", &long, mig, "3").await;
+
+    // A GitOps typo: another quota claims team-a too. What was enforced there stays enforced.
+    let typo = json!({"namespaces": ["team-a", "shared"], "hard": {"nvidia.com/mig-1g.10gb": 10}});
+    quotas.create(&PostParams::default(), &quota("typo", typo)).await.unwrap();
+    wait_for("Conflict reported", T, || async {
+        let q = quotas.get("team-a").await.ok()?;
+        find(&q.status?.conditions, tessera_crds::conditions::CONFLICT).filter(|c| c.status == "True").map(|_| ())
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await; // several operator passes
+    wait_enforced(&admin, "team-a", "team-a", mig, "3").await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-a");
+    for i in 0..3 {
+        pods.create(&PostParams::default(), &mig_pod(&format!("p{i}"))).await.unwrap();
+    }
+    let err = pods.create(&PostParams::default(), &mig_pod("p3")).await.unwrap_err();
+    assert!(err.to_string().contains("exceeded quota"), "{err}");
+
+    // A user's own ResourceQuota that happens to carry our name is neither adopted nor deleted.
+    let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), "shared");
+    let theirs: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": "tessera-mine"},
+        "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
+    .unwrap();
+    rqs.create(&PostParams::default(), &theirs).await.unwrap();
+    let spec = json!({"namespaces": ["shared-not-claimed-yet"], "hard": {"nvidia.com/gpu": 2}});
+    quotas.create(&PostParams::default(), &quota("mine", spec)).await.unwrap();
+    let patch = json!({"spec": {"namespaces": ["shared"]}});
+    quotas
+        .patch("typo", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"namespaces": ["team-b-x"]}})))
+        .await
+        .unwrap();
+    quotas.patch("mine", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let msg = wait_for("ResourceQuotaNameTaken", T, || async {
+        let q = quotas.get("mine").await.ok()?;
+        find(&q.status?.conditions, tessera_crds::conditions::STALLED)
+            .filter(|c| c.reason == "ResourceQuotaNameTaken")
+            .map(|c| c.message.clone())
+    })
+    .await
+    .unwrap();
+    assert!(msg.contains("namespace shared: a ResourceQuota named tessera-mine exists"), "{msg}");
+    let rq = rqs.get("tessera-mine").await.unwrap();
+    assert!(rq.metadata.owner_references.is_none(), "not adopted");
+    assert_eq!(rq.spec.unwrap().hard.unwrap()["requests.nvidia.com/gpu"].0, "1", "not overwritten");
 }

@@ -12,14 +12,48 @@ use tessera_crds::quota::{NamespaceUsage, ResourceUsage, SplitPolicy, TenantGpuQ
 use tessera_crds::validate::{GPU_RESOURCE, validate_quota};
 use tessera_crds::{GpuNode, TenantGpuQuota, catalog};
 
-/// Label on every ResourceQuota Tessera writes: the owning quota's name.
+/// Label on every ResourceQuota Tessera writes: the owning quota's name ([`quota_label_value`]).
 pub const QUOTA_LABEL: &str = "tessera.dev/quota";
+/// Annotation with the owning quota's full name (a label value holds at most 63 characters).
+pub const QUOTA_NAME_ANNOTATION: &str = "tessera.dev/quota-name";
 /// Compute slices a whole GPU counts in physical limits (A30: 4; see the README).
 pub const WHOLE_GPU_COMPUTE_SLICES: i64 = 7;
 
-/// The `ResourceQuota` name in each namespace.
+/// FNV-1a, 64 bits: a hash that is the same in every build, for short deterministic names.
+fn stable_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// `s` if it fits in `max` characters, else a prefix and a hash of the whole: deterministic, and
+/// two names that differ anywhere get different results.
+fn fit_name(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let hash = format!("{:016x}", stable_hash(s));
+    let prefix: String = s.chars().take(max - hash.len() - 1).collect();
+    format!("{}-{hash}", prefix.trim_end_matches(['-', '.']))
+}
+
+/// The `ResourceQuota` name in each namespace: `tessera-<quota>`, shortened with a hash when that
+/// would pass the 253 characters an object name may have.
 pub fn resource_quota_name(quota: &str) -> String {
-    format!("tessera-{quota}")
+    fit_name(&format!("tessera-{quota}"), 253)
+}
+
+/// The [`QUOTA_LABEL`] value: the quota's name, shortened with a hash past 63 characters.
+pub fn quota_label_value(quota: &str) -> String {
+    fit_name(quota, 63)
+}
+
+/// Whether Tessera wrote this ResourceQuota: a controller owner reference to a TenantGpuQuota.
+/// A user's own ResourceQuota, whatever its name or labels, is never overwritten or deleted.
+pub fn written_by_tessera(rq: &ResourceQuota) -> bool {
+    rq.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.kind == "TenantGpuQuota" && o.api_version.starts_with("tessera.dev/"))
 }
 
 /// Each namespace's share of every tenant-wide limit.
@@ -80,7 +114,7 @@ pub fn physical(counts: &BTreeMap<String, i64>, whole_gpu_gb: i64) -> (i64, i64)
 pub struct QuotaPlan {
     /// (namespace, quota name, hard as `requests.<resource>` -> quantity) to apply.
     pub apply: Vec<(String, String, BTreeMap<String, String>)>,
-    /// (namespace, ResourceQuota name) to delete: stale or orphaned.
+    /// (namespace, ResourceQuota name) to delete: stale or orphaned, and written by Tessera.
     pub delete: Vec<(String, String)>,
     pub statuses: BTreeMap<String, TenantGpuQuotaStatus>,
 }
@@ -155,12 +189,33 @@ pub fn plan_quotas(
             .collect();
         let missing: Vec<&String> = q.spec.namespaces.iter().filter(|ns| !existing_namespaces.contains(*ns)).collect();
         let mut used_total: BTreeMap<String, i64> = BTreeMap::new();
+        let mut taken: Vec<String> = Vec::new();
         st.namespaces.clear();
+        let rq_name = resource_quota_name(&name);
         for (ns, share) in shares(&q.spec) {
-            if claims.get(ns.as_str()).is_some_and(|c| c.len() > 1) || !existing_namespaces.contains(&ns) {
+            if claims.get(ns.as_str()).is_some_and(|c| c.len() > 1) {
+                // A namespace claimed twice keeps what this quota enforced there: a GitOps typo
+                // in another quota must not lift this tenant's limits.
+                for rq in
+                    resource_quotas.iter().filter(|rq| owned_by(rq, q) && rq.metadata.namespace.as_deref() == Some(&ns))
+                {
+                    wanted.insert((ns.clone(), rq.metadata.name.clone().unwrap_or_default()));
+                }
                 continue;
             }
-            let rq_name = resource_quota_name(&name);
+            if !existing_namespaces.contains(&ns) {
+                continue;
+            }
+            let same_name = |rq: &&ResourceQuota| {
+                rq.metadata.namespace.as_deref() == Some(&ns) && rq.metadata.name.as_deref() == Some(&rq_name)
+            };
+            if resource_quotas.iter().filter(same_name).any(|rq| !owned_by(rq, q)) {
+                taken.push(format!(
+                    "namespace {ns}: a ResourceQuota named {rq_name} exists that this quota does not own; it is \
+                     left as it is (rename or delete it to let Tessera enforce the share)"
+                ));
+                continue;
+            }
             let hard: BTreeMap<String, String> =
                 share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
             plan.apply.push((ns.clone(), name.clone(), hard));
@@ -183,12 +238,21 @@ pub fn plan_quotas(
         let t = || now.clone();
         if conflicts.is_empty() {
             remove_condition(&mut st.conditions, CONFLICT);
-            remove_condition(&mut st.conditions, STALLED);
         } else {
-            let msg =
-                format!("namespace(s) claimed by more than one quota are left unmanaged: {}", conflicts.join("; "));
+            let msg = format!(
+                "namespace(s) claimed by more than one quota keep the limits enforced before, and no change is \
+                 applied there until one quota lets go: {}",
+                conflicts.join("; ")
+            );
             set_condition(&mut st.conditions, CONFLICT, true, "NamespaceClaimedTwice", &msg, g, t());
+        }
+        if !conflicts.is_empty() {
+            let msg = format!("namespace(s) claimed by another quota: {}", conflicts.join("; "));
             set_condition(&mut st.conditions, STALLED, true, "Conflict", msg, g, t());
+        } else if !taken.is_empty() {
+            set_condition(&mut st.conditions, STALLED, true, "ResourceQuotaNameTaken", taken.join("; "), g, t());
+        } else {
+            remove_condition(&mut st.conditions, STALLED);
         }
         let shortfalls: Vec<String> = demand
             .iter()
@@ -240,9 +304,11 @@ pub fn plan_quotas(
             }
         }
         let over_physical = notes.iter().any(|n| n.contains("over the physical limit"));
-        let ready = conflicts.is_empty() && missing.is_empty() && !over_physical;
+        let ready = conflicts.is_empty() && taken.is_empty() && missing.is_empty() && !over_physical;
         let (reason, msg) = if !conflicts.is_empty() {
             ("Conflict", "see the Conflict condition".to_string())
+        } else if !taken.is_empty() {
+            ("ResourceQuotaNameTaken", taken.join("; "))
         } else if over_physical {
             ("OverPhysicalLimit", notes.join("; "))
         } else if !missing.is_empty() {
@@ -255,16 +321,24 @@ pub fn plan_quotas(
     }
     for rq in resource_quotas {
         let key = (rq.metadata.namespace.clone().unwrap_or_default(), rq.metadata.name.clone().unwrap_or_default());
-        let ours = rq.metadata.labels.as_ref().is_some_and(|l| l.contains_key(QUOTA_LABEL));
-        if ours && !wanted.contains(&key) {
+        if written_by_tessera(rq) && !wanted.contains(&key) {
             plan.delete.push(key);
         }
     }
     plan
 }
 
+/// Owned by this quota: its controller owner reference (by UID) and its label value.
 fn owned_by(rq: &ResourceQuota, q: &TenantGpuQuota) -> bool {
-    rq.metadata.labels.as_ref().and_then(|l| l.get(QUOTA_LABEL)) == q.metadata.name.as_ref()
+    let label = rq.metadata.labels.as_ref().and_then(|l| l.get(QUOTA_LABEL));
+    let uid = q.metadata.uid.as_deref();
+    let owner = rq
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid);
+    owner && label == Some(&quota_label_value(q.metadata.name.as_deref().unwrap_or_default()))
 }
 
 /// `status.used` of our ResourceQuota in `ns`, by resource name (without `requests.`).

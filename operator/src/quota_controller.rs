@@ -21,7 +21,7 @@ use tracing::{info, warn};
 use crate::Error;
 use crate::controller::{MANAGER, watch_into_store};
 use crate::metrics::Metrics;
-use crate::quota::{QUOTA_LABEL, plan_quotas, resource_quota_name};
+use crate::quota::{QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas, quota_label_value, resource_quota_name};
 
 pub struct QuotaController {
     client: Client,
@@ -39,7 +39,9 @@ impl QuotaController {
         let d = watcher::Config::default;
         Arc::new(Self {
             quotas: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
-            rqs: watch_into_store(Api::all(client.clone()), d().labels(QUOTA_LABEL), changed.clone()),
+            // Every ResourceQuota, not only ours: a user's own one with our name must be seen, so
+            // it is never adopted by a force-apply.
+            rqs: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             gpunodes: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             client,
@@ -61,7 +63,9 @@ impl QuotaController {
         self.wait_ready().await;
         loop {
             if let Err(e) = self.reconcile().await {
-                self.metrics.error(e.kind());
+                if !matches!(e, Error::PartialPass(_)) {
+                    self.metrics.error(e.kind());
+                }
                 warn!(error = %e, "quota pass failed; retrying");
             }
             tokio::select! {
@@ -83,7 +87,10 @@ impl QuotaController {
             .collect();
         let gpunodes: Vec<GpuNode> = self.gpunodes.state().iter().map(|g| (**g).clone()).collect();
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let plan = plan_quotas(&quotas, &namespaces, &rqs, &gpunodes, now);
+        let plan = plan_quotas(&quotas, &namespaces, &rqs, &gpunodes, now.clone());
+        // One failing write fails only its quota's part of the pass; the rest goes on, and the
+        // failure is reported in that quota's status.
+        let mut failures: std::collections::BTreeMap<String, Vec<String>> = Default::default();
         for (ns, quota, hard) in &plan.apply {
             let Some(owner) = quotas.iter().find(|q| q.name_any() == *quota) else { continue };
             let name = resource_quota_name(quota);
@@ -97,34 +104,81 @@ impl QuotaController {
             let body = json!({
                 "apiVersion": "v1", "kind": "ResourceQuota",
                 "metadata": {"name": name, "namespace": ns,
-                    "labels": {QUOTA_LABEL: quota, "app.kubernetes.io/managed-by": "tessera"},
+                    "labels": {QUOTA_LABEL: quota_label_value(quota), "app.kubernetes.io/managed-by": "tessera"},
+                    "annotations": {QUOTA_NAME_ANNOTATION: quota},
                     "ownerReferences": [owner.controller_owner_ref(&()).expect("a stored object has a name and uid")]},
                 "spec": {"hard": hard}
             });
             info!(namespace = %ns, quota = %quota, "applying ResourceQuota");
-            Api::<ResourceQuota>::namespaced(self.client.clone(), ns)
+            if let Err(e) = Api::<ResourceQuota>::namespaced(self.client.clone(), ns)
                 .patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-                .await?;
+                .await
+            {
+                self.metrics.error("kube");
+                warn!(namespace = %ns, quota = %quota, error = %e, "could not apply a ResourceQuota");
+                failures.entry(quota.clone()).or_default().push(format!("ResourceQuota {name} in {ns}: {e}"));
+            }
         }
+        let mut failed_deletes = 0;
         for (ns, name) in &plan.delete {
             info!(namespace = %ns, name = %name, "deleting stale ResourceQuota");
             match Api::<ResourceQuota>::namespaced(self.client.clone(), ns).delete(name, &DeleteParams::default()).await
             {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    self.metrics.error("kube");
+                    warn!(namespace = %ns, name = %name, error = %e, "could not delete a stale ResourceQuota; retrying");
+                    failed_deletes += 1;
+                }
             }
         }
         for q in &quotas {
-            let Some(status) = plan.statuses.get(&q.name_any()) else { continue };
-            if q.status.as_ref() == Some(status) {
+            let Some(planned) = plan.statuses.get(&q.name_any()) else { continue };
+            let mut status = planned.clone();
+            if let Some(errs) = failures.get(&q.name_any()) {
+                let msg = format!("retrying: {}", errs.join("; "));
+                let g = q.metadata.generation;
+                tessera_crds::conditions::set_condition(
+                    &mut status.conditions,
+                    tessera_crds::conditions::READY,
+                    false,
+                    "WriteFailed",
+                    &msg,
+                    g,
+                    now.clone(),
+                );
+                tessera_crds::conditions::set_condition(
+                    &mut status.conditions,
+                    tessera_crds::conditions::RECONCILING,
+                    true,
+                    "WriteFailed",
+                    msg,
+                    g,
+                    now.clone(),
+                );
+            } else {
+                tessera_crds::conditions::remove_condition(
+                    &mut status.conditions,
+                    tessera_crds::conditions::RECONCILING,
+                );
+            }
+            if q.status.as_ref() == Some(&status) {
                 continue;
             }
             let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "status": status});
-            Api::<TenantGpuQuota>::all(self.client.clone())
+            if let Err(e) = Api::<TenantGpuQuota>::all(self.client.clone())
                 .patch_status(&q.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-                .await?;
+                .await
+            {
+                self.metrics.error("kube");
+                warn!(quota = %q.name_any(), error = %e, "could not write the quota's status; retrying");
+                failed_deletes += 1;
+            }
         }
-        Ok(())
+        match failures.values().map(Vec::len).sum::<usize>() + failed_deletes {
+            0 => Ok(()),
+            n => Err(Error::PartialPass(n)),
+        }
     }
 }

@@ -70,11 +70,32 @@ node a100-a NVIDIA-A100-SXM4-40GB 2 inference
 node h100-train NVIDIA-H100-80GB-HBM3 8 training
 
 say "Starting a simulated node agent per node (pod-bound service-account tokens, fenced to their node)"
+# The agent DaemonSet's pods, as on a real cluster (kwok runs them); each local agent process uses a
+# token bound to its node's pod. A drain skips them, as it skips every pod of an existing DaemonSet.
+cat <<YAML | $K apply -f - >/dev/null
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: tessera-node-agent, namespace: tessera-system}
+spec:
+  selector: {matchLabels: {app.kubernetes.io/name: tessera-node-agent}}
+  template:
+    metadata: {labels: {app.kubernetes.io/name: tessera-node-agent}}
+    spec:
+      serviceAccountName: tessera-node-agent
+      nodeSelector: {nvidia.com/mig.capable: "true"}
+      tolerations: [{operator: Exists}]
+      containers: [{name: agent, image: tessera/node-agent:demo}]
+YAML
 agent() { # name gpus
-  $K -n tessera-system run "tessera-node-agent-$1" --image=tessera/node-agent:demo --restart=Never \
-    --overrides="{\"spec\":{\"nodeName\":\"$1\",\"serviceAccountName\":\"tessera-node-agent\",\"tolerations\":[{\"operator\":\"Exists\"}]}}" >/dev/null
-  local token
-  token=$($K -n tessera-system create token tessera-node-agent --bound-object-kind Pod --bound-object-name "tessera-node-agent-$1" --duration 24h)
+  local pod="" token
+  for _ in $(seq 1 120); do
+    pod=$($K -n tessera-system get pods -l app.kubernetes.io/name=tessera-node-agent \
+      --field-selector "spec.nodeName=$1" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null) || true
+    [ -n "$pod" ] && break
+    sleep 0.5
+  done
+  [ -n "$pod" ] || { echo "no agent pod on $1" >&2; down; exit 1; }
+  token=$($K -n tessera-system create token tessera-node-agent --bound-object-kind Pod --bound-object-name "$pod" --duration 24h)
   sed "s|token: .*|token: $token|" "$DIR/node-agent.kubeconfig" > "$DEMO/agent-$1.kubeconfig"
   KUBECONFIG="$DEMO/agent-$1.kubeconfig" setsid nohup target/debug/node-agent run --backend sim --node-name "$1" \
     --sim-state "$DEMO/gpus-$1.json" --sim-gpus "$2" --sim-latency-ms 300 --resync-seconds 5 \

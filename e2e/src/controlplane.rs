@@ -269,11 +269,24 @@ pub fn binaries() -> Result<PathBuf, Error> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// Ports handed out in this process: a control plane keeps its ports even while a component is
+/// down (`restart_apiserver`), so another test in the same process must never be given them.
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
     // Hold every listener until all are chosen so the ports differ.
-    let listeners: Vec<TcpListener> =
-        (0..N).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>().map_err(|e| Error::io("port", e))?;
-    let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().map(|a| a.port()).unwrap_or(0)).collect();
+    let mut listeners: Vec<TcpListener> = Vec::new();
+    let mut ports: Vec<u16> = Vec::new();
+    while ports.len() < N {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("port", e))?;
+        let port = l.local_addr().map(|a| a.port()).map_err(|e| Error::io("port", e))?;
+        if handed_out.insert(port) {
+            ports.push(port);
+        }
+        listeners.push(l);
+    }
     Ok(ports.try_into().expect("N ports"))
 }
 

@@ -5,6 +5,7 @@ pub mod cli;
 pub mod controller;
 pub mod drain;
 pub mod error;
+pub mod fleet;
 pub mod liveness;
 pub mod metrics;
 pub mod quota;

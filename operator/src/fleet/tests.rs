@@ -1,0 +1,199 @@
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn model(name: &str) -> &'static GpuModel {
+    catalog::lookup(name).unwrap()
+}
+
+fn p(profile: &str, start: u8, m: &GpuModel) -> Placement {
+    Placement {
+        start,
+        size: m.profile(profile).unwrap().memory_slices,
+        profile: m.profile(profile).unwrap().name.into(),
+    }
+}
+
+fn gpu(node: &str, m: &'static GpuModel, instances: Vec<Placement>, busy: Vec<Placement>) -> GpuSlot {
+    GpuSlot { node: node.into(), index: 0, model: m, mig_enabled: true, instances, busy, changeable: true }
+}
+
+fn demand(list: &[(&str, i64)]) -> BTreeMap<String, i64> {
+    list.iter().map(|(r, n)| (r.to_string(), *n)).collect()
+}
+
+#[test]
+fn a_fleet_that_already_covers_the_demand_changes_nothing() {
+    let h = model("H100-80GB");
+    let gpus = vec![gpu("a", h, vec![p("3g.40gb", 0, h), p("3g.40gb", 4, h)], vec![])];
+    let a = solve(&gpus, &demand(&[("nvidia.com/mig-3g.40gb", 2)])).unwrap();
+    assert_eq!((a.changed, a.destroyed), (0, 0));
+    assert!(a.shortfall.is_empty());
+}
+
+#[test]
+fn idle_gpus_are_repartitioned_and_busy_instances_are_kept() {
+    let h = model("H100-80GB");
+    let busy = p("3g.40gb", 0, h);
+    let gpus = vec![
+        gpu("a", h, vec![busy.clone(), p("3g.40gb", 4, h)], vec![busy.clone()]),
+        gpu("b", h, vec![p("7g.80gb", 0, h)], vec![]),
+        gpu("c", h, vec![p("7g.80gb", 0, h)], vec![]),
+    ];
+    let a = solve(&gpus, &demand(&[("nvidia.com/mig-3g.40gb", 2), ("nvidia.com/mig-1g.10gb", 8)])).unwrap();
+    assert!(a.shortfall.is_empty(), "{a:?}");
+    let Layout::Mig(first) = &a.gpus[0].layout else { panic!() };
+    assert!(first.contains(&busy), "the busy 3g stays: {first:?}");
+    // GPU a's free half gives four 1g; one more GPU gives the other four: two GPUs change.
+    assert_eq!(a.changed, 2, "{a:#?}");
+}
+
+#[test]
+fn an_impossible_demand_reports_the_shortfall_and_the_closest_answer() {
+    let h = model("H100-80GB");
+    let gpus = vec![gpu("a", h, vec![], vec![])];
+    let a = solve(&gpus, &demand(&[("nvidia.com/mig-1g.10gb", 9)])).unwrap();
+    assert_eq!(a.shortfall, demand(&[("nvidia.com/mig-1g.10gb", 2)]));
+    assert_eq!(a.supply_after.get("nvidia.com/mig-1g.10gb"), Some(&7));
+}
+
+#[test]
+fn a_gpu_no_plan_allows_to_change_keeps_its_layout() {
+    let h = model("H100-80GB");
+    let mut fixed = gpu("a", h, vec![p("7g.80gb", 0, h)], vec![]);
+    fixed.changeable = false;
+    let a = solve(&[fixed], &demand(&[("nvidia.com/mig-1g.10gb", 7)])).unwrap();
+    assert_eq!(a.changed, 0);
+    assert_eq!(a.shortfall, demand(&[("nvidia.com/mig-1g.10gb", 7)]));
+}
+
+/// An independent exact answer: dynamic programming over the GPUs, with every valid layout (not
+/// only maximal ones) over the demanded and busy profiles, and supply capped at the demand.
+/// Returns (least shortfall, least GPUs changed at that shortfall).
+fn exhaustive(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> (i64, u32) {
+    let resources: Vec<&String> = demand.keys().collect();
+    let mut best: BTreeMap<Vec<i64>, u32> = [(vec![0; resources.len()], 0)].into();
+    for g in gpus {
+        let mut options: Vec<(Layout, bool)> = vec![(current(g), false)];
+        if g.changeable {
+            let mut names: Vec<String> = g
+                .model
+                .profiles
+                .iter()
+                .filter(|s| demand.contains_key(&catalog::mig_resource_name(s.name)))
+                .map(|s| s.name.to_string())
+                .collect();
+            names.extend(g.busy.iter().map(|b| b.profile.clone()));
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            for l in solver::all_layouts(g.model, Some(&refs)) {
+                if g.busy.iter().all(|b| l.contains(b)) {
+                    let layout = Layout::Mig(l);
+                    let changed = layout != current(g);
+                    options.push((layout, changed));
+                }
+            }
+            if g.busy.is_empty() && demand.contains_key(GPU_RESOURCE) {
+                options.push((Layout::Whole, current(g) != Layout::Whole));
+            }
+        }
+        let mut next: BTreeMap<Vec<i64>, u32> = BTreeMap::new();
+        for (state, changed) in &best {
+            for (layout, ch) in &options {
+                let supply = layout.supply();
+                let s: Vec<i64> = resources
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| (state[i] + supply.get(*r).copied().unwrap_or(0)).min(demand[*r]))
+                    .collect();
+                let c = changed + u32::from(*ch);
+                let e = next.entry(s).or_insert(u32::MAX);
+                *e = (*e).min(c);
+            }
+        }
+        best = next;
+    }
+    best.iter()
+        .map(|(s, c)| (resources.iter().enumerate().map(|(i, r)| demand[*r] - s[i]).sum::<i64>(), *c))
+        .min()
+        .unwrap()
+}
+
+fn fleet() -> impl Strategy<Value = (Vec<GpuSlot>, BTreeMap<String, i64>)> {
+    let products = ["H100-80GB", "A100-40GB", "A30-24GB"];
+    let one = (0usize..3, any::<u64>(), any::<bool>(), 0u8..4);
+    (proptest::collection::vec(one, 1..=8), 0i64..6, 0i64..9, 0i64..3).prop_map(move |(gs, d3g, d1g, dgpu)| {
+        let gpus = gs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (prod, seed, changeable, busy_mask))| {
+                let m = model(products[prod]);
+                let layouts = solver::maximal_layouts(m, None);
+                let mut g = GpuSlot {
+                    node: format!("n{i}"),
+                    index: 0,
+                    model: m,
+                    mig_enabled: seed % 5 != 0,
+                    instances: vec![],
+                    busy: vec![],
+                    changeable,
+                };
+                if g.mig_enabled {
+                    g.instances = layouts[(seed as usize / 5) % layouts.len()].clone();
+                    g.busy = g
+                        .instances
+                        .iter()
+                        .enumerate()
+                        .filter(|(k, _)| busy_mask & (1 << k) != 0)
+                        .map(|(_, p)| p.clone())
+                        .collect();
+                }
+                g
+            })
+            .collect();
+        // One profile name per size class that several boards share, and whole GPUs.
+        let mut d = BTreeMap::new();
+        for (r, n) in [
+            ("nvidia.com/mig-3g.40gb", d3g),
+            ("nvidia.com/mig-1g.10gb", d1g),
+            ("nvidia.com/mig-1g.5gb", d1g / 2),
+            ("nvidia.com/gpu", dgpu),
+        ] {
+            if n > 0 {
+                d.insert(r.to_string(), n);
+            }
+        }
+        (gpus, d)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// The answer is exact (same shortfall and GPUs changed as exhaustive search), keeps busy
+    /// instances, leaves unchangeable GPUs alone, and every layout fits its GPU.
+    #[test]
+    fn the_answer_is_valid_keeps_busy_instances_and_changes_as_few_gpus_as_exhaustive_search(
+        (gpus, demand) in fleet()
+    ) {
+        let a = solve(&gpus, &demand).unwrap();
+        let (short, changed) = exhaustive(&gpus, &demand);
+        prop_assert_eq!(a.shortfall.values().sum::<i64>(), short, "{:#?}", a);
+        prop_assert_eq!(a.changed, changed, "{:#?}", a);
+        for (g, ans) in gpus.iter().zip(&a.gpus) {
+            match &ans.layout {
+                Layout::Mig(l) => {
+                    prop_assert!(solver::is_valid(g.model, l), "{:?} does not fit {}", l, g.model.name);
+                    for b in &g.busy {
+                        prop_assert!(l.contains(b), "busy {:?} destroyed", b);
+                    }
+                }
+                Layout::Whole => prop_assert!(g.busy.is_empty()),
+            }
+            if !g.changeable {
+                prop_assert!(!ans.changed);
+            }
+        }
+    }
+}

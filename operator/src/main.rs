@@ -50,6 +50,19 @@ enum Command {
 enum PlanCommand {
     /// Which nodes would change, which pods would be evicted, and MIG capacity before and after.
     Preview { file: String },
+    /// The plans that make the fleet's MIG supply cover every tenant quota, changing as few GPUs
+    /// as possible (exit 1 when the demand cannot be met; the closest answer is printed).
+    Suggest {
+        /// Read TenantGpuQuotas, GpuNodes, Nodes and plans from these files instead of the cluster.
+        #[arg(long = "from", value_name = "FILE")]
+        from: Vec<String>,
+        /// Only GPUs of nodes with these labels may change (key=value,...).
+        #[arg(long)]
+        selector: Option<String>,
+        /// Extra supply to aim for, in percent of the demand (rounded up).
+        #[arg(long, default_value_t = 0)]
+        headroom_percent: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -94,6 +107,10 @@ fn main() {
         Command::Plan { command: PlanCommand::Preview { file } } => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
             rt.block_on(cli::preview::run(&file, args.output))
+        }
+        Command::Plan { command: PlanCommand::Suggest { from, selector, headroom_percent } } => {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            rt.block_on(cli::suggest::run(&from, selector.as_deref(), headroom_percent, args.output))
         }
         Command::Validate { files } => cli::validate::run(&files, args.output),
         Command::Mig { command: MigCommand::Profiles { gpu } } => cli::mig::profiles(&gpu, args.output),

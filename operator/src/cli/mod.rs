@@ -3,6 +3,7 @@
 
 pub mod mig;
 pub mod preview;
+pub mod suggest;
 pub mod validate;
 
 use clap::ValueEnum;

@@ -43,8 +43,15 @@ async fn set_intent_only(admin: &Client, node: &str, gpus: serde_json::Value) ->
     gn.metadata.generation.unwrap()
 }
 
-/// Writes the operator's rollout phase for the node.
+/// Writes the operator's rollout phase for the node, and cordons it for `Applying` (the agent
+/// checks both before a disruptive step), uncordons it otherwise.
 async fn hand_over(admin: &Client, node: &str, phase: &str) {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let cordon = if phase == "Applying" { json!(true) } else { serde_json::Value::Null };
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": cordon}})))
+        .await
+        .unwrap();
     let api: Api<GpuNode> = Api::all(admin.clone());
     let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
                       "status": {"rollout": {"phase": phase, "plan": "test"}}});
@@ -103,6 +110,7 @@ async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices() {
     )
     .await;
     let gn = wait_applied(&admin, "gpu-a", generation).await;
+    hand_over(&admin, "gpu-a", "Idle").await; // done: uncordoned, as the operator finishes
     assert_eq!(profiles(&gn, 0), vec![("2g.20gb".into(), 0), ("2g.20gb".into(), 2), ("3g.40gb".into(), 4)]);
     wait_for("device plugin restarted", T, || async {
         match system.get_opt("nvidia-device-plugin-gpu-a").await.ok()? {

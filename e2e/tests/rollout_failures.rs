@@ -184,7 +184,7 @@ fn gpu_pod(name: &str, node: &str, owner: Option<serde_json::Value>) -> Pod {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forced_drain_deletes_a_pod_stuck_terminating_and_an_unmanaged_pod_waits_for_the_opt_in() {
+async fn a_forced_drain_deletes_a_pod_stuck_terminating_and_an_unmanaged_pod_blocks_every_eviction_until_the_opt_in() {
     let (cp, admin) = cluster().await;
     dead_kubelet_node(&admin, "gpu-dead").await;
     let _agent = agent(&cp, "gpu-dead", &[]).await;
@@ -197,31 +197,44 @@ async fn a_forced_drain_deletes_a_pod_stuck_terminating_and_an_unmanaged_pod_wai
         .unwrap();
     let owner = json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": cm.uid(), "controller": true});
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "ml");
-    pods.create(&PostParams::default(), &gpu_pod("stuck", "gpu-dead", Some(owner))).await.unwrap();
-    pods.create(&PostParams::default(), &gpu_pod("notebook", "gpu-dead", None)).await.unwrap();
+    pods.create(&PostParams::default(), &gpu_pod("stuck", "gpu-dead", Some(owner.clone()))).await.unwrap();
 
     let _op = spawn_operator(&cp, "op").unwrap();
     let plans: Api<GpuPartitionPlan> = Api::all(admin.clone());
     let rollout = json!({"drainTimeoutSeconds": 3, "forceAfterTimeout": true});
     plans.create(&PostParams::default(), &plan("p", rollout)).await.unwrap();
 
-    // The bare pod is refused and named; after the timeout the plan stalls on it.
-    let msg = stalled(&admin, "p", "DrainTimeout").await;
-    assert!(msg.contains("pod ml/notebook has no controller") && msg.contains("evictUnmanagedPods"), "{msg}");
-    // The evicted pod hangs Terminating (no kubelet confirms it); force deletes it anyway.
+    // Evicted, the pod hangs Terminating (no kubelet confirms it); after the timeout the forced
+    // drain deletes it anyway, and the rollout finishes.
+    wait_for("stuck pod Terminating", T, || async {
+        pods.get_opt("stuck").await.ok()??.metadata.deletion_timestamp.map(|_| ())
+    })
+    .await
+    .unwrap();
     wait_for("stuck pod force-deleted", T, || async { pods.get_opt("stuck").await.ok()?.is_none().then_some(()) })
         .await
         .unwrap();
-    assert!(pods.get_opt("notebook").await.unwrap().is_some(), "force never deletes a refused pod");
-    assert_eq!(phase(&admin, "gpu-dead").await, Some(NodePhase::Draining));
-    let gns: Api<GpuNode> = Api::all(admin.clone());
-    assert!(gns.get("gpu-dead").await.unwrap().spec.gpus.is_empty(), "not handed over while a pod remains");
+    ready(&admin, "p").await;
 
-    // The admin opts in: the notebook goes and the node is changed.
+    // Next change: a bare notebook pod (no controller) and a managed pod. Like kubectl drain,
+    // nothing is evicted while a pod refuses, and force does not override the refusal.
+    pods.create(&PostParams::default(), &gpu_pod("notebook", "gpu-dead", None)).await.unwrap();
+    pods.create(&PostParams::default(), &gpu_pod("managed", "gpu-dead", Some(owner))).await.unwrap();
+    let relayout = json!({"spec": {"layouts": [{"gpuProduct": "H100-80GB", "profiles": {"1g.10gb": 7}}]}});
+    plans.patch("p", &PatchParams::default(), &Patch::Merge(&relayout)).await.unwrap();
+    let msg = stalled(&admin, "p", "DrainTimeout").await;
+    assert!(msg.contains("pod ml/notebook has no controller") && msg.contains("evictUnmanagedPods"), "{msg}");
+    for name in ["notebook", "managed"] {
+        let pod = pods.get(name).await.unwrap();
+        assert!(pod.metadata.deletion_timestamp.is_none(), "{name} was evicted while the drain could not finish");
+    }
+    assert_eq!(phase(&admin, "gpu-dead").await, Some(NodePhase::Draining));
+
+    // The admin opts in: both go and the node is changed.
     let opt_in = json!({"spec": {"rollout": {"evictUnmanagedPods": true}}});
     plans.patch("p", &PatchParams::default(), &Patch::Merge(&opt_in)).await.unwrap();
     ready(&admin, "p").await;
-    assert!(pods.get_opt("notebook").await.unwrap().is_none());
+    assert!(pods.get_opt("notebook").await.unwrap().is_none() && pods.get_opt("managed").await.unwrap().is_none());
     assert!(!cordoned(&admin).await["gpu-dead"]);
 }
 

@@ -170,17 +170,15 @@ impl<B: GpuBackend> Agent<B> {
                     .map(|(k, n)| (k.clone(), *n as u32))
                     .collect::<ProfileCounts>(),
             };
-            match self.apply_gpu(info, &target, handed_over) {
-                Ok(did) => {
-                    changed |= did;
-                    outcomes.push((gpu, GpuOutcome::InSync));
-                }
-                Err(o @ GpuOutcome::Waiting { .. }) => outcomes.push((gpu, o)),
-                Err(o) => {
-                    changed = true;
-                    outcomes.push((gpu, o));
-                }
-            }
+            // `changed` only when a driver step really ran: GPU clients are restarted after a
+            // change, never on a pass that changed nothing (a blocked GPU would make them flap).
+            let mut ran = false;
+            let outcome = match self.apply_gpu(info, &target, handed_over, &mut ran) {
+                Ok(()) => GpuOutcome::InSync,
+                Err(o) => o,
+            };
+            changed |= ran;
+            outcomes.push((gpu, outcome));
         }
         (outcomes, changed)
     }
@@ -190,7 +188,8 @@ impl<B: GpuBackend> Agent<B> {
         info: &crate::backend::GpuInfo,
         target: &Target,
         handed_over: bool,
-    ) -> Result<bool, GpuOutcome> {
+        ran: &mut bool,
+    ) -> Result<(), GpuOutcome> {
         let failed = |e: Error| GpuOutcome::Failed { message: e.to_string() };
         let gpu = info.index;
         let profiles = if info.mig_capable { self.backend.profiles(gpu).map_err(failed)? } else { vec![] };
@@ -225,7 +224,16 @@ impl<B: GpuBackend> Agent<B> {
             });
         }
         for step in &steps {
+            if !matches!(step, Step::Create { .. }) && !self.still_handed_over() {
+                // The operator withdrew the hand-over (or the node is schedulable again) since
+                // this pass began: stop before changing anything a workload could be using.
+                return Err(GpuOutcome::Waiting {
+                    reason: "AwaitingDrain",
+                    message: "the hand-over was withdrawn mid-pass; nothing more is destroyed".into(),
+                });
+            }
             info!(gpu, ?step, "applying");
+            *ran = true;
             match step {
                 Step::Destroy { gpu_instance_id, .. } => {
                     self.backend.destroy_instance(gpu, *gpu_instance_id).map_err(failed)?
@@ -246,7 +254,18 @@ impl<B: GpuBackend> Agent<B> {
                 }
             }
         }
-        Ok(!steps.is_empty())
+        Ok(())
+    }
+
+    /// Re-reads, right before a disruptive driver call, that the node is still handed over
+    /// (`Applying`) and cordoned. Called from blocking code inside `block_in_place`.
+    fn still_handed_over(&self) -> bool {
+        let handle = tokio::runtime::Handle::current();
+        let gn = handle.block_on(Api::<GpuNode>::all(self.client.clone()).get(&self.node));
+        let node = handle.block_on(Api::<Node>::all(self.client.clone()).get(&self.node));
+        let applying = gn.ok().and_then(|g| g.status?.rollout).is_some_and(|r| r.phase == NodePhase::Applying);
+        let cordoned = node.ok().and_then(|n| n.spec?.unschedulable).unwrap_or(false);
+        applying && cordoned
     }
 
     /// Sets the node's `nvidia.com/mig-*` and `nvidia.com/gpu` capacity from the instances, and

@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::Error;
-use crate::liveness::agent_health;
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Action, NodeInput};
 use crate::status::plan_status;
@@ -44,7 +44,7 @@ const DEBOUNCE: Duration = Duration::from_millis(500);
 /// Nodes whose actions run at once within a pass.
 const NODES_IN_PARALLEL: usize = 16;
 
-fn node_of(action: &Action) -> &str {
+pub fn node_of(action: &Action) -> &str {
     match action {
         Action::Rollout { node, .. }
         | Action::Cordon { node }
@@ -68,6 +68,8 @@ pub struct Context {
     pub gpunodes: Store<GpuNode>,
     pub nodes: Store<Node>,
     pub leases: Store<Lease>,
+    /// Agents' heartbeats as observed pass after pass.
+    pub liveness: std::sync::Mutex<Liveness>,
 }
 
 /// Starts the caches and returns the context plus a notifier that fires on every change.
@@ -85,7 +87,8 @@ pub async fn start(
     let leases =
         watch_into_store(Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE), all(), changed.clone());
     let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance) });
-    let ctx = Context { client, evict_client, recorder, metrics, plans, gpunodes, nodes, leases };
+    let liveness = Default::default();
+    let ctx = Context { client, evict_client, recorder, metrics, plans, gpunodes, nodes, leases, liveness };
     (Arc::new(ctx), changed)
 }
 
@@ -151,6 +154,15 @@ impl Context {
             self.gpunodes.state().iter().map(|g| (g.name_any(), (**g).clone())).collect();
         let leases: BTreeMap<String, Arc<Lease>> = self.leases.state().into_iter().map(|l| (l.name_any(), l)).collect();
         let now = k8s_openapi::jiff::Timestamp::now();
+        let health: BTreeMap<String, crate::liveness::AgentHealth> = {
+            let mut liveness = self.liveness.lock().unwrap_or_else(|p| p.into_inner());
+            liveness.retain(&leases.keys().cloned().collect());
+            self.nodes
+                .state()
+                .iter()
+                .map(|n| (n.name_any(), liveness.health(&n.name_any(), leases.get(&n.name_any()).map(|l| &**l), now)))
+                .collect()
+        };
         let mut inputs = Vec::new();
         for node in self.nodes.state() {
             let name = node.name_any();
@@ -168,7 +180,10 @@ impl Context {
                 gpunode: gn,
                 pods,
                 daemonsets,
-                agent: agent_health(leases.get(&name).map(|l| &**l), now),
+                agent: health
+                    .get(&name)
+                    .cloned()
+                    .unwrap_or(crate::liveness::AgentHealth::NotResponding { since: None }),
             });
         }
         let (actions, mut reports) = rollout::plan_fleet(&plans, &inputs, now);

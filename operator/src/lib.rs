@@ -17,3 +17,9 @@ pub mod server;
 pub mod status;
 
 pub use error::Error;
+
+/// The node an action is about (shared by the controller and the planner's tests).
+#[cfg(test)]
+pub(crate) fn controller_node_of(a: &rollout::Action) -> &str {
+    controller::node_of(a)
+}

@@ -3,6 +3,8 @@
 //! heartbeat, and a hung agent (stuck in a driver call) stops renewing because its one loop does
 //! both.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -31,19 +33,46 @@ impl AgentHealth {
     }
 }
 
-/// Alive while `renewTime + leaseDurationSeconds` has not passed.
-pub fn agent_health(lease: Option<&Lease>, now: Timestamp) -> AgentHealth {
-    let Some(spec) = lease.and_then(|l| l.spec.as_ref()) else {
-        return AgentHealth::NotResponding { since: None };
-    };
-    let Some(renewed) = spec.renew_time.as_ref().map(|t| t.0) else {
-        return AgentHealth::NotResponding { since: None };
-    };
-    let duration = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(40).max(1)));
-    if now.duration_since(renewed) <= duration {
-        AgentHealth::Alive
-    } else {
-        AgentHealth::NotResponding { since: Some(renewed) }
+/// What the operator last saw of one lease: its `renewTime`, and when (by the operator's own
+/// clock) that value was first seen. Judging by the operator's clock, as the node lifecycle
+/// controller does, makes clock skew between nodes irrelevant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    renewed: Timestamp,
+    at: Timestamp,
+}
+
+/// Agents' heartbeats as observed over time. Every lease seen for the first time (after an
+/// operator start, say) gets a full lease duration of grace.
+#[derive(Debug, Default)]
+pub struct Liveness {
+    seen: BTreeMap<String, Seen>,
+}
+
+impl Liveness {
+    /// Alive while the lease's `renewTime` changed within `leaseDurationSeconds` of `now`.
+    pub fn health(&mut self, node: &str, lease: Option<&Lease>, now: Timestamp) -> AgentHealth {
+        let spec = lease.and_then(|l| l.spec.as_ref());
+        let Some(renewed) = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0) else {
+            self.seen.remove(node);
+            return AgentHealth::NotResponding { since: None };
+        };
+        let seen = self.seen.entry(node.to_string()).or_insert(Seen { renewed, at: now });
+        if seen.renewed != renewed {
+            *seen = Seen { renewed, at: now };
+        }
+        let duration =
+            SignedDuration::from_secs(i64::from(spec.and_then(|s| s.lease_duration_seconds).unwrap_or(40).max(1)));
+        if now.duration_since(seen.at) <= duration {
+            AgentHealth::Alive
+        } else {
+            AgentHealth::NotResponding { since: Some(renewed) }
+        }
+    }
+
+    /// Forgets leases that are gone.
+    pub fn retain(&mut self, present: &std::collections::BTreeSet<String>) {
+        self.seen.retain(|k, _| present.contains(k));
     }
 }
 
@@ -60,21 +89,40 @@ mod tests {
         serde_json::from_value(json!({"metadata": {"name": "n1"}, "spec": spec})).unwrap()
     }
 
+    fn at(t: &str) -> Timestamp {
+        t.parse().unwrap()
+    }
+
     #[test]
-    fn alive_within_the_lease_duration_and_not_after() {
-        let now: Timestamp = "2026-06-01T00:01:00Z".parse().unwrap();
-        let fresh = lease(Some("2026-06-01T00:00:30.000000Z"), 40);
-        assert_eq!(agent_health(Some(&fresh), now), AgentHealth::Alive);
-        let stale = lease(Some("2026-06-01T00:00:10.000000Z"), 40);
-        let since: Timestamp = "2026-06-01T00:00:10Z".parse().unwrap();
-        assert_eq!(agent_health(Some(&stale), now), AgentHealth::NotResponding { since: Some(since) });
-        assert!(agent_health(Some(&stale), now).describe().contains("last renewed at 2026-06-01T00:00:10Z"));
+    fn alive_while_the_lease_keeps_changing_and_not_after_its_duration() {
+        let mut l = Liveness::default();
+        let first = lease(Some("2026-06-01T00:00:00.000000Z"), 40);
+        assert_eq!(l.health("n1", Some(&first), at("2026-06-01T00:00:00Z")), AgentHealth::Alive);
+        assert_eq!(l.health("n1", Some(&first), at("2026-06-01T00:00:40Z")), AgentHealth::Alive);
+        let stale = l.health("n1", Some(&first), at("2026-06-01T00:00:41Z"));
+        assert_eq!(stale, AgentHealth::NotResponding { since: Some(at("2026-06-01T00:00:00Z")) });
+        assert!(stale.describe().contains("last renewed at 2026-06-01T00:00:00Z"));
+        // A renewal brings it back.
+        let renewed = lease(Some("2026-06-01T00:00:50.000000Z"), 40);
+        assert_eq!(l.health("n1", Some(&renewed), at("2026-06-01T00:00:51Z")), AgentHealth::Alive);
+    }
+
+    #[test]
+    fn the_agents_clock_does_not_matter_only_that_the_lease_changes() {
+        let mut l = Liveness::default();
+        // The agent's clock is an hour behind the operator's: still alive while it renews.
+        for (i, t) in ["23:00:00", "23:00:10", "23:00:20"].iter().enumerate() {
+            let lease = lease(Some(&format!("2026-05-31T{t}.000000Z")), 40);
+            let now = at(&format!("2026-06-01T00:00:{:02}Z", i * 10));
+            assert_eq!(l.health("n1", Some(&lease), now), AgentHealth::Alive);
+        }
     }
 
     #[test]
     fn no_lease_or_no_renewal_is_not_responding() {
-        let now: Timestamp = "2026-06-01T00:01:00Z".parse().unwrap();
-        assert_eq!(agent_health(None, now), AgentHealth::NotResponding { since: None });
-        assert_eq!(agent_health(Some(&lease(None, 40)), now), AgentHealth::NotResponding { since: None });
+        let mut l = Liveness::default();
+        let now = at("2026-06-01T00:01:00Z");
+        assert_eq!(l.health("n1", None, now), AgentHealth::NotResponding { since: None });
+        assert_eq!(l.health("n1", Some(&lease(None, 40)), now), AgentHealth::NotResponding { since: None });
     }
 }

@@ -120,7 +120,11 @@ impl QuotaController {
             }
         }
         let mut failed_deletes = 0;
-        for (ns, name) in &plan.delete {
+        // Where an apply failed this pass, delete nothing: the stale ResourceQuota may be the
+        // only limit left in that namespace.
+        let failed_namespaces: BTreeSet<&str> =
+            plan.apply.iter().filter(|(_, q, _)| failures.contains_key(q)).map(|(ns, _, _)| ns.as_str()).collect();
+        for (ns, name) in plan.delete.iter().filter(|(ns, _)| !failed_namespaces.contains(ns.as_str())) {
             info!(namespace = %ns, name = %name, "deleting stale ResourceQuota");
             match Api::<ResourceQuota>::namespaced(self.client.clone(), ns).delete(name, &DeleteParams::default()).await
             {

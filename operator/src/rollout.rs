@@ -211,7 +211,7 @@ fn validate(plan: &GpuPartitionPlan, nodes: &[NodeInput]) -> Vec<String> {
     let mut reported: BTreeMap<String, &'static GpuModel> = BTreeMap::new();
     for node in nodes.iter().filter(|n| matches(&plan.spec.node_selector, &n.labels)) {
         let gpus = node.gpunode.as_ref().and_then(|g| g.status.as_ref()).map(|s| s.gpus.as_slice()).unwrap_or(&[]);
-        for g in gpus.iter().filter(|g| catalog::lookup(&g.product).is_none() && !g.profiles.is_empty()) {
+        for g in gpus.iter().filter(|g| catalog::lookup(&g.product).is_none() && catalog::valid_table(&g.profiles)) {
             reported.insert(product_key(&g.product), catalog::model_from_table(&g.product, &g.profiles));
         }
     }
@@ -291,6 +291,11 @@ fn release(node: &NodeInput, actions: &mut Vec<Action>) {
         return; // the agent is reconfiguring a drained node: let it finish first
     }
     if r.cordoned_by_us && node.unschedulable {
+        if r.phase == NodePhase::Applying {
+            // Withdraw the hand-over before the uncordon, so a late agent changes nothing.
+            let withdrawn = NodeRollout { phase: NodePhase::Pending, ..r.clone() };
+            actions.push(Action::Rollout { node: node.name.clone(), rollout: Some(withdrawn) });
+        }
         actions.push(Action::Uncordon { node: node.name.clone() });
     }
     actions.push(Action::Rollout { node: node.name.clone(), rollout: None });
@@ -335,7 +340,19 @@ fn plan_one(
     }
     report.matched = candidates.len() as i32;
     let budget = max_unavailable(&policy.max_unavailable, candidates.len()).unwrap_or(1);
-    let mut busy = candidates.iter().filter(|(node, gn, desired)| unavailable(node, gn, desired, generation)).count();
+    // Owned nodes that are not candidates (no report, no layout that fits any more) still count
+    // while in flight: they are still cordoned.
+    let candidate_names: std::collections::BTreeSet<&str> =
+        candidates.iter().map(|(n, _, _)| n.name.as_str()).collect();
+    let others_in_flight = nodes
+        .iter()
+        .filter(|n| !candidate_names.contains(n.name.as_str()))
+        .filter(|n| {
+            n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).is_some_and(|r| in_flight(r.phase))
+        })
+        .count();
+    let mut busy = others_in_flight
+        + candidates.iter().filter(|(node, gn, desired)| unavailable(node, gn, desired, generation)).count();
     report.budget = budget as i32;
     let drain_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
     let apply_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.apply_timeout_seconds.max(0));
@@ -357,6 +374,16 @@ fn plan_one(
                     }
                     r.cordoned_by_us = false;
                     actions.push(Action::Rollout { node: n.clone(), rollout: Some(r.clone()) });
+                    if node.unschedulable {
+                        // Decide on this node again once the uncordon is seen: starting it now
+                        // would read the stale `unschedulable` and never cordon it.
+                        if r.plan_generation == generation {
+                            report.failed.push((n.clone(), r.message.clone()));
+                        } else {
+                            report.pending += 1;
+                        }
+                        continue;
+                    }
                 }
                 // Built after the flag above is cleared: a stale `cordonedByUs` must never be
                 // written back (it could later uncordon a node an admin cordoned).
@@ -406,9 +433,6 @@ fn plan_one(
             NodePhase::Draining => {
                 let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
                 report.in_progress += 1;
-                if r.cordoned_by_us && !node.unschedulable {
-                    actions.push(Action::Cordon { node: n.clone() });
-                }
                 let pods = match &node.pods {
                     Ok(pods) => pods,
                     Err(e) => {
@@ -426,6 +450,14 @@ fn plan_one(
                         PodVerdict::Refuse(why) => refused.push(why),
                         PodVerdict::Skip(_) => {}
                     }
+                }
+                if !node.unschedulable {
+                    // Never hand over a schedulable node: someone uncordoned it mid-drain (or our
+                    // view is stale). Cordon it (again) as ours and decide next pass.
+                    let ours = NodeRollout { cordoned_by_us: true, ..base };
+                    actions.push(Action::Rollout { node: n.clone(), rollout: Some(ours) });
+                    actions.push(Action::Cordon { node: n.clone() });
+                    continue;
                 }
                 if evict.is_empty() && waiting.is_empty() && refused.is_empty() {
                     actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.clone() });
@@ -447,17 +479,26 @@ fn plan_one(
                 for why in &refused {
                     report.drain_blocked.push(format!("{n}: {why}"));
                 }
-                let force = timed_out && policy.force_after_timeout;
-                if timed_out && (!force || !refused.is_empty()) {
-                    let left = evict.len() + waiting.len() + refused.len();
-                    let mut why: Vec<String> = refused.clone();
-                    if !r.message.is_empty() {
-                        why.push(r.message.clone());
+                if !refused.is_empty() {
+                    // Like kubectl drain: evict nothing while a pod refuses, since the drain
+                    // cannot finish (and force must not break other pods' budgets for nothing).
+                    if timed_out {
+                        report.drain_timeouts.push(format!(
+                            "{n}: drain exceeded {}s with {} pod(s) left ({})",
+                            policy.drain_timeout_seconds,
+                            evict.len() + waiting.len() + refused.len(),
+                            refused.join("; ")
+                        ));
                     }
+                    continue;
+                }
+                let force = timed_out && policy.force_after_timeout;
+                if timed_out && !force {
                     report.drain_timeouts.push(format!(
-                        "{n}: drain exceeded {}s with {left} pod(s) left{}",
+                        "{n}: drain exceeded {}s with {} pod(s) left{}",
                         policy.drain_timeout_seconds,
-                        if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) }
+                        evict.len() + waiting.len(),
+                        if r.message.is_empty() { String::new() } else { format!(" ({})", r.message) }
                     ));
                 }
                 if force {

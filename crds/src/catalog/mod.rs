@@ -93,6 +93,20 @@ pub fn lookup(product: &str) -> Option<&'static GpuModel> {
     })
 }
 
+/// Whether a reported profile table describes a geometry the solver can work with: 1 to 8
+/// memory and compute slices per profile, every placement inside an 8-slot axis. Anything else
+/// (a buggy or hostile report) is treated as an unknown board.
+pub fn valid_table(table: &[crate::gpunode::GpuProfileInfo]) -> bool {
+    !table.is_empty()
+        && table.iter().all(|p| {
+            (1..=8).contains(&p.memory_slices)
+                && (1..=8).contains(&p.compute_slices)
+                && p.max_count >= 1
+                && parse_profile_name(&p.name).is_some()
+                && p.starts.iter().all(|s| u16::from(*s) + u16::from(p.memory_slices) <= 8)
+        })
+}
+
 /// A geometry model built from a profile table a node agent read from the driver, for boards the
 /// catalog lacks. Leaked once per distinct table: a fleet has a handful of GPU models.
 pub fn model_from_table(product: &str, table: &[crate::gpunode::GpuProfileInfo]) -> &'static GpuModel {

@@ -70,8 +70,9 @@ pub fn slots(inputs: &Inputs, selector: &LabelSelector) -> Vec<GpuSlot> {
         let labels = inputs.labels.get(&node).unwrap_or(&empty);
         let changeable = matches(selector, labels) && !inputs.busy_nodes.contains_key(&node);
         for g in gn.status.iter().flat_map(|s| s.gpus.iter()).filter(|g| g.mig_capable) {
-            let model = catalog::lookup(&g.product)
-                .or_else(|| (!g.profiles.is_empty()).then(|| catalog::model_from_table(&g.product, &g.profiles)));
+            let model = catalog::lookup(&g.product).or_else(|| {
+                catalog::valid_table(&g.profiles).then(|| catalog::model_from_table(&g.product, &g.profiles))
+            });
             let Some(model) = model else { continue };
             let instances: Vec<Placement> = g
                 .instances

@@ -243,6 +243,10 @@ struct Sim {
     retries: Vec<u32>,
     pre_cordoned: BTreeSet<String>,
     budget: usize,
+    /// The cluster's truth; the planner sees it one round late (a lagging cache).
+    real_unschedulable: Vec<bool>,
+    /// When set, each node's actions of a round may stop early (a failed call, a crash).
+    rng: Option<u64>,
 }
 
 impl Sim {
@@ -254,6 +258,8 @@ impl Sim {
         Sim {
             plans: vec![plan("p", 0, budget, h100_layout())],
             pre_cordoned: nodes.iter().filter(|x| x.unschedulable).map(|x| x.name.clone()).collect(),
+            real_unschedulable: nodes.iter().map(|x| x.unschedulable).collect(),
+            rng: None,
             nodes,
             held: vec![vec![]; n],
             kinds,
@@ -290,17 +296,39 @@ impl Sim {
         let before = self.unavailable();
         let (actions, reports) = plan_fleet(&self.plans, &self.nodes, now());
         let mut starts = 0;
+        // Per node, a failed call or a crash may cut its ordered actions short.
+        let mut cut: BTreeMap<String, usize> = BTreeMap::new();
+        if let Some(rng) = self.rng.as_mut() {
+            for a in &actions {
+                let node = crate::controller_node_of(a).to_string();
+                cut.entry(node).or_insert_with(|| {
+                    *rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let roll = (*rng >> 33) % 8;
+                    if roll < 2 { roll as usize } else { usize::MAX }
+                });
+            }
+        }
+        let mut done: BTreeMap<String, usize> = BTreeMap::new();
+        let actions: Vec<Action> = actions
+            .into_iter()
+            .filter(|a| {
+                let node = crate::controller_node_of(a).to_string();
+                let k = done.entry(node.clone()).or_default();
+                *k += 1;
+                *k <= cut.get(&node).copied().unwrap_or(usize::MAX)
+            })
+            .collect();
         for a in actions {
             let i = |name: &str| self.nodes.iter().position(|x| x.name == name).unwrap();
             match a {
                 Action::Cordon { node } => {
                     let i = i(&node);
-                    self.nodes[i].unschedulable = true;
+                    self.real_unschedulable[i] = true;
                 }
                 Action::Uncordon { node } => {
                     assert!(!self.pre_cordoned.contains(&node), "uncordoned {node}, which an admin cordoned");
                     let i = i(&node);
-                    self.nodes[i].unschedulable = false;
+                    self.real_unschedulable[i] = false;
                 }
                 Action::Rollout { node, rollout } => {
                     let i = i(&node);
@@ -346,6 +374,9 @@ impl Sim {
         for i in 0..self.nodes.len() {
             self.agent_pass(i);
         }
+        for i in 0..self.nodes.len() {
+            self.nodes[i].unschedulable = self.real_unschedulable[i];
+        }
         reports["p"].clone()
     }
 
@@ -390,7 +421,7 @@ impl Sim {
                     return;
                 }
                 _ => {
-                    assert!(self.nodes[i].unschedulable, "{} changed its GPUs while schedulable", self.nodes[i].name);
+                    assert!(self.real_unschedulable[i], "{} changed its GPUs while schedulable", self.nodes[i].name);
                     self.held[i] = spec;
                     observed = generation;
                     vec![cond(READY, "True", "Applied", generation)]
@@ -425,6 +456,7 @@ proptest! {
         budget in 1usize..4,
         percent in proptest::bool::ANY,
         cordoned in proptest::collection::btree_set(0usize..10, 0..3),
+        faults in proptest::option::of(any::<u64>()),
     ) {
         let (value, limit) = if percent {
             let pct = budget * 25; // 25..75 %
@@ -433,9 +465,11 @@ proptest! {
             (json!(budget), budget)
         };
         let mut sim = Sim::new(n, value, limit, &cordoned, kinds);
+        sim.rng = faults;
         for _ in 0..(6 * n + 10) {
             sim.round();
         }
+        sim.rng = None;
         // Heal every agent and bump the plan (what an admin does after fixing the cause).
         sim.kinds = vec![AgentKind::Good; n];
         sim.plans[0].metadata.generation = Some(2);
@@ -452,7 +486,8 @@ proptest! {
         for i in 0..n {
             prop_assert_eq!(&sim.held[i], &sim.desired(), "node {} has the plan's layout", i);
         }
-        let still: BTreeSet<String> = sim.nodes.iter().filter(|x| x.unschedulable).map(|x| x.name.clone()).collect();
+        let still: BTreeSet<String> =
+            sim.nodes.iter().zip(&sim.real_unschedulable).filter(|(_, u)| **u).map(|(x, _)| x.name.clone()).collect();
         prop_assert_eq!(still, sim.pre_cordoned.clone(), "only the nodes cordoned before us stay cordoned");
     }
 }
@@ -499,9 +534,60 @@ fn a_stale_cordoned_by_us_is_never_written_back_after_a_failure() {
             assert!(!r.cordoned_by_us, "cordonedByUs written back after the uncordon: {actions:?}");
         }
     }
+    // The next pass, with the uncordon seen, records the node Idle.
+    let cleared = json!({"phase": "Failed", "plan": "p", "planGeneration": 1, "cordonedByUs": false, "message": "x"});
+    let nodes = [node("n1", false, gpunode("n1", wanted(), true, Some(cleared)))];
+    let (actions, _) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &nodes, now());
+    assert!(actions.iter().any(
+        |a| matches!(a, Action::Rollout { rollout: Some(r), .. } if r.phase == NodePhase::Idle && !r.cordoned_by_us)
+    ));
+}
+
+#[test]
+fn a_failed_node_uncordoned_this_pass_is_not_restarted_on_a_stale_view() {
+    // Failed for an older generation and still cordoned by us: the plan changed since.
+    let r = json!({"phase": "Failed", "plan": "p", "planGeneration": 0, "cordonedByUs": true, "message": "x"});
+    let nodes = [node("n1", true, gpunode("n1", json!([]), true, Some(r)))];
+    let (actions, _) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &nodes, now());
+    assert!(actions.contains(&Action::Uncordon { node: "n1".into() }));
     assert!(
-        actions.iter().any(|a| matches!(a, Action::Rollout { rollout: Some(r), .. } if r.phase == NodePhase::Idle))
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::Rollout { rollout: Some(r), .. } if r.phase == NodePhase::Draining)),
+        "restarting now would record cordonedByUs=false for a node about to be schedulable: {actions:?}"
     );
+}
+
+#[test]
+fn a_drained_node_that_is_schedulable_again_is_cordoned_not_handed_over() {
+    let nodes = [node("n1", false, gpunode("n1", json!([]), true, Some(draining("2026-06-01T00:00:00Z"))))];
+    let (actions, _) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &nodes, now());
+    assert!(!actions.iter().any(|a| matches!(a, Action::Intent { .. })), "{actions:?}");
+    assert!(actions.contains(&Action::Cordon { node: "n1".into() }));
+}
+
+#[test]
+fn in_flight_nodes_the_plan_no_longer_fits_still_hold_their_slot() {
+    // n1 is mid-change but reports no GPUs any more (agent re-registering): still cordoned.
+    let mut gn1 = gpunode("n1", wanted(), false, Some(draining("2026-06-01T00:00:00Z")));
+    gn1.status.as_mut().unwrap().gpus.clear();
+    let nodes = [node("n1", true, gn1), node("n2", false, gpunode("n2", json!([]), true, None))];
+    let (actions, _) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &nodes, now());
+    assert!(!actions.iter().any(|a| matches!(a, Action::Cordon { node } if node == "n2")), "{actions:?}");
+}
+
+#[test]
+fn releasing_a_node_mid_apply_withdraws_the_hand_over_before_the_uncordon() {
+    let r = json!({"phase": "Applying", "plan": "gone", "planGeneration": 1, "cordonedByUs": true});
+    let mut n = node("n1", true, gpunode("n1", wanted(), false, Some(r)));
+    n.agent = AgentHealth::NotResponding { since: None };
+    let (actions, _) = plan_fleet(&[], &[n], now());
+    let withdrawn = actions
+        .iter()
+        .position(|a| matches!(a, Action::Rollout { rollout: Some(r), .. } if r.phase != NodePhase::Applying))
+        .expect("hand-over withdrawn");
+    let uncordon = actions.iter().position(|a| matches!(a, Action::Uncordon { .. })).unwrap();
+    assert!(withdrawn < uncordon, "{actions:?}");
 }
 
 #[test]
@@ -547,7 +633,15 @@ fn a_dead_agent_keeps_its_node_cordoned_and_stalls_the_plan_and_blocks_new_start
     dead.agent = AgentHealth::NotResponding { since: Some(since) };
     let mut idle_dead = node("n2", false, gpunode("n2", json!([]), true, None));
     idle_dead.agent = AgentHealth::NotResponding { since: None };
-    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(3), h100_layout())], &[dead, idle_dead], now());
+    let healthy = node("n3", false, gpunode("n3", json!([]), true, None));
+    // Budget 2: the node mid-change and the not-started node with a dead agent use it all.
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(2), h100_layout())], &[dead, idle_dead, healthy], now());
+    assert!(
+        actions.iter().any(
+            |a| matches!(a, Action::Rollout { node, rollout: Some(r) } if node == "n3" && r.phase == NodePhase::Pending)
+        ),
+        "n3 waits: {actions:?}"
+    );
     assert!(!actions.iter().any(|a| matches!(a, Action::Uncordon { .. } | Action::Cordon { .. })), "{actions:?}");
     // Ready=Unknown for both GpuNodes, so nobody reads a stale Ready=True.
     assert_eq!(actions.iter().filter(|a| matches!(a, Action::AgentDown { .. })).count(), 2, "{actions:?}");
@@ -614,7 +708,7 @@ fn a_node_whose_pods_cannot_be_listed_is_never_judged_drained() {
 fn unmanaged_pods_block_the_drain_unless_the_plan_opts_in() {
     let bare = || gpu_pod("notebook", json!({"ownerReferences": null}));
     let mut n = node("n1", true, gpunode("n1", json!([]), true, Some(draining("2026-05-31T00:00:00Z"))));
-    n.pods = Ok(vec![bare()]);
+    n.pods = Ok(vec![bare(), gpu_pod("managed", json!({}))]);
     let mut p = plan("p", 0, json!(1), h100_layout());
     p.spec.rollout.force_after_timeout = true; // force overrides PDBs, not this opt-in
     let (actions, reports) = plan_fleet(&[p.clone()], &[n.clone()], now());

@@ -184,6 +184,7 @@ impl Context {
                     .get(&name)
                     .cloned()
                     .unwrap_or(crate::liveness::AgentHealth::NotResponding { since: None }),
+                cordon_annotated: node.annotations().get(rollout::CORDONED_ANNOTATION).and_then(|t| t.parse().ok()),
             });
         }
         let (actions, mut reports) = rollout::plan_fleet(&plans, &inputs, now);
@@ -327,13 +328,24 @@ impl Context {
             Action::Cordon { node } => {
                 info!(%node, "cordon");
                 nodes
-                    .patch(&node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true}})))
+                    .patch(
+                        &node,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"annotations": {
+                                                 rollout::CORDONED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()}},
+                                             "spec": {"unschedulable": true}})),
+                    )
                     .await?;
             }
             Action::Uncordon { node } => {
                 info!(%node, "uncordon");
                 nodes
-                    .patch(&node, &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": null}})))
+                    .patch(
+                        &node,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"annotations": {rollout::CORDONED_ANNOTATION: null}},
+                                             "spec": {"unschedulable": null}})),
+                    )
                     .await?;
                 self.event_on_node(&node, "Uncordoned", "uncordoned after its MIG change", false).await;
             }

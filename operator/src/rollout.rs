@@ -39,7 +39,17 @@ pub struct NodeInput {
     pub daemonsets: BTreeSet<(String, String)>,
     /// The node agent's heartbeat.
     pub agent: AgentHealth,
+    /// When Tessera cordoned the Node, from its [`CORDONED_ANNOTATION`].
+    pub cordon_annotated: Option<Timestamp>,
 }
+
+/// Set on a Node (to the time) in the same patch as Tessera's cordon and removed with the
+/// uncordon, so the cordon can be found and undone even if the `GpuNode` holding the rollout
+/// record is lost.
+pub const CORDONED_ANNOTATION: &str = "tessera.dev/cordoned-at";
+/// How long a cordon without its record must last before it counts as orphaned: the Node and
+/// `GpuNode` caches are separate watches, and the Node's may be ahead for a moment.
+const ORPHANED_CORDON_AFTER_SECS: i64 = 60;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
@@ -237,6 +247,15 @@ pub fn plan_fleet(
             if ready.is_some_and(|c| c.status != "Unknown") {
                 actions.push(Action::AgentDown { node: node.name.clone(), message: node.agent.describe() });
             }
+        }
+    }
+    for node in nodes.iter().filter(|n| n.unschedulable) {
+        let Some(at) = node.cordon_annotated else { continue };
+        let record = node.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref());
+        let old = now.duration_since(at).as_secs() > ORPHANED_CORDON_AFTER_SECS;
+        if old && !record.is_some_and(|r| r.cordoned_by_us) {
+            // Our cordon, but its record is gone (the GpuNode was deleted or re-registered).
+            actions.push(Action::Uncordon { node: node.name.clone() });
         }
     }
     // Ownership: highest priority wins; a tie at the top is a conflict and nobody acts.

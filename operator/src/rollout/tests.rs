@@ -49,6 +49,7 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput {
         pods: Ok(vec![]),
         daemonsets: BTreeSet::new(),
         agent: AgentHealth::Alive,
+        cordon_annotated: None,
     }
 }
 
@@ -775,4 +776,21 @@ fn a_board_outside_the_catalog_is_valid_where_its_agent_reports_the_table() {
     let too_many = json!([{"gpuProduct": "NVIDIA Z100", "profiles": {"2g.20gb": 4}}]);
     let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), too_many)], &[node("n1", false, gn)], now());
     assert!(actions.is_empty() && reports["p"].invalid_spec[0].contains("spec.layouts[0].profiles"), "{reports:?}");
+}
+
+#[test]
+fn our_cordon_is_undone_even_when_its_gpunode_record_is_lost() {
+    // The GpuNode was deleted mid-rollout and re-registered by the agent: no rollout record.
+    let mut n = node("n1", true, gpunode("n1", json!([]), true, None));
+    // Within a minute it may be the Node cache running ahead of the GpuNode's: wait.
+    n.cordon_annotated = Some("2026-05-31T23:59:30Z".parse().unwrap());
+    let (actions, _) = plan_fleet(&[], &[n.clone()], now());
+    assert!(actions.is_empty(), "{actions:?}");
+    n.cordon_annotated = Some("2026-05-31T23:50:00Z".parse().unwrap());
+    let (actions, _) = plan_fleet(&[], &[n.clone()], now());
+    assert_eq!(actions, vec![Action::Uncordon { node: "n1".into() }]);
+    // An admin's cordon (no annotation) is left alone.
+    n.cordon_annotated = None;
+    let (actions, _) = plan_fleet(&[], &[n], now());
+    assert!(actions.is_empty(), "{actions:?}");
 }

@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use tessera_crds::conditions::{CAPACITY_AVAILABLE, CONFLICT, READY, STALLED, remove_condition, set_condition};
+use tessera_crds::conditions::{
+    CAPACITY_AVAILABLE, CONFLICT, READY, RECONCILING, STALLED, remove_condition, set_condition,
+};
 use tessera_crds::gpunode::GpuState;
 use tessera_crds::quota::{NamespaceUsage, ResourceUsage, SplitPolicy, TenantGpuQuotaSpec, TenantGpuQuotaStatus};
 use tessera_crds::validate::{GPU_RESOURCE, validate_quota};
@@ -46,14 +48,34 @@ pub fn quota_label_value(quota: &str) -> String {
     fit_name(quota, 63)
 }
 
-/// Whether Tessera wrote this ResourceQuota: a controller owner reference to a TenantGpuQuota.
-/// A user's own ResourceQuota, whatever its name or labels, is never overwritten or deleted.
-pub fn written_by_tessera(rq: &ResourceQuota) -> bool {
+/// The name to use in a namespace where `tessera-<quota>` is held by a ResourceQuota this quota
+/// does not own: the name plus the start of the quota's UID, so the tenant's limit is enforced
+/// anyway and the other object is left as it is.
+pub fn fallback_resource_quota_name(quota: &str, uid: &str) -> String {
+    let mut short: String = uid.chars().filter(char::is_ascii_alphanumeric).take(8).collect();
+    if short.is_empty() {
+        short = format!("{:08x}", stable_hash(quota) as u32); // no UID: not a stored object
+    }
+    fit_name(&format!("tessera-{quota}-{}", short.to_ascii_lowercase()), 253)
+}
+
+/// The quota that wrote this ResourceQuota, if Tessera did: a controller owner reference to a
+/// TenantGpuQuota *and* the [`QUOTA_LABEL`] value that quota's name gives. Either alone is no
+/// proof (a user's own ResourceQuota may carry our label, or a copied owner reference), so
+/// nothing else is ever deleted.
+pub fn written_by(rq: &ResourceQuota) -> Option<&str> {
+    let label = rq.metadata.labels.as_ref()?.get(QUOTA_LABEL)?;
     rq.metadata
         .owner_references
         .iter()
         .flatten()
-        .any(|o| o.controller == Some(true) && o.kind == "TenantGpuQuota" && o.api_version.starts_with("tessera.dev/"))
+        .find(|o| {
+            o.controller == Some(true)
+                && o.kind == "TenantGpuQuota"
+                && o.api_version.starts_with("tessera.dev/")
+                && quota_label_value(&o.name) == *label
+        })
+        .map(|o| o.name.as_str())
 }
 
 /// Each namespace's share of every tenant-wide limit.
@@ -109,13 +131,33 @@ pub fn physical(counts: &BTreeMap<String, i64>, whole_gpu_gb: i64) -> (i64, i64)
     (compute, memory)
 }
 
-/// What the controller should make true.
+/// One ResourceQuota to server-side-apply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Apply {
+    pub namespace: String,
+    /// The TenantGpuQuota it enforces (its owner).
+    pub quota: String,
+    /// The ResourceQuota's name: [`resource_quota_name`], or [`fallback_resource_quota_name`].
+    pub name: String,
+    /// `requests.<resource>` -> quantity.
+    pub hard: BTreeMap<String, String>,
+}
+
+/// One ResourceQuota to delete: stale or orphaned, and [`written_by`] Tessera.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delete {
+    pub namespace: String,
+    pub name: String,
+    /// The quota that wrote it (it may be gone).
+    pub quota: String,
+}
+
+/// What the controller should make true. It applies before it deletes, so a share that moves
+/// from one ResourceQuota name to another is never unenforced in between.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct QuotaPlan {
-    /// (namespace, quota name, hard as `requests.<resource>` -> quantity) to apply.
-    pub apply: Vec<(String, String, BTreeMap<String, String>)>,
-    /// (namespace, ResourceQuota name) to delete: stale or orphaned, and written by Tessera.
-    pub delete: Vec<(String, String)>,
+    pub apply: Vec<Apply>,
+    pub delete: Vec<Delete>,
     pub statuses: BTreeMap<String, TenantGpuQuotaStatus>,
 }
 
@@ -191,36 +233,55 @@ pub fn plan_quotas(
         let mut used_total: BTreeMap<String, i64> = BTreeMap::new();
         let mut taken: Vec<String> = Vec::new();
         st.namespaces.clear();
-        let rq_name = resource_quota_name(&name);
+        let primary = resource_quota_name(&name);
+        let fallback = fallback_resource_quota_name(&name, q.metadata.uid.as_deref().unwrap_or_default());
         for (ns, share) in shares(&q.spec) {
-            if claims.get(ns.as_str()).is_some_and(|c| c.len() > 1) {
-                // A namespace claimed twice keeps what this quota enforced there: a GitOps typo
-                // in another quota must not lift this tenant's limits.
+            // Where nothing new can be applied, what this quota enforced there stays.
+            let keep_what_is_enforced = |wanted: &mut BTreeSet<(String, String)>| {
                 for rq in
                     resource_quotas.iter().filter(|rq| owned_by(rq, q) && rq.metadata.namespace.as_deref() == Some(&ns))
                 {
                     wanted.insert((ns.clone(), rq.metadata.name.clone().unwrap_or_default()));
                 }
+            };
+            if claims.get(ns.as_str()).is_some_and(|c| c.len() > 1) {
+                // A GitOps typo in another quota must not lift this tenant's limits.
+                keep_what_is_enforced(&mut wanted);
                 continue;
             }
             if !existing_namespaces.contains(&ns) {
                 continue;
             }
-            let same_name = |rq: &&ResourceQuota| {
-                rq.metadata.namespace.as_deref() == Some(&ns) && rq.metadata.name.as_deref() == Some(&rq_name)
+            // A ResourceQuota this quota does not own is never overwritten (a force-apply would
+            // adopt it); the share goes under the fallback name instead.
+            let foreign = |rq_name: &str| {
+                resource_quotas.iter().any(|rq| {
+                    rq.metadata.namespace.as_deref() == Some(&ns)
+                        && rq.metadata.name.as_deref() == Some(rq_name)
+                        && !owned_by(rq, q)
+                })
             };
-            if resource_quotas.iter().filter(same_name).any(|rq| !owned_by(rq, q)) {
+            let Some(rq_name) = [&primary, &fallback].into_iter().find(|n| !foreign(n)).cloned() else {
                 taken.push(format!(
-                    "namespace {ns}: a ResourceQuota named {rq_name} exists that this quota does not own; it is \
-                     left as it is (rename or delete it to let Tessera enforce the share)"
+                    "namespace {ns}: ResourceQuotas {primary} and {fallback} exist and are not this quota's; they \
+                     are left as they are and this quota's share is NOT enforced there (rename or delete one)"
                 ));
+                keep_what_is_enforced(&mut wanted);
                 continue;
+            };
+            if rq_name != primary {
+                taken.push(format!(
+                    "namespace {ns}: ResourceQuota {primary} exists and is not this quota's (no controller owner \
+                     reference to it with label {QUOTA_LABEL}={}); it is left as it is and the share is enforced \
+                     as {rq_name} until it is renamed or deleted",
+                    quota_label_value(&name)
+                ));
             }
             let hard: BTreeMap<String, String> =
                 share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
-            plan.apply.push((ns.clone(), name.clone(), hard));
-            wanted.insert((ns.clone(), rq_name.clone()));
             let used = used_in(resource_quotas, &ns, &rq_name);
+            plan.apply.push(Apply { namespace: ns.clone(), quota: name.clone(), name: rq_name.clone(), hard });
+            wanted.insert((ns.clone(), rq_name));
             for (r, n) in &used {
                 *used_total.entry(r.clone()).or_default() += n;
             }
@@ -246,13 +307,15 @@ pub fn plan_quotas(
             );
             set_condition(&mut st.conditions, CONFLICT, true, "NamespaceClaimedTwice", &msg, g, t());
         }
+        let mut stalled = taken.clone();
         if !conflicts.is_empty() {
-            let msg = format!("namespace(s) claimed by another quota: {}", conflicts.join("; "));
-            set_condition(&mut st.conditions, STALLED, true, "Conflict", msg, g, t());
-        } else if !taken.is_empty() {
-            set_condition(&mut st.conditions, STALLED, true, "ResourceQuotaNameTaken", taken.join("; "), g, t());
-        } else {
+            stalled.insert(0, format!("namespace(s) claimed by another quota: {}", conflicts.join("; ")));
+        }
+        if stalled.is_empty() {
             remove_condition(&mut st.conditions, STALLED);
+        } else {
+            let reason = if conflicts.is_empty() { "ResourceQuotaNameTaken" } else { "Conflict" };
+            set_condition(&mut st.conditions, STALLED, true, reason, stalled.join("; "), g, t());
         }
         let shortfalls: Vec<String> = demand
             .iter()
@@ -321,24 +384,35 @@ pub fn plan_quotas(
     }
     for rq in resource_quotas {
         let key = (rq.metadata.namespace.clone().unwrap_or_default(), rq.metadata.name.clone().unwrap_or_default());
-        if written_by_tessera(rq) && !wanted.contains(&key) {
-            plan.delete.push(key);
+        if let Some(quota) = written_by(rq).filter(|_| !wanted.contains(&key)) {
+            plan.delete.push(Delete { namespace: key.0, name: key.1, quota: quota.to_string() });
         }
     }
     plan
 }
 
-/// Owned by this quota: its controller owner reference (by UID) and its label value.
+/// Marks a quota's status with this pass's failed writes (API errors in `errors`): `Ready=False`
+/// and `Reconciling=True`, reason `WriteFailed`, retried next pass. Without errors it clears
+/// `Reconciling`. What was enforced before stays: a share whose write failed keeps its old
+/// ResourceQuota (the controller deletes nothing that was to be replaced by a failed write).
+pub fn report_write_failures(st: &mut TenantGpuQuotaStatus, errors: &[String], generation: Option<i64>, now: &Time) {
+    if errors.is_empty() {
+        remove_condition(&mut st.conditions, RECONCILING);
+        return;
+    }
+    let msg = format!("retrying: {}", errors.join("; "));
+    set_condition(&mut st.conditions, READY, false, "WriteFailed", &msg, generation, now.clone());
+    set_condition(&mut st.conditions, RECONCILING, true, "WriteFailed", msg, generation, now.clone());
+}
+
+/// Owned by this quota: [`written_by`] it, and the controller owner reference has its UID (a
+/// quota deleted and created again under the same name owns nothing of the old one's).
 fn owned_by(rq: &ResourceQuota, q: &TenantGpuQuota) -> bool {
-    let label = rq.metadata.labels.as_ref().and_then(|l| l.get(QUOTA_LABEL));
-    let uid = q.metadata.uid.as_deref();
-    let owner = rq
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid);
-    owner && label == Some(&quota_label_value(q.metadata.name.as_deref().unwrap_or_default()))
+    let controller_uid =
+        rq.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| &o.uid);
+    written_by(rq).is_some()
+        && written_by(rq) == q.metadata.name.as_deref()
+        && controller_uid == q.metadata.uid.as_ref()
 }
 
 /// `status.used` of our ResourceQuota in `ns`, by resource name (without `requests.`).

@@ -1,9 +1,11 @@
 //! Acts on `quota::plan_quotas`: server-side-applies one owned, labelled ResourceQuota per tenant
 //! namespace (drift is overwritten on the next pass), deletes stale ones, writes quota status.
+//! A failing write fails only its quota's part of the pass: the rest goes on, and the error is
+//! reported in that quota's status (`WriteFailed`).
 //! Deleting a TenantGpuQuota removes its ResourceQuotas through their owner references (garbage
 //! collector) and through the stale-object sweep here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +23,7 @@ use tracing::{info, warn};
 use crate::Error;
 use crate::controller::{MANAGER, watch_into_store};
 use crate::metrics::Metrics;
-use crate::quota::{QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas, quota_label_value, resource_quota_name};
+use crate::quota::{Apply, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas, quota_label_value, report_write_failures};
 
 pub struct QuotaController {
     client: Client,
@@ -48,6 +50,19 @@ impl QuotaController {
             metrics,
             changed,
         })
+    }
+
+    /// A controller over stores filled by the caller (tests), not by watches.
+    #[cfg(test)]
+    pub(crate) fn from_stores(
+        client: Client,
+        quotas: Store<TenantGpuQuota>,
+        rqs: Store<ResourceQuota>,
+        namespaces: Store<Namespace>,
+    ) -> Self {
+        let gpunodes = kube::runtime::reflector::store().0;
+        let (metrics, changed) = (Arc::new(Metrics::default()), Arc::new(Notify::new()));
+        Self { client, metrics, quotas, rqs, namespaces, gpunodes, changed }
     }
 
     pub async fn wait_ready(&self) {
@@ -88,85 +103,51 @@ impl QuotaController {
         let gpunodes: Vec<GpuNode> = self.gpunodes.state().iter().map(|g| (**g).clone()).collect();
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let plan = plan_quotas(&quotas, &namespaces, &rqs, &gpunodes, now.clone());
-        // One failing write fails only its quota's part of the pass; the rest goes on, and the
-        // failure is reported in that quota's status.
-        let mut failures: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-        for (ns, quota, hard) in &plan.apply {
-            let Some(owner) = quotas.iter().find(|q| q.name_any() == *quota) else { continue };
-            let name = resource_quota_name(quota);
-            let current = rqs.iter().find(|r| r.metadata.namespace.as_deref() == Some(ns) && r.name_any() == name);
-            let same = current.and_then(|r| r.spec.as_ref()?.hard.as_ref()).is_some_and(|h| {
-                h.len() == hard.len() && hard.iter().all(|(k, v)| h.get(k).is_some_and(|q| q.0 == *v))
-            });
-            if same {
+        // Errors per quota, for its status; namespaces where a ResourceQuota failed to write.
+        let mut failures: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut unwritten: BTreeSet<&str> = BTreeSet::new();
+        for a in &plan.apply {
+            let Some(owner) = quotas.iter().find(|q| q.name_any() == a.quota) else { continue };
+            let current =
+                rqs.iter().find(|r| r.metadata.namespace.as_ref() == Some(&a.namespace) && r.name_any() == a.name);
+            if current.is_some_and(|rq| is_current(rq, a)) {
                 continue;
             }
-            let body = json!({
-                "apiVersion": "v1", "kind": "ResourceQuota",
-                "metadata": {"name": name, "namespace": ns,
-                    "labels": {QUOTA_LABEL: quota_label_value(quota), "app.kubernetes.io/managed-by": "tessera"},
-                    "annotations": {QUOTA_NAME_ANNOTATION: quota},
-                    "ownerReferences": [owner.controller_owner_ref(&()).expect("a stored object has a name and uid")]},
-                "spec": {"hard": hard}
-            });
-            info!(namespace = %ns, quota = %quota, "applying ResourceQuota");
-            if let Err(e) = Api::<ResourceQuota>::namespaced(self.client.clone(), ns)
-                .patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-                .await
-            {
+            if let Err(e) = self.apply(owner, a).await {
                 self.metrics.error("kube");
-                warn!(namespace = %ns, quota = %quota, error = %e, "could not apply a ResourceQuota");
-                failures.entry(quota.clone()).or_default().push(format!("ResourceQuota {name} in {ns}: {e}"));
+                warn!(namespace = %a.namespace, quota = %a.quota, error = %e, "could not apply a ResourceQuota");
+                failures
+                    .entry(a.quota.clone())
+                    .or_default()
+                    .push(format!("ResourceQuota {} in {}: {e}", a.name, a.namespace));
+                unwritten.insert(&a.namespace);
             }
         }
-        let mut failed_deletes = 0;
-        // Where an apply failed this pass, delete nothing: the stale ResourceQuota may be the
-        // only limit left in that namespace.
-        let failed_namespaces: BTreeSet<&str> =
-            plan.apply.iter().filter(|(_, q, _)| failures.contains_key(q)).map(|(ns, _, _)| ns.as_str()).collect();
-        for (ns, name) in plan.delete.iter().filter(|(ns, _)| !failed_namespaces.contains(ns.as_str())) {
-            info!(namespace = %ns, name = %name, "deleting stale ResourceQuota");
-            match Api::<ResourceQuota>::namespaced(self.client.clone(), ns).delete(name, &DeleteParams::default()).await
-            {
+        for d in &plan.delete {
+            if unwritten.contains(d.namespace.as_str()) {
+                // A write failed in this namespace: a stale ResourceQuota may be the only limit
+                // left there (its replacement, or another quota's share, was not written).
+                continue;
+            }
+            info!(namespace = %d.namespace, name = %d.name, "deleting stale ResourceQuota");
+            let api = Api::<ResourceQuota>::namespaced(self.client.clone(), &d.namespace);
+            match api.delete(&d.name, &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => {
                     self.metrics.error("kube");
-                    warn!(namespace = %ns, name = %name, error = %e, "could not delete a stale ResourceQuota; retrying");
-                    failed_deletes += 1;
+                    warn!(namespace = %d.namespace, name = %d.name, error = %e, "could not delete a stale ResourceQuota");
+                    let msg = format!("deleting stale ResourceQuota {} in {}: {e}", d.name, d.namespace);
+                    failures.entry(d.quota.clone()).or_default().push(msg);
                 }
             }
         }
+        let mut failed = failures.values().map(Vec::len).sum::<usize>();
         for q in &quotas {
             let Some(planned) = plan.statuses.get(&q.name_any()) else { continue };
             let mut status = planned.clone();
-            if let Some(errs) = failures.get(&q.name_any()) {
-                let msg = format!("retrying: {}", errs.join("; "));
-                let g = q.metadata.generation;
-                tessera_crds::conditions::set_condition(
-                    &mut status.conditions,
-                    tessera_crds::conditions::READY,
-                    false,
-                    "WriteFailed",
-                    &msg,
-                    g,
-                    now.clone(),
-                );
-                tessera_crds::conditions::set_condition(
-                    &mut status.conditions,
-                    tessera_crds::conditions::RECONCILING,
-                    true,
-                    "WriteFailed",
-                    msg,
-                    g,
-                    now.clone(),
-                );
-            } else {
-                tessera_crds::conditions::remove_condition(
-                    &mut status.conditions,
-                    tessera_crds::conditions::RECONCILING,
-                );
-            }
+            let errors = failures.get(&q.name_any()).map(Vec::as_slice).unwrap_or_default();
+            report_write_failures(&mut status, errors, q.metadata.generation, &now);
             if q.status.as_ref() == Some(&status) {
                 continue;
             }
@@ -177,12 +158,39 @@ impl QuotaController {
             {
                 self.metrics.error("kube");
                 warn!(quota = %q.name_any(), error = %e, "could not write the quota's status; retrying");
-                failed_deletes += 1;
+                failed += 1;
             }
         }
-        match failures.values().map(Vec::len).sum::<usize>() + failed_deletes {
+        match failed {
             0 => Ok(()),
             n => Err(Error::PartialPass(n)),
         }
     }
+
+    /// Server-side-applies one ResourceQuota, owned by and labelled for `owner`.
+    async fn apply(&self, owner: &TenantGpuQuota, a: &Apply) -> Result<(), kube::Error> {
+        let body = json!({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": a.name, "namespace": a.namespace,
+                "labels": {QUOTA_LABEL: quota_label_value(&a.quota), "app.kubernetes.io/managed-by": "tessera"},
+                "annotations": {QUOTA_NAME_ANNOTATION: a.quota},
+                "ownerReferences": [owner.controller_owner_ref(&()).expect("a stored object has a name and uid")]},
+            "spec": {"hard": a.hard}
+        });
+        info!(namespace = %a.namespace, quota = %a.quota, name = %a.name, "applying ResourceQuota");
+        Api::<ResourceQuota>::namespaced(self.client.clone(), &a.namespace)
+            .patch(&a.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+            .await
+            .map(|_| ())
+    }
+}
+
+/// Whether `rq` already is what `a` would write (the plan checked that it is this quota's).
+fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
+    let hard_ok =
+        rq.spec.as_ref().and_then(|s| s.hard.as_ref()).is_some_and(|h| {
+            h.len() == a.hard.len() && a.hard.iter().all(|(k, v)| h.get(k).is_some_and(|q| q.0 == *v))
+        });
+    let annotated = rq.metadata.annotations.as_ref().and_then(|m| m.get(QUOTA_NAME_ANNOTATION)) == Some(&a.quota);
+    hard_ok && annotated
 }

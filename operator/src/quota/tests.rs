@@ -1,3 +1,4 @@
+use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
@@ -44,6 +45,7 @@ fn cond<'a>(st: &'a TenantGpuQuotaStatus, t: &str) -> &'a Condition {
 }
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use tessera_crds::conditions::find;
 
 #[test]
 fn even_split_gives_the_remainder_to_the_first_namespaces() {
@@ -74,13 +76,13 @@ fn explicit_split_uses_namespace_hard_and_zero_elsewhere() {
 fn resource_quotas_are_planned_per_namespace_with_requests_prefix() {
     let q = quota("team-a", json!({"namespaces": ["a1", "a2"], "hard": {"nvidia.com/mig-3g.40gb": 2}}));
     let p = plan_quotas(&[q], &ns(&["a1", "a2"]), &[], &[], now());
-    assert_eq!(
-        p.apply,
-        vec![
-            ("a1".into(), "team-a".into(), [("requests.nvidia.com/mig-3g.40gb".to_string(), "1".to_string())].into()),
-            ("a2".into(), "team-a".into(), [("requests.nvidia.com/mig-3g.40gb".to_string(), "1".to_string())].into()),
-        ]
-    );
+    let apply = |ns: &str| Apply {
+        namespace: ns.into(),
+        quota: "team-a".into(),
+        name: "tessera-team-a".into(),
+        hard: [("requests.nvidia.com/mig-3g.40gb".to_string(), "1".to_string())].into(),
+    };
+    assert_eq!(p.apply, vec![apply("a1"), apply("a2")]);
     assert_eq!(cond(&p.statuses["team-a"], READY).status, "True");
 }
 
@@ -107,8 +109,8 @@ fn a_namespace_claimed_twice_is_a_conflict_on_both_and_left_alone() {
     let a = quota("a", json!({"namespaces": ["shared", "a"], "hard": {"nvidia.com/gpu": 2}}));
     let b = quota("b", json!({"namespaces": ["shared"], "hard": {"nvidia.com/gpu": 1}}));
     let p = plan_quotas(&[a, b], &ns(&["shared", "a"]), &[], &[], now());
-    assert!(p.apply.iter().all(|(n, _, _)| n != "shared"));
-    assert!(p.apply.iter().any(|(n, q, _)| n == "a" && q == "a"));
+    assert!(p.apply.iter().all(|a| a.namespace != "shared"));
+    assert!(p.apply.iter().any(|a| a.namespace == "a" && a.quota == "a"));
     for q in ["a", "b"] {
         assert_eq!(cond(&p.statuses[q], CONFLICT).status, "True");
         assert!(cond(&p.statuses[q], CONFLICT).message.contains("shared (also claimed by"));
@@ -135,7 +137,7 @@ fn stale_resource_quotas_are_deleted_and_usage_is_summed() {
     let q = quota("a", json!({"namespaces": ["a1"], "hard": {"nvidia.com/mig-1g.10gb": 4}}));
     let rq = |ns: &str, used: &str| ours("a", ns, used);
     let p = plan_quotas(&[q], &ns(&["a1", "old"]), &[rq("a1", "3"), rq("old", "1")], &[], now());
-    assert_eq!(p.delete, vec![("old".to_string(), "tessera-a".to_string())]);
+    assert_eq!(p.delete, vec![Delete { namespace: "old".into(), name: "tessera-a".into(), quota: "a".into() }]);
     let st = &p.statuses["a"];
     assert_eq!(
         st.resources[0],
@@ -183,8 +185,8 @@ fn a_namespace_claimed_twice_keeps_the_limits_enforced_there() {
     let b = quota("b", json!({"namespaces": ["x", "y"], "hard": {"nvidia.com/mig-1g.10gb": 2}}));
     let p = plan_quotas(&[a, b], &ns(&["x", "y"]), &[ours("a", "x", "2")], &[], now());
     assert!(p.delete.is_empty(), "the enforced ResourceQuota stays: {:?}", p.delete);
-    assert!(p.apply.iter().all(|(n, _, _)| n != "x"), "nothing new is applied in x: {:?}", p.apply);
-    assert!(p.apply.iter().any(|(n, q, _)| n == "y" && q == "b"), "b's other namespace is still managed");
+    assert!(p.apply.iter().all(|a| a.namespace != "x"), "nothing new is applied in x: {:?}", p.apply);
+    assert!(p.apply.iter().any(|a| a.namespace == "y" && a.quota == "b"), "b's other namespace is still managed");
     for q in ["a", "b"] {
         let c = cond(&p.statuses[q], CONFLICT);
         assert!(c.message.contains("keep the limits enforced before"), "{}", c.message);
@@ -210,24 +212,292 @@ fn long_quota_names_get_valid_distinct_names_and_labels() {
     assert_eq!(p.statuses[&a].resources[0].used, 1);
 }
 
+/// A ResourceQuota as a user wrote it: `labels` and `owner` (a TenantGpuQuota's name, for its
+/// `uid-<name>`) as given, to look as much like ours as they like.
+fn theirs(name: &str, ns: &str, label: Option<&str>, owner: Option<&str>) -> ResourceQuota {
+    let owners: Vec<_> = owner
+        .iter()
+        .map(|o| {
+            json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": o,
+                        "uid": format!("uid-{o}"), "controller": true})
+        })
+        .collect();
+    let labels: BTreeMap<_, _> = label.iter().map(|l| (QUOTA_LABEL, l)).collect();
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns, "labels": labels,
+        "ownerReferences": owners}, "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
+    .unwrap()
+}
+
 #[test]
-fn a_users_own_resource_quota_is_never_adopted_or_deleted() {
+fn a_users_own_resource_quota_named_like_ours_is_left_alone_and_the_share_enforced_under_another_name() {
     let q = quota("a", json!({"namespaces": ["x"], "hard": {"nvidia.com/mig-1g.10gb": 4}}));
-    // Same name as ours, and even our label, but no owner reference: the user's.
-    let mine: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": "tessera-a", "namespace": "x",
-        "labels": {"tessera.dev/quota": "a"}}, "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
-    .unwrap();
-    let stale_looking: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": "tessera-old",
-        "namespace": "x", "labels": {"tessera.dev/quota": "old"}}}))
-    .unwrap();
-    let p = plan_quotas(&[q], &ns(&["x"]), &[mine, stale_looking], &[], now());
-    assert!(p.apply.is_empty(), "not overwritten: {:?}", p.apply);
+    // Our name and even our label, but no owner reference: the user's.
+    let mine = theirs("tessera-a", "x", Some("a"), None);
+    let stale_looking = theirs("tessera-old", "x", Some("old"), None);
+    let fallback = fallback_resource_quota_name("a", "uid-a");
+    assert_eq!(fallback, "tessera-a-uida");
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[mine.clone(), stale_looking.clone()], &[], now());
+    let hard: BTreeMap<String, String> = [("requests.nvidia.com/mig-1g.10gb".into(), "4".into())].into();
+    let enforce =
+        |name: &str| Apply { namespace: "x".into(), quota: "a".into(), name: name.into(), hard: hard.clone() };
+    assert_eq!(p.apply, vec![enforce(&fallback)], "not overwritten, and the tenant's limit is still enforced");
     assert!(p.delete.is_empty(), "not deleted: {:?}", p.delete);
     let st = &p.statuses["a"];
-    assert_eq!(cond(st, STALLED).reason, "ResourceQuotaNameTaken");
+    let msg = "namespace x: ResourceQuota tessera-a exists and is not this quota's (no controller owner reference \
+               to it with label tessera.dev/quota=a); it is left as it is and the share is enforced as \
+               tessera-a-uida until it is renamed or deleted";
+    for c in [STALLED, READY] {
+        assert_eq!((cond(st, c).reason.as_str(), cond(st, c).message.as_str()), ("ResourceQuotaNameTaken", msg));
+    }
+    assert_eq!(cond(st, READY).status, "False");
+
+    // Next pass, with ours in place under the fallback name: kept, nothing else touched.
+    let ours_fallback = {
+        let mut rq = ours("a", "x", "1");
+        rq.metadata.name = Some(fallback.clone());
+        rq
+    };
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[mine, ours_fallback.clone()], &[], now());
+    assert_eq!((p.apply, p.delete), (vec![enforce(&fallback)], vec![]));
+    assert_eq!(p.statuses["a"].resources[0].used, 1, "usage is read from the ResourceQuota in force");
+
+    // The user removes theirs: the share moves to our own name, and the fallback goes (the
+    // controller applies before it deletes).
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[ours_fallback], &[], now());
+    assert_eq!(p.apply, vec![enforce("tessera-a")]);
+    assert_eq!(p.delete, vec![Delete { namespace: "x".into(), name: fallback.clone(), quota: "a".into() }]);
+    assert!(find(&p.statuses["a"].conditions, STALLED).is_none());
+
+    // Both names held by the user's objects: nothing is overwritten, and the gap is reported.
+    let both = [theirs("tessera-a", "x", None, None), theirs(&fallback, "x", None, None)];
+    let p = plan_quotas(&[q], &ns(&["x"]), &both, &[], now());
+    assert!(p.apply.is_empty() && p.delete.is_empty(), "{p:?}");
+    assert!(cond(&p.statuses["a"], STALLED).message.contains("this quota's share is NOT enforced there"));
+}
+
+#[test]
+fn only_resource_quotas_with_our_owner_reference_and_label_are_deleted() {
+    // Quota `a` claims `y`; everything in `x` is unwanted, but only what Tessera wrote may go.
+    let q = quota("a", json!({"namespaces": ["y"], "hard": {"nvidia.com/mig-1g.10gb": 4}}));
+    let mut other_kind = theirs("tessera-dep", "x", Some("a"), Some("a"));
+    other_kind.metadata.owner_references.as_mut().unwrap()[0].kind = "Deployment".into();
+    let rqs = [
+        theirs("tessera-label-only", "x", Some("a"), None),
+        theirs("tessera-owner-only", "x", None, Some("a")),
+        theirs("tessera-label-of-another", "x", Some("b"), Some("a")),
+        other_kind,
+        theirs("tessera-gone", "x", Some("gone"), Some("gone")),
+        ours("a", "x", "0"),
+    ];
+    let p = plan_quotas(&[q], &ns(&["x", "y"]), &rqs, &[], now());
+    let deleted: Vec<(&str, &str)> = p.delete.iter().map(|d| (d.name.as_str(), d.quota.as_str())).collect();
+    assert_eq!(deleted, vec![("tessera-gone", "gone"), ("tessera-a", "a")]);
+}
+
+#[test]
+fn a_quota_created_again_under_the_same_name_does_not_adopt_the_old_ones_resource_quota() {
+    let q = quota("a", json!({"namespaces": ["x"], "hard": {"nvidia.com/mig-1g.10gb": 4}}));
+    let mut old = ours("a", "x", "0");
+    old.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-of-the-deleted-a".into();
+    let p = plan_quotas(&[q], &ns(&["x"]), &[old], &[], now());
+    // Applying over it would add a second controller owner reference (refused by the API server).
+    assert_eq!(p.apply.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["tessera-a-uida"]);
+    assert_eq!(p.delete, vec![Delete { namespace: "x".into(), name: "tessera-a".into(), quota: "a".into() }]);
+}
+
+#[test]
+fn write_failures_are_reported_on_their_quota_and_cleared_when_writes_succeed() {
+    let mut st = TenantGpuQuotaStatus::default();
+    report_write_failures(&mut st, &["ResourceQuota tessera-a in x: denied".into()], Some(3), &now());
+    for c in [READY, RECONCILING] {
+        assert_eq!(cond(&st, c).reason, "WriteFailed");
+        assert_eq!(cond(&st, c).message, "retrying: ResourceQuota tessera-a in x: denied");
+        assert_eq!(cond(&st, c).observed_generation, Some(3));
+    }
+    assert_eq!((cond(&st, READY).status.as_str(), cond(&st, RECONCILING).status.as_str()), ("False", "True"));
+    report_write_failures(&mut st, &[], Some(3), &now());
+    assert!(find(&st.conditions, RECONCILING).is_none());
+}
+
+/// What the fake API server was asked: (method, path, body).
+type Requests = std::sync::Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>;
+
+/// A client whose API server refuses every ResourceQuota write in namespace `locked` (as an
+/// admission policy would) and accepts everything else, recording each request.
+fn api_refusing_writes_in_locked() -> (kube::Client, Requests) {
+    let requests = Requests::default();
+    let seen = requests.clone();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let seen = seen.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let body: serde_json::Value =
+                serde_json::from_slice(&body.collect_bytes().await.unwrap()).unwrap_or_default();
+            let (method, path) = (parts.method.to_string(), parts.uri.path().to_string());
+            seen.lock().unwrap().push((method.clone(), path.clone(), body.clone()));
+            let (code, answer) = if path.contains("/namespaces/locked/") && method == "PATCH" {
+                (
+                    422,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 422,
+                             "reason": "Invalid", "message": "denied by policy lock-quotas"}),
+                )
+            } else if method == "DELETE" {
+                (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
+            } else if path.ends_with("/status") {
+                (
+                    200,
+                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+                             "metadata": {"name": "q"}, "spec": {"namespaces": [], "hard": {}}}),
+                )
+            } else {
+                (200, body)
+            };
+            let bytes = serde_json::to_vec(&answer).unwrap();
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder().status(code).body(kube::client::Body::from(bytes)).unwrap(),
+            )
+        }
+    });
+    (kube::Client::new(service, "default"), requests)
+}
+
+fn store_of<K>(objects: Vec<K>) -> kube::runtime::reflector::Store<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, mut writer) = kube::runtime::reflector::store();
+    for o in objects {
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(o));
+    }
+    store
+}
+
+#[tokio::test]
+async fn one_failing_write_fails_only_its_quota_and_nothing_is_deleted_where_it_failed() {
+    use crate::quota_controller::QuotaController;
+    // `a`'s share sits under the fallback name and moves back to `tessera-a`; that write is
+    // refused, so the fallback must stay, and so must a gone quota's leftover there (it may be the
+    // only limit left). `b` is unaffected: applied, its stale one deleted.
+    let a = quota("a", json!({"namespaces": ["locked"], "hard": {"nvidia.com/mig-1g.10gb": 4}}));
+    let b = quota("b", json!({"namespaces": ["open"], "hard": {"nvidia.com/mig-1g.10gb": 2}}));
+    let mut a_fallback = ours("a", "locked", "0");
+    a_fallback.metadata.name = Some("tessera-a-uida".into());
+    let rqs = vec![a_fallback, ours("gone", "locked", "0"), ours("b", "retired", "0")];
+    let namespaces: Vec<k8s_openapi::api::core::v1::Namespace> = ["locked", "open", "retired"]
+        .iter()
+        .map(|n| serde_json::from_value(json!({"metadata": {"name": n}})).unwrap())
+        .collect();
+    let (client, requests) = api_refusing_writes_in_locked();
+    let controller = QuotaController::from_stores(client, store_of(vec![a, b]), store_of(rqs), store_of(namespaces));
+
+    let result = controller.reconcile().await;
+    assert!(matches!(result, Err(crate::Error::PartialPass(1))), "{result:?}");
+    let requests = requests.lock().unwrap().clone();
+    let asked = |method: &str, path: &str| requests.iter().any(|(m, p, _)| m == method && p == path);
+    assert!(asked("PATCH", "/api/v1/namespaces/locked/resourcequotas/tessera-a"), "{requests:?}");
+    assert!(asked("PATCH", "/api/v1/namespaces/open/resourcequotas/tessera-b"), "{requests:?}");
+    assert!(asked("DELETE", "/api/v1/namespaces/retired/resourcequotas/tessera-b"), "{requests:?}");
+    assert!(!asked("DELETE", "/api/v1/namespaces/locked/resourcequotas/tessera-a-uida"), "the share stays enforced");
     assert!(
-        cond(st, READY)
-            .message
-            .contains("namespace x: a ResourceQuota named tessera-a exists that this quota does not own")
+        !asked("DELETE", "/api/v1/namespaces/locked/resourcequotas/tessera-gone"),
+        "nothing goes where a write failed"
     );
+    let status = |q: &str| -> TenantGpuQuotaStatus {
+        let path = format!("/apis/tessera.dev/v1alpha1/tenantgpuquotas/{q}/status");
+        let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && *p == path).expect("status written");
+        serde_json::from_value(body["status"].clone()).unwrap()
+    };
+    let (a, b) = (status("a"), status("b"));
+    assert_eq!((cond(&b, READY).status.as_str(), cond(&b, READY).reason.as_str()), ("True", "Enforced"));
+    assert_eq!((cond(&a, READY).status.as_str(), cond(&a, READY).reason.as_str()), ("False", "WriteFailed"));
+    let msg = &cond(&a, RECONCILING).message;
+    assert!(msg.starts_with("retrying: ResourceQuota tessera-a in locked: ") && msg.contains("lock-quotas"), "{msg}");
+}
+
+/// A ResourceQuota for the property below: any name, and an owner and label that make it one of
+/// ours (often), an orphan of a deleted quota, or a user's look-alike.
+fn any_resource_quota() -> impl Strategy<Value = ResourceQuota> {
+    let names = ["tessera-a", "tessera-b", "tessera-c", "tessera-a-uida", "tessera-b-uidb", "tessera-c-uidc", "mine"];
+    let marks: Vec<(Option<&str>, Option<&str>)> = vec![
+        (Some("a"), Some("a")),
+        (Some("b"), Some("b")),
+        (Some("c"), Some("c")),
+        (Some("gone"), Some("gone")),
+        (Some("a"), None),
+        (None, Some("a")),
+        (Some("b"), Some("a")),
+        (None, None),
+    ];
+    let picks = (proptest::sample::select(vec!["x", "y", "z"]), proptest::sample::select(names.to_vec()));
+    (picks, proptest::sample::select(marks), 0i64..3).prop_map(|((ns, name), (label, owner), used)| {
+        let mut rq = theirs(name, ns, label, owner);
+        rq.status =
+            serde_json::from_value(json!({"used": {"requests.nvidia.com/mig-1g.10gb": used.to_string()}})).unwrap();
+        rq
+    })
+}
+
+/// A quota over some of x, y, z; a negative limit makes it invalid.
+fn any_quota(name: &'static str) -> impl Strategy<Value = TenantGpuQuota> {
+    (proptest::sample::subsequence(vec!["x", "y", "z"], 1..=3), -1i64..4)
+        .prop_map(move |(nss, n)| quota(name, json!({"namespaces": nss, "hard": {"nvidia.com/mig-1g.10gb": n}})))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever quotas, namespaces and ResourceQuotas (ours, users', orphans, look-alikes) there
+    /// are: nothing Tessera did not write is deleted or overwritten, and a namespace a quota still
+    /// claims never loses the ResourceQuota that enforces its share there unless the same pass
+    /// writes its replacement first.
+    #[test]
+    fn no_users_resource_quota_is_touched_and_no_enforced_share_is_dropped(
+        quotas in (proptest::option::of(any_quota("a")), proptest::option::of(any_quota("b")), proptest::option::of(any_quota("c"))),
+        rqs in proptest::collection::vec(any_resource_quota(), 0..8),
+        existing in proptest::sample::subsequence(vec!["x", "y", "z"], 0..=3),
+    ) {
+        let quotas: Vec<TenantGpuQuota> = [quotas.0, quotas.1, quotas.2].into_iter().flatten().collect();
+        let mut rqs = rqs;
+        let mut seen = BTreeSet::new();
+        rqs.retain(|rq| seen.insert((rq.metadata.namespace.clone(), rq.metadata.name.clone())));
+        let p = plan_quotas(&quotas, &ns(&existing), &rqs, &[], now());
+        let at = |ns: &str, name: &str| rqs.iter().find(|rq| {
+            rq.metadata.namespace.as_deref() == Some(ns) && rq.metadata.name.as_deref() == Some(name)
+        });
+        for d in &p.delete {
+            let rq = at(&d.namespace, &d.name).expect("deletes only what exists");
+            prop_assert!(marked_as(rq, &d.quota, None), "deleted {:?}, not written by {}", rq.metadata, d.quota);
+        }
+        for a in &p.apply {
+            if let Some(rq) = at(&a.namespace, &a.name) {
+                let uid = format!("uid-{}", a.quota);
+                prop_assert!(marked_as(rq, &a.quota, Some(&uid)), "overwrites {:?}, not {}'s", rq.metadata, a.quota);
+            }
+        }
+        for q in &quotas {
+            let uid = format!("uid-{}", a_name(q));
+            for rq in rqs.iter().filter(|rq| marked_as(rq, a_name(q), Some(&uid))) {
+                let ns = rq.metadata.namespace.clone().unwrap();
+                let still_claimed = q.spec.namespaces.contains(&ns) && existing.contains(&ns.as_str());
+                let deleted = p.delete.iter().any(|d| d.namespace == ns && Some(&d.name) == rq.metadata.name.as_ref());
+                let replaced = p.apply.iter().any(|a| a.namespace == ns && Some(&a.quota) == q.metadata.name.as_ref());
+                prop_assert!(!still_claimed || !deleted || replaced, "{}'s share in {} dropped: {:?}", a_name(q), ns, p);
+            }
+        }
+    }
+}
+
+/// The property's own statement of ownership (independent of the code under test): a controller
+/// owner reference to the TenantGpuQuota `quota` (with `uid`, if given) and its label.
+fn marked_as(rq: &ResourceQuota, quota: &str, uid: Option<&str>) -> bool {
+    let label = rq.metadata.labels.as_ref().and_then(|l| l.get(QUOTA_LABEL)).map(String::as_str);
+    let owner = rq.metadata.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true) && o.kind == "TenantGpuQuota" && o.name == quota && uid.is_none_or(|u| o.uid == u)
+    });
+    owner && label == Some(quota)
+}
+
+fn a_name(q: &TenantGpuQuota) -> &str {
+    q.metadata.name.as_deref().unwrap_or_default()
 }

@@ -2,18 +2,21 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
-use tessera_crds::conditions::{CAPACITY_AVAILABLE, READY, find};
+use tessera_crds::conditions::{CAPACITY_AVAILABLE, CONFLICT, READY, RECONCILING, STALLED, find};
 use tessera_e2e::fixtures::{apply_file, create_namespace, install_crds, spawn_operator, wait_for};
 use tessera_e2e::process::Component;
 use tessera_e2e::{ControlPlane, Identity};
 
 const T: Duration = Duration::from_secs(60);
+const MIG: &str = "requests.nvidia.com/mig-1g.10gb";
 
 async fn setup(namespaces: &[&str]) -> (ControlPlane, Client, Component) {
     let cp = ControlPlane::start().await.unwrap();
@@ -43,10 +46,14 @@ fn mig_pod(name: &str) -> Pod {
 /// Waits until our ResourceQuota exists in `ns` with the given hard limit and the controller-manager
 /// has filled in its status (admission needs both).
 async fn wait_enforced(admin: &Client, ns: &str, quota: &str, resource: &str, hard: &str) {
+    wait_enforced_as(admin, ns, &tessera_operator::quota::resource_quota_name(quota), resource, hard).await
+}
+
+/// [`wait_enforced`] for the ResourceQuota named `name`.
+async fn wait_enforced_as(admin: &Client, ns: &str, name: &str, resource: &str, hard: &str) {
     let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), ns);
-    let name = tessera_operator::quota::resource_quota_name(quota);
     wait_for(&format!("{ns}/{name} enforced"), T, || async {
-        let rq = rqs.get(&name).await.ok()?;
+        let rq = rqs.get(name).await.ok()?;
         let spec_ok = rq.spec.as_ref()?.hard.as_ref()?.get(resource).map(|q| q.0.as_str()) == Some(hard);
         let status_ok = rq.status.as_ref()?.hard.as_ref()?.get(resource).map(|q| q.0.as_str()) == Some(hard);
         (spec_ok && status_ok).then_some(())
@@ -218,62 +225,198 @@ async fn over_commitment_shows_in_capacity_available_with_the_shortfall() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conflicts_long_names_and_a_users_own_resource_quota_lose_no_limit() {
-    let (_cp, admin, _op) = setup(&["team-a", "team-b", "shared"]).await;
-    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
-    let mig = "requests.nvidia.com/mig-1g.10gb";
-    // A 253-character quota name: longer than a label value (63) and than `tessera-<name>` allows.
-    let long = format!("{}z", "l".repeat(252));
-    for (name, ns) in [("team-a", "team-a"), (long.as_str(), "team-b")] {
-        let spec = json!({"namespaces": [ns], "hard": {"nvidia.com/mig-1g.10gb": 3}});
-        quotas.create(&PostParams::default(), &quota(name, spec)).await.unwrap();
-    }
-    wait_enforced(&admin, "team-a", "team-a", mig, "3").await;
-    wait_enforced(&admin, "team-b", &long, mig, "3").await;
-
-    // A GitOps typo: another quota claims team-a too. What was enforced there stays enforced.
-    let typo = json!({"namespaces": ["team-a", "shared"], "hard": {"nvidia.com/mig-1g.10gb": 10}});
-    quotas.create(&PostParams::default(), &quota("typo", typo)).await.unwrap();
-    wait_for("Conflict reported", T, || async {
-        let q = quotas.get("team-a").await.ok()?;
-        find(&q.status?.conditions, tessera_crds::conditions::CONFLICT).filter(|c| c.status == "True").map(|_| ())
+/// The quota's condition of `type_`, once it is True.
+async fn wait_condition(quotas: &Api<TenantGpuQuota>, name: &str, type_: &str, reason: &str) -> Condition {
+    wait_for(&format!("{name}: {type_} {reason}"), T, || async {
+        let q = quotas.get(name).await.ok()?;
+        find(&q.status?.conditions, type_).filter(|c| c.status == "True" && c.reason == reason).cloned()
     })
     .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await; // several operator passes
-    wait_enforced(&admin, "team-a", "team-a", mig, "3").await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-a");
-    for i in 0..3 {
+    .unwrap()
+}
+
+/// Creates `n` pods asking for one 1g.10gb slice each in `ns`, then one more, which the API
+/// server must refuse naming `rq_name`.
+async fn fills_up_to(admin: &Client, ns: &str, n: usize, rq_name: &str) {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    for i in 0..n {
         pods.create(&PostParams::default(), &mig_pod(&format!("p{i}"))).await.unwrap();
     }
-    let err = pods.create(&PostParams::default(), &mig_pod("p3")).await.unwrap_err();
-    assert!(err.to_string().contains("exceeded quota"), "{err}");
+    let err = pods.create(&PostParams::default(), &mig_pod("one-too-many")).await.unwrap_err();
+    assert!(err.to_string().contains(&format!("exceeded quota: {rq_name}")), "{err}");
+}
 
-    // A user's own ResourceQuota that happens to carry our name is neither adopted nor deleted.
-    let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), "shared");
-    let theirs: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": "tessera-mine"},
-        "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
-    .unwrap();
-    rqs.create(&PostParams::default(), &theirs).await.unwrap();
-    let spec = json!({"namespaces": ["shared-not-claimed-yet"], "hard": {"nvidia.com/gpu": 2}});
-    quotas.create(&PostParams::default(), &quota("mine", spec)).await.unwrap();
-    let patch = json!({"spec": {"namespaces": ["shared"]}});
-    quotas
-        .patch("typo", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"namespaces": ["team-b-x"]}})))
-        .await
-        .unwrap();
-    quotas.patch("mine", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    let msg = wait_for("ResourceQuotaNameTaken", T, || async {
-        let q = quotas.get("mine").await.ok()?;
-        find(&q.status?.conditions, tessera_crds::conditions::STALLED)
-            .filter(|c| c.reason == "ResourceQuotaNameTaken")
-            .map(|c| c.message.clone())
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_claimed_by_a_second_quota_keeps_the_limit_enforced_there() {
+    let (_cp, admin, _op) = setup(&["team-a", "shared"]).await;
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let spec = json!({"namespaces": ["team-a"], "hard": {"nvidia.com/mig-1g.10gb": 3}});
+    quotas.create(&PostParams::default(), &quota("team-a", spec)).await.unwrap();
+    wait_enforced(&admin, "team-a", "team-a", MIG, "3").await;
+
+    // A GitOps typo: another quota claims team-a too.
+    let typo = json!({"namespaces": ["team-a", "shared"], "hard": {"nvidia.com/mig-1g.10gb": 10}});
+    quotas.create(&PostParams::default(), &quota("typo", typo)).await.unwrap();
+    // The typo's status is written at the end of a pass that saw both quotas: by then that
+    // pass's stale deletions are done.
+    wait_condition(&quotas, "typo", CONFLICT, "NamespaceClaimedTwice").await;
+    wait_enforced(&admin, "shared", "typo", MIG, "5").await;
+    let rq = Api::<ResourceQuota>::namespaced(admin.clone(), "team-a").get_opt("tessera-team-a").await.unwrap();
+    assert_eq!(rq.expect("not deleted").spec.unwrap().hard.unwrap()[MIG].0, "3", "the tenant's limit still holds");
+    fills_up_to(&admin, "team-a", 3, "tessera-team-a").await;
+    let c = wait_condition(&quotas, "team-a", CONFLICT, "NamespaceClaimedTwice").await;
+    assert!(
+        c.message.contains("keep the limits enforced before") && c.message.contains("team-a (also claimed by typo)")
+    );
+
+    // The typo is fixed: the conflict clears and team-a is managed again.
+    let fixed = json!({"spec": {"namespaces": ["shared"]}});
+    quotas.patch("typo", &PatchParams::default(), &Patch::Merge(&fixed)).await.unwrap();
+    wait_for("team-a: Conflict cleared", T, || async {
+        let q = quotas.get("team-a").await.ok()?;
+        find(&q.status?.conditions, CONFLICT).is_none().then_some(())
     })
     .await
     .unwrap();
-    assert!(msg.contains("namespace shared: a ResourceQuota named tessera-mine exists"), "{msg}");
-    let rq = rqs.get("tessera-mine").await.unwrap();
-    assert!(rq.metadata.owner_references.is_none(), "not adopted");
-    assert_eq!(rq.spec.unwrap().hard.unwrap()["requests.nvidia.com/gpu"].0, "1", "not overwritten");
+    wait_enforced(&admin, "shared", "typo", MIG, "10").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_with_a_253_character_name_is_enforced_and_does_not_hold_up_the_others() {
+    let (_cp, admin, _op) = setup(&["team-a", "team-b"]).await;
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    // As long as a name may be: longer than a label value (63) and than `tessera-<name>` allows.
+    let long = format!("{}z", "l".repeat(252));
+    for (name, ns) in [(long.as_str(), "team-b"), ("team-a", "team-a")] {
+        let spec = json!({"namespaces": [ns], "hard": {"nvidia.com/mig-1g.10gb": 2}});
+        quotas.create(&PostParams::default(), &quota(name, spec)).await.unwrap();
+    }
+    wait_enforced(&admin, "team-a", "team-a", MIG, "2").await;
+    wait_enforced(&admin, "team-b", &long, MIG, "2").await;
+    let name = tessera_operator::quota::resource_quota_name(&long);
+    let rq = Api::<ResourceQuota>::namespaced(admin.clone(), "team-b").get(&name).await.unwrap();
+    let uid = quotas.get(&long).await.unwrap().metadata.uid.unwrap();
+    assert!(name.len() <= 253 && name.starts_with("tessera-llll"), "{name}");
+    assert!(rq.metadata.labels.unwrap()[tessera_operator::quota::QUOTA_LABEL].len() <= 63);
+    assert_eq!(rq.metadata.annotations.unwrap()[tessera_operator::quota::QUOTA_NAME_ANNOTATION], long);
+    assert_eq!(rq.metadata.owner_references.unwrap()[0].uid, uid);
+    let ready = wait_condition(&quotas, &long, READY, "Enforced").await;
+    assert_eq!(ready.message, "ResourceQuotas are in place");
+    fills_up_to(&admin, "team-b", 2, &name).await;
+    // Deleting it removes what it created (the owner reference and the stale sweep find it).
+    quotas.delete(&long, &DeleteParams::default()).await.unwrap();
+    let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), "team-b");
+    wait_for("long-named ResourceQuota removed", T, || async {
+        rqs.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_own_resource_quota_named_like_ours_is_neither_adopted_nor_deleted_and_the_limit_holds() {
+    let (_cp, admin, _op) = setup(&["team-m"]).await;
+    let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), "team-m");
+    // The user's own: our name, even our label, but not written by Tessera. And one that looks
+    // like a stale one of ours.
+    for (name, label) in [("tessera-mine", "mine"), ("tessera-old", "old")] {
+        let rq: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": name,
+            "labels": {"tessera.dev/quota": label}}, "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
+        .unwrap();
+        rqs.create(&PostParams::default(), &rq).await.unwrap();
+    }
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let spec = json!({"namespaces": ["team-m"], "hard": {"nvidia.com/mig-1g.10gb": 2}});
+    let uid = quotas.create(&PostParams::default(), &quota("mine", spec)).await.unwrap().metadata.uid.unwrap();
+    let fallback = tessera_operator::quota::fallback_resource_quota_name("mine", &uid);
+    // The status is written at the end of the pass that saw the quota: by then it has acted.
+    wait_for("mine: status written", T, || async { quotas.get("mine").await.ok()?.status.map(|_| ()) }).await.unwrap();
+    let theirs = rqs.get("tessera-mine").await.unwrap();
+    assert!(theirs.metadata.owner_references.is_none(), "not adopted");
+    assert_eq!(theirs.spec.unwrap().hard.unwrap().keys().collect::<Vec<_>>(), ["requests.nvidia.com/gpu"]);
+    assert!(rqs.get_opt("tessera-old").await.unwrap().is_some(), "not deleted");
+
+    // The tenant's limit holds, under the other name, and the quota says why.
+    wait_enforced_as(&admin, "team-m", &fallback, MIG, "2").await;
+    fills_up_to(&admin, "team-m", 2, &fallback).await;
+    let stalled = wait_condition(&quotas, "mine", STALLED, "ResourceQuotaNameTaken").await;
+    assert!(stalled.message.contains("namespace team-m: ResourceQuota tessera-mine exists and is not this quota's"));
+    assert!(stalled.message.contains(&format!("the share is enforced as {fallback}")), "{}", stalled.message);
+
+    // The user removes theirs: Tessera takes its own name back and removes the stand-in.
+    rqs.delete("tessera-mine", &DeleteParams::default()).await.unwrap();
+    wait_for("stand-in removed", T, || async { rqs.get_opt(&fallback).await.ok()?.is_none().then_some(()) })
+        .await
+        .unwrap();
+    wait_enforced_as(&admin, "team-m", "tessera-mine", MIG, "2").await;
+    wait_condition(&quotas, "mine", READY, "Enforced").await;
+    assert!(rqs.get_opt("tessera-old").await.unwrap().is_some(), "still not deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_resource_quota_write_fails_only_its_quota() {
+    let (_cp, admin, _op) = setup(&["locked", "open", "retired"]).await;
+    // An admission policy refuses every ResourceQuota write in `locked`.
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({"metadata": {"name": "lock-quotas"},
+        "spec": {"failurePolicy": "Fail", "matchConstraints": {"resourceRules": [{"apiGroups": [""],
+            "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["resourcequotas"]}]},
+        "validations": [{"expression": "object.metadata.namespace != 'locked'",
+                         "message": "ResourceQuotas in locked are frozen"}]}}))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({"metadata": {"name": "lock-quotas"},
+        "spec": {"policyName": "lock-quotas", "validationActions": ["Deny"]}}))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone()).create(&PostParams::default(), &policy).await.unwrap();
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
+    bindings.create(&PostParams::default(), &binding).await.unwrap();
+    let probe: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": "probe"}})).unwrap();
+    let locked: Api<ResourceQuota> = Api::namespaced(admin.clone(), "locked");
+    wait_for("the policy is active", T, || async {
+        match locked.create(&PostParams::default(), &probe).await {
+            Err(e) if e.to_string().contains("frozen") => Some(()),
+            Ok(_) => locked.delete("probe", &DeleteParams::default()).await.ok().and(None),
+            Err(_) => None,
+        }
+    })
+    .await
+    .unwrap();
+
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let spec = json!({"namespaces": ["open", "retired"], "hard": {"nvidia.com/mig-1g.10gb": 4}});
+    quotas.create(&PostParams::default(), &quota("open", spec)).await.unwrap();
+    wait_enforced(&admin, "retired", "open", MIG, "2").await;
+    let spec = json!({"namespaces": ["locked"], "hard": {"nvidia.com/mig-1g.10gb": 1}});
+    quotas.create(&PostParams::default(), &quota("locked", spec)).await.unwrap();
+    // `open` changes while `locked`'s write keeps failing: applied, its stale one deleted, its status
+    // written.
+    let patch = json!({"spec": {"namespaces": ["open"]}});
+    quotas.patch("open", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_enforced(&admin, "open", "open", MIG, "4").await;
+    let retired: Api<ResourceQuota> = Api::namespaced(admin.clone(), "retired");
+    wait_for("stale ResourceQuota deleted", T, || async {
+        retired.get_opt("tessera-open").await.ok()?.is_none().then_some(())
+    })
+    .await
+    .unwrap();
+    wait_for("open: status of generation 2", T, || async {
+        let st = quotas.get("open").await.ok()?.status?;
+        let ready = find(&st.conditions, READY)?;
+        (st.observed_generation == Some(2) && ready.status == "True").then_some(())
+    })
+    .await
+    .unwrap();
+    let failed = wait_for("locked: WriteFailed", T, || async {
+        let q = quotas.get("locked").await.ok()?;
+        find(&q.status?.conditions, READY).filter(|c| c.reason == "WriteFailed").cloned()
+    })
+    .await
+    .unwrap();
+    assert_eq!(failed.status, "False");
+    assert!(failed.message.contains("ResourceQuota tessera-locked in locked: ") && failed.message.contains("frozen"));
+    wait_condition(&quotas, "locked", RECONCILING, "WriteFailed").await;
+
+    // The policy goes: the next passes succeed and the failure clears by itself.
+    bindings.delete("lock-quotas", &DeleteParams::default()).await.unwrap();
+    wait_enforced(&admin, "locked", "locked", MIG, "1").await;
+    wait_condition(&quotas, "locked", READY, "Enforced").await;
 }

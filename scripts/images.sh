@@ -32,7 +32,8 @@ die() { printf 'images: %s\n' "$*" >&2; exit 1; }
 
 binary_of() { case $1 in operator) echo tessera-operator ;; node-agent) echo node-agent ;; esac; }
 package_of() { case $1 in operator) echo tessera-operator ;; node-agent) echo tessera-node-agent ;; esac; }
-archive_of() { echo "$out/$1.oci.tar"; }
+# operator.oci.tar for release; operator-dev.oci.tar for `make test`'s, so neither overwrites the other.
+archive_of() { echo "$out/$1$([ "$profile" = release ] || echo "-$profile").oci.tar"; }
 
 # --- the engine -------------------------------------------------------------------------------
 # buildah keeps its own storage under target/images (vfs: works in containers and needs no

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONTROLPLANE_BUILD := e2e/controlplane/build.sh
 
-.PHONY: all build crds lint test unit e2e controlplane bench demo demo-down demo-ci clean
+.PHONY: all build crds lint test unit e2e controlplane bench demo demo-down demo-ci images images-check clean
 
 all: build
 
@@ -31,9 +31,21 @@ e2e: controlplane
 	$(CARGO) build --workspace --bins
 	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) $(CARGO) test -p tessera-e2e -- --test-threads=1
 
-## Everything CI checks: formatting, clippy, unit and property tests, CRD drift, end-to-end.
+## Container images (release binaries) as OCI archives in target/images/, with buildah, podman
+## or docker: see README "Install on a real cluster".
+images:
+	scripts/images.sh build
+
+## Each binary runs inside its image; the operator's user is non-root; sizes.
+images-check:
+	scripts/images.sh check
+
+## Everything CI checks: formatting, clippy, unit and property tests, CRD drift, the images (from
+## the dev binaries built here: same packaging, no second compile), end-to-end.
 test: lint
 	$(CARGO) build --workspace --bins
+	PROFILE=dev SKIP_CARGO=1 scripts/images.sh build
+	PROFILE=dev scripts/images.sh check
 	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) $(CARGO) test --workspace -- --test-threads=2
 	scripts/demo.sh ci
 

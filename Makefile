@@ -54,6 +54,7 @@ bench: controlplane
 	$(CARGO) build --release -p tessera-operator -p tessera-e2e --bins
 	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) TESSERA_OPERATOR_BIN=target/release/tessera-operator \
 	  target/release/bench-rollout $(BENCH_NODES)
+	target/release/bench-fleet $(BENCH_GPUS)
 
 ## The demo: an embedded cluster with simulated GPUs, left running (`make demo-down` stops it).
 demo:

@@ -86,7 +86,13 @@ pub struct FleetAnswer {
     pub supply_after: BTreeMap<String, i64>,
     /// Demand the answer cannot meet, per resource (empty when it is met).
     pub shortfall: BTreeMap<String, i64>,
+    /// Whether every stage was proven optimal; `false` when a stage hit its time limit and the
+    /// best answer found by then is given.
+    pub optimal: bool,
 }
+
+/// How long one lexicographic stage may search before the best answer found so far is taken.
+const STAGE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 #[error("the fleet solver failed: {0}")]
@@ -268,10 +274,11 @@ pub fn solve(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> Result<FleetAn
             supply_before: before,
             supply_after: after,
             shortfall: BTreeMap::new(),
+            optimal: true,
         });
     }
     let classes = classify(gpus, demand);
-    let counts = optimise(&classes, demand)?;
+    let (counts, optimal) = optimise(&classes, demand)?;
     let mut answers: Vec<Option<GpuAnswer>> = vec![None; gpus.len()];
     let (mut changed, mut destroyed, mut frag) = (0, 0, 0);
     let mut after: BTreeMap<String, i64> = BTreeMap::new();
@@ -309,6 +316,7 @@ pub fn solve(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> Result<FleetAn
         shortfall: shortfall(demand, &after),
         supply_before: before,
         supply_after: after,
+        optimal,
     })
 }
 
@@ -331,8 +339,9 @@ fn classify(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> Vec<Class> {
     classes
 }
 
-/// How many GPUs of each class get each candidate, lexicographically optimal.
-fn optimise(classes: &[Class], demand: &BTreeMap<String, i64>) -> Result<Vec<Vec<usize>>, SolveError> {
+/// How many GPUs of each class get each candidate, lexicographically optimal (or the best found
+/// within the time limits: the flag says which).
+fn optimise(classes: &[Class], demand: &BTreeMap<String, i64>) -> Result<(Vec<Vec<usize>>, bool), SolveError> {
     let stages: [Option<Weight>; 4] = [
         None, // the shortfall
         Some(|c| f64::from(u8::from(c.changed))),
@@ -340,23 +349,27 @@ fn optimise(classes: &[Class], demand: &BTreeMap<String, i64>) -> Result<Vec<Vec
         Some(|c| f64::from(c.fragmentation)),
     ];
     let mut bounds: Vec<(Option<Weight>, f64)> = Vec::new();
-    let mut last = None;
+    let mut last: Option<Vec<Vec<usize>>> = None;
+    let mut optimal = true;
     for stage in stages {
-        let (problem, vars, slack) = model(classes, demand, stage, &bounds);
-        let solution = problem
-            .solve()
-            .map_err(|e| SolveError(e.to_string()))?
-            .into_solution()
-            .map_err(|e| SolveError(format!("{e:?}")))?;
+        let (mut problem, vars) = model(classes, demand, stage, &bounds);
+        problem.set_time_limit(STAGE_TIME_LIMIT);
+        let outcome = problem.solve().map_err(|e| SolveError(e.to_string()))?;
+        optimal &= outcome.is_optimal();
+        let Ok(solution) = outcome.into_solution() else {
+            // No answer within the limit: the previous stage's answer meets every bound so far.
+            optimal = false;
+            break;
+        };
         bounds.push((stage, solution.objective()));
-        let _ = slack;
         last = Some(
             vars.iter()
                 .map(|vs| vs.iter().map(|v| solution.var_value(*v).round().max(0.0) as usize).collect())
                 .collect(),
         );
     }
-    last.ok_or_else(|| SolveError("no stage ran".into()))
+    let counts = last.ok_or_else(|| SolveError(format!("no answer within {}s", STAGE_TIME_LIMIT.as_secs())))?;
+    Ok((counts, optimal))
 }
 
 /// Weights the candidates in one stage's objective.
@@ -369,7 +382,7 @@ fn model(
     demand: &BTreeMap<String, i64>,
     objective: Option<Weight>,
     bounds: &[(Option<Weight>, f64)],
-) -> (Problem, Vec<Vec<Variable>>, Vec<Variable>) {
+) -> (Problem, Vec<Vec<Variable>>) {
     let mut p = Problem::new(OptimizationDirection::Minimize);
     let mut vars: Vec<Vec<Variable>> = Vec::new();
     for class in classes {
@@ -418,7 +431,7 @@ fn model(
             }
         }
     }
-    (p, vars, slack)
+    (p, vars)
 }
 
 #[cfg(test)]

@@ -229,6 +229,9 @@ fn print_text(s: &Suggestion) {
         a.changed, a.destroyed, a.fragmentation
     );
     println!("# pods evicted: none (nodes running GPU pods are left alone)");
+    if !a.optimal {
+        println!("# the search hit its time limit: this is the best answer found, not proven the fewest changes");
+    }
     for (node, pods) in &s.kept_busy {
         println!("#   left alone: {node} ({})", pods.join(", "));
     }

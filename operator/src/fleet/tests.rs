@@ -178,6 +178,7 @@ proptest! {
         (gpus, demand) in fleet()
     ) {
         let a = solve(&gpus, &demand).unwrap();
+        prop_assert!(a.optimal, "small fleets are solved to proven optimality");
         let (short, changed) = exhaustive(&gpus, &demand);
         prop_assert_eq!(a.shortfall.values().sum::<i64>(), short, "{:#?}", a);
         prop_assert_eq!(a.changed, changed, "{:#?}", a);

@@ -27,6 +27,10 @@ enum BackendKind {
 struct BackendArgs {
     #[arg(long, value_enum, default_value = "nvml", env = "TESSERA_BACKEND")]
     backend: BackendKind,
+    /// NVML: the library to load (default: the system's libnvidia-ml.so). The simulated one is
+    /// built by `cargo build -p tessera-nvml-sim`.
+    #[arg(long, env = "TESSERA_NVML_LIBRARY")]
+    nvml_library: Option<PathBuf>,
     /// Simulated GPUs: state file (created on first use).
     #[arg(long, env = "TESSERA_SIM_STATE", default_value = "/var/lib/tessera/sim-gpus.json")]
     sim_state: PathBuf,
@@ -47,7 +51,7 @@ struct BackendArgs {
 impl BackendArgs {
     fn open(&self) -> anyhow::Result<Box<dyn GpuBackend>> {
         Ok(match self.backend {
-            BackendKind::Nvml => Box::new(NvmlBackend::init()?),
+            BackendKind::Nvml => Box::new(NvmlBackend::init(self.nvml_library.as_deref())?),
             BackendKind::Sim => {
                 let fault = match (self.sim_fail_after, self.sim_crash_after) {
                     (Some(k), _) => Some(Fault::FailAfter(k)),
@@ -166,7 +170,7 @@ fn main() -> anyhow::Result<()> {
         Command::Sim { command } => {
             match command {
                 SimCommand::RunProcess { state, gpu, mig_uuid, pid, name } => {
-                    sim::run_process(&state, gpu, mig_uuid.as_deref(), pid, &name)?
+                    sim::run_process(&state, gpu, mig_uuid.as_deref(), pid, &name, None)?
                 }
                 SimCommand::StopProcess { state, pid } => sim::stop_process(&state, pid)?,
                 SimCommand::Reboot { state } => sim::reboot(&state)?,

@@ -24,8 +24,12 @@ fn nvml_err(what: &str) -> impl Fn(NvmlError) -> Error + '_ {
 }
 
 impl NvmlBackend {
-    pub fn init() -> Result<Self, Error> {
-        Ok(Self { nvml: Nvml::init().map_err(nvml_err("initialise NVML (is the driver loaded?)"))? })
+    pub fn init(library: Option<&std::path::Path>) -> Result<Self, Error> {
+        let nvml = match library {
+            Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
+            None => Nvml::init(),
+        };
+        Ok(Self { nvml: nvml.map_err(nvml_err("initialise NVML (is the driver loaded?)"))? })
     }
 
     pub fn driver_version(&self) -> String {
@@ -114,7 +118,7 @@ impl GpuBackend for NvmlBackend {
             for gi in nvml_raw::gpu_instances(lib, handle, id)? {
                 out.push(Instance {
                     gpu_instance_id: gi.id,
-                    compute_instance_id: 0,
+                    compute_instance_id: Some(0),
                     profile: name.clone(),
                     start: gi.start as u8,
                     size: gi.size as u8,
@@ -133,6 +137,19 @@ impl GpuBackend for NvmlBackend {
             .into_iter()
             .map(|p| GpuProcess { pid: p.pid, gpu_instance_id: p.gpu_instance_id, name: String::new() })
             .collect())
+    }
+
+    fn memory_used_mib(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<u64, Error> {
+        let d = self.device(gpu)?;
+        for i in 0..d.mig_device_count().unwrap_or(0) {
+            if let Ok(mig) = d.mig_device_by_index(i) {
+                let gi = nvml_raw::mig_device_gpu_instance_id(self.nvml.lib(), unsafe { mig.handle() })?;
+                if gi == gpu_instance_id {
+                    return Ok(mig.memory_info().map(|m| m.used / (1024 * 1024)).unwrap_or(0));
+                }
+            }
+        }
+        Ok(0)
     }
 
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {
@@ -173,3 +190,6 @@ impl GpuBackend for NvmlBackend {
         nvml_raw::destroy(self.nvml.lib(), handle, gpu_instance_id)
     }
 }
+
+#[cfg(test)]
+mod tests;

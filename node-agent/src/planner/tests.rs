@@ -13,7 +13,7 @@ fn model(p: &str) -> &'static GpuModel {
 fn inst(id: u32, profile: &str, start: u8, size: u8) -> Instance {
     Instance {
         gpu_instance_id: id,
-        compute_instance_id: 0,
+        compute_instance_id: Some(0),
         profile: profile.into(),
         start,
         size,
@@ -139,7 +139,7 @@ proptest! {
         let mut observed = Observed { mig_enabled: true, instances: current.clone(), ..Default::default() };
         for (bit, i) in current.iter().enumerate() {
             if busy_mask & (1 << bit) != 0 {
-                run_process(&state, 0, Some(&i.uuid), 1000 + bit as u32, "train").unwrap();
+                run_process(&state, 0, Some(&i.uuid), 1000 + bit as u32, "train", None).unwrap();
                 observed.busy.insert(i.gpu_instance_id, vec![1000 + bit as u32]);
             }
         }

@@ -28,6 +28,10 @@ use crate::report::{self, GpuOutcome};
 /// The field manager for everything the agent writes.
 pub const MANAGER: &str = "tessera-node-agent";
 
+/// Memory in use in a MIG device with no process above this is leaked (an assumption: the
+/// driver's own bookkeeping is counted as reserved, not used, in `nvmlMemory_v2_t`).
+const LEAK_THRESHOLD_MIB: u64 = 64;
+
 pub struct Agent<B: GpuBackend> {
     pub backend: B,
     pub client: Client,
@@ -39,6 +43,35 @@ pub struct Agent<B: GpuBackend> {
     pub gpu_client_selector: Option<String>,
     /// How long the heartbeat lease stays valid; it is renewed four times per duration.
     pub lease_duration: Duration,
+}
+
+#[cfg(test)]
+impl<B: GpuBackend> Agent<B> {
+    /// An agent for tests that drive `apply` only (inside a multi-thread runtime, from
+    /// `block_in_place`): its API server answers only the hand-over re-check, with its node
+    /// handed over (`Applying`) and cordoned.
+    pub(crate) fn offline(backend: B) -> Self {
+        let server = tower::service_fn(|req: http::Request<kube::client::Body>| async move {
+            let path = req.uri().path().to_string();
+            let body = if path.ends_with("/gpunodes/test") {
+                json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": "test"},
+                       "spec": {}, "status": {"rollout": {"phase": "Applying", "plan": "test"}}})
+            } else if path.ends_with("/nodes/test") {
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "test"}, "spec": {"unschedulable": true}})
+            } else {
+                return Err(std::io::Error::other(format!("no {path} in this test")));
+            };
+            Ok(http::Response::new(kube::client::Body::from(body.to_string().into_bytes())))
+        });
+        Agent {
+            backend,
+            client: Client::new(server, "default"),
+            node: "test".into(),
+            advertise_resources: false,
+            gpu_client_selector: None,
+            lease_duration: Duration::from_secs(40),
+        }
+    }
 }
 
 impl<B: GpuBackend> Agent<B> {
@@ -133,7 +166,7 @@ impl<B: GpuBackend> Agent<B> {
     }
 
     /// Brings every GPU of the intent to its target; returns outcomes and whether anything changed.
-    fn apply(
+    pub(crate) fn apply(
         &mut self,
         intent: &[tessera_crds::gpunode::GpuIntent],
         handed_over: bool,
@@ -203,17 +236,41 @@ impl<B: GpuBackend> Agent<B> {
                 None => gpu_processes.push(p.pid),
             }
         }
-        let observed =
-            Observed { mig_enabled: info.mig_enabled, mig_pending: info.mig_pending, instances, busy, gpu_processes };
+        // Memory in use in an instance no process uses is held by a zombie context.
+        let mut leaked = BTreeMap::new();
+        for i in instances.iter().filter(|i| i.compute_instance_id.is_some() && !busy.contains_key(&i.gpu_instance_id))
+        {
+            let used = self.backend.memory_used_mib(gpu, i.gpu_instance_id).map_err(failed)?;
+            if used > LEAK_THRESHOLD_MIB {
+                leaked.insert(i.gpu_instance_id, used);
+            }
+        }
+        let observed = Observed {
+            mig_enabled: info.mig_enabled,
+            mig_pending: info.mig_pending,
+            instances,
+            busy,
+            gpu_processes,
+            leaked,
+        };
         let steps = planner::plan(model, &observed, target).map_err(|b| {
             let reason = match &b {
                 Blocked::Busy(_) | Blocked::GpuBusy(_) => "InstanceInUse",
-                Blocked::ResetPending(_) => "ResetRequired",
                 Blocked::NoFit(_) => "LayoutDoesNotFit",
+                Blocked::LeakedMemory(_) => "LeakedMemory",
             };
             GpuOutcome::Blocked { reason, message: b.to_string() }
         })?;
-        let disruptive = steps.iter().filter(|s| !matches!(s, Step::Create { .. })).count();
+        // Removing a GPU instance that never got its compute instance disrupts nobody.
+        let disrupts = |s: &Step| match s {
+            Step::Create { .. } => false,
+            Step::Destroy { gpu_instance_id, .. } => !observed
+                .instances
+                .iter()
+                .any(|i| i.gpu_instance_id == *gpu_instance_id && i.compute_instance_id.is_none()),
+            Step::SetMigMode(_) => true,
+        };
+        let disruptive = steps.iter().filter(|s| disrupts(s)).count();
         if disruptive > 0 && !handed_over {
             return Err(GpuOutcome::Waiting {
                 reason: "AwaitingDrain",
@@ -224,7 +281,7 @@ impl<B: GpuBackend> Agent<B> {
             });
         }
         for step in &steps {
-            if !matches!(step, Step::Create { .. }) && !self.still_handed_over() {
+            if disrupts(step) && !self.still_handed_over() {
                 // The operator withdrew the hand-over (or the node is schedulable again) since
                 // this pass began: stop before changing anything a workload could be using.
                 return Err(GpuOutcome::Waiting {

@@ -165,7 +165,9 @@ impl<B: GpuBackend> Agent<B> {
         Ok(outcomes)
     }
 
-    /// Brings every GPU of the intent to its target; returns outcomes and whether anything changed.
+    /// Brings every GPU of the intent to its target; returns the outcomes and whether the GPU
+    /// clients must restart: a GPU changed (they re-enumerate), or a MIG mode change found the
+    /// GPU held (they let go; the next pass retries). A pass that changes nothing restarts nobody.
     pub(crate) fn apply(
         &mut self,
         intent: &[tessera_crds::gpunode::GpuIntent],
@@ -203,8 +205,9 @@ impl<B: GpuBackend> Agent<B> {
                     .map(|(k, n)| (k.clone(), *n as u32))
                     .collect::<ProfileCounts>(),
             };
-            // `changed` only when a driver step really ran: GPU clients are restarted after a
-            // change, never on a pass that changed nothing (a blocked GPU would make them flap).
+            // `changed` only when a driver step really changed the GPU, or a MIG mode change found
+            // the GPU held by its clients (restarting them lets go): never on a pass that changed
+            // nothing (a blocked or failing GPU would make them flap).
             let mut ran = false;
             let outcome = match self.apply_gpu(info, &target, handed_over, &mut ran) {
                 Ok(()) => GpuOutcome::InSync,
@@ -290,7 +293,6 @@ impl<B: GpuBackend> Agent<B> {
                 });
             }
             info!(gpu, ?step, "applying");
-            *ran = true;
             match step {
                 Step::Destroy { gpu_instance_id, .. } => {
                     self.backend.destroy_instance(gpu, *gpu_instance_id).map_err(failed)?
@@ -299,7 +301,12 @@ impl<B: GpuBackend> Agent<B> {
                     self.backend.create_instance(gpu, profile, *start).map_err(failed)?;
                 }
                 Step::SetMigMode(on) => {
-                    if self.backend.set_mig_mode(gpu, *on).map_err(failed)? == ModeChange::ResetRequired {
+                    let change = self.backend.set_mig_mode(gpu, *on).map_err(|e| {
+                        // nvml.h: "idle the device and retry": the GPU clients hold it.
+                        *ran |= matches!(e, Error::InUse(_));
+                        failed(e)
+                    })?;
+                    if change == ModeChange::ResetRequired {
                         return Err(GpuOutcome::Blocked {
                             reason: "ResetRequired",
                             message: format!(
@@ -310,6 +317,8 @@ impl<B: GpuBackend> Agent<B> {
                     }
                 }
             }
+            // Only a step that succeeded changed the GPU (a failed NVML call changes nothing).
+            *ran = true;
         }
         Ok(())
     }

@@ -140,6 +140,18 @@ enum SimCommand {
         #[arg(long)]
         state: PathBuf,
     },
+    /// A client starts (or with --release stops) holding a GPU's device open without a compute
+    /// process: a MIG mode change then reports IN_USE.
+    HoldDevice {
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        release: bool,
+    },
     /// Memory held in a MIG device by a context with no process (a zombie).
     LeakMemory {
         #[arg(long)]
@@ -211,6 +223,7 @@ fn main() -> anyhow::Result<()> {
                     sim::run_process(&state, gpu, mig_uuid.as_deref(), pid, &name, used_mib)?
                 }
                 SimCommand::DriverRestart { state } => sim::driver_restart(&state)?,
+                SimCommand::HoldDevice { state, gpu, name, release } => sim::hold_device(&state, gpu, &name, !release)?,
                 SimCommand::LeakMemory { state, gpu, mig_uuid, mib } => sim::leak_memory(&state, gpu, &mig_uuid, mib)?,
                 SimCommand::FailCall { state, function, nth, code, crash } => {
                     sim::add_call_fault(&state, sim::CallFault { function, nth, code, crash, seen: 0 })?

@@ -199,6 +199,18 @@ pub fn leak_memory(state: &Path, gpu: u32, mig_uuid: &str, mib: u64) -> Result<(
     sim.save(&st)
 }
 
+/// A client (by name) starts or stops holding a GPU's device open (see `SimGpu::holders`).
+pub fn hold_device(state: &Path, gpu: u32, holder: &str, holding: bool) -> Result<(), Error> {
+    let sim = SimBackend::at(state);
+    let mut st = sim.load()?;
+    let holders = &mut model::gpu(&mut st, gpu)?.holders;
+    holders.retain(|h| h != holder);
+    if holding {
+        holders.push(holder.to_string());
+    }
+    sim.save(&st)
+}
+
 /// Adds a fault for the simulated NVML library to inject.
 pub fn add_call_fault(state: &Path, fault: CallFault) -> Result<(), Error> {
     update(state, |st| st.call_faults.push(fault))

@@ -187,3 +187,47 @@ async fn memory_held_with_no_process_stalls_as_leaked_memory_naming_instance_and
     }
     assert_eq!(agent.backend.instances(0).unwrap(), vec![whole], "nothing was touched");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_that_changes_nothing_restarts_no_gpu_client() {
+    let (mut b, state) = open(&["H100-80GB", "H100-80GB"]);
+    b.set_mig_mode(0, true).unwrap();
+    b.set_mig_mode(1, true).unwrap();
+    // GPU 1: the instance that must go is busy. GPU 0: every create fails.
+    let busy = b.create_instance(1, "7g.80gb", 0).unwrap();
+    sim::run_process(&state, 1, Some(&busy.uuid), 7, "train", None).unwrap();
+    fault(&state, "nvmlDeviceCreateGpuInstance", NVML_ERROR_UNKNOWN);
+    let mut both = intent(true, &[("7g.80gb", 1)]);
+    both.push(GpuIntent { index: 1, ..intent(true, &[("3g.40gb", 2)]).remove(0) });
+    let mut agent = Agent::offline(b);
+    let (outcomes, restart) = apply(&mut agent, &both);
+    assert!(matches!(outcomes[0].1, GpuOutcome::Failed { .. }), "{outcomes:?}");
+    assert!(matches!(outcomes[1].1, GpuOutcome::Blocked { reason: "InstanceInUse", .. }), "{outcomes:?}");
+    assert!(!restart, "nothing changed: the device plugin must not be restarted (MIG resources would flap)");
+    // The fault was one call: the next pass creates, and that change restarts the clients once.
+    let (outcomes, restart) = apply(&mut agent, &both);
+    assert_eq!(outcomes[0].1, GpuOutcome::InSync);
+    assert!(restart);
+    let (_, restart) = apply(&mut agent, &both);
+    assert!(!restart, "in sync (GPU 0) and still blocked (GPU 1): no restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mode_change_the_gpu_clients_block_restarts_them_and_the_retry_applies() {
+    let (b, state) = open(&["H100-80GB"]);
+    // The device plugin holds the GPU open (no compute process to see): activation is IN_USE.
+    sim::hold_device(&state, 0, "nvidia-device-plugin", true).unwrap();
+    let mut agent = Agent::offline(b);
+    let want = intent(true, &[("7g.80gb", 1)]);
+    let (outcomes, restart) = apply(&mut agent, &want);
+    match &outcomes[0].1 {
+        GpuOutcome::Failed { message } => assert!(message.contains("in use"), "{message}"),
+        other => panic!("an H100 in use is retried, not sent to a reset: {other:?}"),
+    }
+    assert!(restart, "the GPU clients are restarted so they let go of the GPU");
+    // They let go (the restarted pod has not opened the GPU yet): the next pass applies.
+    sim::hold_device(&state, 0, "nvidia-device-plugin", false).unwrap();
+    let (outcomes, _) = apply(&mut agent, &want);
+    assert_eq!(outcomes[0].1, GpuOutcome::InSync);
+    assert!(agent.backend.inventory().unwrap()[0].mig_enabled);
+}

@@ -39,6 +39,10 @@ pub struct SimGpu {
     /// GPU instance id -> MiB held by a context with no process (a zombie): only a reset frees it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub leaked_mib: BTreeMap<u32, u64>,
+    /// Clients holding the GPU's device open without a compute context (a device plugin, a DCGM
+    /// exporter): not listed as processes, but a MIG mode change cannot activate past them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -151,6 +155,7 @@ pub fn new_gpu(index: u32, product: &str) -> Result<SimGpu, Error> {
         instances: Vec::new(),
         next_gpu_instance_id: 1,
         leaked_mib: BTreeMap::new(),
+        holders: Vec::new(),
     })
 }
 
@@ -160,7 +165,8 @@ fn on_gpu(procs: &[SimProcess], gpu: u32) -> impl Iterator<Item = &SimProcess> {
 
 /// `nvmlDeviceSetMigMode`. Setting the current mode clears a pending opposite one. GPU instances
 /// make the call fail (`IN_USE`); otherwise the mode becomes pending and activation is tried:
-/// Ampere needs a reset, and on Hopper and later a process on the GPU holds it (`IN_USE`).
+/// Ampere needs a reset, and on Hopper and later a process or a holder of the device keeps it
+/// (`IN_USE`).
 pub fn set_mig_mode(
     st: &mut SimState,
     procs: &[SimProcess],
@@ -182,7 +188,7 @@ pub fn set_mig_mode(
     if needs_reset(&g.info.product) {
         return Ok(Activation::ResetRequired);
     }
-    if on_gpu(procs, gpu_index).next().is_some() {
+    if on_gpu(procs, gpu_index).next().is_some() || !g.holders.is_empty() {
         return Ok(Activation::InUse);
     }
     g.info.mig_enabled = enabled;

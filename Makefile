@@ -29,11 +29,13 @@ unit:
 ## End-to-end tests against the real control plane (built first if absent).
 e2e: controlplane
 	$(CARGO) build --workspace --bins
+	$(CARGO) build -p tessera-nvml-sim
 	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) $(CARGO) test -p tessera-e2e -- --test-threads=1
 
 ## Everything CI checks: formatting, clippy, unit and property tests, CRD drift, end-to-end.
 test: lint
 	$(CARGO) build --workspace --bins
+	$(CARGO) build -p tessera-nvml-sim
 	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) $(CARGO) test --workspace -- --test-threads=2
 	scripts/demo.sh ci
 

@@ -97,8 +97,13 @@ pub fn init(name: &'static str) -> Code {
     if let Some(rc) = injected(&path, &mut state, name) {
         return rc;
     }
+    // A new nvmlInit attaches to the driver as it is now, also for the process's older handles
+    // (an assumption: the simulator keeps one session per process).
     match &mut *session {
-        Some(s) => s.inits += 1,
+        Some(s) => {
+            s.inits += 1;
+            s.generation = state.driver_generation;
+        }
         None => *session = Some(Session { path, inits: 1, generation: state.driver_generation }),
     }
     nvmlReturn_enum_NVML_SUCCESS

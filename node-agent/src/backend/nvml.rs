@@ -11,6 +11,8 @@ use crate::Error;
 
 pub struct NvmlBackend {
     nvml: Nvml,
+    /// The library it was opened from, to open it again after a driver restart.
+    library: Option<std::path::PathBuf>,
 }
 
 fn nvml_err(what: &str) -> impl Fn(NvmlError) -> Error + '_ {
@@ -24,15 +26,19 @@ fn nvml_err(what: &str) -> impl Fn(NvmlError) -> Error + '_ {
     }
 }
 
+fn open(library: Option<&std::path::Path>) -> Result<Nvml, Error> {
+    let what = "initialise NVML (is the driver loaded?)";
+    let nvml = match library {
+        Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
+        None => Nvml::init(),
+    };
+    nvml.map_err(nvml_err(what))
+}
+
 impl NvmlBackend {
     /// Loads NVML from `library` (a path to a `libnvidia-ml.so.1`), or the system's library.
     pub fn init(library: Option<&std::path::Path>) -> Result<Self, Error> {
-        let what = "initialise NVML (is the driver loaded?)";
-        let nvml = match library {
-            Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
-            None => Nvml::init(),
-        };
-        Ok(Self { nvml: nvml.map_err(nvml_err(what))? })
+        Ok(Self { nvml: open(library)?, library: library.map(std::path::Path::to_path_buf) })
     }
 
     pub fn driver_version(&self) -> String {
@@ -68,8 +74,18 @@ impl NvmlBackend {
 }
 
 impl GpuBackend for NvmlBackend {
+    /// The first read of every pass: after a driver restart (the session's GPUs are lost) NVML
+    /// is opened again, so the agent carries on without being restarted itself.
     fn inventory(&mut self) -> Result<Vec<GpuInfo>, Error> {
-        let count = self.nvml.device_count().map_err(nvml_err("device count"))?;
+        let count = match self.nvml.device_count() {
+            Err(NvmlError::GpuLost | NvmlError::Uninitialized | NvmlError::DriverNotLoaded) => {
+                tracing::warn!("NVML lost its GPUs (driver restarted?); opening it again");
+                self.nvml = open(self.library.as_deref())?;
+                self.nvml.device_count()
+            }
+            other => other,
+        }
+        .map_err(nvml_err("device count"))?;
         let mut out = Vec::new();
         for index in 0..count {
             let d = self.device(index)?;

@@ -231,3 +231,16 @@ async fn a_mode_change_the_gpu_clients_block_restarts_them_and_the_retry_applies
     assert_eq!(outcomes[0].1, GpuOutcome::InSync);
     assert!(agent.backend.inventory().unwrap()[0].mig_enabled);
 }
+
+#[test]
+fn after_a_driver_restart_the_backend_opens_nvml_again_and_sees_the_gpus_as_they_are() {
+    let (mut b, state) = open(&["H100-80GB"]);
+    b.set_mig_mode(0, true).unwrap();
+    b.create_instance(0, "7g.80gb", 0).unwrap();
+    // The driver reloads: instances are gone, Hopper's MIG mode too, and old handles are lost.
+    sim::driver_restart(&state).unwrap();
+    let gpus = b.inventory().expect("the next pass works without restarting the agent");
+    assert!(!gpus[0].mig_enabled, "{gpus:?}");
+    assert_eq!(b.set_mig_mode(0, true).unwrap(), ModeChange::Applied);
+    assert!(b.instances(0).unwrap().is_empty());
+}

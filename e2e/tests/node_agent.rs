@@ -217,29 +217,42 @@ async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices(backen
 
 async fn an_agent_killed_mid_apply_converges_after_restart(backend: AgentBackend) {
     let (cp, admin) = setup(&["gpu-b"]).await;
-    let state = cp.dir.join("gpu-b.json");
-    // Aborts mid-layout: after the 4th driver operation (mode, then GPU and compute instance
-    // creates), or between the two creates of the 3rd MIG device.
-    let crash = crash_mid_apply(backend, &state, "H100-80GB", if backend == AgentBackend::Sim { 4 } else { 3 });
-    let crash: Vec<&str> = crash.iter().map(String::as_str).collect();
-    let mut agent = spawn_node_agent_on(&cp, backend, "gpu-b", &state, "H100-80GB", &crash).await.unwrap();
-    let api: Api<GpuNode> = Api::all(admin.clone());
-    wait_for("registered", T, || async { api.get("gpu-b").await.ok()?.status.map(|_| ()) }).await.unwrap();
-    let generation =
-        set_intent(&admin, "gpu-b", json!([{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7}}])).await;
-    let status = agent.wait_exit(T).expect("the injected crash ends the agent");
-    assert!(!status.success());
-    let half: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
-    let made = half["gpus"][0]["instances"].as_array().unwrap().len();
-    assert!(made > 0 && made < 7, "the crash left a partial layout ({made} instances)");
+    // Killed at several points of the same layout, each on fresh GPUs: after the k-th driver
+    // operation (simulator: mode, then GPU-instance and compute-instance creates, so even k stop
+    // between the two creates of a MIG device), or right before the k-th compute-instance create
+    // (NVML: always between the two).
+    let points: &[u64] = if backend == AgentBackend::Sim { &[2, 5, 8] } else { &[1, 3, 6] };
+    for (round, &k) in points.iter().enumerate() {
+        let state = cp.dir.join(format!("gpu-b-{round}.json"));
+        let crash = crash_mid_apply(backend, &state, "H100-80GB", k);
+        let crash: Vec<&str> = crash.iter().map(String::as_str).collect();
+        // A zero count changes the generation, not the layout.
+        let unused = ["2g.20gb", "3g.40gb", "4g.40gb"][round];
+        let generation = set_intent(
+            &admin,
+            "gpu-b",
+            json!([{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7, unused: 0}}]),
+        )
+        .await;
+        let mut agent = spawn_node_agent_on(&cp, backend, "gpu-b", &state, "H100-80GB", &crash).await.unwrap();
+        let status = agent.wait_exit(T).expect("the injected crash ends the agent");
+        assert!(!status.success());
+        let half: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+        let made = half["gpus"][0]["instances"].as_array().unwrap().len();
+        assert!(made > 0 && made < 7, "crash at {k}: a partial layout ({made} instances)");
 
-    drop(agent);
-    let _agent = spawn_node_agent_on(&cp, backend, "gpu-b", &state, "H100-80GB", &[]).await.unwrap();
-    let gn = wait_applied(&admin, "gpu-b", generation).await;
-    let starts: Vec<i32> = profiles(&gn, 0).iter().map(|p| p.1).collect();
-    assert_eq!(starts, vec![0, 1, 2, 3, 4, 5, 6], "exactly seven, no duplicates, none lost");
-    let st = gn.status.unwrap();
-    assert!(st.gpus[0].instances.iter().all(|i| i.uuid.is_some()), "each a whole MIG device: {:?}", st.gpus[0]);
+        drop(agent);
+        let _agent = spawn_node_agent_on(&cp, backend, "gpu-b", &state, "H100-80GB", &[]).await.unwrap();
+        let gn = wait_applied(&admin, "gpu-b", generation).await;
+        let starts: Vec<i32> = profiles(&gn, 0).iter().map(|p| p.1).collect();
+        assert_eq!(starts, vec![0, 1, 2, 3, 4, 5, 6], "crash at {k}: exactly seven, no duplicates, none lost");
+        let st = gn.status.unwrap();
+        assert!(
+            st.gpus[0].instances.iter().all(|i| i.uuid.is_some()),
+            "crash at {k}: whole MIG devices: {:?}",
+            st.gpus[0]
+        );
+    }
 }
 
 async fn a_busy_instance_is_not_destroyed_and_the_condition_names_the_process(backend: AgentBackend) {

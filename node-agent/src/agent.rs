@@ -28,9 +28,9 @@ use crate::report::{self, GpuOutcome};
 /// The field manager for everything the agent writes.
 pub const MANAGER: &str = "tessera-node-agent";
 
-/// Memory in use in a MIG device with no process above this is leaked (an assumption: the
-/// driver's own bookkeeping is counted as reserved, not used, in `nvmlMemory_v2_t`).
-const LEAK_THRESHOLD_MIB: u64 = 64;
+/// Memory in use in a MIG device with no process above this is leaked. Not measured: an idle MIG
+/// device shows tens of MiB used in NVIDIA's examples, a CUDA context holds several hundred.
+const LEAK_THRESHOLD_MIB: u64 = 256;
 
 pub struct Agent<B: GpuBackend> {
     pub backend: B,

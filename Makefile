@@ -29,6 +29,7 @@ unit:
 ## End-to-end tests against the real control plane (built first if absent).
 e2e: controlplane
 	$(CARGO) build --workspace --bins
+	$(CARGO) build -p tessera-nvml-sim
 	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) $(CARGO) test -p tessera-e2e -- --test-threads=1
 
 ## Container images (release binaries) as OCI archives in target/images/, with buildah, podman
@@ -44,6 +45,7 @@ images-check:
 ## the dev binaries built here: same packaging, no second compile), end-to-end.
 test: lint
 	$(CARGO) build --workspace --bins
+	$(CARGO) build -p tessera-nvml-sim
 	PROFILE=dev SKIP_CARGO=1 scripts/images.sh build
 	PROFILE=dev scripts/images.sh check
 	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) $(CARGO) test --workspace -- --test-threads=2

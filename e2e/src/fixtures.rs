@@ -201,13 +201,18 @@ pub async fn apply_file(client: &Client, relative: &str) -> Result<usize, Error>
     Ok(n)
 }
 
-/// Path of a workspace binary built by `cargo build --bins` (which `make test` runs first).
+/// Path of a workspace binary built by `cargo build --bins` (which `make test` runs first), or of
+/// the simulated NVML library (`cargo build -p tessera-nvml-sim`, also run by `make test`).
 pub fn workspace_binary(name: &str) -> std::path::PathBuf {
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let path = target.join("debug").join(name);
-    assert!(path.exists(), "{} is missing: run `cargo build --bins` first (make test does)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --bins` and `cargo build -p tessera-nvml-sim` first (make test does)",
+        path.display()
+    );
     path
 }
 
@@ -247,8 +252,17 @@ pub async fn node_agent_kubeconfig(cp: &crate::ControlPlane, node: &str) -> Resu
     Ok(path)
 }
 
-/// Runs the real `node-agent` binary for `node` on simulated GPUs, with a pod-bound token of the
-/// node-agent service account (see [`node_agent_kubeconfig`]).
+/// Which GPU backend a spawned node agent drives. Both run on the same simulated GPUs (the state
+/// file, `tessera_node_agent::backend::sim::model`): `Sim` through the simulator backend, `Nvml`
+/// through the agent's real NVML backend and the simulated `libnvidia-ml.so.1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentBackend {
+    Sim,
+    Nvml,
+}
+
+/// Runs the real `node-agent` binary for `node` on simulated GPUs through the simulator backend,
+/// with a pod-bound token of the node-agent service account (see [`node_agent_kubeconfig`]).
 pub async fn spawn_node_agent(
     cp: &crate::ControlPlane,
     node: &str,
@@ -256,15 +270,41 @@ pub async fn spawn_node_agent(
     gpus: &str,
     extra: &[&str],
 ) -> Result<crate::process::Component, Error> {
+    spawn_node_agent_on(cp, AgentBackend::Sim, node, state, gpus, extra).await
+}
+
+/// [`spawn_node_agent`] on a chosen backend. `Nvml` loads a copy of the workspace's
+/// `libnvidia_ml.so` (`cargo build -p tessera-nvml-sim`) with the state file `state`, and plays
+/// the device plugin as the simulator does.
+pub async fn spawn_node_agent_on(
+    cp: &crate::ControlPlane,
+    backend: AgentBackend,
+    node: &str,
+    state: &Path,
+    gpus: &str,
+    extra: &[&str],
+) -> Result<crate::process::Component, Error> {
     let kubeconfig = node_agent_kubeconfig(cp, node).await?;
     let mut args: Vec<String> =
-        ["run", "--backend", "sim", "--node-name", node, "--resync-seconds", "2", "--sim-gpus", gpus, "--sim-state"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-    args.push(state.display().to_string());
+        ["run", "--node-name", node, "--resync-seconds", "2"].iter().map(|s| s.to_string()).collect();
+    let mut env = vec![("KUBECONFIG", kubeconfig.display().to_string()), ("RUST_LOG", "info".to_string())];
+    match backend {
+        AgentBackend::Sim => {
+            args.extend(["--backend", "sim", "--sim-gpus", gpus, "--sim-state"].map(String::from));
+            args.push(state.display().to_string());
+        }
+        AgentBackend::Nvml => {
+            let lib = state.with_extension("lib").join("libnvidia-ml.so.1");
+            let dir = lib.parent().expect("a directory");
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("library dir", e))?;
+            std::fs::copy(workspace_binary("libnvidia_ml.so"), &lib).map_err(|e| Error::io("copy library", e))?;
+            args.extend(["--backend", "nvml", "--advertise-resources", "true", "--nvml-library"].map(String::from));
+            args.push(lib.display().to_string());
+            env.push(("TESSERA_NVML_SIM_STATE", state.display().to_string()));
+            env.push(("TESSERA_SIM_GPUS", gpus.to_string()));
+        }
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
-    let env = [("KUBECONFIG", kubeconfig.display().to_string()), ("RUST_LOG", "info".to_string())];
     crate::process::Component::spawn_with_env(
         &format!("node-agent-{node}"),
         &workspace_binary("node-agent"),

@@ -1,5 +1,7 @@
 //! The node agent against the real control plane: it runs as its own process with the RBAC from
 //! `config/`, on simulated GPUs, and plays the device plugin so the real scheduler sees the slices.
+//! Every test runs twice with the same assertions: on the simulator backend (`::sim`) and on the
+//! real NVML backend over the simulated `libnvidia-ml.so.1` (`::nvml`).
 
 use std::time::Duration;
 
@@ -9,10 +11,55 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_crds::GpuNode;
 use tessera_crds::conditions::{READY, STALLED, find};
-use tessera_e2e::fixtures::{FakeGpuNode, apply_file, create_gpu_nodes, install_crds, spawn_node_agent, wait_for};
+use tessera_e2e::fixtures::{
+    AgentBackend, FakeGpuNode, apply_file, create_gpu_nodes, install_crds, spawn_node_agent_on, wait_for,
+};
 use tessera_e2e::{ControlPlane, Identity};
 
 const T: Duration = Duration::from_secs(60);
+
+/// `name::sim` and `name::nvml`: the test body `name(backend)` on each backend.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => { $(
+        mod $name {
+            use super::AgentBackend;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sim() {
+                super::$name(AgentBackend::Sim).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn nvml() {
+                super::$name(AgentBackend::Nvml).await
+            }
+        }
+    )* };
+}
+
+on_both_backends!(
+    the_agent_applies_an_intent_reports_it_and_advertises_the_slices,
+    an_agent_killed_mid_apply_converges_after_restart,
+    a_busy_instance_is_not_destroyed_and_the_condition_names_the_process,
+    without_the_hand_over_the_agent_destroys_nothing_and_says_it_waits,
+    a_node_agent_cannot_modify_another_nodes_objects,
+);
+
+/// Makes the next agent on `state` abort mid-apply at its `k`-th chance: the simulator backend
+/// after its k-th driver operation (arguments); the NVML library right before its k-th
+/// compute-instance create, i.e. between the two calls that make a MIG device (a fault written
+/// into the state).
+fn crash_mid_apply(backend: AgentBackend, state: &std::path::Path, gpus: &str, k: u64) -> Vec<String> {
+    use tessera_node_agent::backend::sim;
+    match backend {
+        AgentBackend::Sim => vec!["--sim-crash-after".into(), k.to_string()],
+        AgentBackend::Nvml => {
+            let products: Vec<String> = gpus.split(',').map(str::to_string).collect();
+            sim::SimBackend::open(state, &products).unwrap();
+            let function = "nvmlGpuInstanceCreateComputeInstance".to_string();
+            sim::add_call_fault(state, sim::CallFault { function, nth: k, crash: true, ..Default::default() }).unwrap();
+            vec![]
+        }
+    }
+}
 
 async fn setup(nodes: &[&str]) -> (ControlPlane, Client) {
     let cp = ControlPlane::start().await.unwrap();
@@ -75,13 +122,13 @@ fn profiles(gn: &GpuNode, gpu: usize) -> Vec<(String, i32)> {
     st.gpus[gpu].instances.iter().map(|i| (i.profile.clone(), i.start)).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices() {
+async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices(backend: AgentBackend) {
     let (cp, admin) = setup(&["gpu-a"]).await;
     let dir = cp.dir.clone();
     let selector = ["--gpu-client-selector", "app=nvidia-device-plugin-daemonset"];
-    let _agent =
-        spawn_node_agent(&cp, "gpu-a", &dir.join("gpu-a.json"), "H100-80GB,H100-80GB", &selector).await.unwrap();
+    let _agent = spawn_node_agent_on(&cp, backend, "gpu-a", &dir.join("gpu-a.json"), "H100-80GB,H100-80GB", &selector)
+        .await
+        .unwrap();
     // A device-plugin pod on this node: it must be restarted to see the new MIG devices.
     let system: Api<Pod> = Api::namespaced(admin.clone(), "kube-system");
     let plugin: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
@@ -168,34 +215,50 @@ async fn the_agent_applies_an_intent_reports_it_and_advertises_the_slices() {
     assert_eq!(alloc["nvidia.com/gpu"].0, "1");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_killed_mid_apply_converges_after_restart() {
+async fn an_agent_killed_mid_apply_converges_after_restart(backend: AgentBackend) {
     let (cp, admin) = setup(&["gpu-b"]).await;
-    let state = cp.dir.join("gpu-b.json");
-    // Aborts right after its 4th driver operation: mode, two creates, ... mid-layout.
-    let mut agent = spawn_node_agent(&cp, "gpu-b", &state, "H100-80GB", &["--sim-crash-after", "4"]).await.unwrap();
-    let api: Api<GpuNode> = Api::all(admin.clone());
-    wait_for("registered", T, || async { api.get("gpu-b").await.ok()?.status.map(|_| ()) }).await.unwrap();
-    let generation =
-        set_intent(&admin, "gpu-b", json!([{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7}}])).await;
-    let status = agent.wait_exit(T).expect("the injected crash ends the agent");
-    assert!(!status.success());
-    let half: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
-    let made = half["gpus"][0]["instances"].as_array().unwrap().len();
-    assert!(made > 0 && made < 7, "the crash left a partial layout ({made} instances)");
+    // Killed at several points of the same layout, each on fresh GPUs: after the k-th driver
+    // operation (simulator: mode, then GPU-instance and compute-instance creates, so even k stop
+    // between the two creates of a MIG device), or right before the k-th compute-instance create
+    // (NVML: always between the two).
+    let points: &[u64] = if backend == AgentBackend::Sim { &[2, 5, 8] } else { &[1, 3, 6] };
+    for (round, &k) in points.iter().enumerate() {
+        let state = cp.dir.join(format!("gpu-b-{round}.json"));
+        let crash = crash_mid_apply(backend, &state, "H100-80GB", k);
+        let crash: Vec<&str> = crash.iter().map(String::as_str).collect();
+        // A zero count changes the generation, not the layout.
+        let unused = ["2g.20gb", "3g.40gb", "4g.40gb"][round];
+        let generation = set_intent(
+            &admin,
+            "gpu-b",
+            json!([{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7, unused: 0}}]),
+        )
+        .await;
+        let mut agent = spawn_node_agent_on(&cp, backend, "gpu-b", &state, "H100-80GB", &crash).await.unwrap();
+        let status = agent.wait_exit(T).expect("the injected crash ends the agent");
+        assert!(!status.success());
+        let half: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+        let made = half["gpus"][0]["instances"].as_array().unwrap().len();
+        assert!(made > 0 && made < 7, "crash at {k}: a partial layout ({made} instances)");
 
-    drop(agent);
-    let _agent = spawn_node_agent(&cp, "gpu-b", &state, "H100-80GB", &[]).await.unwrap();
-    let gn = wait_applied(&admin, "gpu-b", generation).await;
-    let starts: Vec<i32> = profiles(&gn, 0).iter().map(|p| p.1).collect();
-    assert_eq!(starts, vec![0, 1, 2, 3, 4, 5, 6], "exactly seven, no duplicates, none lost");
+        drop(agent);
+        let _agent = spawn_node_agent_on(&cp, backend, "gpu-b", &state, "H100-80GB", &[]).await.unwrap();
+        let gn = wait_applied(&admin, "gpu-b", generation).await;
+        let starts: Vec<i32> = profiles(&gn, 0).iter().map(|p| p.1).collect();
+        assert_eq!(starts, vec![0, 1, 2, 3, 4, 5, 6], "crash at {k}: exactly seven, no duplicates, none lost");
+        let st = gn.status.unwrap();
+        assert!(
+            st.gpus[0].instances.iter().all(|i| i.uuid.is_some()),
+            "crash at {k}: whole MIG devices: {:?}",
+            st.gpus[0]
+        );
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_busy_instance_is_not_destroyed_and_the_condition_names_the_process() {
+async fn a_busy_instance_is_not_destroyed_and_the_condition_names_the_process(backend: AgentBackend) {
     let (cp, admin) = setup(&["gpu-c"]).await;
     let state = cp.dir.join("gpu-c.json");
-    let _agent = spawn_node_agent(&cp, "gpu-c", &state, "H100-80GB", &[]).await.unwrap();
+    let _agent = spawn_node_agent_on(&cp, backend, "gpu-c", &state, "H100-80GB", &[]).await.unwrap();
     let api: Api<GpuNode> = Api::all(admin.clone());
     wait_for("registered", T, || async { api.get("gpu-c").await.ok()?.status.map(|_| ()) }).await.unwrap();
     let generation =
@@ -226,11 +289,10 @@ async fn a_busy_instance_is_not_destroyed_and_the_condition_names_the_process() 
     assert!(find(&gn.status.unwrap().conditions, STALLED).is_none());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_hand_over_the_agent_destroys_nothing_and_says_it_waits() {
+async fn without_the_hand_over_the_agent_destroys_nothing_and_says_it_waits(backend: AgentBackend) {
     let (cp, admin) = setup(&["gpu-d"]).await;
     let state = cp.dir.join("gpu-d.json");
-    let _agent = spawn_node_agent(&cp, "gpu-d", &state, "H100-80GB", &[]).await.unwrap();
+    let _agent = spawn_node_agent_on(&cp, backend, "gpu-d", &state, "H100-80GB", &[]).await.unwrap();
     let api: Api<GpuNode> = Api::all(admin.clone());
     wait_for("registered", T, || async { api.get("gpu-d").await.ok()?.status.map(|_| ()) }).await.unwrap();
     let generation =
@@ -275,11 +337,10 @@ fn sim_cli(state: &std::path::Path, args: &[&str]) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_agent_cannot_modify_another_nodes_objects() {
+async fn a_node_agent_cannot_modify_another_nodes_objects(backend: AgentBackend) {
     let (cp, admin) = setup(&["gpu-x", "gpu-y"]).await;
     let state = cp.dir.join("gpu-y.json");
-    let _y = spawn_node_agent(&cp, "gpu-y", &state, "H100-80GB", &[]).await.unwrap();
+    let _y = spawn_node_agent_on(&cp, backend, "gpu-y", &state, "H100-80GB", &[]).await.unwrap();
     let api: Api<GpuNode> = Api::all(admin.clone());
     wait_for("gpu-y registered", T, || async { api.get("gpu-y").await.ok()?.status.map(|_| ()) }).await.unwrap();
 

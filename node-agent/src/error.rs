@@ -13,6 +13,8 @@ pub enum Error {
     InvalidArgument(String),
     #[error("not found: {0}")]
     NotFound(String),
+    #[error("the NVML library lacks {0} (a driver older than this agent needs?)")]
+    MissingSymbol(String),
     #[error("NVML: {0}")]
     Nvml(String),
     #[error("simulated fault after {0} operations")]

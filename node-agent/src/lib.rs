@@ -7,7 +7,8 @@ pub mod error;
 pub mod planner;
 pub mod report;
 
-#[cfg(test)]
-mod testutil;
+/// Helpers for this crate's tests (unit and integration): temp dirs, the simulated NVML library.
+#[doc(hidden)]
+pub mod testutil;
 
 pub use error::Error;

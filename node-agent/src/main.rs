@@ -27,6 +27,10 @@ enum BackendKind {
 struct BackendArgs {
     #[arg(long, value_enum, default_value = "nvml", env = "TESSERA_BACKEND")]
     backend: BackendKind,
+    /// NVML: the library to load (default: the system's libnvidia-ml.so). The simulated one is
+    /// built by `cargo build -p tessera-nvml-sim`.
+    #[arg(long, env = "TESSERA_NVML_LIBRARY")]
+    nvml_library: Option<PathBuf>,
     /// Simulated GPUs: state file (created on first use).
     #[arg(long, env = "TESSERA_SIM_STATE", default_value = "/var/lib/tessera/sim-gpus.json")]
     sim_state: PathBuf,
@@ -47,7 +51,7 @@ struct BackendArgs {
 impl BackendArgs {
     fn open(&self) -> anyhow::Result<Box<dyn GpuBackend>> {
         Ok(match self.backend {
-            BackendKind::Nvml => Box::new(NvmlBackend::init()?),
+            BackendKind::Nvml => Box::new(NvmlBackend::init(self.nvml_library.as_deref())?),
             BackendKind::Sim => {
                 let fault = match (self.sim_fail_after, self.sim_crash_after) {
                     (Some(k), _) => Some(Fault::FailAfter(k)),
@@ -114,6 +118,9 @@ enum SimCommand {
         pid: u32,
         #[arg(long, default_value = "python")]
         name: String,
+        /// Device memory it holds, in MiB.
+        #[arg(long)]
+        used_mib: Option<u64>,
     },
     /// Stop a simulated process.
     StopProcess {
@@ -126,6 +133,53 @@ enum SimCommand {
     Reboot {
         #[arg(long)]
         state: PathBuf,
+    },
+    /// Simulate a driver restart: a reboot's effect on the GPUs, and NVML sessions of the
+    /// simulated library opened before it see their GPUs lost.
+    DriverRestart {
+        #[arg(long)]
+        state: PathBuf,
+    },
+    /// A client starts (or with --release stops) holding a GPU's device open without a compute
+    /// process: a MIG mode change then reports IN_USE.
+    HoldDevice {
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        release: bool,
+    },
+    /// Memory held in a MIG device by a context with no process (a zombie).
+    LeakMemory {
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        mig_uuid: String,
+        #[arg(long)]
+        mib: u64,
+    },
+    /// Make the simulated NVML library fail (or abort in) the n-th call of the functions whose
+    /// name starts with a prefix.
+    FailCall {
+        #[arg(long)]
+        state: PathBuf,
+        /// Function name prefix, e.g. nvmlGpuInstanceCreateComputeInstance (empty: every call).
+        #[arg(long, default_value = "")]
+        function: String,
+        /// Which matching call, counted from now (1 = the next one).
+        #[arg(long, default_value_t = 1)]
+        nth: u64,
+        /// The NVML return code, e.g. 999 (UNKNOWN), 19 (IN_USE).
+        #[arg(long, default_value_t = 999)]
+        code: u32,
+        /// Abort the calling process instead (a kill between two driver calls).
+        #[arg(long)]
+        crash: bool,
     },
 }
 
@@ -165,8 +219,14 @@ fn main() -> anyhow::Result<()> {
         Command::Probe { backend, json } => probe(backend.open()?, json),
         Command::Sim { command } => {
             match command {
-                SimCommand::RunProcess { state, gpu, mig_uuid, pid, name } => {
-                    sim::run_process(&state, gpu, mig_uuid.as_deref(), pid, &name)?
+                SimCommand::RunProcess { state, gpu, mig_uuid, pid, name, used_mib } => {
+                    sim::run_process(&state, gpu, mig_uuid.as_deref(), pid, &name, used_mib)?
+                }
+                SimCommand::DriverRestart { state } => sim::driver_restart(&state)?,
+                SimCommand::HoldDevice { state, gpu, name, release } => sim::hold_device(&state, gpu, &name, !release)?,
+                SimCommand::LeakMemory { state, gpu, mig_uuid, mib } => sim::leak_memory(&state, gpu, &mig_uuid, mib)?,
+                SimCommand::FailCall { state, function, nth, code, crash } => {
+                    sim::add_call_fault(&state, sim::CallFault { function, nth, code, crash, seen: 0 })?
                 }
                 SimCommand::StopProcess { state, pid } => sim::stop_process(&state, pid)?,
                 SimCommand::Reboot { state } => sim::reboot(&state)?,

@@ -26,6 +26,8 @@ pub struct Observed {
     pub busy: BTreeMap<u32, Vec<u32>>,
     /// PIDs on the whole GPU (MIG disabled).
     pub gpu_processes: Vec<u32>,
+    /// GPU instance id -> MiB in use with no process in it (a zombie context holds it).
+    pub leaked: BTreeMap<u32, u64>,
 }
 
 /// One driver operation.
@@ -43,10 +45,36 @@ pub enum Blocked {
     Busy(Vec<(Instance, Vec<u32>)>),
     #[error("MIG mode cannot change while processes use the GPU (PIDs {0:?})")]
     GpuBusy(Vec<u32>),
-    #[error("MIG mode change to {} is pending a GPU reset or node reboot", if *.0 { "enabled" } else { "disabled" })]
-    ResetPending(bool),
     #[error("the target layout does not fit: {0}")]
     NoFit(FitError),
+    #[error("{}", describe_leaked(.0))]
+    LeakedMemory(Vec<(Instance, u64)>),
+}
+
+fn describe_leaked(list: &[(Instance, u64)]) -> String {
+    let parts: Vec<String> =
+        list.iter().map(|(i, mib)| format!("{}@{} ({}) holds {mib} MiB", i.profile, i.start, i.uuid)).collect();
+    format!(
+        "instances that must be destroyed hold memory with no process using them (a zombie context): {}; \
+         a GPU reset frees it",
+        parts.join("; ")
+    )
+}
+
+/// Refuses a plan that destroys an instance holding memory no process accounts for: the driver
+/// would refuse too, and only a GPU reset frees it.
+fn refuse_leaked(observed: &Observed, steps: Vec<Step>) -> Result<Vec<Step>, Blocked> {
+    let leaked: Vec<(Instance, u64)> = steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Destroy { gpu_instance_id, .. } => {
+                observed.leaked.get(gpu_instance_id).map(|mib| (*gpu_instance_id, *mib))
+            }
+            _ => None,
+        })
+        .filter_map(|(id, mib)| observed.instances.iter().find(|i| i.gpu_instance_id == id).map(|i| (i.clone(), mib)))
+        .collect();
+    if leaked.is_empty() { Ok(steps) } else { Err(Blocked::LeakedMemory(leaked)) }
 }
 
 fn describe_busy(list: &[(Instance, Vec<u32>)]) -> String {
@@ -62,10 +90,16 @@ fn placement(i: &Instance) -> Placement {
 }
 
 /// Plans one GPU. An empty plan means the GPU already matches.
+///
+/// A mode already pending is set again: NVML's activation status then says whether a reset is
+/// really needed (Ampere) or the GPU was only busy (Hopper). A pending opposite mode (a change
+/// the intent no longer wants) is cleared by setting the current mode, or the next reset would
+/// apply it.
 pub fn plan(model: &GpuModel, observed: &Observed, target: &Target) -> Result<Vec<Step>, Blocked> {
-    if observed.mig_pending == Some(target.mig_enabled) && observed.mig_enabled != target.mig_enabled {
-        return Err(Blocked::ResetPending(target.mig_enabled));
-    }
+    plan_steps(model, observed, target).and_then(|steps| refuse_leaked(observed, steps))
+}
+
+fn plan_steps(model: &GpuModel, observed: &Observed, target: &Target) -> Result<Vec<Step>, Blocked> {
     let mut steps = Vec::new();
     if observed.mig_enabled != target.mig_enabled {
         let busy: Vec<_> = busy_among(observed, &observed.instances);
@@ -82,6 +116,9 @@ pub fn plan(model: &GpuModel, observed: &Observed, target: &Target) -> Result<Ve
             steps.extend(new.into_iter().map(|p| Step::Create { profile: p.profile, start: p.start }));
         }
         return Ok(steps);
+    }
+    if observed.mig_pending == Some(!target.mig_enabled) {
+        steps.push(Step::SetMigMode(target.mig_enabled));
     }
     if !target.mig_enabled {
         return Ok(steps);
@@ -115,9 +152,13 @@ fn choose_kept<'a>(
     let mut instances: Vec<&Instance> = observed.instances.iter().collect();
     instances.sort_by_key(|i| i.start);
     let is_busy = |i: &Instance| observed.busy.get(&i.gpu_instance_id).is_some_and(|p| !p.is_empty());
-    // Candidates: instances whose profile the target wants.
-    let candidates: Vec<&Instance> =
-        instances.iter().copied().filter(|i| target.profiles.get(&i.profile).copied().unwrap_or(0) > 0).collect();
+    // Candidates: finished MIG devices whose profile the target wants. A GPU instance without its
+    // compute instance is never kept: it is destroyed and made again whole.
+    let candidates: Vec<&Instance> = instances
+        .iter()
+        .copied()
+        .filter(|i| i.compute_instance_id.is_some() && target.profiles.get(&i.profile).copied().unwrap_or(0) > 0)
+        .collect();
     let n = candidates.len();
     // Subsets in order of (busy kept desc, kept desc, earliest starts first): deterministic.
     let mut subsets: Vec<u32> = (0..(1u32 << n)).collect();

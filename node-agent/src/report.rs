@@ -36,15 +36,17 @@ pub fn gpu_state(info: &GpuInfo, instances: &[Instance], table: &[HardwareProfil
         mig_capable: info.mig_capable,
         mig_enabled: info.mig_enabled,
         mig_pending: info.mig_pending.is_some(),
+        // A GPU instance without its compute instance is no MIG device: nothing to report.
         instances: instances
             .iter()
-            .map(|i| MigInstance {
+            .filter_map(|i| Some((i, i.compute_instance_id?)))
+            .map(|(i, compute_instance_id)| MigInstance {
                 profile: i.profile.clone(),
                 start: i32::from(i.start),
                 size: i32::from(i.size),
                 uuid: (!i.uuid.is_empty()).then(|| i.uuid.clone()),
                 gpu_instance_id: i.gpu_instance_id as i32,
-                compute_instance_id: i.compute_instance_id as i32,
+                compute_instance_id: compute_instance_id as i32,
             })
             .collect(),
         profiles: table

@@ -24,12 +24,14 @@ pub struct GpuInfo {
     pub mig_pending: Option<bool>,
 }
 
-/// A MIG device: a GPU instance with one full-size compute instance.
+/// A MIG device: a GPU instance with one full-size compute instance. `compute_instance_id` is
+/// `None` for a GPU instance whose compute instance was never made (its creator died between the
+/// two driver calls): no MIG device, no UUID, nothing a pod can use.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Instance {
     pub gpu_instance_id: u32,
-    pub compute_instance_id: u32,
+    pub compute_instance_id: Option<u32>,
     pub profile: String,
     pub start: u8,
     pub size: u8,
@@ -55,6 +57,20 @@ pub enum ModeChange {
     ResetRequired,
 }
 
+/// NVML's activation status in the backend's terms, the same for both backends: `IN_USE` is an
+/// error to retry once the GPU's clients are stopped, not a reset.
+pub(crate) fn mode_change(gpu: u32, enabled: bool, activation: sim::model::Activation) -> Result<ModeChange, Error> {
+    match activation {
+        sim::model::Activation::Applied => Ok(ModeChange::Applied),
+        sim::model::Activation::ResetRequired => Ok(ModeChange::ResetRequired),
+        sim::model::Activation::InUse => Err(Error::InUse(format!(
+            "MIG mode change to {} on GPU {gpu} is pending: the GPU is in use (activation status IN_USE); \
+             stop its clients and retry",
+            if enabled { "enabled" } else { "disabled" }
+        ))),
+    }
+}
+
 /// A GPU-instance profile as the hardware reports it (NVML), or as the catalog states it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HardwareProfile {
@@ -75,6 +91,8 @@ pub trait GpuBackend: Send {
     fn profiles(&mut self, gpu: u32) -> Result<Vec<HardwareProfile>, Error>;
     fn instances(&mut self, gpu: u32) -> Result<Vec<Instance>, Error>;
     fn processes(&mut self, gpu: u32) -> Result<Vec<GpuProcess>, Error>;
+    /// Device memory in use in a GPU instance's MIG device, in MiB.
+    fn memory_used_mib(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<u64, Error>;
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error>;
     /// Creates a GPU instance at `start` and its full-size compute instance.
     fn create_instance(&mut self, gpu: u32, profile: &str, start: u8) -> Result<Instance, Error>;
@@ -121,23 +139,6 @@ pub fn model_from_hardware(product: &str, profiles: &[HardwareProfile]) -> &'sta
     model
 }
 
-/// The catalog's table for a product, in the hardware form (what the simulator reports).
-pub fn catalog_profiles(model: &GpuModel) -> Vec<HardwareProfile> {
-    model
-        .profiles
-        .iter()
-        .map(|p| HardwareProfile {
-            name: p.name.to_string(),
-            id: p.id,
-            compute_slices: p.compute_slices,
-            memory_slices: p.memory_slices,
-            max_count: p.max_count,
-            memory_mib: u64::from(p.memory_gb()) * 1000,
-            starts: p.starts.to_vec(),
-        })
-        .collect()
-}
-
 /// Differences between a hardware table and the catalog, for `node-agent probe`.
 pub fn catalog_differences(product: &str, hardware: &[HardwareProfile]) -> Vec<String> {
     let Some(model) = tessera_crds::catalog::lookup(product) else {
@@ -177,6 +178,9 @@ impl GpuBackend for Box<dyn GpuBackend> {
     }
     fn processes(&mut self, gpu: u32) -> Result<Vec<GpuProcess>, Error> {
         (**self).processes(gpu)
+    }
+    fn memory_used_mib(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<u64, Error> {
+        (**self).memory_used_mib(gpu, gpu_instance_id)
     }
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {
         (**self).set_mig_mode(gpu, enabled)

@@ -6,11 +6,13 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
 use super::nvml_raw::{self, PROFILE_ENUMS};
-use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChange};
+use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChange, mode_change};
 use crate::Error;
 
 pub struct NvmlBackend {
     nvml: Nvml,
+    /// The library it was opened from, to open it again after a driver restart.
+    library: Option<std::path::PathBuf>,
 }
 
 fn nvml_err(what: &str) -> impl Fn(NvmlError) -> Error + '_ {
@@ -19,13 +21,24 @@ fn nvml_err(what: &str) -> impl Fn(NvmlError) -> Error + '_ {
         NvmlError::NotSupported => Error::NotSupported(what.to_string()),
         NvmlError::InvalidArg => Error::InvalidArgument(what.to_string()),
         NvmlError::NotFound => Error::NotFound(what.to_string()),
+        NvmlError::FailedToLoadSymbol(symbol) => Error::MissingSymbol(format!("{what}: {symbol}")),
         other => Error::Nvml(format!("{what}: {other}")),
     }
 }
 
+fn open(library: Option<&std::path::Path>) -> Result<Nvml, Error> {
+    let what = "initialise NVML (is the driver loaded?)";
+    let nvml = match library {
+        Some(path) => Nvml::builder().lib_path(path.as_os_str()).init(),
+        None => Nvml::init(),
+    };
+    nvml.map_err(nvml_err(what))
+}
+
 impl NvmlBackend {
-    pub fn init() -> Result<Self, Error> {
-        Ok(Self { nvml: Nvml::init().map_err(nvml_err("initialise NVML (is the driver loaded?)"))? })
+    /// Loads NVML from `library` (a path to a `libnvidia-ml.so.1`), or the system's library.
+    pub fn init(library: Option<&std::path::Path>) -> Result<Self, Error> {
+        Ok(Self { nvml: open(library)?, library: library.map(std::path::Path::to_path_buf) })
     }
 
     pub fn driver_version(&self) -> String {
@@ -36,14 +49,43 @@ impl NvmlBackend {
         self.nvml.device_by_index(gpu).map_err(nvml_err("device"))
     }
 
+    /// MIG devices by GPU instance id: (UUID, memory used in MiB).
+    fn mig_devices(&self, gpu: u32) -> Result<std::collections::HashMap<u32, (String, u64)>, Error> {
+        let d = self.device(gpu)?;
+        let lib = self.nvml.lib();
+        let mut out = std::collections::HashMap::new();
+        for i in 0..d.mig_device_count().map_err(nvml_err("MIG device count"))? {
+            let mig = match d.mig_device_by_index(i) {
+                Ok(m) => m,
+                Err(NvmlError::NotFound | NvmlError::InvalidArg) => continue,
+                Err(e) => return Err(nvml_err("MIG device")(e)),
+            };
+            // SAFETY: `mig` is a live MIG device handle of this session.
+            let gi = nvml_raw::mig_device_gpu_instance_id(lib, unsafe { mig.handle() })?;
+            let used = mig.memory_info().map_err(nvml_err("MIG device memory"))?.used / (1024 * 1024);
+            out.insert(gi, (mig.uuid().map_err(nvml_err("MIG device UUID"))?, used));
+        }
+        Ok(out)
+    }
+
     fn profile_ids(&mut self, gpu: u32) -> Result<Vec<(u32, String, u32)>, Error> {
         Ok(self.profiles(gpu)?.into_iter().map(|p| (p.id, p.name, u32::from(p.compute_slices))).collect())
     }
 }
 
 impl GpuBackend for NvmlBackend {
+    /// The first read of every pass: after a driver restart (the session's GPUs are lost) NVML
+    /// is opened again, so the agent carries on without being restarted itself.
     fn inventory(&mut self) -> Result<Vec<GpuInfo>, Error> {
-        let count = self.nvml.device_count().map_err(nvml_err("device count"))?;
+        let count = match self.nvml.device_count() {
+            Err(NvmlError::GpuLost | NvmlError::Uninitialized | NvmlError::DriverNotLoaded) => {
+                tracing::warn!("NVML lost its GPUs (driver restarted?); opening it again");
+                self.nvml = open(self.library.as_deref())?;
+                self.nvml.device_count()
+            }
+            other => other,
+        }
+        .map_err(nvml_err("device count"))?;
         let mut out = Vec::new();
         for index in 0..count {
             let d = self.device(index)?;
@@ -93,37 +135,39 @@ impl GpuBackend for NvmlBackend {
         Ok(out)
     }
 
+    /// Every GPU instance, with its compute instance when it has one: a GPU instance without
+    /// one is listed with `compute_instance_id: None` and no UUID (no MIG device exists).
     fn instances(&mut self, gpu: u32) -> Result<Vec<Instance>, Error> {
         let profiles = self.profile_ids(gpu)?;
+        let uuids = self.mig_devices(gpu)?;
         let d = self.device(gpu)?;
         let lib = self.nvml.lib();
         // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
         let handle = unsafe { d.handle() };
-        // MIG device UUIDs by GPU instance id.
-        let mut uuids = std::collections::HashMap::new();
-        let max = d.mig_device_count().unwrap_or(0);
-        for i in 0..max {
-            if let Ok(mig) = d.mig_device_by_index(i) {
-                // SAFETY: `mig` is a live MIG device handle of this session.
-                let gi = nvml_raw::mig_device_gpu_instance_id(lib, unsafe { mig.handle() })?;
-                uuids.insert(gi, mig.uuid().unwrap_or_default());
-            }
-        }
         let mut out = Vec::new();
         for (id, name, _) in profiles {
             for gi in nvml_raw::gpu_instances(lib, handle, id)? {
+                let complete = !nvml_raw::compute_instances(lib, gi.handle)?.is_empty();
                 out.push(Instance {
                     gpu_instance_id: gi.id,
-                    compute_instance_id: 0,
+                    compute_instance_id: complete.then_some(0),
                     profile: name.clone(),
                     start: gi.start as u8,
                     size: gi.size as u8,
-                    uuid: uuids.get(&gi.id).cloned().unwrap_or_default(),
+                    uuid: if complete {
+                        uuids.get(&gi.id).map(|m| m.0.clone()).unwrap_or_default()
+                    } else {
+                        String::new()
+                    },
                 });
             }
         }
         out.sort_by_key(|i| i.start);
         Ok(out)
+    }
+
+    fn memory_used_mib(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<u64, Error> {
+        Ok(self.mig_devices(gpu)?.get(&gpu_instance_id).map(|m| m.1).unwrap_or(0))
     }
 
     fn processes(&mut self, gpu: u32) -> Result<Vec<GpuProcess>, Error> {
@@ -135,11 +179,12 @@ impl GpuBackend for NvmlBackend {
             .collect())
     }
 
+    /// What happened is NVML's activation status (nvml.h, nvmlDeviceSetMigMode): `IN_USE` means
+    /// the GPU must be idled and the call retried, only `RESET_REQUIRED` asks for a reset.
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {
         let d = self.device(gpu)?;
-        d.set_mig_mode(enabled).map_err(nvml_err("set MIG mode"))?;
-        let m = d.mig_mode().map_err(nvml_err("MIG mode"))?;
-        Ok(if (m.current == 1) == enabled { ModeChange::Applied } else { ModeChange::ResetRequired })
+        let status = d.set_mig_mode(enabled).map_err(nvml_err("set MIG mode"))?;
+        mode_change(gpu, enabled, nvml_raw::activation(status)?)
     }
 
     fn create_instance(&mut self, gpu: u32, profile: &str, start: u8) -> Result<Instance, Error> {
@@ -173,3 +218,6 @@ impl GpuBackend for NvmlBackend {
         nvml_raw::destroy(self.nvml.lib(), handle, gpu_instance_id)
     }
 }
+
+#[cfg(test)]
+mod tests;

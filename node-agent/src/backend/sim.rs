@@ -8,12 +8,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use tessera_crds::catalog::{self, GpuModel};
-use tessera_crds::solver::{self, Placement};
+use serde::Serialize;
 
-use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChange, catalog_profiles};
+pub use self::model::{CallFault, SimGpu, SimProcess, SimState};
+use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChange, mode_change};
 use crate::Error;
+
+pub mod model;
 
 /// What a simulated fault does once the operation count passes its threshold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,40 +25,10 @@ pub enum Fault {
     CrashAfter(u64),
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SimState {
-    pub gpus: Vec<SimGpu>,
-    /// Mutating operations performed so far (drives injected faults).
-    pub ops: u64,
-    pub next_uuid: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SimGpu {
-    pub info: GpuInfo,
-    pub instances: Vec<Instance>,
-    pub next_gpu_instance_id: u32,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SimProcess {
-    pub gpu: u32,
-    #[serde(flatten)]
-    pub process: GpuProcess,
-}
-
 pub struct SimBackend {
     path: PathBuf,
     latency: Duration,
     fault: Option<Fault>,
-}
-
-/// Ampere boards need a GPU reset to change MIG mode; Hopper and later do not.
-fn needs_reset(product: &str) -> bool {
-    product.contains("A100") || product.contains("A30")
 }
 
 impl SimBackend {
@@ -67,22 +38,7 @@ impl SimBackend {
         if !path.exists() {
             let mut state = SimState::default();
             for (i, p) in products.iter().enumerate() {
-                let model = catalog::lookup(p)
-                    .ok_or_else(|| Error::InvalidArgument(format!("unknown simulated GPU product {p:?}")))?;
-                let full = model.profiles.iter().map(|p| p.memory_gb()).max().unwrap_or(0);
-                state.gpus.push(SimGpu {
-                    info: GpuInfo {
-                        index: i as u32,
-                        uuid: format!("GPU-sim-{i:04}-{}", model.name.to_ascii_lowercase()),
-                        product: model.nvml_names.first().copied().unwrap_or(model.name).to_string(),
-                        memory_mib: u64::from(full) * 1024,
-                        mig_capable: true,
-                        mig_enabled: false,
-                        mig_pending: None,
-                    },
-                    instances: Vec::new(),
-                    next_gpu_instance_id: 1,
-                });
+                state.gpus.push(model::new_gpu(i as u32, p)?);
             }
             sim.save(&state)?;
         }
@@ -90,7 +46,7 @@ impl SimBackend {
     }
 
     /// The simulator over a state file, with no latency and no faults.
-    fn at(path: &Path) -> Self {
+    pub fn at(path: &Path) -> Self {
         Self { path: path.to_path_buf(), latency: Duration::ZERO, fault: None }
     }
 
@@ -113,7 +69,7 @@ impl SimBackend {
         serde_json::from_str(&text).map_err(|e| self.err(e))
     }
 
-    fn save(&self, state: &SimState) -> Result<(), Error> {
+    pub fn save(&self, state: &SimState) -> Result<(), Error> {
         self.write_atomically(&self.path, state)
     }
 
@@ -129,20 +85,13 @@ impl SimBackend {
         processes_path(&self.path)
     }
 
-    fn all_processes(&self) -> Result<Vec<SimProcess>, Error> {
+    /// Every simulated process on every GPU.
+    pub fn all_processes(&self) -> Result<Vec<SimProcess>, Error> {
         match std::fs::read_to_string(self.processes_path()) {
             Ok(text) => serde_json::from_str(&text).map_err(|e| self.err(e)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
             Err(e) => Err(self.err(e)),
         }
-    }
-
-    fn gpu(state: &mut SimState, gpu: u32) -> Result<&mut SimGpu, Error> {
-        state.gpus.get_mut(gpu as usize).ok_or_else(|| Error::NotFound(format!("GPU {gpu}")))
-    }
-
-    fn model(product: &str) -> Result<&'static GpuModel, Error> {
-        catalog::lookup(product).ok_or_else(|| Error::NotSupported(format!("{product} has no MIG geometry")))
     }
 
     /// Runs one mutating operation: latency, fault injection, then `f` on the loaded state, saved
@@ -178,7 +127,15 @@ pub fn processes_path(state: &Path) -> PathBuf {
 }
 
 /// Adds a simulated process on a MIG device (by UUID) or on a whole GPU; used by tests and the demo.
-pub fn run_process(state: &Path, gpu: u32, mig_uuid: Option<&str>, pid: u32, name: &str) -> Result<(), Error> {
+/// `used_mib`: the device memory it holds.
+pub fn run_process(
+    state: &Path,
+    gpu: u32,
+    mig_uuid: Option<&str>,
+    pid: u32,
+    name: &str,
+    used_mib: Option<u64>,
+) -> Result<(), Error> {
     let sim = SimBackend::at(state);
     let st = sim.load()?;
     let g = st.gpus.get(gpu as usize).ok_or_else(|| Error::NotFound(format!("GPU {gpu}")))?;
@@ -193,7 +150,8 @@ pub fn run_process(state: &Path, gpu: u32, mig_uuid: Option<&str>, pid: u32, nam
         ),
     };
     let mut all = sim.all_processes()?;
-    all.push(SimProcess { gpu, process: GpuProcess { pid, gpu_instance_id, name: name.to_string() } });
+    let process = GpuProcess { pid, gpu_instance_id, name: name.to_string() };
+    all.push(SimProcess { gpu, process, used_mib: used_mib.unwrap_or(0) });
     write_processes(&sim, &all)
 }
 
@@ -212,17 +170,57 @@ fn write_processes(sim: &SimBackend, all: &[SimProcess]) -> Result<(), Error> {
 /// A simulated reboot: instances are gone (they never survive one); a pending MIG mode takes
 /// effect on Ampere; on Hopper and later MIG mode is not persistent and comes back disabled.
 pub fn reboot(state: &Path) -> Result<(), Error> {
+    update(state, model::reboot)?;
+    write_processes(&SimBackend::at(state), &[])
+}
+
+/// A simulated driver restart: a reboot's effect on the GPUs, and NVML sessions opened before it
+/// see their GPUs lost.
+pub fn driver_restart(state: &Path) -> Result<(), Error> {
+    update(state, |st| {
+        model::reboot(st);
+        st.driver_generation += 1;
+    })?;
+    write_processes(&SimBackend::at(state), &[])
+}
+
+/// Memory held in a MIG device by a context with no process (a zombie); only a reset frees it.
+pub fn leak_memory(state: &Path, gpu: u32, mig_uuid: &str, mib: u64) -> Result<(), Error> {
     let sim = SimBackend::at(state);
     let mut st = sim.load()?;
-    for g in &mut st.gpus {
-        g.instances.clear();
-        g.info.mig_enabled = match g.info.mig_pending.take() {
-            Some(pending) => pending,
-            None => needs_reset(&g.info.product) && g.info.mig_enabled,
-        };
+    let g = model::gpu(&mut st, gpu)?;
+    let gi = g
+        .instances
+        .iter()
+        .find(|i| i.uuid == mig_uuid)
+        .ok_or_else(|| Error::NotFound(format!("MIG device {mig_uuid} on GPU {gpu}")))?
+        .gpu_instance_id;
+    g.leaked_mib.insert(gi, mib);
+    sim.save(&st)
+}
+
+/// A client (by name) starts or stops holding a GPU's device open (see `SimGpu::holders`).
+pub fn hold_device(state: &Path, gpu: u32, holder: &str, holding: bool) -> Result<(), Error> {
+    let sim = SimBackend::at(state);
+    let mut st = sim.load()?;
+    let holders = &mut model::gpu(&mut st, gpu)?.holders;
+    holders.retain(|h| h != holder);
+    if holding {
+        holders.push(holder.to_string());
     }
-    sim.save(&st)?;
-    write_processes(&sim, &[])
+    sim.save(&st)
+}
+
+/// Adds a fault for the simulated NVML library to inject.
+pub fn add_call_fault(state: &Path, fault: CallFault) -> Result<(), Error> {
+    update(state, |st| st.call_faults.push(fault))
+}
+
+fn update(state: &Path, f: impl FnOnce(&mut SimState)) -> Result<(), Error> {
+    let sim = SimBackend::at(state);
+    let mut st = sim.load()?;
+    f(&mut st);
+    sim.save(&st)
 }
 
 impl GpuBackend for SimBackend {
@@ -232,13 +230,13 @@ impl GpuBackend for SimBackend {
 
     fn profiles(&mut self, gpu: u32) -> Result<Vec<HardwareProfile>, Error> {
         let mut st = self.load()?;
-        let g = Self::gpu(&mut st, gpu)?;
-        Ok(catalog_profiles(Self::model(&g.info.product)?))
+        let g = model::gpu(&mut st, gpu)?;
+        Ok(model::profiles(model::model(&g.info.product)?))
     }
 
     fn instances(&mut self, gpu: u32) -> Result<Vec<Instance>, Error> {
         let mut st = self.load()?;
-        let mut list = Self::gpu(&mut st, gpu)?.instances.clone();
+        let mut list = model::gpu(&mut st, gpu)?.instances.clone();
         list.sort_by_key(|i| i.start);
         Ok(list)
     }
@@ -247,81 +245,36 @@ impl GpuBackend for SimBackend {
         Ok(self.all_processes()?.into_iter().filter(|p| p.gpu == gpu).map(|p| p.process).collect())
     }
 
-    fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {
-        self.mutate(|st, procs| {
-            let g = Self::gpu(st, gpu)?;
-            if !g.info.mig_capable {
-                return Err(Error::NotSupported(format!("GPU {gpu} is not MIG capable")));
-            }
-            if !g.instances.is_empty() || procs.iter().any(|p| p.gpu == gpu) {
-                return Err(Error::InUse(format!("GPU {gpu} has MIG instances or processes")));
-            }
-            if g.info.mig_enabled == enabled {
-                g.info.mig_pending = None;
-                return Ok(ModeChange::Applied);
-            }
-            if needs_reset(&g.info.product) {
-                g.info.mig_pending = Some(enabled);
-                Ok(ModeChange::ResetRequired)
-            } else {
-                g.info.mig_enabled = enabled;
-                g.info.mig_pending = None;
-                Ok(ModeChange::Applied)
-            }
-        })
+    fn memory_used_mib(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<u64, Error> {
+        Ok(model::memory_used_mib(&self.load()?, &self.all_processes()?, gpu, gpu_instance_id))
     }
 
+    fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {
+        let activation = self.mutate(|st, procs| model::set_mig_mode(st, procs, gpu, enabled))?;
+        mode_change(gpu, enabled, activation)
+    }
+
+    /// Two operations, as on the hardware: a crash between them leaves a GPU instance alone.
     fn create_instance(&mut self, gpu: u32, profile: &str, start: u8) -> Result<Instance, Error> {
-        self.mutate(|st, _| {
-            let uuid_n = st.next_uuid;
-            let g = Self::gpu(st, gpu)?;
-            if !g.info.mig_enabled {
-                return Err(Error::InvalidArgument(format!("MIG mode is disabled on GPU {gpu}")));
+        let gi = self.mutate(|st, _| model::create_gpu_instance(st, gpu, profile, start))?;
+        match self.mutate(|st, _| model::create_compute_instance(st, gpu, gi.gpu_instance_id)) {
+            Ok(done) => Ok(done),
+            Err(e) => {
+                let _ = self.mutate(|st, _| model::destroy_gpu_instance(st, gpu, gi.gpu_instance_id));
+                Err(e)
             }
-            let model = Self::model(&g.info.product)?;
-            let spec = model
-                .profile(profile)
-                .ok_or_else(|| Error::InvalidArgument(format!("profile {profile} on {}", model.name)))?;
-            let mut layout: Vec<Placement> = g
-                .instances
-                .iter()
-                .map(|i| Placement { start: i.start, size: i.size, profile: i.profile.clone() })
-                .collect();
-            layout.push(Placement { start, size: spec.memory_slices, profile: spec.name.to_string() });
-            if !solver::is_valid(model, &layout) {
-                return Err(Error::InsufficientResources(format!(
-                    "{}@{start} does not fit next to {:?}",
-                    spec.name, g.instances
-                )));
-            }
-            let id = g.next_gpu_instance_id;
-            g.next_gpu_instance_id += 1;
-            let instance = Instance {
-                gpu_instance_id: id,
-                compute_instance_id: 0,
-                profile: spec.name.to_string(),
-                start,
-                size: spec.memory_slices,
-                uuid: format!("MIG-sim-{gpu:02}-{uuid_n:06}"),
-            };
-            g.instances.push(instance.clone());
-            st.next_uuid += 1;
-            Ok(instance)
-        })
+        }
     }
 
     fn destroy_instance(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error> {
-        self.mutate(|st, procs| {
-            let g = Self::gpu(st, gpu)?;
-            let Some(pos) = g.instances.iter().position(|i| i.gpu_instance_id == gpu_instance_id) else {
-                return Err(Error::NotFound(format!("GPU instance {gpu_instance_id} on GPU {gpu}")));
-            };
-            if procs.iter().any(|p| p.gpu == gpu && p.process.gpu_instance_id == Some(gpu_instance_id)) {
-                return Err(Error::InUse(format!("GPU instance {gpu_instance_id} on GPU {gpu} has processes")));
-            }
-            g.instances.remove(pos);
-            Ok(())
-        })
+        let has_compute = self
+            .instances(gpu)?
+            .iter()
+            .any(|i| i.gpu_instance_id == gpu_instance_id && i.compute_instance_id.is_some());
+        if has_compute {
+            self.mutate(|st, procs| model::destroy_compute_instance(st, procs, gpu, gpu_instance_id))?;
+        }
+        self.mutate(|st, _| model::destroy_gpu_instance(st, gpu, gpu_instance_id))
     }
 }
 

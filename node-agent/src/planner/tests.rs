@@ -13,7 +13,7 @@ fn model(p: &str) -> &'static GpuModel {
 fn inst(id: u32, profile: &str, start: u8, size: u8) -> Instance {
     Instance {
         gpu_instance_id: id,
-        compute_instance_id: 0,
+        compute_instance_id: Some(0),
         profile: profile.into(),
         start,
         size,
@@ -88,9 +88,29 @@ fn disabling_mig_destroys_every_instance_first() {
 }
 
 #[test]
-fn a_pending_mode_change_reports_reset_required_instead_of_looping() {
+fn a_pending_mode_is_set_again_so_the_driver_says_whether_a_reset_is_needed() {
     let obs = Observed { mig_pending: Some(true), ..Default::default() };
-    assert_eq!(plan(model("A100-40GB"), &obs, &target(&[("7g.40gb", 1)])), Err(Blocked::ResetPending(true)));
+    let steps = plan(model("A100-40GB"), &obs, &target(&[("7g.40gb", 1)])).unwrap();
+    assert_eq!(steps[0], Step::SetMigMode(true));
+}
+
+#[test]
+fn a_pending_opposite_mode_is_cleared() {
+    let obs = Observed { mig_pending: Some(false), ..on(vec![inst(1, "7g.40gb", 0, 8)]) };
+    assert_eq!(plan(model("A100-40GB"), &obs, &target(&[("7g.40gb", 1)])), Ok(vec![Step::SetMigMode(true)]));
+}
+
+#[test]
+fn a_gpu_instance_without_its_compute_instance_is_remade() {
+    let half = Instance { compute_instance_id: None, uuid: String::new(), ..inst(1, "7g.80gb", 0, 8) };
+    let steps = plan(model("H100-80GB"), &on(vec![half]), &target(&[("7g.80gb", 1)])).unwrap();
+    assert_eq!(
+        steps,
+        vec![
+            Step::Destroy { gpu_instance_id: 1, profile: "7g.80gb".into(), start: 0 },
+            Step::Create { profile: "7g.80gb".into(), start: 0 }
+        ]
+    );
 }
 
 #[test]
@@ -139,7 +159,7 @@ proptest! {
         let mut observed = Observed { mig_enabled: true, instances: current.clone(), ..Default::default() };
         for (bit, i) in current.iter().enumerate() {
             if busy_mask & (1 << bit) != 0 {
-                run_process(&state, 0, Some(&i.uuid), 1000 + bit as u32, "train").unwrap();
+                run_process(&state, 0, Some(&i.uuid), 1000 + bit as u32, "train", None).unwrap();
                 observed.busy.insert(i.gpu_instance_id, vec![1000 + bit as u32]);
             }
         }

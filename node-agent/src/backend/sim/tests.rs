@@ -43,7 +43,7 @@ fn busy_instances_cannot_be_destroyed_and_state_survives_reopen() {
     let (mut s, state) = sim(&["H100-80GB"]);
     s.set_mig_mode(0, true).unwrap();
     let a = s.create_instance(0, "7g.80gb", 0).unwrap();
-    run_process(&state, 0, Some(&a.uuid), 77, "python").unwrap();
+    run_process(&state, 0, Some(&a.uuid), 77, "python", None).unwrap();
     assert!(matches!(s.destroy_instance(0, a.gpu_instance_id), Err(Error::InUse(_))));
     let mut reopened = SimBackend::open(&state, &[]).unwrap();
     assert_eq!(reopened.instances(0).unwrap(), vec![a.clone()]);
@@ -55,9 +55,10 @@ fn busy_instances_cannot_be_destroyed_and_state_survives_reopen() {
 #[test]
 fn injected_failure_after_k_operations() {
     let (s, _) = sim(&["H100-80GB"]);
-    let mut s = s.with_fault(Some(Fault::FailAfter(2)));
+    // Mode (1), then a MIG device is two operations: GPU instance (2), compute instance (3).
+    let mut s = s.with_fault(Some(Fault::FailAfter(3)));
     s.set_mig_mode(0, true).unwrap();
     s.create_instance(0, "1g.10gb", 0).unwrap();
-    assert!(matches!(s.create_instance(0, "1g.10gb", 1), Err(Error::InjectedFault(2))));
+    assert!(matches!(s.create_instance(0, "1g.10gb", 1), Err(Error::InjectedFault(3))));
     assert_eq!(s.instances(0).unwrap().len(), 1, "a failed operation changes nothing");
 }

@@ -1,0 +1,634 @@
+//! The NVML functions the agent's paths use, with nvml.h's semantics (cited per function where
+//! the behaviour is not obvious). MIG rules are the simulator's (`backend::sim::model`).
+
+use std::ffi::{c_char, c_uint};
+
+use nvml_wrapper_sys::bindings::*;
+use tessera_node_agent::backend::sim::model::{self, Activation};
+
+use crate::profiles;
+use crate::session::{self, Code, Ctx, Dev, ci_handle, fail, gi_handle, gpu_handle, inout, mig_handle, out, out_str};
+
+const MIB: u64 = 1024 * 1024;
+/// nvml.h: `gpuInstanceId` / `computeInstanceId` are 0xFFFFFFFF outside MIG.
+const NO_ID: u32 = 0xFFFF_FFFF;
+const DRIVER_VERSION: &str = "580.159.04";
+
+macro_rules! nvml_fn {
+    ($name:ident($cx:ident $(, $arg:ident: $ty:ty)* $(,)?) $body:block) => {
+        /// An NVML entry point; see nvml.h.
+        ///
+        /// # Safety
+        /// Pointer arguments are null or valid as nvml.h states for this function.
+        #[unsafe(no_mangle)]
+        #[allow(unused_unsafe, unused_variables)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> nvmlReturn_t {
+            session::call(stringify!($name), |$cx: &mut Ctx| -> Result<(), Code> { $body })
+        }
+    };
+}
+
+fn version(data_size: usize, ver: u32) -> u32 {
+    data_size as u32 | (ver << 24)
+}
+
+const VERSION_MISMATCH: Code = nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+const INVALID: Code = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+const NOT_SUPPORTED: Code = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+
+// ---- init, shutdown, errors, system ----
+
+/// # Safety
+/// No pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    session::init("nvmlInit_v2")
+}
+
+/// # Safety
+/// No pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInit() -> nvmlReturn_t {
+    session::init("nvmlInit")
+}
+
+/// # Safety
+/// No pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    session::init("nvmlInitWithFlags")
+}
+
+/// # Safety
+/// No pointers.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    session::shutdown()
+}
+
+/// # Safety
+/// No pointers; returns a static NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    let s: &'static [u8] = match result {
+        nvmlReturn_enum_NVML_SUCCESS => b"Success\0",
+        nvmlReturn_enum_NVML_ERROR_UNINITIALIZED => b"Uninitialized\0",
+        nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT => b"Invalid Argument\0",
+        nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => b"Not Supported\0",
+        nvmlReturn_enum_NVML_ERROR_NO_PERMISSION => b"Insufficient Permissions\0",
+        nvmlReturn_enum_NVML_ERROR_NOT_FOUND => b"Not Found\0",
+        nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE => b"Insufficient Size\0",
+        nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED => b"Driver Not Loaded\0",
+        nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => b"GPU is lost\0",
+        nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED => b"GPU requires reset\0",
+        nvmlReturn_enum_NVML_ERROR_IN_USE => b"In use by another client\0",
+        nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES => b"Insufficient resources\0",
+        nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH => b"Version mismatch\0",
+        _ => b"Unknown Error\0",
+    };
+    s.as_ptr().cast()
+}
+
+nvml_fn!(nvmlSystemGetDriverVersion(cx, version: *mut c_char, length: c_uint) {
+    unsafe { out_str(version, length, DRIVER_VERSION) }
+});
+
+// ---- devices ----
+
+nvml_fn!(nvmlDeviceGetCount_v2(cx, count: *mut c_uint) {
+    unsafe { out(count, cx.state.gpus.len() as u32) }
+});
+
+nvml_fn!(nvmlDeviceGetHandleByIndex_v2(cx, index: c_uint, device: *mut nvmlDevice_t) {
+    cx.gpu(index)?;
+    unsafe { out(device, gpu_handle(index)) }
+});
+
+nvml_fn!(nvmlDeviceGetName(cx, device: nvmlDevice_t, name: *mut c_char, length: c_uint) {
+    let text = match cx.device(device)? {
+        Dev::Gpu(g) => cx.gpu(g)?.info.product.clone(),
+        Dev::Mig(g, gi) => {
+            let product = cx.gpu(g)?.info.product.clone();
+            format!("{product} MIG {}", cx.instance(g, gi)?.profile)
+        }
+    };
+    unsafe { out_str(name, length, &text) }
+});
+
+nvml_fn!(nvmlDeviceGetUUID(cx, device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) {
+    let text = match cx.device(device)? {
+        Dev::Gpu(g) => cx.gpu(g)?.info.uuid.clone(),
+        Dev::Mig(g, gi) => cx.instance(g, gi)?.uuid.clone(),
+    };
+    unsafe { out_str(uuid, length, &text) }
+});
+
+nvml_fn!(nvmlDeviceGetPciInfo_v3(cx, device: nvmlDevice_t, pci: *mut nvmlPciInfo_t) {
+    let g = cx.physical(device)?;
+    let product = cx.gpu(g)?.info.product.clone();
+    let id = tessera_crds::catalog::lookup(&product).and_then(|m| m.pci_device_ids.first().copied()).unwrap_or(0);
+    let p = unsafe { inout(pci)? };
+    let bus = 0x1b + g;
+    session::fill_name(&mut p.busIdLegacy, &format!("0000:{bus:02X}:00.0"));
+    session::fill_name(&mut p.busId, &format!("00000000:{bus:02X}:00.0"));
+    (p.domain, p.bus, p.device) = (0, bus, 0);
+    p.pciDeviceId = (u32::from(id) << 16) | 0x10de;
+    p.pciSubSystemId = 0;
+    Ok(())
+});
+
+/// Used and total memory in MiB of a GPU or MIG device.
+fn memory(cx: &mut Ctx, device: nvmlDevice_t) -> Result<(u64, u64), Code> {
+    Ok(match cx.device(device)? {
+        Dev::Gpu(g) => {
+            let total = cx.gpu(g)?.info.memory_mib;
+            let used: u64 = cx.procs.iter().filter(|p| p.gpu == g).map(|p| p.used_mib).sum::<u64>()
+                + cx.gpu(g)?.leaked_mib.values().sum::<u64>();
+            (used, total)
+        }
+        Dev::Mig(g, gi) => {
+            let profile = cx.instance(g, gi)?.profile.clone();
+            let product = cx.gpu(g)?.info.product.clone();
+            let total = profiles::by_name(&product, &profile).map(|p| p.memory_mib).unwrap_or(0);
+            (model::memory_used_mib(&cx.state, &cx.procs, g, gi), total)
+        }
+    })
+}
+
+nvml_fn!(nvmlDeviceGetMemoryInfo(cx, device: nvmlDevice_t, memory_out: *mut nvmlMemory_t) {
+    let (used, total) = memory(cx, device)?;
+    let m = nvmlMemory_t { total: total * MIB, free: total.saturating_sub(used) * MIB, used: used * MIB };
+    unsafe { out(memory_out, m) }
+});
+
+nvml_fn!(nvmlDeviceGetMemoryInfo_v2(cx, device: nvmlDevice_t, memory_out: *mut nvmlMemory_v2_t) {
+    let m = unsafe { inout(memory_out)? };
+    if m.version != version(std::mem::size_of::<nvmlMemory_v2_t>(), 2) {
+        return Err(VERSION_MISMATCH);
+    }
+    let (used, total) = memory(cx, device)?;
+    (m.total, m.reserved, m.free, m.used) = (total * MIB, 0, total.saturating_sub(used) * MIB, used * MIB);
+    Ok(())
+});
+
+nvml_fn!(nvmlDeviceGetComputeRunningProcesses_v3(
+    cx,
+    device: nvmlDevice_t,
+    info_count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) {
+    // nvml.h: on a GPU in MIG mode the parent device lists every instance's processes (for a
+    // privileged caller); a MIG device lists its own.
+    let dev = cx.device(device)?;
+    let list: Vec<nvmlProcessInfo_t> = cx
+        .procs
+        .iter()
+        .filter(|p| match dev {
+            Dev::Gpu(g) => p.gpu == g,
+            Dev::Mig(g, gi) => p.gpu == g && p.process.gpu_instance_id == Some(gi),
+        })
+        .map(|p| nvmlProcessInfo_t {
+            pid: p.process.pid,
+            usedGpuMemory: p.used_mib * MIB,
+            gpuInstanceId: p.process.gpu_instance_id.unwrap_or(NO_ID),
+            computeInstanceId: if p.process.gpu_instance_id.is_some() { 0 } else { NO_ID },
+        })
+        .collect();
+    let capacity = unsafe { *inout(info_count)? };
+    unsafe { out(info_count, list.len() as u32)? };
+    if list.is_empty() {
+        return Ok(());
+    }
+    // nvml.h: NVML_ERROR_INSUFFICIENT_SIZE when infos is too small (or null), with the count set.
+    if infos.is_null() || (capacity as usize) < list.len() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (i, p) in list.into_iter().enumerate() {
+        unsafe { infos.add(i).write(p) };
+    }
+    Ok(())
+});
+
+// ---- MIG mode ----
+
+nvml_fn!(nvmlDeviceGetMigMode(cx, device: nvmlDevice_t, current: *mut c_uint, pending: *mut c_uint) {
+    let g = cx.physical(device)?;
+    let info = &cx.gpu(g)?.info;
+    if !info.mig_capable {
+        return Err(NOT_SUPPORTED);
+    }
+    let now = u32::from(info.mig_enabled);
+    let next = info.mig_pending.map(u32::from).unwrap_or(now);
+    unsafe {
+        out(current, now)?;
+        out(pending, next)
+    }
+});
+
+nvml_fn!(nvmlDeviceSetMigMode(cx, device: nvmlDevice_t, mode: c_uint, activation_status: *mut nvmlReturn_t) {
+    // nvml.h: the call sets the (pending) mode and tries to activate it; `activationStatus` says
+    // how that went: IN_USE when the GPU is not idle ("idle the device and retry"),
+    // RESET_REQUIRED when only a reset or reboot can activate it.
+    if mode > 1 || activation_status.is_null() {
+        return Err(INVALID);
+    }
+    let g = cx.physical(device)?;
+    let procs = cx.procs.clone();
+    let activation = model::set_mig_mode(&mut cx.state, &procs, g, mode == 1).map_err(fail)?;
+    cx.changed = true;
+    let status = match activation {
+        Activation::Applied => nvmlReturn_enum_NVML_SUCCESS,
+        Activation::InUse => nvmlReturn_enum_NVML_ERROR_IN_USE,
+        Activation::ResetRequired => nvmlReturn_enum_NVML_ERROR_RESET_REQUIRED,
+    };
+    unsafe { out(activation_status, status) }
+});
+
+// ---- GPU instance profiles and placements ----
+
+fn profile_info(
+    cx: &mut Ctx,
+    device: nvmlDevice_t,
+    profile: c_uint,
+) -> Result<(String, tessera_node_agent::backend::HardwareProfile), Code> {
+    let g = cx.physical(device)?;
+    let product = cx.gpu(g)?.info.product.clone();
+    if !cx.gpu(g)?.info.mig_capable {
+        return Err(NOT_SUPPORTED);
+    }
+    if profile >= NVML_GPU_INSTANCE_PROFILE_COUNT {
+        return Err(INVALID);
+    }
+    let p = profiles::by_enum(&product, profile).ok_or(NOT_SUPPORTED)?;
+    Ok((product, p))
+}
+
+nvml_fn!(nvmlDeviceGetGpuInstanceProfileInfo(
+    cx,
+    device: nvmlDevice_t,
+    profile: c_uint,
+    info: *mut nvmlGpuInstanceProfileInfo_t,
+) {
+    let (product, p) = profile_info(cx, device, profile)?;
+    let i = unsafe { inout(info)? };
+    i.id = p.id;
+    i.isP2pSupported = 0;
+    i.sliceCount = u32::from(p.compute_slices);
+    i.instanceCount = u32::from(p.max_count);
+    i.multiprocessorCount = profiles::multiprocessors(&product, &p);
+    i.copyEngineCount = u32::from(p.compute_slices);
+    i.memorySizeMB = p.memory_mib;
+    Ok(())
+});
+
+nvml_fn!(nvmlDeviceGetGpuInstanceProfileInfoV(
+    cx,
+    device: nvmlDevice_t,
+    profile: c_uint,
+    info: *mut nvmlGpuInstanceProfileInfo_v2_t,
+) {
+    // nvml.h: `info->version` must be nvmlGpuInstanceProfileInfo_v2 or _v3
+    // (NVML_STRUCT_VERSION: size | version << 24); anything else is a version mismatch.
+    let v = unsafe { inout(info)? }.version;
+    let v2 = version(std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>(), 2);
+    let v3 = version(std::mem::size_of::<nvmlGpuInstanceProfileInfo_v3_t>(), 3);
+    if v != v2 && v != v3 {
+        return Err(VERSION_MISMATCH);
+    }
+    let (product, p) = profile_info(cx, device, profile)?;
+    let i = unsafe { inout(info)? };
+    i.id = p.id;
+    i.isP2pSupported = 0;
+    i.sliceCount = u32::from(p.compute_slices);
+    i.instanceCount = u32::from(p.max_count);
+    i.multiprocessorCount = profiles::multiprocessors(&product, &p);
+    i.copyEngineCount = u32::from(p.compute_slices);
+    i.memorySizeMB = p.memory_mib;
+    session::fill_name(&mut i.name, &format!("MIG {}", p.name));
+    if v == v3 {
+        // The v3 layout differs from v2 after `version` (no isP2pSupported, a capabilities word).
+        let i3 = unsafe { inout(info.cast::<nvmlGpuInstanceProfileInfo_v3_t>())? };
+        i3.id = p.id;
+        i3.sliceCount = u32::from(p.compute_slices);
+        i3.instanceCount = u32::from(p.max_count);
+        i3.multiprocessorCount = profiles::multiprocessors(&product, &p);
+        i3.copyEngineCount = u32::from(p.compute_slices);
+        (i3.decoderCount, i3.encoderCount, i3.jpegCount, i3.ofaCount) = (0, 0, 0, 0);
+        i3.memorySizeMB = p.memory_mib;
+        session::fill_name(&mut i3.name, &format!("MIG {}", p.name));
+        i3.capabilities = 0;
+    }
+    Ok(())
+});
+
+nvml_fn!(nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+    cx,
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    placements: *mut nvmlGpuInstancePlacement_t,
+    count: *mut c_uint,
+) {
+    let g = cx.physical(device)?;
+    let product = cx.gpu(g)?.info.product.clone();
+    let p = profiles::by_id(&product, profile_id).ok_or(INVALID)?;
+    let capacity = unsafe { *inout(count)? };
+    unsafe { out(count, p.starts.len() as u32)? };
+    // nvml.h: a null `placements` asks for the count.
+    if placements.is_null() {
+        return Ok(());
+    }
+    if (capacity as usize) < p.starts.len() {
+        return Err(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (i, s) in p.starts.iter().enumerate() {
+        let placement = nvmlGpuInstancePlacement_t { start: u32::from(*s), size: u32::from(p.memory_slices) };
+        unsafe { placements.add(i).write(placement) };
+    }
+    Ok(())
+});
+
+// ---- GPU instances ----
+
+/// nvml.h: GPU-instance calls on a GPU without MIG mode enabled are NOT_SUPPORTED.
+fn mig_gpu(cx: &mut Ctx, device: nvmlDevice_t) -> Result<(u32, String), Code> {
+    let g = cx.physical(device)?;
+    let info = &cx.gpu(g)?.info;
+    if !info.mig_enabled {
+        return Err(NOT_SUPPORTED);
+    }
+    Ok((g, info.product.clone()))
+}
+
+nvml_fn!(nvmlDeviceCreateGpuInstanceWithPlacement(
+    cx,
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    placement: *const nvmlGpuInstancePlacement_t,
+    gpu_instance: *mut nvmlGpuInstance_t,
+) {
+    let (g, product) = mig_gpu(cx, device)?;
+    let p = profiles::by_id(&product, profile_id).ok_or(INVALID)?;
+    let at = unsafe { placement.as_ref() }.ok_or(INVALID)?;
+    if gpu_instance.is_null() || at.size != u32::from(p.memory_slices) || at.start > 255 {
+        return Err(INVALID);
+    }
+    let made = model::create_gpu_instance(&mut cx.state, g, &p.name, at.start as u8).map_err(fail)?;
+    cx.changed = true;
+    unsafe { out(gpu_instance, gi_handle(g, made.gpu_instance_id)) }
+});
+
+nvml_fn!(nvmlDeviceCreateGpuInstance(cx, device: nvmlDevice_t, profile_id: c_uint, gpu_instance: *mut nvmlGpuInstance_t) {
+    // Without a placement the driver picks one: the first valid start that fits.
+    let (g, product) = mig_gpu(cx, device)?;
+    let p = profiles::by_id(&product, profile_id).ok_or(INVALID)?;
+    if gpu_instance.is_null() {
+        return Err(INVALID);
+    }
+    let made = p
+        .starts
+        .iter()
+        .find_map(|s| model::create_gpu_instance(&mut cx.state, g, &p.name, *s).ok())
+        .ok_or(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES)?;
+    cx.changed = true;
+    unsafe { out(gpu_instance, gi_handle(g, made.gpu_instance_id)) }
+});
+
+nvml_fn!(nvmlDeviceGetGpuInstances(
+    cx,
+    device: nvmlDevice_t,
+    profile_id: c_uint,
+    gpu_instances: *mut nvmlGpuInstance_t,
+    count: *mut c_uint,
+) {
+    let (g, product) = mig_gpu(cx, device)?;
+    let p = profiles::by_id(&product, profile_id).ok_or(INVALID)?;
+    if gpu_instances.is_null() {
+        return Err(INVALID);
+    }
+    let ids: Vec<u32> =
+        cx.gpu(g)?.instances.iter().filter(|i| i.profile == p.name).map(|i| i.gpu_instance_id).collect();
+    // nvml.h: the array must hold the profile's instanceCount entries.
+    for (i, id) in ids.iter().enumerate() {
+        unsafe { gpu_instances.add(i).write(gi_handle(g, *id)) };
+    }
+    unsafe { out(count, ids.len() as u32) }
+});
+
+nvml_fn!(nvmlDeviceGetGpuInstanceById(cx, device: nvmlDevice_t, id: c_uint, gpu_instance: *mut nvmlGpuInstance_t) {
+    let (g, _) = mig_gpu(cx, device)?;
+    if !cx.gpu(g)?.instances.iter().any(|i| i.gpu_instance_id == id) {
+        return Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+    }
+    unsafe { out(gpu_instance, gi_handle(g, id)) }
+});
+
+nvml_fn!(nvmlGpuInstanceGetInfo(cx, gpu_instance: nvmlGpuInstance_t, info: *mut nvmlGpuInstanceInfo_t) {
+    let (g, gi) = cx.gpu_instance(gpu_instance)?;
+    let product = cx.gpu(g)?.info.product.clone();
+    let i = cx.instance(g, gi)?.clone();
+    let profile_id = profiles::by_name(&product, &i.profile).map(|p| p.id).unwrap_or(0);
+    let value = nvmlGpuInstanceInfo_t {
+        device: gpu_handle(g),
+        id: gi,
+        profileId: profile_id,
+        placement: nvmlGpuInstancePlacement_t { start: u32::from(i.start), size: u32::from(i.size) },
+    };
+    unsafe { out(info, value) }
+});
+
+nvml_fn!(nvmlGpuInstanceDestroy(cx, gpu_instance: nvmlGpuInstance_t) {
+    // nvml.h: IN_USE while compute instances (or processes) are active in it.
+    let (g, gi) = cx.gpu_instance(gpu_instance)?;
+    model::destroy_gpu_instance(&mut cx.state, g, gi).map_err(fail)?;
+    cx.changed = true;
+    Ok(())
+});
+
+// ---- compute instances ----
+
+/// The GPU instance's compute slices and its full-size compute profile enum (= id).
+fn full_ci(cx: &mut Ctx, g: u32, gi: u32) -> Result<(u8, u32), Code> {
+    let product = cx.gpu(g)?.info.product.clone();
+    let profile = cx.instance(g, gi)?.profile.clone();
+    let slices = profiles::by_name(&product, &profile).map(|p| p.compute_slices).ok_or(INVALID)?;
+    Ok((slices, profiles::full_ci_enum(slices).ok_or(NOT_SUPPORTED)?))
+}
+
+/// Compute profile info for `profile` (enum) in a GPU instance: only the full-size profile is
+/// modelled; others are NOT_SUPPORTED (logged), enums past NVML's count INVALID_ARGUMENT.
+fn ci_profile(cx: &mut Ctx, gpu_instance: nvmlGpuInstance_t, profile: u32, eng: u32) -> Result<(u8, u32), Code> {
+    let (g, gi) = cx.gpu_instance(gpu_instance)?;
+    if profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT || eng >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT {
+        return Err(INVALID);
+    }
+    let (slices, full) = full_ci(cx, g, gi)?;
+    if profile != full {
+        session::log(format!("compute profile {profile} in GPU instance {gi}: only the full-size one is simulated"));
+        return Err(NOT_SUPPORTED);
+    }
+    Ok((slices, full))
+}
+
+nvml_fn!(nvmlGpuInstanceGetComputeInstanceProfileInfo(
+    cx,
+    gpu_instance: nvmlGpuInstance_t,
+    profile: c_uint,
+    eng_profile: c_uint,
+    info: *mut nvmlComputeInstanceProfileInfo_t,
+) {
+    let (slices, id) = ci_profile(cx, gpu_instance, profile, eng_profile)?;
+    let i = unsafe { inout(info)? };
+    (i.id, i.sliceCount, i.instanceCount) = (id, u32::from(slices), 1);
+    i.multiprocessorCount = u32::from(slices) * 16;
+    i.sharedCopyEngineCount = u32::from(slices);
+    Ok(())
+});
+
+nvml_fn!(nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+    cx,
+    gpu_instance: nvmlGpuInstance_t,
+    profile: c_uint,
+    eng_profile: c_uint,
+    info: *mut nvmlComputeInstanceProfileInfo_v2_t,
+) {
+    let i = unsafe { inout(info)? };
+    if i.version != version(std::mem::size_of::<nvmlComputeInstanceProfileInfo_v2_t>(), 2) {
+        return Err(VERSION_MISMATCH);
+    }
+    let (slices, id) = ci_profile(cx, gpu_instance, profile, eng_profile)?;
+    (i.id, i.sliceCount, i.instanceCount) = (id, u32::from(slices), 1);
+    i.multiprocessorCount = u32::from(slices) * 16;
+    i.sharedCopyEngineCount = u32::from(slices);
+    session::fill_name(&mut i.name, &format!("MIG {slices}c"));
+    Ok(())
+});
+
+nvml_fn!(nvmlGpuInstanceCreateComputeInstance(
+    cx,
+    gpu_instance: nvmlGpuInstance_t,
+    profile_id: c_uint,
+    compute_instance: *mut nvmlComputeInstance_t,
+) {
+    let (g, gi) = cx.gpu_instance(gpu_instance)?;
+    let (_, full) = full_ci(cx, g, gi)?;
+    if profile_id != full {
+        session::log(format!("create compute profile id {profile_id} in GPU instance {gi}: not simulated"));
+        return Err(NOT_SUPPORTED);
+    }
+    if compute_instance.is_null() {
+        return Err(INVALID);
+    }
+    model::create_compute_instance(&mut cx.state, g, gi).map_err(fail)?;
+    cx.changed = true;
+    unsafe { out(compute_instance, ci_handle(g, gi)) }
+});
+
+nvml_fn!(nvmlGpuInstanceGetComputeInstances(
+    cx,
+    gpu_instance: nvmlGpuInstance_t,
+    profile_id: c_uint,
+    compute_instances: *mut nvmlComputeInstance_t,
+    count: *mut c_uint,
+) {
+    let (g, gi) = cx.gpu_instance(gpu_instance)?;
+    let (_, full) = full_ci(cx, g, gi)?;
+    if profile_id != full {
+        return Err(NOT_SUPPORTED);
+    }
+    if compute_instances.is_null() {
+        return Err(INVALID);
+    }
+    let exists = cx.instance(g, gi)?.compute_instance_id.is_some();
+    if exists {
+        unsafe { compute_instances.write(ci_handle(g, gi)) };
+    }
+    unsafe { out(count, u32::from(exists)) }
+});
+
+nvml_fn!(nvmlGpuInstanceGetComputeInstanceById(
+    cx,
+    gpu_instance: nvmlGpuInstance_t,
+    id: c_uint,
+    compute_instance: *mut nvmlComputeInstance_t,
+) {
+    let (g, gi) = cx.gpu_instance(gpu_instance)?;
+    if cx.instance(g, gi)?.compute_instance_id != Some(id) {
+        return Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
+    }
+    unsafe { out(compute_instance, ci_handle(g, gi)) }
+});
+
+nvml_fn!(nvmlComputeInstanceGetInfo_v2(cx, compute_instance: nvmlComputeInstance_t, info: *mut nvmlComputeInstanceInfo_t) {
+    let (g, gi) = cx.compute_instance(compute_instance)?;
+    let (slices, full) = full_ci(cx, g, gi)?;
+    let value = nvmlComputeInstanceInfo_t {
+        device: gpu_handle(g),
+        gpuInstance: gi_handle(g, gi),
+        id: 0,
+        profileId: full,
+        placement: nvmlComputeInstancePlacement_t { start: 0, size: u32::from(slices) },
+    };
+    unsafe { out(info, value) }
+});
+
+nvml_fn!(nvmlComputeInstanceDestroy(cx, compute_instance: nvmlComputeInstance_t) {
+    // nvml.h: IN_USE while processes are active on it; a zombie context holding memory counts.
+    let (g, gi) = cx.compute_instance(compute_instance)?;
+    let procs = cx.procs.clone();
+    model::destroy_compute_instance(&mut cx.state, &procs, g, gi).map_err(fail)?;
+    cx.changed = true;
+    Ok(())
+});
+
+// ---- MIG devices ----
+
+/// Whole instances (MIG devices) of a GPU by GPU instance id.
+fn mig_devices(cx: &mut Ctx, g: u32) -> Result<Vec<u32>, Code> {
+    let mut ids: Vec<u32> =
+        cx.gpu(g)?.instances.iter().filter(|i| i.compute_instance_id.is_some()).map(|i| i.gpu_instance_id).collect();
+    ids.sort();
+    Ok(ids)
+}
+
+nvml_fn!(nvmlDeviceGetMaxMigDeviceCount(cx, device: nvmlDevice_t, count: *mut c_uint) {
+    let g = cx.physical(device)?;
+    let info = cx.gpu(g)?.info.clone();
+    let max = match model::model(&info.product) {
+        Ok(m) if info.mig_enabled => u32::from(m.compute_slices),
+        _ => 0,
+    };
+    unsafe { out(count, max) }
+});
+
+nvml_fn!(nvmlDeviceGetMigDeviceHandleByIndex(cx, device: nvmlDevice_t, index: c_uint, mig_device: *mut nvmlDevice_t) {
+    let (g, _) = mig_gpu(cx, device)?;
+    // nvml.h: NOT_FOUND when no valid MIG device exists at the index.
+    let gi = *mig_devices(cx, g)?.get(index as usize).ok_or(nvmlReturn_enum_NVML_ERROR_NOT_FOUND)?;
+    unsafe { out(mig_device, mig_handle(g, gi)) }
+});
+
+nvml_fn!(nvmlDeviceIsMigDeviceHandle(cx, device: nvmlDevice_t, is_mig: *mut c_uint) {
+    let mig = matches!(cx.device(device)?, Dev::Mig(..));
+    unsafe { out(is_mig, u32::from(mig)) }
+});
+
+nvml_fn!(nvmlDeviceGetGpuInstanceId(cx, device: nvmlDevice_t, id: *mut c_uint) {
+    match cx.device(device)? {
+        Dev::Mig(_, gi) => unsafe { out(id, gi) },
+        Dev::Gpu(_) => Err(NOT_SUPPORTED),
+    }
+});
+
+nvml_fn!(nvmlDeviceGetComputeInstanceId(cx, device: nvmlDevice_t, id: *mut c_uint) {
+    match cx.device(device)? {
+        Dev::Mig(..) => unsafe { out(id, 0) },
+        Dev::Gpu(_) => Err(NOT_SUPPORTED),
+    }
+});
+
+nvml_fn!(nvmlDeviceGetDeviceHandleFromMigDeviceHandle(cx, mig_device: nvmlDevice_t, device: *mut nvmlDevice_t) {
+    match cx.device(mig_device)? {
+        Dev::Mig(g, _) => unsafe { out(device, gpu_handle(g)) },
+        Dev::Gpu(_) => Err(INVALID),
+    }
+});

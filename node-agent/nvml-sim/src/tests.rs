@@ -1,0 +1,99 @@
+//! The library's own contract with nvml.h, called as C would call it.
+
+use std::ptr::null_mut;
+
+use nvml_wrapper_sys::bindings::*;
+use tessera_node_agent::backend::sim::SimBackend;
+
+use crate::exports::*;
+
+/// `src/stubs.rs` is what `gen-stubs.sh` makes from the bindings and `exports.rs` today.
+#[test]
+fn stubs_are_current() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let fresh = std::env::temp_dir().join(format!("tessera-nvml-stubs-{}.rs", std::process::id()));
+    let status = std::process::Command::new("bash").arg(format!("{dir}/gen-stubs.sh")).arg(&fresh).status().unwrap();
+    assert!(status.success());
+    let want = std::fs::read_to_string(&fresh).unwrap();
+    let have = std::fs::read_to_string(format!("{dir}/src/stubs.rs")).unwrap();
+    let _ = std::fs::remove_file(&fresh);
+    assert!(want == have, "src/stubs.rs is stale: run node-agent/nvml-sim/gen-stubs.sh");
+}
+
+fn v2() -> nvmlGpuInstanceProfileInfo_v2_t {
+    // SAFETY: a plain C struct; all-zero is valid.
+    let mut info: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+    info.version = std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
+    info
+}
+
+/// One test owns the process's session (the library keeps one, as NVML does).
+#[test]
+fn versions_sizes_and_codes_follow_nvml_h() {
+    let dir = std::env::temp_dir().join(format!("tessera-nvml-contract-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state.json");
+    SimBackend::open(&state, &["H100-80GB".to_string()]).unwrap();
+    // SAFETY: no other thread reads the environment while this test runs (the other test in
+    // this binary starts a process, which reads it only at spawn).
+    unsafe { std::env::set_var("TESSERA_NVML_SIM_STATE", &state) };
+    unsafe {
+        let mut count = 0;
+        assert_eq!(nvmlDeviceGetCount_v2(&mut count), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+        assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
+        assert_eq!(nvmlDeviceGetCount_v2(&mut count), nvmlReturn_enum_NVML_SUCCESS);
+        assert_eq!(count, 1);
+        let mut dev = null_mut();
+        assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut dev), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
+
+        // Struct versions: v2 and v3 are accepted, anything else is a version mismatch.
+        let mut info = v2();
+        assert_eq!(nvmlDeviceGetGpuInstanceProfileInfoV(dev, 0, &mut info), nvmlReturn_enum_NVML_SUCCESS);
+        assert_eq!((info.id, info.sliceCount, info.instanceCount, info.memorySizeMB), (19, 1, 7, 9984));
+        let mut v3: nvmlGpuInstanceProfileInfo_v3_t = std::mem::zeroed();
+        v3.version = std::mem::size_of::<nvmlGpuInstanceProfileInfo_v3_t>() as u32 | (3 << 24);
+        let rc = nvmlDeviceGetGpuInstanceProfileInfoV(dev, 9, (&mut v3 as *mut nvmlGpuInstanceProfileInfo_v3_t).cast());
+        assert_eq!((rc, v3.id, v3.memorySizeMB), (nvmlReturn_enum_NVML_SUCCESS, 15, 20096));
+        let mut bad = v2();
+        bad.version = std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (1 << 24);
+        let rc = nvmlDeviceGetGpuInstanceProfileInfoV(dev, 0, &mut bad);
+        assert_eq!(rc, nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        // Profiles the board lacks, and enums past NVML's count.
+        assert_eq!(nvmlDeviceGetGpuInstanceProfileInfoV(dev, 5, &mut v2()), nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        assert_eq!(
+            nvmlDeviceGetGpuInstanceProfileInfoV(dev, 99, &mut v2()),
+            nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+        );
+
+        // Placements: a null array asks for the count; a short one is INSUFFICIENT_SIZE.
+        let mut n = 0;
+        assert_eq!(nvmlDeviceGetGpuInstancePossiblePlacements_v2(dev, 19, null_mut(), &mut n), 0);
+        assert_eq!(n, 7);
+        let mut two = [nvmlGpuInstancePlacement_t { start: 0, size: 0 }; 2];
+        let mut n = 2;
+        let rc = nvmlDeviceGetGpuInstancePossiblePlacements_v2(dev, 19, two.as_mut_ptr(), &mut n);
+        assert_eq!(rc, nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE);
+
+        // GPU-instance calls need MIG mode; activation is immediate on an idle H100.
+        let at = nvmlGpuInstancePlacement_t { start: 0, size: 8 };
+        let mut gi = null_mut();
+        let rc = nvmlDeviceCreateGpuInstanceWithPlacement(dev, 0, &at, &mut gi);
+        assert_eq!(rc, nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED);
+        let mut status = 99;
+        assert_eq!(nvmlDeviceSetMigMode(dev, 1, &mut status), 0);
+        assert_eq!(status, nvmlReturn_enum_NVML_SUCCESS);
+        assert_eq!(nvmlDeviceCreateGpuInstanceWithPlacement(dev, 0, &at, &mut gi), 0);
+        // A GPU instance with a compute instance cannot be destroyed (IN_USE), nor MIG disabled.
+        let mut ci = null_mut();
+        assert_eq!(nvmlGpuInstanceCreateComputeInstance(gi, 4, &mut ci), 0);
+        assert_eq!(nvmlGpuInstanceDestroy(gi), nvmlReturn_enum_NVML_ERROR_IN_USE);
+        assert_eq!(nvmlDeviceSetMigMode(dev, 0, &mut status), nvmlReturn_enum_NVML_ERROR_IN_USE);
+        assert_eq!(nvmlComputeInstanceDestroy(ci), 0);
+        assert_eq!(nvmlGpuInstanceDestroy(gi), 0);
+        // Stale handles are invalid arguments.
+        assert_eq!(nvmlGpuInstanceDestroy(gi), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(nvmlShutdown(), 0);
+        assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
+    }
+}

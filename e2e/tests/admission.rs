@@ -1,14 +1,20 @@
 //! Admission on the real API server: the CEL rules generated from the MIG catalog refuse layouts
-//! that cannot fit the product they name.
+//! that cannot fit the product they name, and the node-agent fence keeps each agent's pod deletes
+//! to the GPU client pods of its own node.
 
-use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tessera_crds::GpuPartitionPlan;
 use tessera_crds::admission::{Limits, maximal_multisets};
 use tessera_crds::catalog::MODELS;
-use tessera_e2e::fixtures::{apply_file, install_crds};
+use tessera_e2e::fixtures::{FakeGpuNode, apply_file, create_gpu_nodes, install_crds, node_agent_kubeconfig, wait_for};
 use tessera_e2e::{ControlPlane, Identity};
+
+const T: Duration = Duration::from_secs(60);
 
 fn plan(name: &str, layouts: Vec<Value>) -> GpuPartitionPlan {
     serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
@@ -121,5 +127,93 @@ async fn the_api_server_refuses_layouts_that_cannot_fit_their_catalog_product() 
             let refusals = msg.matches(&format!("does not fit {}: ", m.name)).count();
             assert_eq!(refusals, chunk.len(), "{}: every layout over a maximal one is refused: {msg}", m.name);
         }
+    }
+}
+
+/// The GPU client apps of the agent DaemonSet's default `--gpu-client-selector` (`app in (...)`).
+fn gpu_client_apps() -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/agent/daemonset.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let arg = text.lines().find_map(|l| l.split("--gpu-client-selector=").nth(1)).expect("a default selector");
+    let inner = arg.trim().strip_prefix("app in (").and_then(|s| s.strip_suffix(')')).expect("app in (...)");
+    inner.split(',').map(|s| s.trim().to_string()).collect()
+}
+
+fn pod(name: &str, node: &str, app: Option<&str>) -> Pod {
+    let labels = app.map(|a| json!({"app": a})).unwrap_or(json!({}));
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}}))
+    .unwrap()
+}
+
+async fn client_from(kubeconfig: &std::path::Path) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    Client::try_from(config).unwrap()
+}
+
+fn refusal(e: kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => s.message,
+        other => panic!("expected 403 Forbidden, got {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_agent_may_delete_only_gpu_client_pods_on_its_own_node() {
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = cp.client(Identity::Admin).await.unwrap();
+    install_crds(&admin).await.unwrap();
+    apply_file(&admin, "config/base/namespace.yaml").await.unwrap();
+    apply_file(&admin, "config/rbac/node-agent.yaml").await.unwrap();
+    apply_file(&admin, "config/rbac/node-agent-fence.yaml").await.unwrap();
+    create_gpu_nodes(
+        &admin,
+        &[FakeGpuNode::new("gpu-a", "NVIDIA-H100-80GB-HBM3", 1), FakeGpuNode::new("gpu-b", "NVIDIA-H100-80GB-HBM3", 1)],
+    )
+    .await
+    .unwrap();
+    let system: Api<Pod> = Api::namespaced(admin.clone(), "kube-system");
+    let tenant: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let apps = gpu_client_apps();
+    assert_eq!(apps.len(), 3, "{apps:?}");
+    for (i, app) in apps.iter().enumerate() {
+        system.create(&PostParams::default(), &pod(&format!("client-{i}-a"), "gpu-a", Some(app))).await.unwrap();
+    }
+    system.create(&PostParams::default(), &pod("plugin-b", "gpu-b", Some(&apps[0]))).await.unwrap();
+    tenant.create(&PostParams::default(), &pod("inference-a", "gpu-a", Some("inference"))).await.unwrap();
+    tenant.create(&PostParams::default(), &pod("bare-a", "gpu-a", None)).await.unwrap();
+
+    // The agent of gpu-a: its service account with a token bound to a pod on gpu-a.
+    let agent = client_from(&node_agent_kubeconfig(&cp, "gpu-a").await.unwrap()).await;
+    let as_agent_system: Api<Pod> = Api::namespaced(agent.clone(), "kube-system");
+    let as_agent_tenant: Api<Pod> = Api::namespaced(agent.clone(), "default");
+    // A new admission policy takes effect asynchronously: probe with dry runs until it denies.
+    let dry = DeleteParams { dry_run: true, ..Default::default() };
+    wait_for("the pod fence is active", T, || async {
+        as_agent_system.delete("plugin-b", &dry).await.is_err().then_some(())
+    })
+    .await
+    .unwrap();
+
+    let msg = refusal(as_agent_system.delete("plugin-b", &DeleteParams::default()).await.unwrap_err());
+    assert!(msg.contains("token of node gpu-a, pod kube-system/plugin-b on node gpu-b"), "{msg}");
+    for name in ["inference-a", "bare-a"] {
+        let msg = refusal(as_agent_tenant.delete(name, &DeleteParams::default()).await.unwrap_err());
+        assert!(msg.contains(&format!("pod default/{name} is not a GPU client")), "{msg}");
+    }
+    // The same service account without a node claim (a static token, a stolen legacy token).
+    let unbound: Api<Pod> = Api::namespaced(cp.client(Identity::NodeAgent).await.unwrap(), "kube-system");
+    let msg = refusal(unbound.delete("client-0-a", &DeleteParams::default()).await.unwrap_err());
+    assert!(msg.contains("token of node (none)"), "{msg}");
+    assert!(system.get("plugin-b").await.unwrap().metadata.deletion_timestamp.is_none(), "plugin-b untouched");
+    for name in ["inference-a", "bare-a"] {
+        assert!(tenant.get(name).await.unwrap().metadata.deletion_timestamp.is_none(), "{name} untouched");
+    }
+
+    // What the agent does restart: every GPU client pod on its own node.
+    for i in 0..apps.len() {
+        as_agent_system.delete(&format!("client-{i}-a"), &DeleteParams::default()).await.unwrap();
     }
 }

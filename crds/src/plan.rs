@@ -61,6 +61,8 @@ pub struct GpuPartitionPlanSpec {
 /// One MIG layout for the GPUs of one product.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+// The API server refuses layouts that cannot fit the catalog product they name.
+#[schemars(transform = crate::admission::add_layout_rules)]
 pub struct GpuLayout {
     /// GPU product: a catalog name (`H100-80GB`), the NVML product name (`NVIDIA H100 80GB HBM3`) or
     /// the GPU Feature Discovery label value (`NVIDIA-H100-80GB-HBM3`). Case-insensitive.

@@ -77,10 +77,16 @@ pub fn fit(model: &GpuModel, request: &ProfileCounts) -> Result<Vec<Placement>, 
 pub fn fit_around(model: &GpuModel, kept: &[Placement], request: &ProfileCounts) -> Result<Vec<Placement>, FitError> {
     let mut total = counts_of(kept);
     for (name, n) in request {
-        *total.entry(normalize_profile(name)).or_default() += n;
+        let t = total.entry(normalize_profile(name)).or_default();
+        *t = t.saturating_add(*n);
     }
-    let wanted = resolve(model, request)?;
+    // Unknown names, then the counting rules, and only then one entry per instance: the counting
+    // rules bound every count by a profile's maximum (a count of 2^31 would exhaust memory).
+    for name in request.keys() {
+        resolve_one(model, name)?;
+    }
     check_totals(model, &total)?;
+    let wanted = resolve(model, request)?;
     let mut occupied = 0u32;
     for k in kept {
         occupied |= mask(k.start, k.size);

@@ -122,14 +122,14 @@ fn validate_layout(
     let Some(counts) = profile_counts(&layout.profiles, &format!("{at}.profiles"), errs) else {
         return model;
     };
-    let total: u32 = counts.values().sum();
+    let any_instance = counts.values().any(|n| *n > 0);
     if !layout.mig_enabled {
-        if total > 0 {
+        if any_instance {
             errs.push(FieldError::new(format!("{at}.profiles"), "must be empty when migEnabled is false"));
         }
         return model;
     }
-    if total == 0 {
+    if !any_instance {
         errs.push(FieldError::new(
             format!("{at}.profiles"),
             "migEnabled is true but no instances are listed; a MIG GPU without instances offers \
@@ -137,12 +137,27 @@ fn validate_layout(
         ));
         return model;
     }
-    if let Some(model) = model
+    let model = model?;
+    // Every profile the board lacks, each under its own key; the solver would name only the first.
+    let before = errs.len();
+    for name in layout.profiles.iter().filter(|(_, n)| **n > 0).map(|(name, _)| name) {
+        if model.profile(name).is_none() {
+            errs.push(FieldError::new(
+                format!("{at}.profiles[{name:?}]"),
+                format!(
+                    "profile {name:?} does not exist on {}; valid profiles: {}",
+                    model.name,
+                    model.profile_names().join(", ")
+                ),
+            ));
+        }
+    }
+    if errs.len() == before
         && let Err(e) = solver::fit(model, &counts)
     {
         errs.push(FieldError::new(format!("{at}.profiles"), e.to_string()));
     }
-    model
+    Some(model)
 }
 
 /// Turns a profile map into solver counts, reporting malformed names and negative counts.
@@ -157,7 +172,9 @@ pub fn profile_counts(profiles: &BTreeMap<String, i32>, at: &str, errs: &mut Vec
         } else if n < 0 {
             errs.push(FieldError::new(field, format!("count {n} must be >= 0")));
         } else if n > 0 {
-            *counts.entry(catalog::normalize_profile(name)).or_default() += n as u32;
+            // Saturating: `1g.10gb` and `1G.10GB` are one profile, and counts may be huge.
+            let total = counts.entry(catalog::normalize_profile(name)).or_default();
+            *total = total.saturating_add(n as u32);
         }
     }
     (errs.len() == before).then_some(counts)
@@ -258,7 +275,8 @@ pub fn validate_quota(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
 }
 
 fn validate_explicit_split(spec: &TenantGpuQuotaSpec, errs: &mut Vec<FieldError>) {
-    let mut sums: BTreeMap<&str, i64> = BTreeMap::new();
+    // i128: shares are i64, and any number of them must add up without overflowing.
+    let mut sums: BTreeMap<&str, i128> = BTreeMap::new();
     for (ns, shares) in &spec.namespace_hard {
         if !spec.namespaces.contains(ns) {
             errs.push(FieldError::new(
@@ -273,13 +291,13 @@ fn validate_explicit_split(spec: &TenantGpuQuotaSpec, errs: &mut Vec<FieldError>
             } else if n < 0 {
                 errs.push(FieldError::new(field, format!("share {n} must be >= 0")));
             } else {
-                *sums.entry(res.as_str()).or_default() += n;
+                *sums.entry(res.as_str()).or_default() += i128::from(n);
             }
         }
     }
     for (res, sum) in sums {
         let hard = spec.hard[res];
-        if sum > hard {
+        if sum > i128::from(hard) {
             errs.push(FieldError::new(
                 "spec.namespaceHard",
                 format!("the shares of {res} add up to {sum}, more than spec.hard allows ({hard})"),

@@ -22,6 +22,8 @@ fn crds_carry_cel_rules_printer_columns_and_status() {
     for needle in [
         "x-kubernetes-validations",
         "maxUnavailable must be an integer >= 1 or a percentage",
+        "profiles must be empty when migEnabled is false",
+        "does not fit H100-80GB: ",
         "x-kubernetes-list-map-keys",
         "additionalPrinterColumns",
         "- tessera",

@@ -81,6 +81,44 @@ fn other_kinds_in_a_gitops_file_are_skipped_not_failed() {
 }
 
 #[test]
+fn junk_and_documents_that_are_not_objects_fail_the_check() {
+    let dir = std::env::temp_dir().join(format!("tessera-cli-junk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // About 2 MB of pseudo-random words: YAML reads it as one string.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut junk = String::new();
+    while junk.len() < 2_000_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let word: String = (0..(x % 9 + 1)).map(|i| char::from(b'a' + ((x >> (i * 5)) % 26) as u8)).collect();
+        junk.push_str(&word);
+        junk.push(if x.is_multiple_of(11) { '\n' } else { ' ' });
+    }
+    let f = dir.join("junk.yaml");
+    std::fs::write(&f, junk).unwrap();
+    let (code, out) = run(&["validate", f.to_str().unwrap()]);
+    assert_eq!(code, 1, "{}", &out[..out.len().min(500)]);
+    assert!(out.contains("junk.yaml:doc 1: (document): a YAML string is not a Kubernetes object"), "{out}");
+    assert!(out.contains("1 documents, 0 valid, 1 errors"), "{out}");
+
+    let f = dir.join("list.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n---\n- a\n- b\n---\nmetadata: {name: y}\n",
+    )
+    .unwrap();
+    let (code, out) = run(&["validate", f.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("list.yaml:doc 2: (document): a YAML list is not a Kubernetes object"), "{out}");
+    assert!(
+        out.contains("list.yaml:doc 3: apiVersion: is required") && out.contains("doc 3: kind: is required"),
+        "{out}"
+    );
+    assert!(out.contains("3 documents, 1 valid, 3 errors"), "{out}");
+}
+
+#[test]
 fn unreadable_file_is_a_usage_error() {
     let (code, out) = run(&["validate", "does/not/exist.yaml"]);
     assert_eq!(code, 2);

@@ -154,7 +154,7 @@ pub fn known_products() -> Vec<&'static str> {
     MODELS.iter().map(|m| m.name).collect()
 }
 
-fn normalize_product(s: &str) -> String {
+pub(crate) fn normalize_product(s: &str) -> String {
     s.trim().to_ascii_lowercase().replace([' ', '_'], "-")
 }
 

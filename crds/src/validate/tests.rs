@@ -177,3 +177,11 @@ fn namespace_hard_without_explicit_split_is_refused() {
     q.namespace_hard.insert("a".into(), BTreeMap::new());
     assert_eq!(fields(&validate_quota(&q)), vec!["spec.namespaceHard"]);
 }
+
+#[test]
+fn every_unknown_profile_is_named_under_its_own_key() {
+    let p = plan(vec![layout("H100-80GB", &[("2g.10gb", 1), ("1g.5gb", 2), ("3g.40gb", 1), ("1g.6gb", 0)], None)]);
+    let errs = validate_plan(&p);
+    assert_eq!(fields(&errs), vec![r#"spec.layouts[0].profiles["1g.5gb"]"#, r#"spec.layouts[0].profiles["2g.10gb"]"#]);
+    assert!(errs[0].reason.starts_with("profile \"1g.5gb\" does not exist on H100-80GB; valid profiles: 1g.10gb,"));
+}

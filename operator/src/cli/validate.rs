@@ -41,11 +41,12 @@ pub struct Report {
 }
 
 /// Validates YAML text (possibly several documents). Documents of other API groups are listed
-/// as skipped: a GitOps directory holds more than Tessera objects.
+/// as skipped: a GitOps directory holds more than Tessera objects. A document that is not a
+/// Kubernetes object at all (a scalar, a list, no `apiVersion` or `kind`) is an error: junk must
+/// not pass a CI check.
 pub fn validate_text(file: &str, text: &str, report: &mut Report) {
     for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let doc = i + 1;
-        let mut errs = Vec::new();
         let value = match <serde_yaml::Value as serde::Deserialize>::deserialize(de) {
             Ok(serde_yaml::Value::Null) => continue,
             Ok(v) => v,
@@ -60,46 +61,8 @@ pub fn validate_text(file: &str, text: &str, report: &mut Report) {
                 break;
             }
         };
-        let json = match serde_json::to_value(&value) {
-            Ok(j) => j,
-            Err(e) => {
-                errs.push(FieldError::new("(document)", e.to_string()));
-                serde_json::Value::Null
-            }
-        };
-        let kind = json.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_string();
-        let api_version = json.get("apiVersion").and_then(|k| k.as_str()).unwrap_or("");
-        let name = json.pointer("/metadata/name").and_then(|k| k.as_str()).unwrap_or("").to_string();
-        let tessera = api_version.split('/').next() == Some(tessera_crds::GROUP);
-        if !tessera {
-            report.documents.push(DocSummary {
-                file: file.into(),
-                doc,
-                kind: format!("{kind} (skipped: not tessera.dev)"),
-                name,
-                valid: true,
-            });
-            continue;
-        }
-        if api_version != format!("{}/{}", tessera_crds::GROUP, tessera_crds::VERSION) {
-            errs.push(FieldError::new(
-                "apiVersion",
-                format!("{api_version:?} is not served; use tessera.dev/v1alpha1"),
-            ));
-        }
-        errs.extend(check_metadata(&json));
-        match kind.as_str() {
-            "GpuPartitionPlan" => errs.extend(check_spec::<GpuPartitionPlanSpec>(&json, validate_plan)),
-            "TenantGpuQuota" => errs.extend(check_spec::<TenantGpuQuotaSpec>(&json, validate_quota)),
-            "GpuNode" => errs.push(FieldError::new(
-                "kind",
-                "GpuNode objects are written by the operator and node agents; do not commit them",
-            )),
-            other => errs.push(FieldError::new(
-                "kind",
-                format!("{other:?} is not a Tessera kind (GpuPartitionPlan, TenantGpuQuota)"),
-            )),
-        }
+        let (summary, errs) = check_document(&value);
+        let (kind, name) = summary.unwrap_or_else(|| ("(not a Kubernetes object)".into(), String::new()));
         report.documents.push(DocSummary { file: file.into(), doc, kind, name, valid: errs.is_empty() });
         report.errors.extend(errs.into_iter().map(|e| DocError {
             file: file.into(),
@@ -108,6 +71,65 @@ pub fn validate_text(file: &str, text: &str, report: &mut Report) {
             reason: e.reason,
         }));
     }
+}
+
+/// Checks one document: `Some((kind, name))` when it is a Kubernetes object (a mapping with
+/// string `apiVersion` and `kind`), with its problems; `None` with the reason otherwise.
+fn check_document(value: &serde_yaml::Value) -> (Option<(String, String)>, Vec<FieldError>) {
+    use serde_yaml::Value as Y;
+    let what = match value {
+        Y::Mapping(_) => None,
+        Y::Bool(_) => Some("a YAML boolean"),
+        Y::Number(_) => Some("a YAML number"),
+        Y::String(_) => Some("a YAML string"),
+        Y::Sequence(_) => Some("a YAML list"),
+        Y::Tagged(_) => Some("a tagged YAML value"),
+        Y::Null => Some("an empty YAML document"),
+    };
+    if let Some(what) = what {
+        let reason = format!("{what} is not a Kubernetes object; expected a mapping with apiVersion and kind");
+        return (None, vec![FieldError::new("(document)", reason)]);
+    }
+    let json = match serde_json::to_value(value) {
+        Ok(j) => j,
+        Err(e) => return (None, vec![FieldError::new("(document)", format!("not a Kubernetes object: {e}"))]),
+    };
+    let mut missing = Vec::new();
+    for field in ["apiVersion", "kind"] {
+        match json.get(field) {
+            None | Some(serde_json::Value::Null) => missing.push(FieldError::new(field, "is required")),
+            Some(serde_json::Value::String(s)) if s.is_empty() => missing.push(FieldError::new(field, "is required")),
+            Some(serde_json::Value::String(_)) => {}
+            Some(other) => missing.push(FieldError::new(field, format!("must be a string, not {other}"))),
+        }
+    }
+    if !missing.is_empty() {
+        return (None, missing);
+    }
+    let kind = json["kind"].as_str().unwrap_or_default().to_string();
+    let api_version = json["apiVersion"].as_str().unwrap_or_default();
+    let name = json.pointer("/metadata/name").and_then(|k| k.as_str()).unwrap_or("").to_string();
+    if api_version.split('/').next() != Some(tessera_crds::GROUP) {
+        return (Some((format!("{kind} (skipped: not tessera.dev)"), name)), Vec::new());
+    }
+    let mut errs = Vec::new();
+    if api_version != format!("{}/{}", tessera_crds::GROUP, tessera_crds::VERSION) {
+        errs.push(FieldError::new("apiVersion", format!("{api_version:?} is not served; use tessera.dev/v1alpha1")));
+    }
+    errs.extend(check_metadata(&json));
+    match kind.as_str() {
+        "GpuPartitionPlan" => errs.extend(check_spec::<GpuPartitionPlanSpec>(&json, validate_plan)),
+        "TenantGpuQuota" => errs.extend(check_spec::<TenantGpuQuotaSpec>(&json, validate_quota)),
+        "GpuNode" => errs.push(FieldError::new(
+            "kind",
+            "GpuNode objects are written by the operator and node agents; do not commit them",
+        )),
+        other => errs.push(FieldError::new(
+            "kind",
+            format!("{other:?} is not a Tessera kind (GpuPartitionPlan, TenantGpuQuota)"),
+        )),
+    }
+    (Some((kind, name)), errs)
 }
 
 fn check_metadata(json: &serde_json::Value) -> Vec<FieldError> {
@@ -167,3 +189,6 @@ pub fn run(files: &[String], output: Output) -> Result<i32, Error> {
     }
     Ok(if report.errors.is_empty() { 0 } else { 1 })
 }
+
+#[cfg(test)]
+mod tests;

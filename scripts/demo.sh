@@ -31,6 +31,7 @@ say "Building the control plane (first run on 2 cores: about 8 minutes; cached a
 BIN=$(e2e/controlplane/build.sh)
 say "Building Tessera (first run: a few minutes)"
 cargo build -q --bins -p tessera-operator -p tessera-node-agent -p tessera-e2e
+cargo build -q -p tessera-nvml-sim
 K="$BIN/kubectl"
 mkdir -p "$DEMO"
 : > "$DEMO/pids"
@@ -97,8 +98,13 @@ agent() { # name gpus
   [ -n "$pod" ] || { echo "no agent pod on $1" >&2; down; exit 1; }
   token=$($K -n tessera-system create token tessera-node-agent --bound-object-kind Pod --bound-object-name "$pod" --duration 24h)
   sed "s|token: .*|token: $token|" "$DIR/node-agent.kubeconfig" > "$DEMO/agent-$1.kubeconfig"
-  KUBECONFIG="$DEMO/agent-$1.kubeconfig" setsid nohup target/debug/node-agent run --backend sim --node-name "$1" \
-    --sim-state "$DEMO/gpus-$1.json" --sim-gpus "$2" --sim-latency-ms 300 --resync-seconds 5 \
+  # The agent's real NVML code path, over the simulated libnvidia-ml.so.1 (one copy per node,
+  # its GPUs in $DEMO/gpus-NODE.json).
+  mkdir -p "$DEMO/nvml-$1"
+  cp target/debug/libnvidia_ml.so "$DEMO/nvml-$1/libnvidia-ml.so.1"
+  KUBECONFIG="$DEMO/agent-$1.kubeconfig" TESSERA_NVML_SIM_STATE="$DEMO/gpus-$1.json" TESSERA_SIM_GPUS="$2" \
+    setsid nohup target/debug/node-agent run --backend nvml --nvml-library "$DEMO/nvml-$1/libnvidia-ml.so.1" \
+    --advertise-resources true --node-name "$1" --resync-seconds 5 \
     > "$DEMO/agent-$1.log" 2>&1 < /dev/null &
   echo $! >> "$DEMO/pids"
 }

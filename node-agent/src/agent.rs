@@ -256,14 +256,28 @@ impl<B: GpuBackend> Agent<B> {
             gpu_processes,
             leaked,
         };
-        let steps = planner::plan(model, &observed, target).map_err(|b| {
-            let reason = match &b {
-                Blocked::Busy(_) | Blocked::GpuBusy(_) => "InstanceInUse",
-                Blocked::NoFit(_) => "LayoutDoesNotFit",
-                Blocked::LeakedMemory(_) => "LeakedMemory",
-            };
-            GpuOutcome::Blocked { reason, message: b.to_string() }
-        })?;
+        let steps = match planner::plan(model, &observed, target) {
+            Ok(steps) => steps,
+            Err(b) => {
+                let reason = match &b {
+                    Blocked::Busy(_) | Blocked::GpuBusy(_) => "InstanceInUse",
+                    Blocked::NoFit(_) => "LayoutDoesNotFit",
+                    Blocked::LeakedMemory(_) => "LeakedMemory",
+                };
+                let pids: Vec<u32> = match &b {
+                    Blocked::Busy(list) => list.iter().flat_map(|(_, p)| p.iter().copied()).collect(),
+                    Blocked::GpuBusy(p) => p.clone(),
+                    _ => vec![],
+                };
+                let mut message = b.to_string();
+                let named = if pids.is_empty() { Default::default() } else { self.pods_of(&pids) };
+                if !named.is_empty() {
+                    let list: Vec<String> = named.iter().map(|(pid, pod)| format!("PID {pid} is pod {pod}")).collect();
+                    message.push_str(&format!("; {}", list.join(", ")));
+                }
+                return Err(GpuOutcome::Blocked { reason, message });
+            }
+        };
         // Removing a GPU instance that never got its compute instance disrupts nobody.
         let disrupts = |s: &Step| match s {
             Step::Create { .. } => false,
@@ -321,6 +335,22 @@ impl<B: GpuBackend> Agent<B> {
             *ran = true;
         }
         Ok(())
+    }
+
+    /// The pods behind PIDs, from their cgroups and this node's pods (empty where the PID
+    /// namespace or the API does not tell). Called from blocking code inside `block_in_place`.
+    fn pods_of(&self, pids: &[u32]) -> std::collections::BTreeMap<u32, String> {
+        let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        let Ok(pods) = tokio::runtime::Handle::current().block_on(Api::<Pod>::all(self.client.clone()).list(&lp))
+        else {
+            return Default::default();
+        };
+        let by_uid = pods
+            .items
+            .iter()
+            .filter_map(|p| Some((p.metadata.uid.clone()?, format!("{}/{}", p.namespace()?, p.name_any()))))
+            .collect();
+        crate::pods::pods_of(pids, &by_uid)
     }
 
     /// Re-reads, right before a disruptive driver call, that the node is still handed over

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod backend;
 pub mod error;
 pub mod planner;
+pub mod pods;
 pub mod report;
 
 /// Helpers for this crate's tests (unit and integration): temp dirs, the simulated NVML library.

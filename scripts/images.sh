@@ -201,6 +201,7 @@ check() {
 }
 
 # The last commit's time and revision; "-dirty" when the tree differs from it.
+git() { command git -c safe.directory="$PWD" "$@"; } # a checkout owned by another user
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 if [ "$revision" != unknown ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
   revision=$revision-dirty

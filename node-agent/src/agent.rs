@@ -278,16 +278,9 @@ impl<B: GpuBackend> Agent<B> {
                 return Err(GpuOutcome::Blocked { reason, message });
             }
         };
-        // Removing a GPU instance that never got its compute instance disrupts nobody.
-        let disrupts = |s: &Step| match s {
-            Step::Create { .. } => false,
-            Step::Destroy { gpu_instance_id, .. } => !observed
-                .instances
-                .iter()
-                .any(|i| i.gpu_instance_id == *gpu_instance_id && i.compute_instance_id.is_none()),
-            Step::SetMigMode(_) => true,
-        };
-        let disruptive = steps.iter().filter(|s| disrupts(s)).count();
+        // Every destroy needs the hand-over, a half-made instance's too: it may be someone else's
+        // (an admin's `nvidia-smi mig -cgi` without `-C`, another tool mid-create).
+        let disruptive = steps.iter().filter(|s| !matches!(s, Step::Create { .. })).count();
         if disruptive > 0 && !handed_over {
             return Err(GpuOutcome::Waiting {
                 reason: "AwaitingDrain",
@@ -298,7 +291,7 @@ impl<B: GpuBackend> Agent<B> {
             });
         }
         for step in &steps {
-            if disrupts(step) && !self.still_handed_over() {
+            if !matches!(step, Step::Create { .. }) && !self.still_handed_over() {
                 // The operator withdrew the hand-over (or the node is schedulable again) since
                 // this pass began: stop before changing anything a workload could be using.
                 return Err(GpuOutcome::Waiting {
@@ -372,7 +365,8 @@ impl<B: GpuBackend> Agent<B> {
         let mut counts: BTreeMap<String, u32> = BTreeMap::new();
         for (info, instances) in gpus {
             if info.mig_enabled {
-                for i in instances {
+                // A GPU instance without its compute instance is no MIG device yet.
+                for i in instances.iter().filter(|i| i.compute_instance_id.is_some()) {
                     *counts.entry(mig_resource_name(&i.profile)).or_default() += 1;
                 }
             } else {

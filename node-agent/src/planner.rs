@@ -125,6 +125,10 @@ fn plan_steps(model: &GpuModel, observed: &Observed, target: &Target) -> Result<
     }
     let (kept, new) = choose_kept(model, observed, target)?;
     let mut destroyed: Vec<&Instance> = observed.instances.iter().filter(|i| !kept.contains(i)).collect();
+    if !destroyed.is_empty() && !observed.gpu_processes.is_empty() {
+        // Processes the driver could not tie to an instance may be using any of them.
+        return Err(Blocked::GpuBusy(observed.gpu_processes.clone()));
+    }
     destroyed.sort_by_key(|i| i.start);
     steps.extend(destroyed.into_iter().map(destroy));
     steps.extend(new.into_iter().map(|p| Step::Create { profile: p.profile, start: p.start }));

@@ -196,3 +196,14 @@ proptest! {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+#[test]
+fn processes_not_tied_to_an_instance_block_every_destroy() {
+    let mut obs = on(vec![inst(1, "3g.40gb", 0, 4), inst(2, "3g.40gb", 4, 4)]);
+    obs.gpu_processes = vec![77];
+    assert_eq!(plan(model("H100-80GB"), &obs, &target(&[("1g.10gb", 7)])), Err(Blocked::GpuBusy(vec![77])));
+    // Adding into free space destroys nothing and goes ahead.
+    let mut obs = on(vec![inst(1, "3g.40gb", 0, 4)]);
+    obs.gpu_processes = vec![77];
+    assert!(plan(model("H100-80GB"), &obs, &target(&[("3g.40gb", 2)])).is_ok());
+}

@@ -134,7 +134,8 @@ fn destroy_returns_the_compute_instance_error_instead_of_swallowing_it() {
     let (mut b, state) = open(&["H100-80GB"]);
     b.set_mig_mode(0, true).unwrap();
     let one = b.create_instance(0, "1g.10gb", 0).unwrap();
-    fault(&state, "nvmlGpuInstanceGetComputeInstance", NVML_ERROR_UNKNOWN);
+    // The destroy call itself fails (not the listing before it).
+    fault(&state, "nvmlComputeInstanceDestroy", NVML_ERROR_UNKNOWN);
     match b.destroy_instance(0, one.gpu_instance_id) {
         Err(Error::Nvml(message)) => {
             assert!(message.contains("compute instance") && message.contains("999"), "{message}")
@@ -149,10 +150,14 @@ fn destroy_returns_the_compute_instance_error_instead_of_swallowing_it() {
 fn a_failure_after_the_gpu_instance_create_does_not_leak_it() {
     let (mut b, state) = open(&["H100-80GB"]);
     b.set_mig_mode(0, true).unwrap();
+    // The second of the two driver calls fails: the first one's GPU instance must not leak.
     fault(&state, "nvmlGpuInstanceCreateComputeInstance", NVML_ERROR_UNKNOWN);
-    fault(&state, "nvmlGpuInstanceGetInfo", NVML_ERROR_UNKNOWN);
     assert!(b.create_instance(0, "3g.40gb", 0).is_err());
     assert_eq!(b.instances(0).unwrap(), vec![], "the GPU instance was destroyed again");
+    // And a failure reading the new GPU instance back, after both creates.
+    fault(&state, "nvmlGpuInstanceGetInfo", NVML_ERROR_UNKNOWN);
+    assert!(b.create_instance(0, "3g.40gb", 0).is_err());
+    assert_eq!(b.instances(0).unwrap(), vec![], "destroyed again here too");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

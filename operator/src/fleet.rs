@@ -91,6 +91,10 @@ pub struct FleetAnswer {
     pub optimal: bool,
 }
 
+/// Above this many (class, candidate) pairs the exact search is skipped for the greedy answer:
+/// measured, branch and bound does not finish much beyond it (BENCHMARKS.md).
+const EXACT_UP_TO: usize = 400;
+
 /// How long one lexicographic stage may search before the best answer found so far is taken.
 const STAGE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -278,7 +282,16 @@ pub fn solve(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> Result<FleetAn
         });
     }
     let classes = classify(gpus, demand);
-    let (counts, optimal) = optimise(&classes, demand)?;
+    let size: usize = classes.iter().map(|c| c.candidates.len()).sum();
+    let (mut counts, optimal) =
+        if size <= EXACT_UP_TO { optimise(&classes, demand)? } else { (greedy(&classes, demand), false) };
+    if !optimal {
+        // The exact search gave up: take the greedy answer where it is better.
+        let greedy = greedy(&classes, demand);
+        if score(&classes, &greedy, demand) < score(&classes, &counts, demand) {
+            counts = greedy;
+        }
+    }
     let mut answers: Vec<Option<GpuAnswer>> = vec![None; gpus.len()];
     let (mut changed, mut destroyed, mut frag) = (0, 0, 0);
     let mut after: BTreeMap<String, i64> = BTreeMap::new();
@@ -318,6 +331,86 @@ pub fn solve(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> Result<FleetAn
         supply_after: after,
         optimal,
     })
+}
+
+/// (shortfall, GPUs changed, destroyed, fragmentation) of an assignment: lower is better.
+fn score(classes: &[Class], counts: &[Vec<usize>], demand: &BTreeMap<String, i64>) -> (i64, u32, u32, u32) {
+    let mut supply: BTreeMap<&str, i64> = BTreeMap::new();
+    let (mut changed, mut destroyed, mut frag) = (0, 0, 0);
+    for (class, per) in classes.iter().zip(counts) {
+        for (c, &n) in class.candidates.iter().zip(per) {
+            let n32 = n as u32;
+            changed += u32::from(c.changed) * n32;
+            destroyed += c.destroyed * n32;
+            frag += c.fragmentation * n32;
+            for (r, k) in &c.supply {
+                *supply.entry(r.as_str()).or_default() += k * n as i64;
+            }
+        }
+    }
+    let short = demand.iter().map(|(r, d)| (d - supply.get(r.as_str()).copied().unwrap_or(0)).max(0)).sum();
+    (short, changed, destroyed, frag)
+}
+
+/// A fast answer for fleets the exact search cannot finish: starting from every GPU as it is,
+/// change one GPU at a time, each time the change that removes the most shortfall (ties: fewer
+/// instances destroyed, less fragmentation), until the demand is met or nothing helps.
+fn greedy(classes: &[Class], demand: &BTreeMap<String, i64>) -> Vec<Vec<usize>> {
+    let mut counts: Vec<Vec<usize>> = classes
+        .iter()
+        .map(|c| {
+            let mut v = vec![0; c.candidates.len()];
+            v[0] = c.members.len();
+            v
+        })
+        .collect();
+    let mut supply: BTreeMap<&str, i64> = BTreeMap::new();
+    for class in classes {
+        for (r, k) in &class.candidates[0].supply {
+            *supply.entry(r.as_str()).or_default() += k * class.members.len() as i64;
+        }
+    }
+    let get = |m: &BTreeMap<String, i64>, r: &str| m.get(r).copied().unwrap_or(0);
+    loop {
+        let shortfall = |supply: &BTreeMap<&str, i64>, keep: Option<(&Candidate, &Candidate)>| -> i64 {
+            demand
+                .iter()
+                .map(|(r, d)| {
+                    let mut s = supply.get(r.as_str()).copied().unwrap_or(0);
+                    if let Some((from, to)) = keep {
+                        s += get(&to.supply, r) - get(&from.supply, r);
+                    }
+                    (d - s).max(0)
+                })
+                .sum()
+        };
+        let now = shortfall(&supply, None);
+        if now == 0 {
+            break;
+        }
+        let mut best: Option<((i64, i64, i64), usize, usize)> = None;
+        for (ci, class) in classes.iter().enumerate().filter(|(ci, _)| counts[*ci][0] > 0) {
+            let keep = &class.candidates[0];
+            for (k, cand) in class.candidates.iter().enumerate().skip(1) {
+                let gain = now - shortfall(&supply, Some((keep, cand)));
+                let key = (gain, -i64::from(cand.destroyed), -i64::from(cand.fragmentation));
+                if gain > 0 && best.as_ref().is_none_or(|(b, _, _)| key > *b) {
+                    best = Some((key, ci, k));
+                }
+            }
+        }
+        let Some((_, ci, k)) = best else { break };
+        counts[ci][0] -= 1;
+        counts[ci][k] += 1;
+        let (keep, cand) = (&classes[ci].candidates[0], &classes[ci].candidates[k]);
+        for (r, n) in &keep.supply {
+            *supply.entry(r.as_str()).or_default() -= n;
+        }
+        for (r, n) in &cand.supply {
+            *supply.entry(r.as_str()).or_default() += n;
+        }
+    }
+    counts
 }
 
 fn classify(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> Vec<Class> {

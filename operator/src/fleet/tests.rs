@@ -198,3 +198,26 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// The greedy answer used for large fleets: every GPU gets exactly one candidate, and its
+    /// shortfall lies between the exact optimum and that of changing nothing.
+    #[test]
+    fn the_greedy_answer_is_consistent_and_never_worse_than_changing_nothing((gpus, demand) in fleet()) {
+        let classes = classify(&gpus, &demand);
+        let g = greedy(&classes, &demand);
+        for (class, per) in classes.iter().zip(&g) {
+            prop_assert_eq!(per.iter().sum::<usize>(), class.members.len());
+        }
+        let nothing: Vec<Vec<usize>> = classes.iter().map(|c| {
+            let mut v = vec![0; c.candidates.len()];
+            v[0] = c.members.len();
+            v
+        }).collect();
+        prop_assert!(score(&classes, &g, &demand).0 <= score(&classes, &nothing, &demand).0);
+        let (short, _) = exhaustive(&gpus, &demand);
+        prop_assert!(score(&classes, &g, &demand).0 >= short, "no better than exact");
+    }
+}

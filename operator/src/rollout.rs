@@ -200,19 +200,16 @@ fn applied(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
         && conditions::is_true(&st.conditions, READY)
 }
 
-fn agent_stalled(gn: &GpuNode) -> Option<String> {
+/// "reason: message" of the agent's condition `type_` when it is true for the current generation.
+fn agent_condition(gn: &GpuNode, type_: &str) -> Option<String> {
     let st = gn.status.as_ref()?;
-    conditions::find(&st.conditions, STALLED)
+    conditions::find(&st.conditions, type_)
         .filter(|c| c.status == "True" && c.observed_generation == gn.metadata.generation)
         .map(|c| format!("{}: {}", c.reason, c.message))
 }
 
-/// What the agent says while it works on the current generation (a retried driver error, say).
-fn agent_progress(gn: &GpuNode) -> Option<String> {
-    let st = gn.status.as_ref()?;
-    conditions::find(&st.conditions, RECONCILING)
-        .filter(|c| c.status == "True" && c.observed_generation == gn.metadata.generation)
-        .map(|c| format!("{}: {}", c.reason, c.message))
+fn agent_stalled(gn: &GpuNode) -> Option<String> {
+    agent_condition(gn, STALLED)
 }
 
 /// Checks a plan as `tessera-operator validate` does; a product missing from the catalog is
@@ -578,7 +575,8 @@ fn plan_one(
                             now
                         }
                     };
-                    let progress = agent_progress(gn);
+                    // What the agent says while it works (a retried driver error, say).
+                    let progress = agent_condition(gn, RECONCILING);
                     if node.agent != AgentHealth::Alive {
                         report.unresponsive.push(format!(
                             "{n}: {} (applying since {since}; the node stays cordoned until the agent is back)",

@@ -107,8 +107,10 @@ pub fn valid_table(table: &[crate::gpunode::GpuProfileInfo]) -> bool {
         })
 }
 
-/// A geometry model built from a profile table a node agent read from the driver, for boards the
-/// catalog lacks. Leaked once per distinct table: a fleet has a handful of GPU models.
+/// A geometry model built from a profile table read from the driver (by the agent at run time,
+/// or by the operator from an agent's report, for boards the catalog lacks), named as the
+/// catalog names the board when it knows it. Leaked once per distinct table: a fleet has a
+/// handful of GPU models.
 pub fn model_from_table(product: &str, table: &[crate::gpunode::GpuProfileInfo]) -> &'static GpuModel {
     use std::collections::HashMap;
     use std::sync::Mutex;
@@ -132,13 +134,13 @@ pub fn model_from_table(product: &str, table: &[crate::gpunode::GpuProfileInfo])
         })
         .collect();
     let model: &'static GpuModel = Box::leak(Box::new(GpuModel {
-        name: Box::leak(product.to_string().into_boxed_str()),
+        name: lookup(product).map(|m| m.name).unwrap_or_else(|| Box::leak(product.to_string().into_boxed_str())),
         nvml_names: &[],
         pci_device_ids: &[],
         memory_slots: table.iter().map(|p| p.memory_slices).max().unwrap_or(8),
         compute_slices: table.iter().map(|p| p.compute_slices).max().unwrap_or(7),
         profiles: Box::leak(specs.into_boxed_slice()),
-        source: "reported by the node agent from NVML",
+        source: "read from NVML",
     }));
     cache.insert(key, model);
     model

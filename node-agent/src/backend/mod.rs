@@ -5,7 +5,8 @@ mod nvml_raw;
 pub mod sim;
 
 use serde::{Deserialize, Serialize};
-use tessera_crds::catalog::{GpuModel, ProfileSpec};
+use tessera_crds::catalog::GpuModel;
+use tessera_crds::gpunode::GpuProfileInfo;
 
 use crate::Error;
 
@@ -100,43 +101,21 @@ pub trait GpuBackend: Send {
     fn destroy_instance(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error>;
 }
 
-/// A geometry model for the solver built from the hardware's own table. Leaked once per distinct
-/// table: a node has a handful of GPU models, and the model lives as long as the agent.
+/// A geometry model for the solver built from the hardware's own table (the same model the
+/// operator builds from a reported table: one builder, `catalog::model_from_table`).
 pub fn model_from_hardware(product: &str, profiles: &[HardwareProfile]) -> &'static GpuModel {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    static CACHE: Mutex<Option<HashMap<String, &'static GpuModel>>> = Mutex::new(None);
-    let key = format!("{product}:{profiles:?}");
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    let cache = cache.get_or_insert_with(HashMap::new);
-    if let Some(m) = cache.get(&key) {
-        return m;
-    }
-    let specs: Vec<ProfileSpec> = profiles
+    let table: Vec<GpuProfileInfo> = profiles
         .iter()
-        .map(|p| ProfileSpec {
-            name: Box::leak(p.name.clone().into_boxed_str()),
+        .map(|p| GpuProfileInfo {
+            name: p.name.clone(),
             id: p.id,
             compute_slices: p.compute_slices,
             memory_slices: p.memory_slices,
             max_count: p.max_count,
-            starts: Box::leak(p.starts.clone().into_boxed_slice()),
-            media_extensions: p.name.ends_with("+me"),
+            starts: p.starts.clone(),
         })
         .collect();
-    let catalog = tessera_crds::catalog::lookup(product);
-    let memory_slots = profiles.iter().map(|p| p.memory_slices).max().unwrap_or(8);
-    let model: &'static GpuModel = Box::leak(Box::new(GpuModel {
-        name: catalog.map(|m| m.name).unwrap_or_else(|| Box::leak(product.to_string().into_boxed_str())),
-        nvml_names: &[],
-        pci_device_ids: &[],
-        memory_slots,
-        compute_slices: profiles.iter().map(|p| p.compute_slices).max().unwrap_or(7),
-        profiles: Box::leak(specs.into_boxed_slice()),
-        source: "read from NVML at run time",
-    }));
-    cache.insert(key, model);
-    model
+    tessera_crds::catalog::model_from_table(product, &table)
 }
 
 /// Differences between a hardware table and the catalog, for `node-agent probe`.

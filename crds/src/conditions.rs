@@ -14,6 +14,8 @@ pub const STALLED: &str = "Stalled";
 pub const CONFLICT: &str = "Conflict";
 /// `CapacityAvailable`: the fleet's applied layouts can honour every tenant's quota at once.
 pub const CAPACITY_AVAILABLE: &str = "CapacityAvailable";
+/// `DemandMet` (automatic plans): the decided layouts supply the selected quotas' demand.
+pub const DEMAND_MET: &str = "DemandMet";
 
 /// Schema for `conditions`: a list-map keyed by `type`, so two writers (operator and node agent,
 /// each with its own server-side-apply field manager) can own different conditions of one object.

@@ -39,6 +39,7 @@ const PROFILE_MAP_MESSAGE: &str = "profile names must look like 3g.40gb or 1g.10
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(LAYOUTS_XOR_RULE).message(LAYOUTS_XOR_MESSAGE))]
 pub struct GpuPartitionPlanSpec {
     /// Nodes this plan manages. An empty selector matches every node that has GPUs.
     #[serde(default)]
@@ -51,9 +52,15 @@ pub struct GpuPartitionPlanSpec {
     #[serde(default)]
     pub paused: bool,
     /// Layouts keyed by GPU product; optionally narrowed to some GPU indices on each node.
-    #[x_kube(validation = kube::core::Rule::new("size(self) > 0").message("at least one layout is required"))]
+    /// Exactly one of `layouts` and `layoutsFrom` is set.
+    #[serde(default)]
     #[schemars(extend("maxItems" = 32))]
     pub layouts: Vec<GpuLayout>,
+    /// Automatic mode: the operator works out the layouts of this plan's GPUs from tenant quotas
+    /// (changing as few GPUs as it can, never a node running GPU pods) and rolls them out with
+    /// `rollout`. Exactly one of `layouts` and `layoutsFrom` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layouts_from: Option<LayoutsFrom>,
     #[serde(default)]
     pub rollout: RolloutPolicy,
 }
@@ -82,6 +89,33 @@ pub struct GpuLayout {
     #[x_kube(validation = kube::core::Rule::new("self.all(i, i >= 0)").message("GPU indices must be >= 0"))]
     #[schemars(extend("maxItems" = MAX_GPUS_PER_NODE))]
     pub gpu_indices: Option<Vec<i32>>,
+}
+
+/// One of `layouts` and `layoutsFrom`, never both or neither.
+pub const LAYOUTS_XOR_RULE: &str = "(has(self.layouts) && size(self.layouts) > 0) != has(self.layoutsFrom)";
+const LAYOUTS_XOR_MESSAGE: &str = "set exactly one of spec.layouts (fixed layouts) and spec.layoutsFrom (layouts derived from quotas)";
+
+/// Where an automatic plan takes its demand from.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LayoutsFrom {
+    /// The TenantGpuQuotas to satisfy (by label); empty selects every quota. Their `hard` limits
+    /// are summed per resource.
+    #[serde(default)]
+    pub quota_selector: LabelSelector,
+    /// Extra supply on top of the quotas, in percent of each resource (rounded up).
+    #[serde(default)]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0 && self <= 1000").message("headroomPercent must be between 0 and 1000"))]
+    pub headroom_percent: i32,
+    /// How long a changed demand must hold still before the layouts are worked out again, so a
+    /// burst of quota edits (a GitOps sync) causes one change, not several.
+    #[serde(default = "default_stabilization")]
+    #[x_kube(validation = kube::core::Rule::new("self >= 0").message("stabilizationSeconds must be >= 0"))]
+    pub stabilization_seconds: i64,
+}
+
+fn default_stabilization() -> i64 {
+    30
 }
 
 fn default_true() -> bool {
@@ -182,4 +216,77 @@ pub struct GpuPartitionPlanStatus {
     /// Nodes matched but not acted on, with the reason (conflict, no layout for the product...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub skipped_nodes: BTreeMap<String, String>,
+    /// Free compute slices on this plan's GPUs that no profile the tenants' quotas ask for can
+    /// use (stranded capacity); 0 when nothing is wasted.
+    #[serde(default)]
+    pub fragmented_slices: i32,
+    /// Automatic mode: what the operator decided, for which demand, and why. Written by its own
+    /// field manager, separately from the rest of the status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout_decision: Option<LayoutDecision>,
+}
+
+/// The layouts an automatic plan decided on. Only GPUs that change are listed; every other GPU
+/// keeps what it has.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LayoutDecision {
+    /// The plan generation the decision was made for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// The demand it was worked out for (quotas plus headroom), per resource.
+    #[serde(default)]
+    pub demand: BTreeMap<String, i64>,
+    /// Fleet supply per resource when decided, and once the targets are applied.
+    #[serde(default)]
+    pub supply_before: BTreeMap<String, i64>,
+    #[serde(default)]
+    pub supply_after: BTreeMap<String, i64>,
+    /// Demand no layout of this plan's idle GPUs can meet, per resource (empty when met).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shortfall: BTreeMap<String, i64>,
+    #[serde(default)]
+    pub changed_gpus: i32,
+    #[serde(default)]
+    pub destroyed_instances: i32,
+    /// A digest of the plan's nodes and GPUs when decided: the decision is worked out again when
+    /// they change.
+    #[serde(default)]
+    pub fleet: String,
+    /// Nodes that must change, with the new state of each GPU that changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<NodeTarget>,
+    /// Nodes left alone because GPU pods run there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_busy: Vec<String>,
+    #[serde(default)]
+    pub message: String,
+}
+
+/// The new state of the GPUs of one node that an automatic plan changes.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTarget {
+    pub node: String,
+    /// Same shape as `GpuNode.spec.gpus` (without its validation rules: a status is never
+    /// validated by CEL, and rules in an unbounded list would exceed the API server's budget).
+    pub gpus: Vec<GpuTarget>,
+}
+
+/// The new state of one GPU.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuTarget {
+    pub index: i32,
+    pub mig_enabled: bool,
+    #[serde(default)]
+    pub profiles: BTreeMap<String, i32>,
+}
+
+impl From<&GpuTarget> for crate::gpunode::GpuIntent {
+    fn from(t: &GpuTarget) -> Self {
+        Self { index: t.index, mig_enabled: t.mig_enabled, profiles: t.profiles.clone() }
+    }
 }

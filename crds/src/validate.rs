@@ -49,8 +49,17 @@ pub fn validate_plan_with(
 ) -> Vec<FieldError> {
     let mut errs = Vec::new();
     validate_selector(&spec.node_selector, "spec.nodeSelector", &mut errs);
-    if spec.layouts.is_empty() {
-        errs.push(FieldError::new("spec.layouts", "at least one layout is required"));
+    match (&spec.layouts_from, spec.layouts.is_empty()) {
+        (None, true) => errs.push(FieldError::new(
+            "spec.layouts",
+            "at least one layout is required (or spec.layoutsFrom, to derive them from quotas)",
+        )),
+        (Some(_), false) => errs.push(FieldError::new(
+            "spec.layoutsFrom",
+            "set either spec.layouts (fixed layouts) or spec.layoutsFrom (derived from quotas), not both",
+        )),
+        (Some(from), true) => validate_layouts_from(from, "spec.layoutsFrom", &mut errs),
+        (None, false) => {}
     }
     too_many(&mut errs, "spec.layouts", spec.layouts.len(), 32);
     // product -> (covers-every-GPU layout, index -> layout that claims it)
@@ -94,6 +103,22 @@ pub fn validate_plan_with(
     }
     validate_rollout(&spec.rollout, "spec.rollout", &mut errs);
     errs
+}
+
+fn validate_layouts_from(from: &crate::plan::LayoutsFrom, at: &str, errs: &mut Vec<FieldError>) {
+    validate_selector(&from.quota_selector, &format!("{at}.quotaSelector"), errs);
+    if !(0..=1000).contains(&from.headroom_percent) {
+        errs.push(FieldError::new(
+            format!("{at}.headroomPercent"),
+            format!("{} must be between 0 and 1000", from.headroom_percent),
+        ));
+    }
+    if from.stabilization_seconds < 0 {
+        errs.push(FieldError::new(
+            format!("{at}.stabilizationSeconds"),
+            format!("{} must be >= 0", from.stabilization_seconds),
+        ));
+    }
 }
 
 /// Checks one layout and returns its board when the product is known.

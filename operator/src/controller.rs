@@ -20,9 +20,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tessera_crds::gpunode::{AGENT_LEASE_NAMESPACE, NodePhase, NodeRollout};
-use tessera_crds::{GpuNode, GpuPartitionPlan};
+use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tokio::sync::Notify;
 use tracing::{info, warn};
+
+mod layouts;
 
 use crate::Error;
 use crate::liveness::Liveness;
@@ -68,8 +70,14 @@ pub struct Context {
     pub gpunodes: Store<GpuNode>,
     pub nodes: Store<Node>,
     pub leases: Store<Lease>,
+    /// The quotas automatic plans serve (and `fragmentedSlices` is measured against).
+    pub quotas: Store<TenantGpuQuota>,
     /// Agents' heartbeats as observed pass after pass.
     pub liveness: std::sync::Mutex<Liveness>,
+    /// Automatic plans: since when their demand and fleet have held still.
+    stability: std::sync::Mutex<layouts::Stability>,
+    /// Stranded slices per (board, layout, demanded profiles).
+    stranded_memo: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 /// Starts the caches and returns the context plus a notifier that fires on every change.
@@ -86,9 +94,22 @@ pub async fn start(
     let nodes = watch_into_store(Api::<Node>::all(client.clone()), all(), changed.clone());
     let leases =
         watch_into_store(Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE), all(), changed.clone());
+    let quotas = watch_into_store(Api::<TenantGpuQuota>::all(client.clone()), all(), changed.clone());
     let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance) });
-    let liveness = Default::default();
-    let ctx = Context { client, evict_client, recorder, metrics, plans, gpunodes, nodes, leases, liveness };
+    let ctx = Context {
+        client,
+        evict_client,
+        recorder,
+        metrics,
+        plans,
+        gpunodes,
+        nodes,
+        leases,
+        quotas,
+        liveness: Default::default(),
+        stability: Default::default(),
+        stranded_memo: Default::default(),
+    };
     (Arc::new(ctx), changed)
 }
 
@@ -119,7 +140,8 @@ impl Context {
             self.plans.wait_until_ready(),
             self.gpunodes.wait_until_ready(),
             self.nodes.wait_until_ready(),
-            self.leases.wait_until_ready()
+            self.leases.wait_until_ready(),
+            self.quotas.wait_until_ready()
         );
     }
 
@@ -145,7 +167,7 @@ impl Context {
     /// One pass over the fleet. A failing API call fails only its node's or its plan's part of
     /// the pass: the rest goes on, and the failure is reported in the plan's status and metrics.
     pub async fn reconcile(&self) -> Result<(), Error> {
-        let plans: Vec<GpuPartitionPlan> = self.plans.state().iter().map(|p| (**p).clone()).collect();
+        let mut plans: Vec<GpuPartitionPlan> = self.plans.state().iter().map(|p| (**p).clone()).collect();
         let mut plan_errors: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (plan, e) in self.ensure_finalizers(&plans).await {
             plan_errors.entry(plan).or_default().push(format!("adding the finalizer: {e}"));
@@ -187,7 +209,16 @@ impl Context {
                 cordon_annotated: node.annotations().get(rollout::CORDONED_ANNOTATION).and_then(|t| t.parse().ok()),
             });
         }
+        let mut layouts = self.decide_layouts(&mut plans, &inputs).await;
         let (actions, mut reports) = rollout::plan_fleet(&plans, &inputs, now);
+        let owned: BTreeMap<String, Vec<String>> = reports.iter().map(|(p, r)| (p.clone(), r.nodes.clone())).collect();
+        let fragmented = self.fragmented_slices(&plans, &owned, &gpunodes);
+        self.metrics.set_fragmented(&fragmented);
+        for (name, report) in reports.iter_mut() {
+            report.deciding = layouts.deciding.remove(name);
+            report.fragmented_slices = fragmented.get(name).copied().unwrap_or(0).clamp(0, i64::from(i32::MAX)) as i32;
+            plan_errors.entry(name.clone()).or_default().extend(layouts.errors.remove(name).unwrap_or_default());
+        }
         let evicting: BTreeMap<String, bool> = actions
             .iter()
             .filter(|a| matches!(a, Action::Evict { .. }))
@@ -259,9 +290,12 @@ impl Context {
             let Some(report) = reports.get_mut(&name) else { continue };
             report.errors.extend(plan_errors.remove(&name).unwrap_or_default());
             let previous = plan.status.clone().unwrap_or_default();
-            let status =
+            let mut status =
                 plan_status(&previous.conditions, report, plan.metadata.generation, plan.spec.paused, Time(now));
+            // The decision has its own field manager; this write neither carries nor compares it.
+            status.layout_decision = previous.layout_decision.clone();
             if status != previous {
+                status.layout_decision = None;
                 let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": status});
                 let api = Api::<GpuPartitionPlan>::all(self.client.clone());
                 if let Err(e) =

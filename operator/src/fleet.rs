@@ -529,3 +529,20 @@ fn model(
 
 #[cfg(test)]
 mod tests;
+
+/// Free compute slices of the GPUs' current layouts that no demanded profile can use: the
+/// stranded capacity a plan reports as `fragmentedSlices`.
+pub fn stranded_slices(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> u32 {
+    gpus.iter()
+        .map(|g| {
+            let demanded: Vec<&'static str> = g
+                .model
+                .profiles
+                .iter()
+                .filter(|p| demand.get(&catalog::mig_resource_name(p.name)).is_some_and(|d| *d > 0))
+                .map(|p| p.name)
+                .collect();
+            fragmentation(g.model, &current(g), &demanded)
+        })
+        .sum()
+}

@@ -21,6 +21,11 @@ pub struct PhaseLabel {
     pub phase: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlanLabel {
+    pub plan: String,
+}
+
 pub struct Metrics {
     registry: Mutex<Registry>,
     reconciles: Counter,
@@ -30,6 +35,7 @@ pub struct Metrics {
     evictions_blocked: Counter,
     duration: Histogram,
     rollout: Histogram,
+    fragmented: Family<PlanLabel, Gauge>,
     /// Every request the operator sends to the API server (watches count once, when opened).
     pub api_requests: Counter,
 }
@@ -46,6 +52,7 @@ impl Default for Metrics {
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             api_requests: Counter::default(),
             rollout: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
+            fragmented: Family::default(),
             registry: Mutex::new(Registry::default()),
         };
         registry.register("reconciles", "Fleet reconcile passes", m.reconciles.clone());
@@ -63,6 +70,11 @@ impl Default for Metrics {
             "node_rollout_duration_seconds",
             "From a node's drain start to its uncordon",
             m.rollout.clone(),
+        );
+        registry.register(
+            "plan_fragmented_slices",
+            "Free compute slices of a plan's GPUs that no profile the tenants' quotas ask for can use",
+            m.fragmented.clone(),
         );
         *m.registry.lock().expect("fresh mutex") = registry;
         m
@@ -97,6 +109,14 @@ impl Metrics {
         }
     }
 
+    /// One gauge per live plan; plans that are gone are dropped.
+    pub fn set_fragmented(&self, per_plan: &std::collections::BTreeMap<String, i64>) {
+        self.fragmented.clear();
+        for (plan, n) in per_plan {
+            self.fragmented.get_or_create(&PlanLabel { plan: plan.clone() }).set(*n);
+        }
+    }
+
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -120,6 +140,8 @@ mod tests {
         m.eviction_blocked();
         m.node_rolled_out(42.0);
         m.set_phases(&[("Draining".to_string(), 2)].into());
+        m.set_fragmented(&[("gone".to_string(), 1)].into());
+        m.set_fragmented(&[("p".to_string(), 3)].into());
         let text = m.render();
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/observability/grafana-dashboard.json");
@@ -138,5 +160,7 @@ mod tests {
         }
         assert!(checked >= 8);
         assert!(text.contains("tessera_operator_nodes{phase=\"Draining\"} 2"), "{text}");
+        assert!(text.contains("tessera_operator_plan_fragmented_slices{plan=\"p\"} 3"), "{text}");
+        assert!(!text.contains("plan=\"gone\""), "a plan that is gone is dropped:\n{text}");
     }
 }

@@ -135,6 +135,12 @@ pub struct PlanReport {
     pub budget: i32,
     /// The nodes this plan owns, to attribute API errors to it.
     pub nodes: Vec<String>,
+    /// Automatic plans: whether the decision meets the quotas' demand (met, reason, message).
+    pub demand: Option<(bool, &'static str, String)>,
+    /// Automatic plans: a change seen but not decided on yet (filled in by the controller).
+    pub deciding: Option<String>,
+    /// Free compute slices of the plan's GPUs that no demanded profile can use (controller).
+    pub fragmented_slices: i32,
 }
 
 fn in_flight(phase: NodePhase) -> bool {
@@ -258,14 +264,7 @@ pub fn plan_fleet(
     // Ownership: highest priority wins; a tie at the top is a conflict and nobody acts.
     let mut owned: BTreeMap<String, Vec<&NodeInput>> = BTreeMap::new();
     for node in nodes {
-        let matching: Vec<&&GpuPartitionPlan> =
-            live.iter().filter(|p| matches(&p.spec.node_selector, &node.labels)).collect();
-        let top = matching.iter().map(|p| p.spec.priority).max();
-        let winners: Vec<String> = matching
-            .iter()
-            .filter(|p| Some(p.spec.priority) == top)
-            .map(|p| p.metadata.name.clone().unwrap_or_default())
-            .collect();
+        let winners = contenders(&live, &node.labels);
         match winners.as_slice() {
             [] => release(node, &mut actions),
             [one] => owned.entry(one.clone()).or_default().push(node),
@@ -295,6 +294,17 @@ pub fn plan_fleet(
         plan_one(plan, &owned, now, &mut actions, report);
     }
     (actions, reports)
+}
+
+/// The live plans of top priority that match a node: one owns it; several conflict.
+pub fn contenders(live: &[&GpuPartitionPlan], labels: &BTreeMap<String, String>) -> Vec<String> {
+    let matching: Vec<&&GpuPartitionPlan> = live.iter().filter(|p| matches(&p.spec.node_selector, labels)).collect();
+    let top = matching.iter().map(|p| p.spec.priority).max();
+    matching
+        .iter()
+        .filter(|p| Some(p.spec.priority) == top)
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect()
 }
 
 /// A node no plan acts on any more: finish an in-flight apply, uncordon what we cordoned, forget.
@@ -337,14 +347,21 @@ fn plan_one(
     let generation = plan.metadata.generation;
     let policy = &plan.spec.rollout;
     let mut candidates = Vec::new();
+    let mut untouched = 0;
     for node in nodes {
         let Some(gn) = node.gpunode.as_ref().filter(|g| g.status.as_ref().is_some_and(|s| !s.gpus.is_empty())) else {
             report.skipped.insert(node.name.clone(), "waiting for the node agent to report its GPUs".into());
             report.waiting_for_agents += 1;
             continue;
         };
-        match desired_intent(&plan.spec, &gn.status.as_ref().expect("checked").gpus) {
-            Ok(desired) => candidates.push((*node, gn, desired)),
+        let wanted = match &plan.spec.layouts_from {
+            None => desired_intent(&plan.spec, &gn.status.as_ref().expect("checked").gpus).map(Some),
+            Some(_) => Ok(crate::auto::desired(plan, &node.name, gn)),
+        };
+        match wanted {
+            Ok(Some(desired)) => candidates.push((*node, gn, desired)),
+            // An automatic plan leaves alone the nodes its decision does not change.
+            Ok(None) => untouched += 1,
             Err(reason) => {
                 if reason.contains("does not fit") {
                     report.invalid.push(format!("{}: {reason}", node.name));
@@ -354,8 +371,10 @@ fn plan_one(
             }
         }
     }
-    report.matched = candidates.len() as i32;
-    let budget = max_unavailable(&policy.max_unavailable, candidates.len()).unwrap_or(1);
+    report.matched = (candidates.len() + untouched) as i32;
+    report.updated += untouched as i32;
+    report.demand = crate::auto::demand_condition(plan);
+    let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched).unwrap_or(1);
     // Owned nodes that are not candidates (no report, no layout that fits any more) still count
     // while in flight: they are still cordoned.
     let candidate_names: std::collections::BTreeSet<&str> =

@@ -3,7 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tessera_crds::GpuPartitionPlanStatus;
-use tessera_crds::conditions::{CONFLICT, READY, RECONCILING, STALLED, remove_condition, set_condition};
+use tessera_crds::conditions::{CONFLICT, DEMAND_MET, READY, RECONCILING, STALLED, remove_condition, set_condition};
 
 use crate::rollout::PlanReport;
 
@@ -103,7 +103,16 @@ pub fn plan_status(
         Some((reason, msg)) => set_condition(&mut c, STALLED, true, reason, msg.clone(), g, t()),
         None => remove_condition(&mut c, STALLED),
     }
-    let remaining = report.in_progress + report.pending + report.waiting_for_agents + report.errors.len() as i32;
+    match &report.demand {
+        Some((met, reason, msg)) => set_condition(&mut c, DEMAND_MET, *met, reason, msg.clone(), g, t()),
+        None => remove_condition(&mut c, DEMAND_MET),
+    }
+    let deciding = report.deciding.is_some() || report.demand.as_ref().is_some_and(|(_, r, _)| *r == "Deciding");
+    let remaining = report.in_progress
+        + report.pending
+        + report.waiting_for_agents
+        + report.errors.len() as i32
+        + i32::from(deciding);
     if remaining > 0 {
         let mut msg = format!(
             "{} of {} node(s) updated; {} in progress, {} waiting",
@@ -114,6 +123,11 @@ pub fn plan_status(
         }
         if paused {
             msg.push_str(" (paused: no new node starts)");
+        }
+        if let Some(why) = &report.deciding {
+            msg.push_str(&format!("; layouts: {why}"));
+        } else if deciding {
+            msg.push_str("; working out the layouts from the quotas");
         }
         for part in [&report.drain_blocked, &report.agent_progress] {
             if !part.is_empty() {
@@ -134,6 +148,9 @@ pub fn plan_status(
         (None, false) if report.in_progress + report.pending == 0 && report.waiting_for_agents > 0 => {
             ("WaitingForAgents", format!("{} matched node(s) have no node agent report yet", report.waiting_for_agents))
         }
+        (None, true) if report.demand.is_some() => {
+            ("Applied", format!("all {} matched node(s) have the layouts decided for the quotas", report.matched))
+        }
         (None, true) => ("Applied", format!("all {} matched node(s) have the plan's layout", report.matched)),
         (None, false) => ("RollingOut", format!("{} of {} node(s) updated", report.updated, report.matched)),
     };
@@ -146,6 +163,8 @@ pub fn plan_status(
         in_progress_nodes: report.in_progress,
         failed_nodes: report.failed.len() as i32,
         skipped_nodes: report.skipped.clone(),
+        fragmented_slices: report.fragmented_slices,
+        layout_decision: None,
     }
 }
 

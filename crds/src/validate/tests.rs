@@ -21,6 +21,7 @@ fn plan(layouts: Vec<GpuLayout>) -> GpuPartitionPlanSpec {
         priority: 0,
         paused: false,
         layouts,
+        layouts_from: None,
         rollout: Default::default(),
     }
 }
@@ -184,4 +185,25 @@ fn every_unknown_profile_is_named_under_its_own_key() {
     let errs = validate_plan(&p);
     assert_eq!(fields(&errs), vec![r#"spec.layouts[0].profiles["1g.5gb"]"#, r#"spec.layouts[0].profiles["2g.10gb"]"#]);
     assert!(errs[0].reason.starts_with("profile \"1g.5gb\" does not exist on H100-80GB; valid profiles: 1g.10gb,"));
+}
+
+#[test]
+fn exactly_one_of_layouts_and_layouts_from_is_required_and_its_fields_are_checked() {
+    let none = plan(vec![]);
+    assert_eq!(fields(&validate_plan(&none)), vec!["spec.layouts"]);
+    let mut both = plan(vec![layout("H100-80GB", &[("7g.80gb", 1)], None)]);
+    both.layouts_from = Some(Default::default());
+    assert_eq!(fields(&validate_plan(&both)), vec!["spec.layoutsFrom"]);
+    let mut auto = plan(vec![]);
+    auto.layouts_from = Some(crate::plan::LayoutsFrom {
+        headroom_percent: -1,
+        stabilization_seconds: -5,
+        ..Default::default()
+    });
+    assert_eq!(
+        fields(&validate_plan(&auto)),
+        vec!["spec.layoutsFrom.headroomPercent", "spec.layoutsFrom.stabilizationSeconds"]
+    );
+    auto.layouts_from = Some(Default::default());
+    assert_eq!(validate_plan(&auto), vec![]);
 }

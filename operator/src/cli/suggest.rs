@@ -15,8 +15,7 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
 use serde_json::json;
-use tessera_crds::solver::Placement;
-use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
+use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 
 use super::Output;
 use crate::Error;
@@ -48,53 +47,17 @@ pub struct Suggestion {
 
 /// The tenants' demand per resource: every quota's `hard`, plus `headroom_percent`, rounded up.
 pub fn demand(quotas: &[TenantGpuQuota], headroom_percent: u32) -> BTreeMap<String, i64> {
-    let mut out: BTreeMap<String, i64> = BTreeMap::new();
-    for q in quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none()) {
-        for (r, n) in &q.spec.hard {
-            *out.entry(r.clone()).or_default() += (*n).max(0);
-        }
-    }
-    for v in out.values_mut() {
-        *v += (*v * i64::from(headroom_percent) + 99) / 100;
-    }
-    out
+    crate::auto::demand(quotas, i64::from(headroom_percent))
 }
 
-/// The solver's view of the reported GPUs. GPUs of boards the catalog lacks (and without a
-/// reported table) are left out.
+/// The solver's view of the reported GPUs: those of nodes the selector matches and that run no
+/// GPU pod may change.
 pub fn slots(inputs: &Inputs, selector: &LabelSelector) -> Vec<GpuSlot> {
-    let mut out = Vec::new();
     let empty = BTreeMap::new();
-    for gn in &inputs.gpunodes {
-        let node = gn.name_any();
-        let labels = inputs.labels.get(&node).unwrap_or(&empty);
-        let changeable = matches(selector, labels) && !inputs.busy_nodes.contains_key(&node);
-        for g in gn.status.iter().flat_map(|s| s.gpus.iter()).filter(|g| g.mig_capable) {
-            let model = catalog::lookup(&g.product).or_else(|| {
-                catalog::valid_table(&g.profiles).then(|| catalog::model_from_table(&g.product, &g.profiles))
-            });
-            let Some(model) = model else { continue };
-            let instances: Vec<Placement> = g
-                .instances
-                .iter()
-                .map(|i| Placement {
-                    start: i.start.clamp(0, 255) as u8,
-                    size: i.size.clamp(0, 255) as u8,
-                    profile: catalog::normalize_profile(&i.profile),
-                })
-                .collect();
-            out.push(GpuSlot {
-                node: node.clone(),
-                index: g.index,
-                model,
-                mig_enabled: g.mig_enabled,
-                instances,
-                busy: vec![],
-                changeable,
-            });
-        }
-    }
-    out
+    let changeable = |node: &str| {
+        matches(selector, inputs.labels.get(node).unwrap_or(&empty)) && !inputs.busy_nodes.contains_key(node)
+    };
+    crate::auto::gpu_slots(&inputs.gpunodes, &changeable)
 }
 
 /// Plans that realise the answer: nodes that change the same way share one plan, selected by

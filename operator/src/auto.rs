@@ -1,0 +1,279 @@
+//! Automatic mode (`spec.layoutsFrom`), pure: the demand a plan serves, when to work its layouts
+//! out again, the decision itself (`fleet::solve` over the plan's idle GPUs), and what the
+//! rollout planner should ask of each node. The controller stores the decision in the plan's
+//! `status.layoutDecision` and the rollout takes it from there, with the plan's policy.
+//!
+//! Never flapping: a decision is only worked out again when the demand, the plan or the plan's
+//! fleet (nodes and GPUs, not their layouts) changes, after the change has held still for
+//! `stabilizationSeconds`, and after the nodes in flight have finished; and the solver changes
+//! nothing when the current layouts serve the demand as well as any other would.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use tessera_crds::gpunode::{GpuIntent, NodePhase};
+use tessera_crds::plan::{GpuTarget, LayoutDecision, LayoutsFrom, NodeTarget};
+use tessera_crds::solver::Placement;
+use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
+
+use crate::fleet::{self, FleetAnswer, GpuSlot, Layout};
+use crate::selector::matches;
+
+/// The tenants' demand per resource: the `hard` limits of the quotas `selected` (deleted ones
+/// left out) summed, plus `headroom_percent`, rounded up.
+pub fn demand<'a>(
+    quotas: impl IntoIterator<Item = &'a TenantGpuQuota>,
+    headroom_percent: i64,
+) -> BTreeMap<String, i64> {
+    let mut out: BTreeMap<String, i64> = BTreeMap::new();
+    for q in quotas.into_iter().filter(|q| q.metadata.deletion_timestamp.is_none()) {
+        for (r, n) in &q.spec.hard {
+            let e = out.entry(r.clone()).or_default();
+            *e = e.saturating_add((*n).max(0));
+        }
+    }
+    let headroom = headroom_percent.clamp(0, 1000);
+    for v in out.values_mut() {
+        *v = v.saturating_add(v.saturating_mul(headroom).saturating_add(99) / 100);
+    }
+    out
+}
+
+/// The quotas an automatic plan serves.
+pub fn selected<'a>(from: &'a LayoutsFrom, quotas: &'a [TenantGpuQuota]) -> impl Iterator<Item = &'a TenantGpuQuota> {
+    quotas.iter().filter(|q| matches(&from.quota_selector, q.labels()))
+}
+
+/// The solver's view of the reported GPUs; `changeable(node)` says which nodes may change. GPUs
+/// of boards the catalog lacks (and without a valid reported table) are left out.
+pub fn gpu_slots<'a>(gpunodes: impl IntoIterator<Item = &'a GpuNode>, changeable: &dyn Fn(&str) -> bool) -> Vec<GpuSlot> {
+    let mut out = Vec::new();
+    for gn in gpunodes {
+        let node = gn.name_any();
+        let may_change = changeable(&node);
+        for g in gn.status.iter().flat_map(|s| s.gpus.iter()).filter(|g| g.mig_capable) {
+            let model = catalog::lookup(&g.product).or_else(|| {
+                catalog::valid_table(&g.profiles).then(|| catalog::model_from_table(&g.product, &g.profiles))
+            });
+            let Some(model) = model else { continue };
+            let instances: Vec<Placement> = g
+                .instances
+                .iter()
+                .map(|i| Placement {
+                    start: i.start.clamp(0, 255) as u8,
+                    size: i.size.clamp(0, 255) as u8,
+                    profile: catalog::normalize_profile(&i.profile),
+                })
+                .collect();
+            out.push(GpuSlot {
+                node: node.clone(),
+                index: g.index,
+                model,
+                mig_enabled: g.mig_enabled,
+                instances,
+                busy: vec![],
+                changeable: may_change,
+            });
+        }
+    }
+    out
+}
+
+/// A digest of the plan's nodes and their GPUs (index and product, not layouts: the rollout
+/// changes those itself). FNV-1a, hex.
+pub fn fleet_digest<'a>(gpunodes: impl IntoIterator<Item = &'a GpuNode>) -> String {
+    let mut parts: Vec<String> = gpunodes
+        .into_iter()
+        .map(|gn| {
+            let gpus: Vec<String> = gn
+                .status
+                .iter()
+                .flat_map(|s| s.gpus.iter())
+                .map(|g| format!("{}={}", g.index, g.product))
+                .collect();
+            format!("{}:{}", gn.name_any(), gpus.join(","))
+        })
+        .collect();
+    parts.sort();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parts.join(";").bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// What to do about an automatic plan's decision this pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next {
+    /// The stored decision stands.
+    Keep,
+    /// Something changed; decide once it has held still (or the nodes in flight are done).
+    Wait(String),
+    /// Work the layouts out now, for this reason.
+    Decide(String),
+}
+
+/// Whether to decide again. `stable_for` is how long (seconds) the current demand and fleet
+/// have been seen unchanged; `in_flight` is how many of the plan's nodes are mid-change.
+pub fn next(
+    plan: &GpuPartitionPlan,
+    demand: &BTreeMap<String, i64>,
+    digest: &str,
+    stable_for: i64,
+    in_flight: usize,
+) -> Next {
+    let Some(from) = &plan.spec.layouts_from else { return Next::Keep };
+    let Some(d) = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref()) else {
+        return Next::Decide("no decision yet".into());
+    };
+    let why = if d.plan_generation != plan.metadata.generation {
+        "the plan changed".to_string()
+    } else if &d.demand != demand {
+        format!("the quotas' demand changed: {}", demand_change(&d.demand, demand))
+    } else if d.fleet != digest {
+        "the plan's nodes or GPUs changed".to_string()
+    } else {
+        return Next::Keep;
+    };
+    if in_flight > 0 {
+        return Next::Wait(format!("{why}; deciding again once the {in_flight} node(s) in flight are done"));
+    }
+    let wait = from.stabilization_seconds.max(0) - stable_for;
+    if wait > 0 {
+        return Next::Wait(format!("{why}; deciding again if it holds for {wait} more second(s)"));
+    }
+    Next::Decide(why)
+}
+
+fn demand_change(old: &BTreeMap<String, i64>, new: &BTreeMap<String, i64>) -> String {
+    let keys: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let parts: Vec<String> = keys
+        .into_iter()
+        .filter_map(|k| {
+            let (a, b) = (old.get(k).copied().unwrap_or(0), new.get(k).copied().unwrap_or(0));
+            (a != b).then(|| format!("{k} {a} -> {b}"))
+        })
+        .collect();
+    parts.join(", ")
+}
+
+/// The decision for an answer of the solver.
+pub fn decision(
+    plan: &GpuPartitionPlan,
+    demand: &BTreeMap<String, i64>,
+    answer: &FleetAnswer,
+    digest: String,
+    kept_busy: &BTreeSet<String>,
+    why: &str,
+    now: Time,
+) -> LayoutDecision {
+    let mut per_node: BTreeMap<String, Vec<GpuTarget>> = BTreeMap::new();
+    for g in answer.gpus.iter().filter(|g| g.changed) {
+        let profiles = g.layout.profiles().into_iter().map(|(p, n)| (p, n.min(i32::MAX as u32) as i32)).collect();
+        let target = GpuTarget { index: g.index, mig_enabled: g.layout != Layout::Whole, profiles };
+        per_node.entry(g.node.clone()).or_default().push(target);
+    }
+    let targets: Vec<NodeTarget> = per_node.into_iter().map(|(node, gpus)| NodeTarget { node, gpus }).collect();
+    let shortfall = |m: &BTreeMap<String, i64>| -> String {
+        m.iter().map(|(r, n)| format!("{r} by {n}")).collect::<Vec<_>>().join(", ")
+    };
+    let mut message = match (answer.changed, answer.shortfall.is_empty()) {
+        (0, true) => "the current layouts meet the demand; nothing changes".to_string(),
+        (n, true) => format!(
+            "repartitioning {n} idle GPU(s) on {} node(s) to meet the demand ({} instance(s) destroyed)",
+            targets.len(),
+            answer.destroyed
+        ),
+        (0, false) => format!(
+            "the demand cannot be met: short of {}; no change of this plan's idle GPUs helps (add GPUs, widen \
+             the plan's nodeSelector or free busy nodes)",
+            shortfall(&answer.shortfall)
+        ),
+        (n, false) => format!(
+            "repartitioning {n} idle GPU(s) on {} node(s) gets closest to the demand, still short of {} (add GPUs, \
+             widen the plan's nodeSelector or free busy nodes)",
+            targets.len(),
+            shortfall(&answer.shortfall)
+        ),
+    };
+    if !kept_busy.is_empty() {
+        message.push_str(&format!(
+            "; {} node(s) running GPU pods left alone: {}",
+            kept_busy.len(),
+            kept_busy.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    message.push_str(&format!(" (decided because {why})"));
+    LayoutDecision {
+        plan_generation: plan.metadata.generation,
+        decided_at: Some(now),
+        demand: demand.clone(),
+        supply_before: answer.supply_before.clone(),
+        supply_after: answer.supply_after.clone(),
+        shortfall: answer.shortfall.clone(),
+        changed_gpus: answer.changed.min(i32::MAX as u32) as i32,
+        destroyed_instances: answer.destroyed.min(i32::MAX as u32) as i32,
+        fleet: digest,
+        targets,
+        kept_busy: kept_busy.iter().cloned().collect(),
+        message,
+    }
+}
+
+/// Works out an automatic plan's layouts: the fleet's GPUs, of which the plan's `owned` nodes
+/// may change unless `busy` (running GPU pods) or `frozen` (mid-change for another plan, or
+/// whose agent is down).
+#[allow(clippy::too_many_arguments)]
+pub fn decide(
+    plan: &GpuPartitionPlan,
+    demand: &BTreeMap<String, i64>,
+    gpunodes: &[&GpuNode],
+    owned: &BTreeSet<String>,
+    busy: &BTreeSet<String>,
+    frozen: &BTreeSet<String>,
+    why: &str,
+    now: Time,
+) -> Result<LayoutDecision, fleet::SolveError> {
+    let changeable = |n: &str| owned.contains(n) && !busy.contains(n) && !frozen.contains(n);
+    let slots = gpu_slots(gpunodes.iter().copied(), &changeable);
+    let answer = fleet::solve(&slots, demand)?;
+    let kept_busy: BTreeSet<String> = busy.intersection(owned).cloned().collect();
+    let mine = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any()));
+    let digest = fleet_digest(mine);
+    Ok(decision(plan, demand, &answer, digest, &kept_busy, why, now))
+}
+
+/// What an automatic plan asks of one of its nodes: `Some(intent)` to roll out (a target of the
+/// decision, or the intent already being applied on a node mid-change or failed for this plan),
+/// `None` to leave the node alone.
+pub fn desired(plan: &GpuPartitionPlan, node: &str, gn: &GpuNode) -> Option<Vec<GpuIntent>> {
+    let decision = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref());
+    if let Some(t) = decision.and_then(|d| d.targets.iter().find(|t| t.node == node)) {
+        return Some(t.gpus.iter().map(GpuIntent::from).collect());
+    }
+    let r = gn.status.as_ref().and_then(|s| s.rollout.as_ref())?;
+    let mine = r.plan.as_deref() == plan.metadata.name.as_deref();
+    let unfinished = matches!(r.phase, NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning)
+        || (r.phase == NodePhase::Failed && mine);
+    // A node mid-change finishes the intent it was given, whoever gave it: stopping halfway
+    // would leave it cordoned with half a layout.
+    (unfinished && !gn.spec.gpus.is_empty()).then(|| gn.spec.gpus.clone())
+}
+
+/// The plan's condition about the demand: (met, reason, message), from its decision.
+pub fn demand_condition(plan: &GpuPartitionPlan) -> Option<(bool, &'static str, String)> {
+    plan.spec.layouts_from.as_ref()?;
+    let Some(d) = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref()) else {
+        return Some((false, "Deciding", "working out the layouts from the quotas".into()));
+    };
+    if d.shortfall.is_empty() {
+        Some((true, "DemandMet", d.message.clone()))
+    } else {
+        Some((false, "DemandNotMet", d.message.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,225 @@
+//! Automatic plans in the control loop: before the rollout is planned, each plan with
+//! `spec.layoutsFrom` gets its decision checked (`auto::next`) and, when due, worked out again
+//! (`auto::decide`, off the async workers) and stored in `status.layoutDecision` by its own field
+//! manager. The rollout then reads the decision like any other intent. Also the
+//! `fragmentedSlices` figure of every plan.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tessera_crds::gpunode::NodePhase;
+use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
+use tracing::{info, warn};
+
+use super::Context;
+use crate::Error;
+use crate::auto::{self, Next};
+use crate::drain::uses_gpu;
+use crate::fleet;
+use crate::liveness::AgentHealth;
+use crate::rollout::{NodeInput, contenders};
+
+/// Field manager of `status.layoutDecision`: separate from the rest of the status, so the
+/// per-pass status write never removes a decision.
+pub const LAYOUTS_MANAGER: &str = "tessera-operator-layouts";
+/// An unmet demand is worked out again this often, in case something changed that the fleet
+/// digest does not show (a busy node became idle).
+const RETRY_UNMET_SECS: i64 = 300;
+
+/// What the layout step found: per plan, a change waiting to be decided, and API errors.
+#[derive(Default)]
+pub struct LayoutsPass {
+    pub deciding: BTreeMap<String, String>,
+    pub errors: BTreeMap<String, Vec<String>>,
+}
+
+/// When each plan's current (demand, fleet, generation) was first seen, for stabilization.
+#[derive(Default)]
+pub struct Stability(HashMap<String, (String, Instant)>);
+
+impl Stability {
+    /// Seconds `signature` has held for `plan`.
+    fn held(&mut self, plan: &str, signature: String) -> i64 {
+        let now = Instant::now();
+        let entry = self.0.entry(plan.to_string()).or_insert_with(|| (signature.clone(), now));
+        if entry.0 != signature {
+            *entry = (signature, now);
+        }
+        now.duration_since(entry.1).as_secs() as i64
+    }
+
+    fn retain(&mut self, plans: &BTreeSet<String>) {
+        self.0.retain(|k, _| plans.contains(k));
+    }
+}
+
+impl Context {
+    /// Checks every automatic plan's decision and decides again where due; `plans` is updated
+    /// in place with any new decision, so this pass's rollout already follows it.
+    pub(super) async fn decide_layouts(&self, plans: &mut [GpuPartitionPlan], nodes: &[NodeInput]) -> LayoutsPass {
+        let mut pass = LayoutsPass::default();
+        let live: Vec<GpuPartitionPlan> =
+            plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect();
+        let live_refs: Vec<&GpuPartitionPlan> = live.iter().collect();
+        let names: BTreeSet<String> = live.iter().map(|p| p.name_any()).collect();
+        self.stability.lock().unwrap_or_else(|p| p.into_inner()).retain(&names);
+        if !live.iter().any(|p| p.spec.layouts_from.is_some()) {
+            return pass;
+        }
+        let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
+        let gpunodes: Vec<&GpuNode> = nodes.iter().filter_map(|n| n.gpunode.as_ref()).collect();
+        let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for n in nodes {
+            if let [one] = contenders(&live_refs, &n.labels).as_slice() {
+                owners.entry(one.clone()).or_default().insert(n.name.clone());
+            }
+        }
+        for plan in plans.iter_mut().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            let Some(from) = plan.spec.layouts_from.clone() else { continue };
+            let name = plan.name_any();
+            let owned = owners.remove(&name).unwrap_or_default();
+            let demand = auto::demand(auto::selected(&from, &quotas), i64::from(from.headroom_percent));
+            let mine: Vec<&GpuNode> = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any())).collect();
+            let digest = auto::fleet_digest(mine.iter().copied());
+            let in_flight = mine.iter().filter(|g| in_flight(g)).count();
+            let signature = format!("{:?}|{digest}|{:?}", demand, plan.metadata.generation);
+            let held = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&name, signature);
+            let why = match auto::next(plan, &demand, &digest, held, in_flight) {
+                Next::Keep => match unmet_and_stale(plan) {
+                    Some(why) if in_flight == 0 => why,
+                    _ => continue,
+                },
+                Next::Wait(msg) => {
+                    pass.deciding.insert(name, msg);
+                    continue;
+                }
+                Next::Decide(why) => why,
+            };
+            match self.decide_one(plan, &demand, &gpunodes, &owned, nodes, &why).await {
+                Ok(()) => {}
+                Err(e) => {
+                    self.metrics.error(e.kind());
+                    warn!(plan = %name, error = %e, "could not work out the plan's layouts; retrying");
+                    pass.errors.entry(name).or_default().push(format!("working out the layouts: {e}"));
+                }
+            }
+        }
+        pass
+    }
+
+    async fn decide_one(
+        &self,
+        plan: &mut GpuPartitionPlan,
+        demand: &BTreeMap<String, i64>,
+        gpunodes: &[&GpuNode],
+        owned: &BTreeSet<String>,
+        nodes: &[NodeInput],
+        why: &str,
+    ) -> Result<(), Error> {
+        let name = plan.name_any();
+        let busy = self.nodes_running_gpu_pods(owned).await?;
+        let frozen: BTreeSet<String> = nodes
+            .iter()
+            .filter(|n| owned.contains(&n.name) && n.agent != AgentHealth::Alive)
+            .map(|n| n.name.clone())
+            .collect();
+        let (p, d, g, o, w) =
+            (plan.clone(), demand.clone(), gpunodes.iter().map(|g| (*g).clone()).collect::<Vec<_>>(), owned.clone(), why.to_string());
+        let decided = tokio::task::spawn_blocking(move || {
+            let refs: Vec<&GpuNode> = g.iter().collect();
+            auto::decide(&p, &d, &refs, &o, &busy, &frozen, &w, Time(k8s_openapi::jiff::Timestamp::now()))
+        })
+        .await
+        .map_err(|e| Error::Usage(format!("the layout solver stopped: {e}")))?
+        .map_err(|e| Error::Usage(e.to_string()))?;
+        let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
+                          "status": {"layoutDecision": decided}});
+        Api::<GpuPartitionPlan>::all(self.client.clone())
+            .patch_status(&name, &PatchParams::apply(LAYOUTS_MANAGER).force(), &Patch::Apply(&body))
+            .await?;
+        info!(plan = %name, changed = decided.changed_gpus, message = %decided.message, "layouts decided");
+        let warning = !decided.shortfall.is_empty();
+        self.publish(&plan.object_ref(&()), "LayoutsDecided", &decided.message, warning).await;
+        plan.status.get_or_insert_with(Default::default).layout_decision = Some(decided);
+        Ok(())
+    }
+
+    /// Nodes among `owned` with a GPU pod that has not finished. One paginated list of every
+    /// pod: a decision is rare, and a watch of every pod would cost memory on every pass.
+    async fn nodes_running_gpu_pods(&self, owned: &BTreeSet<String>) -> Result<BTreeSet<String>, Error> {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let mut out = BTreeSet::new();
+        let mut lp = ListParams::default().limit(500);
+        loop {
+            let page = api.list(&lp).await?;
+            for pod in &page.items {
+                let done = matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.as_ref());
+                if let (false, true, Some(node)) = (done, uses_gpu(pod), node) {
+                    if owned.contains(node) {
+                        out.insert(node.clone());
+                    }
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => lp = lp.continue_token(&token),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// `fragmentedSlices` per plan: the stranded slices of its nodes' current layouts, against
+    /// the demand it serves (an automatic plan's) or every quota's (a fixed plan's). Memoised
+    /// per (board, layout, demanded profiles): layouts repeat across a fleet.
+    pub(super) fn fragmented_slices(
+        &self,
+        plans: &[GpuPartitionPlan],
+        owned: &BTreeMap<String, Vec<String>>,
+        gpunodes: &BTreeMap<String, GpuNode>,
+    ) -> BTreeMap<String, i64> {
+        let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
+        let everyone = auto::demand(quotas.iter(), 0);
+        let mut memo = self.stranded_memo.lock().unwrap_or_else(|p| p.into_inner());
+        if memo.len() > 10_000 {
+            memo.clear();
+        }
+        let mut out = BTreeMap::new();
+        for plan in plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            let name = plan.name_any();
+            let demand = match &plan.spec.layouts_from {
+                Some(from) => auto::demand(auto::selected(from, &quotas), i64::from(from.headroom_percent)),
+                None => everyone.clone(),
+            };
+            let demanded: Vec<&String> = demand.iter().filter(|(_, n)| **n > 0).map(|(r, _)| r).collect();
+            let mine = owned.get(&name).into_iter().flatten().filter_map(|n| gpunodes.get(n));
+            let mut total: i64 = 0;
+            for slot in auto::gpu_slots(mine, &|_| false) {
+                let key = format!("{}|{:?}|{}|{:?}", slot.model.name, slot.instances, slot.mig_enabled, demanded);
+                let n = *memo.entry(key).or_insert_with(|| fleet::stranded_slices(std::slice::from_ref(&slot), &demand));
+                total += i64::from(n);
+            }
+            out.insert(name, total);
+        }
+        out
+    }
+}
+
+fn in_flight(gn: &GpuNode) -> bool {
+    gn.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| {
+        matches!(r.phase, NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning)
+    })
+}
+
+/// A decision that did not meet the demand is tried again every few minutes.
+fn unmet_and_stale(plan: &GpuPartitionPlan) -> Option<String> {
+    let d = plan.status.as_ref()?.layout_decision.as_ref()?;
+    let at = d.decided_at.as_ref()?;
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(at.0).as_secs();
+    (!d.shortfall.is_empty() && age >= RETRY_UNMET_SECS)
+        .then(|| format!("the demand was not met {age}s ago; checking whether anything changed"))
+}

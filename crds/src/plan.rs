@@ -93,7 +93,8 @@ pub struct GpuLayout {
 
 /// One of `layouts` and `layoutsFrom`, never both or neither.
 pub const LAYOUTS_XOR_RULE: &str = "(has(self.layouts) && size(self.layouts) > 0) != has(self.layoutsFrom)";
-const LAYOUTS_XOR_MESSAGE: &str = "set exactly one of spec.layouts (fixed layouts) and spec.layoutsFrom (layouts derived from quotas)";
+const LAYOUTS_XOR_MESSAGE: &str =
+    "set exactly one of spec.layouts (fixed layouts) and spec.layoutsFrom (layouts derived from quotas)";
 
 /// Where an automatic plan takes its demand from.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

@@ -47,7 +47,10 @@ pub fn selected<'a>(from: &'a LayoutsFrom, quotas: &'a [TenantGpuQuota]) -> impl
 
 /// The solver's view of the reported GPUs; `changeable(node)` says which nodes may change. GPUs
 /// of boards the catalog lacks (and without a valid reported table) are left out.
-pub fn gpu_slots<'a>(gpunodes: impl IntoIterator<Item = &'a GpuNode>, changeable: &dyn Fn(&str) -> bool) -> Vec<GpuSlot> {
+pub fn gpu_slots<'a>(
+    gpunodes: impl IntoIterator<Item = &'a GpuNode>,
+    changeable: &dyn Fn(&str) -> bool,
+) -> Vec<GpuSlot> {
     let mut out = Vec::new();
     for gn in gpunodes {
         let node = gn.name_any();
@@ -86,12 +89,8 @@ pub fn fleet_digest<'a>(gpunodes: impl IntoIterator<Item = &'a GpuNode>) -> Stri
     let mut parts: Vec<String> = gpunodes
         .into_iter()
         .map(|gn| {
-            let gpus: Vec<String> = gn
-                .status
-                .iter()
-                .flat_map(|s| s.gpus.iter())
-                .map(|g| format!("{}={}", g.index, g.product))
-                .collect();
+            let gpus: Vec<String> =
+                gn.status.iter().flat_map(|s| s.gpus.iter()).map(|g| format!("{}={}", g.index, g.product)).collect();
             format!("{}:{}", gn.name_any(), gpus.join(","))
         })
         .collect();

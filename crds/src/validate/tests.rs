@@ -195,11 +195,8 @@ fn exactly_one_of_layouts_and_layouts_from_is_required_and_its_fields_are_checke
     both.layouts_from = Some(Default::default());
     assert_eq!(fields(&validate_plan(&both)), vec!["spec.layoutsFrom"]);
     let mut auto = plan(vec![]);
-    auto.layouts_from = Some(crate::plan::LayoutsFrom {
-        headroom_percent: -1,
-        stabilization_seconds: -5,
-        ..Default::default()
-    });
+    auto.layouts_from =
+        Some(crate::plan::LayoutsFrom { headroom_percent: -1, stabilization_seconds: -5, ..Default::default() });
     assert_eq!(
         fields(&validate_plan(&auto)),
         vec!["spec.layoutsFrom.headroomPercent", "spec.layoutsFrom.stabilizationSeconds"]

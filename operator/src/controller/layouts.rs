@@ -128,8 +128,13 @@ impl Context {
             .filter(|n| owned.contains(&n.name) && n.agent != AgentHealth::Alive)
             .map(|n| n.name.clone())
             .collect();
-        let (p, d, g, o, w) =
-            (plan.clone(), demand.clone(), gpunodes.iter().map(|g| (*g).clone()).collect::<Vec<_>>(), owned.clone(), why.to_string());
+        let (p, d, g, o, w) = (
+            plan.clone(),
+            demand.clone(),
+            gpunodes.iter().map(|g| (*g).clone()).collect::<Vec<_>>(),
+            owned.clone(),
+            why.to_string(),
+        );
         let decided = tokio::task::spawn_blocking(move || {
             let refs: Vec<&GpuNode> = g.iter().collect();
             auto::decide(&p, &d, &refs, &o, &busy, &frozen, &w, Time(k8s_openapi::jiff::Timestamp::now()))
@@ -160,10 +165,10 @@ impl Context {
             for pod in &page.items {
                 let done = matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
                 let node = pod.spec.as_ref().and_then(|s| s.node_name.as_ref());
-                if let (false, true, Some(node)) = (done, uses_gpu(pod), node) {
-                    if owned.contains(node) {
-                        out.insert(node.clone());
-                    }
+                if let (false, true, Some(node)) = (done, uses_gpu(pod), node)
+                    && owned.contains(node)
+                {
+                    out.insert(node.clone());
                 }
             }
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
@@ -200,7 +205,8 @@ impl Context {
             let mut total: i64 = 0;
             for slot in auto::gpu_slots(mine, &|_| false) {
                 let key = format!("{}|{:?}|{}|{:?}", slot.model.name, slot.instances, slot.mig_enabled, demanded);
-                let n = *memo.entry(key).or_insert_with(|| fleet::stranded_slices(std::slice::from_ref(&slot), &demand));
+                let n =
+                    *memo.entry(key).or_insert_with(|| fleet::stranded_slices(std::slice::from_ref(&slot), &demand));
                 total += i64::from(n);
             }
             out.insert(name, total);
@@ -210,9 +216,10 @@ impl Context {
 }
 
 fn in_flight(gn: &GpuNode) -> bool {
-    gn.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| {
-        matches!(r.phase, NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning)
-    })
+    gn.status
+        .as_ref()
+        .and_then(|s| s.rollout.as_ref())
+        .is_some_and(|r| matches!(r.phase, NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning))
 }
 
 /// A decision that did not meet the demand is tried again every few minutes.

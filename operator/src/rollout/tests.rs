@@ -794,3 +794,58 @@ fn our_cordon_is_undone_even_when_its_gpunode_record_is_lost() {
     let (actions, _) = plan_fleet(&[], &[n], now());
     assert!(actions.is_empty(), "{actions:?}");
 }
+
+fn auto_plan(decision: Option<serde_json::Value>) -> GpuPartitionPlan {
+    let mut v = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
+        "metadata": {"name": "auto", "generation": 1},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "a"}}, "layoutsFrom": {},
+                 "rollout": {"maxUnavailable": 1}}});
+    if let Some(d) = decision {
+        v["status"] = json!({"layoutDecision": d});
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+#[test]
+fn an_automatic_plan_rolls_out_only_its_targets_and_leaves_the_rest_alone() {
+    let decision = json!({"planGeneration": 1, "targets": [{"node": "t", "gpus": wanted()}],
+                          "message": "repartitioning 1 idle GPU(s)"});
+    let nodes = [
+        node("t", false, gpunode("t", json!([]), true, None)),
+        node("other", false, gpunode("other", json!([]), true, None)),
+    ];
+    let (actions, reports) = plan_fleet(&[auto_plan(Some(decision))], &nodes, now());
+    assert!(actions.iter().all(|a| crate::controller_node_of(a) == "t"), "only the target acts: {actions:?}");
+    assert!(matches!(&actions[..2], [Action::Rollout { rollout: Some(r), .. }, Action::Cordon { .. }]
+        if r.phase == NodePhase::Draining));
+    let r = &reports["auto"];
+    assert_eq!((r.matched, r.updated, r.budget), (2, 1, 1));
+    assert_eq!(r.demand.as_ref().map(|(met, reason, _)| (*met, *reason)), Some((true, "DemandMet")));
+    let st = crate::status::plan_status(&[], r, Some(1), false, Time(now()));
+    let ready = st.conditions.iter().find(|c| c.type_ == READY).unwrap();
+    assert_eq!(ready.status, "False", "a target is still to change");
+}
+
+#[test]
+fn an_automatic_plan_without_a_decision_acts_on_no_node_and_is_not_ready() {
+    let nodes = [node("n1", false, gpunode("n1", json!([]), true, None))];
+    let (actions, reports) = plan_fleet(&[auto_plan(None)], &nodes, now());
+    assert!(actions.is_empty(), "{actions:?}");
+    let st = crate::status::plan_status(&[], &reports["auto"], Some(1), false, Time(now()));
+    let get = |t: &str| st.conditions.iter().find(|c| c.type_ == t).map(|c| (c.status.clone(), c.reason.clone()));
+    assert_eq!(get(READY), Some(("False".into(), "RollingOut".into())));
+    assert_eq!(get(tessera_crds::conditions::DEMAND_MET), Some(("False".into(), "Deciding".into())));
+    assert!(st.conditions.iter().any(|c| c.type_ == RECONCILING && c.message.contains("working out the layouts")));
+}
+
+#[test]
+fn an_automatic_plan_whose_target_is_applied_is_ready_and_says_what_it_decided() {
+    let decision = json!({"planGeneration": 1, "targets": [{"node": "t", "gpus": wanted()}],
+                          "shortfall": {"nvidia.com/mig-1g.10gb": 2}, "message": "still short"});
+    let nodes = [node("t", false, gpunode("t", wanted(), true, None))];
+    let (_, reports) = plan_fleet(&[auto_plan(Some(decision))], &nodes, now());
+    let st = crate::status::plan_status(&[], &reports["auto"], Some(1), false, Time(now()));
+    let get = |t: &str| st.conditions.iter().find(|c| c.type_ == t).map(|c| (c.status.clone(), c.reason.clone()));
+    assert_eq!(get(READY), Some(("True".into(), "Applied".into())));
+    assert_eq!(get(tessera_crds::conditions::DEMAND_MET), Some(("False".into(), "DemandNotMet".into())));
+}

@@ -1,0 +1,209 @@
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use serde_json::json;
+use tessera_crds::GpuNode;
+use tessera_crds::solver;
+
+use super::*;
+
+const MIG1G: &str = "nvidia.com/mig-1g.10gb";
+const MIG3G: &str = "nvidia.com/mig-3g.40gb";
+
+fn auto_plan(decision: Option<serde_json::Value>) -> GpuPartitionPlan {
+    let mut v = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
+        "metadata": {"name": "auto", "generation": 1},
+        "spec": {"layoutsFrom": {"quotaSelector": {"matchLabels": {"team": "ml"}}, "stabilizationSeconds": 30}}});
+    if let Some(d) = decision {
+        v["status"] = json!({"layoutDecision": d});
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+fn quota(name: &str, labels: serde_json::Value, hard: serde_json::Value) -> TenantGpuQuota {
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+        "metadata": {"name": name, "labels": labels}, "spec": {"namespaces": [name], "hard": hard}}))
+    .unwrap()
+}
+
+/// A node with H100s holding the given instances (profile, start) per GPU.
+fn gpunode(name: &str, gpus: &[&[(&str, i32)]], rollout: Option<serde_json::Value>) -> GpuNode {
+    let h = catalog::lookup("H100-80GB").unwrap();
+    let gpus: Vec<serde_json::Value> = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, inst)| {
+            let instances: Vec<serde_json::Value> = inst
+                .iter()
+                .map(|(p, s)| json!({"profile": p, "start": s, "size": h.profile(p).unwrap().memory_slices}))
+                .collect();
+            json!({"index": i, "uuid": format!("GPU-{name}-{i}"), "product": "NVIDIA H100 80GB HBM3",
+                   "migCapable": true, "migEnabled": true, "instances": instances})
+        })
+        .collect();
+    let mut status = json!({"gpus": gpus});
+    if let Some(r) = rollout {
+        status["rollout"] = r;
+    }
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+        "metadata": {"name": name}, "spec": {"gpus": [{"index": 0, "migEnabled": true, "profiles": {"7g.80gb": 1}}]},
+        "status": status}))
+    .unwrap()
+}
+
+fn now() -> Time {
+    Time("2026-06-01T00:00:00Z".parse().unwrap())
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn demand_sums_the_selected_live_quotas_plus_rounded_up_headroom() {
+    let mut deleted = quota("gone", json!({"team": "ml"}), json!({MIG1G: 100}));
+    deleted.metadata.deletion_timestamp = Some(now());
+    let quotas = vec![
+        quota("a", json!({"team": "ml"}), json!({MIG1G: 3, MIG3G: 1})),
+        quota("b", json!({"team": "ml"}), json!({MIG1G: 4})),
+        quota("other", json!({"team": "web"}), json!({MIG1G: 50})),
+        deleted,
+    ];
+    let from = auto_plan(None).spec.layouts_from.unwrap();
+    let d = demand(selected(&from, &quotas), 10);
+    assert_eq!(d, [(MIG1G.to_string(), 8), (MIG3G.to_string(), 2)].into(), "7 + 10% -> 8, 1 + 10% -> 2");
+    let huge = quota("huge", json!({}), json!({MIG1G: i64::MAX}));
+    assert_eq!(demand([&huge], 1000)[MIG1G], i64::MAX, "saturates instead of overflowing");
+}
+
+#[test]
+fn when_to_decide_again() {
+    let d: BTreeMap<String, i64> = [(MIG1G.to_string(), 7)].into();
+    let decided = |demand: &BTreeMap<String, i64>, fleet: &str, generation: i64| {
+        auto_plan(Some(json!({"planGeneration": generation, "demand": demand, "fleet": fleet})))
+    };
+    assert_eq!(next(&auto_plan(None), &d, "f", 0, 0), Next::Decide("no decision yet".into()));
+    assert_eq!(next(&decided(&d, "f", 1), &d, "f", 0, 0), Next::Keep, "nothing changed");
+    let more: BTreeMap<String, i64> = [(MIG1G.to_string(), 9)].into();
+    assert!(matches!(next(&decided(&d, "f", 1), &more, "f", 10, 0), Next::Wait(m) if m.contains("20 more second")));
+    assert!(
+        matches!(next(&decided(&d, "f", 1), &more, "f", 30, 0), Next::Decide(m) if m.contains("nvidia.com/mig-1g.10gb 7 -> 9"))
+    );
+    assert!(
+        matches!(next(&decided(&d, "f", 1), &more, "f", 30, 2), Next::Wait(m) if m.contains("2 node(s) in flight")),
+        "never re-decided under nodes mid-change"
+    );
+    assert!(matches!(next(&decided(&d, "old", 1), &d, "f", 30, 0), Next::Decide(m) if m.contains("nodes or GPUs")));
+    assert!(matches!(next(&decided(&d, "f", 0), &d, "f", 30, 0), Next::Decide(m) if m.contains("plan changed")));
+}
+
+#[test]
+fn a_decision_changes_only_idle_owned_nodes_and_says_why() {
+    let seven: &[(&str, i32)] = &[("7g.80gb", 0)];
+    let nodes = [
+        gpunode("idle", &[seven], None),
+        gpunode("busy", &[seven], None),
+        gpunode("dead-agent", &[seven], None),
+        gpunode("not-mine", &[seven], None),
+    ];
+    let refs: Vec<&GpuNode> = nodes.iter().collect();
+    let demand: BTreeMap<String, i64> = [(MIG1G.to_string(), 7)].into();
+    let owned = set(&["idle", "busy", "dead-agent"]);
+    let d = decide(&auto_plan(None), &demand, &refs, &owned, &set(&["busy"]), &set(&["dead-agent"]), "test", now())
+        .unwrap();
+    assert_eq!(d.targets.len(), 1, "{d:#?}");
+    assert_eq!(d.targets[0].node, "idle");
+    assert_eq!(d.targets[0].gpus[0].profiles, [("1g.10gb".to_string(), 7)].into());
+    assert!(d.shortfall.is_empty());
+    assert_eq!(d.kept_busy, vec!["busy".to_string()]);
+    assert!(d.message.contains("repartitioning 1 idle GPU(s) on 1 node(s)"), "{}", d.message);
+    assert!(d.message.contains("left alone: busy"), "{}", d.message);
+    assert_eq!((d.supply_before.get(MIG1G), d.supply_after.get(MIG1G)), (None, Some(&7)));
+
+    let more: BTreeMap<String, i64> = [(MIG1G.to_string(), 30)].into();
+    let d = decide(&auto_plan(None), &more, &refs, &owned, &set(&["busy"]), &set(&["dead-agent"]), "t", now()).unwrap();
+    assert_eq!(d.shortfall, [(MIG1G.to_string(), 23)].into(), "only the idle node can change");
+    assert!(d.message.contains("still short of nvidia.com/mig-1g.10gb by 23"), "{}", d.message);
+}
+
+#[test]
+fn layouts_that_already_meet_the_demand_change_nothing() {
+    let nodes = [gpunode("a", &[&[("3g.40gb", 0), ("3g.40gb", 4)]], None)];
+    let refs: Vec<&GpuNode> = nodes.iter().collect();
+    let demand: BTreeMap<String, i64> = [(MIG3G.to_string(), 2)].into();
+    let d = decide(&auto_plan(None), &demand, &refs, &set(&["a"]), &set(&[]), &set(&[]), "t", now()).unwrap();
+    assert!(d.targets.is_empty());
+    assert!(d.message.starts_with("the current layouts meet the demand; nothing changes"), "{}", d.message);
+}
+
+#[test]
+fn what_an_automatic_plan_asks_of_each_node() {
+    let target =
+        json!({"targets": [{"node": "t", "gpus": [{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7}}]}]});
+    let plan = auto_plan(Some(target));
+    let seven: &[(&str, i32)] = &[("7g.80gb", 0)];
+    let want = desired(&plan, "t", &gpunode("t", &[seven], None)).unwrap();
+    assert_eq!(want[0].profiles, [("1g.10gb".to_string(), 7)].into());
+    assert_eq!(desired(&plan, "idle", &gpunode("idle", &[seven], None)), None, "not a target: left alone");
+    let mid = gpunode("mid", &[seven], Some(json!({"phase": "Applying", "plan": "someone-else"})));
+    assert_eq!(desired(&plan, "mid", &mid), Some(mid.spec.gpus.clone()), "a node mid-change finishes its intent");
+    let failed_mine = gpunode("f", &[seven], Some(json!({"phase": "Failed", "plan": "auto"})));
+    assert!(desired(&plan, "f", &failed_mine).is_some(), "our failure stays reported");
+    let failed_other = gpunode("g", &[seven], Some(json!({"phase": "Failed", "plan": "other"})));
+    assert_eq!(desired(&plan, "g", &failed_other), None);
+}
+
+/// A fleet of H100s each with one random maximal layout, and a random demand.
+fn fleet_and_demand() -> impl Strategy<Value = (Vec<Vec<solver::Placement>>, Vec<bool>, BTreeMap<String, i64>)> {
+    let h = catalog::lookup("H100-80GB").unwrap();
+    let layouts = solver::maximal_layouts(h, Some(&["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"]));
+    let n = layouts.len();
+    (prop::collection::vec(0..n, 1..6), prop::collection::vec(any::<bool>(), 6), (0i64..12, 0i64..4, 0i64..3)).prop_map(
+        move |(picks, busy, (a, b, c))| {
+            let fleet = picks.iter().map(|&i| layouts[i].clone()).collect();
+            let demand =
+                [(MIG1G.to_string(), a), ("nvidia.com/mig-2g.20gb".to_string(), b), (MIG3G.to_string(), c)].into();
+            (fleet, busy, demand)
+        },
+    )
+}
+
+fn nodes_of(fleet: &[Vec<solver::Placement>]) -> Vec<GpuNode> {
+    fleet
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let inst: Vec<(&str, i32)> = l.iter().map(|p| (p.profile.as_str(), i32::from(p.start))).collect();
+            gpunode(&format!("n{i}"), &[&inst], None)
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Never flapping: once a decision's targets are applied, deciding again on the same demand
+    /// changes nothing. Busy nodes are never targets, and every target fits its GPU.
+    #[test]
+    fn applying_a_decision_and_deciding_again_changes_nothing((fleet, busy, demand) in fleet_and_demand()) {
+        let h = catalog::lookup("H100-80GB").unwrap();
+        let nodes = nodes_of(&fleet);
+        let refs: Vec<&GpuNode> = nodes.iter().collect();
+        let owned: BTreeSet<String> = nodes.iter().map(|n| n.name_any()).collect();
+        let busy: BTreeSet<String> = owned.iter().enumerate().filter(|(i, _)| busy[*i]).map(|(_, n)| n.clone()).collect();
+        let first = decide(&auto_plan(None), &demand, &refs, &owned, &busy, &BTreeSet::new(), "t", now()).unwrap();
+        let mut after = fleet.clone();
+        for t in &first.targets {
+            prop_assert!(!busy.contains(&t.node), "a busy node is a target: {first:?}");
+            let i: usize = t.node[1..].parse().unwrap();
+            let counts: solver::ProfileCounts =
+                t.gpus[0].profiles.iter().map(|(p, n)| (p.clone(), *n as u32)).collect();
+            after[i] = solver::fit(h, &counts).expect("every target fits its GPU");
+        }
+        let nodes2 = nodes_of(&after);
+        let refs2: Vec<&GpuNode> = nodes2.iter().collect();
+        let again = decide(&auto_plan(None), &demand, &refs2, &owned, &busy, &BTreeSet::new(), "t", now()).unwrap();
+        prop_assert!(again.targets.is_empty(), "decided again: {again:?} after {first:?}");
+        prop_assert_eq!(again.shortfall, first.shortfall);
+    }
+}

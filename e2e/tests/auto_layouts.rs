@@ -137,7 +137,17 @@ async fn raising_a_quota_repartitions_idle_gpus_and_leaves_busy_ones_alone() {
                  "layoutsFrom": {"quotaSelector": {"matchLabels": {"tier": "training"}}, "stabilizationSeconds": 8},
                  "rollout": {"maxUnavailable": 1, "drainTimeoutSeconds": 60}}}))
     .unwrap();
-    Api::<GpuPartitionPlan>::all(admin.clone()).create(&PostParams::default(), &plan).await.unwrap();
+    // The API server refuses a plan with both fixed and automatic layouts, or neither.
+    let plans: Api<GpuPartitionPlan> = Api::all(admin.clone());
+    for spec in
+        [json!({"layoutsFrom": {}, "layouts": [{"gpuProduct": "H100-80GB", "profiles": {"7g.80gb": 1}}]}), json!({})]
+    {
+        let bad = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
+                         "metadata": {"name": "bad"}, "spec": spec});
+        let err = plans.create(&PostParams::default(), &serde_json::from_value(bad).unwrap()).await.unwrap_err();
+        assert!(err.to_string().contains("set exactly one of spec.layouts"), "{err}");
+    }
+    plans.create(&PostParams::default(), &plan).await.unwrap();
 
     // First decision: one of the two whole GPUs becomes seven 1g.10gb.
     let p = wait_plan(&admin, "the first decision applied", |p| applied_and_met(p, 7)).await;

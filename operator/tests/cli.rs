@@ -27,7 +27,7 @@ fn yaml_files(dir: &str) -> Vec<String> {
 
 #[test]
 fn every_sample_validates() {
-    for f in yaml_files("config/samples") {
+    for f in yaml_files("config/samples").into_iter().chain(yaml_files("config/examples")) {
         let (code, out) = run(&["validate", &f]);
         assert_eq!(code, 0, "{f}: {out}");
         assert!(out.contains(", 0 errors"), "{out}");

@@ -81,6 +81,16 @@ pub fn preview(
             continue;
         };
         gpus.iter().for_each(|g| gpu_supply(g, &mut p.capacity_before));
+        if plan.spec.layouts_from.is_some() {
+            p.skipped.insert(
+                name,
+                "automatic plan: the operator decides its layouts from the quotas at run time; \
+                 `tessera-operator plan suggest` shows what it would change now"
+                    .into(),
+            );
+            gpus.iter().for_each(|g| gpu_supply(g, &mut p.capacity_after));
+            continue;
+        }
         // A preview does not look DaemonSets up: their pods count as managed, as usual.
         let daemonsets: std::collections::BTreeSet<(String, String)> =
             pods.iter().filter_map(crate::drain::daemonset_of).collect();

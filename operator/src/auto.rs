@@ -115,32 +115,32 @@ pub enum Next {
 }
 
 /// Whether to decide again. `stable_for` is how long (seconds) the current demand and fleet
-/// have been seen unchanged; `in_flight` is how many of the plan's nodes are mid-change.
+/// have been seen unchanged; `in_flight` is how many of the plan's nodes are mid-change;
+/// `blocked` how many of the decision's targets cannot be changed any more (failed, or their
+/// agent stopped responding).
 pub fn next(
     plan: &GpuPartitionPlan,
     demand: &BTreeMap<String, i64>,
     digest: &str,
     stable_for: i64,
     in_flight: usize,
+    blocked: usize,
 ) -> Next {
     let Some(from) = &plan.spec.layouts_from else { return Next::Keep };
-    let Some(d) = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref()) else {
-        return Next::Decide("no decision yet".into());
-    };
-    let why = if d.plan_generation != plan.metadata.generation {
-        "the plan changed".to_string()
-    } else if &d.demand != demand {
-        format!("the quotas' demand changed: {}", demand_change(&d.demand, demand))
-    } else if d.fleet != digest {
-        "the plan's nodes or GPUs changed".to_string()
-    } else {
-        return Next::Keep;
+    let decision = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref());
+    let why = match decision {
+        None => "no decision yet".to_string(),
+        Some(d) if d.plan_generation != plan.metadata.generation => "the plan changed".to_string(),
+        Some(d) if &d.demand != demand => format!("the quotas' demand changed: {}", demand_change(&d.demand, demand)),
+        Some(d) if d.fleet != digest => "the plan's nodes or GPUs changed".to_string(),
+        Some(_) if blocked > 0 => format!("{blocked} target node(s) failed or lost their agent"),
+        Some(_) => return Next::Keep,
     };
     if in_flight > 0 {
         return Next::Wait(format!("{why}; deciding again once the {in_flight} node(s) in flight are done"));
     }
     let wait = from.stabilization_seconds.max(0) - stable_for;
-    if wait > 0 {
+    if decision.is_some() && wait > 0 {
         return Next::Wait(format!("{why}; deciding again if it holds for {wait} more second(s)"));
     }
     Next::Decide(why)
@@ -222,8 +222,8 @@ pub fn decision(
 }
 
 /// Works out an automatic plan's layouts: the fleet's GPUs, of which the plan's `owned` nodes
-/// may change unless `busy` (running GPU pods) or `frozen` (mid-change for another plan, or
-/// whose agent is down).
+/// may change unless `busy` (running GPU pods) or `frozen` (mid-change, failed, or whose agent
+/// is down).
 #[allow(clippy::too_many_arguments)]
 pub fn decide(
     plan: &GpuPartitionPlan,
@@ -237,28 +237,58 @@ pub fn decide(
 ) -> Result<LayoutDecision, fleet::SolveError> {
     let changeable = |n: &str| owned.contains(n) && !busy.contains(n) && !frozen.contains(n);
     let slots = gpu_slots(gpunodes.iter().copied(), &changeable);
-    let answer = fleet::solve(&slots, demand)?;
+    // No GPU holds more than 8 instances: a demand beyond 8 per GPU (an "unlimited" quota) is
+    // capped for the solver, whose objective would otherwise lose the small terms, and the
+    // shortfall is reported against the real demand.
+    let cap = (slots.len() as i64).saturating_mul(8);
+    let capped: BTreeMap<String, i64> = demand.iter().map(|(r, n)| (r.clone(), (*n).min(cap))).collect();
+    let mut answer = fleet::solve(&slots, &capped)?;
+    answer.shortfall = demand
+        .iter()
+        .filter_map(|(r, d)| {
+            let short = d.saturating_sub(answer.supply_after.get(r).copied().unwrap_or(0));
+            (short > 0).then(|| (r.clone(), short))
+        })
+        .collect();
     let kept_busy: BTreeSet<String> = busy.intersection(owned).cloned().collect();
     let mine = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any()));
     let digest = fleet_digest(mine);
     Ok(decision(plan, demand, &answer, digest, &kept_busy, why, now))
 }
 
-/// What an automatic plan asks of one of its nodes: `Some(intent)` to roll out (a target of the
-/// decision, or the intent already being applied on a node mid-change or failed for this plan),
-/// `None` to leave the node alone.
-pub fn desired(plan: &GpuPartitionPlan, node: &str, gn: &GpuNode) -> Option<Vec<GpuIntent>> {
-    let decision = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref());
+/// What an automatic plan asks of one of its nodes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ask {
+    /// Roll this intent out: the node is a target of the current decision.
+    Target(Vec<GpuIntent>),
+    /// The node was handed to its agent with this intent: finish it before anything else, as
+    /// stopping halfway would leave it cordoned with half a layout.
+    Finish(Vec<GpuIntent>),
+    /// Not a target, but a rollout record of ours or another plan's is on it (draining, pending,
+    /// failed): release it (uncordon what we cordoned, forget the record).
+    Release,
+    /// Not a target: leave it as it is.
+    LeaveAlone,
+}
+
+/// What an automatic plan asks of `node`. Targets of a decision made for another generation of
+/// the plan are ignored (the plan changed; a new decision follows).
+pub fn desired(plan: &GpuPartitionPlan, node: &str, gn: &GpuNode) -> Ask {
+    let decision = plan
+        .status
+        .as_ref()
+        .and_then(|s| s.layout_decision.as_ref())
+        .filter(|d| d.plan_generation == plan.metadata.generation);
     if let Some(t) = decision.and_then(|d| d.targets.iter().find(|t| t.node == node)) {
-        return Some(t.gpus.iter().map(GpuIntent::from).collect());
+        return Ask::Target(t.gpus.iter().map(GpuIntent::from).collect());
     }
-    let r = gn.status.as_ref().and_then(|s| s.rollout.as_ref())?;
-    let mine = r.plan.as_deref() == plan.metadata.name.as_deref();
-    let unfinished = matches!(r.phase, NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning)
-        || (r.phase == NodePhase::Failed && mine);
-    // A node mid-change finishes the intent it was given, whoever gave it: stopping halfway
-    // would leave it cordoned with half a layout.
-    (unfinished && !gn.spec.gpus.is_empty()).then(|| gn.spec.gpus.clone())
+    let Some(r) = gn.status.as_ref().and_then(|s| s.rollout.as_ref()) else { return Ask::LeaveAlone };
+    match r.phase {
+        NodePhase::Idle => Ask::LeaveAlone,
+        // The intent is written when a node is handed over (Draining -> Applying).
+        NodePhase::Applying | NodePhase::Uncordoning if !gn.spec.gpus.is_empty() => Ask::Finish(gn.spec.gpus.clone()),
+        _ => Ask::Release,
+    }
 }
 
 /// The plan's condition about the demand: (met, reason, message), from its decision.

@@ -210,7 +210,15 @@ impl Context {
             });
         }
         let mut layouts = self.decide_layouts(&mut plans, &inputs).await;
-        let (actions, mut reports) = rollout::plan_fleet(&plans, &inputs, now);
+        // While an automatic plan waits to decide again, no new node starts on the old decision
+        // (as if paused; nodes in flight finish).
+        let (actions, mut reports) = if layouts.deciding.is_empty() {
+            rollout::plan_fleet(&plans, &inputs, now)
+        } else {
+            let mut held = plans.clone();
+            held.iter_mut().filter(|p| layouts.deciding.contains_key(&p.name_any())).for_each(|p| p.spec.paused = true);
+            rollout::plan_fleet(&held, &inputs, now)
+        };
         let owned: BTreeMap<String, Vec<String>> = reports.iter().map(|(p, r)| (p.clone(), r.nodes.clone())).collect();
         let fragmented = self.fragmented_slices(&plans, &owned, &gpunodes);
         self.metrics.set_fragmented(&fragmented);

@@ -21,6 +21,7 @@ use tessera_crds::plan::GpuPartitionPlanSpec;
 use tessera_crds::validate::{max_unavailable, validate_plan_with};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog, solver};
 
+use crate::auto::Ask;
 use crate::drain::{PodVerdict, verdict};
 use crate::liveness::AgentHealth;
 use crate::selector::matches;
@@ -356,7 +357,14 @@ fn plan_one(
         };
         let wanted = match &plan.spec.layouts_from {
             None => desired_intent(&plan.spec, &gn.status.as_ref().expect("checked").gpus).map(Some),
-            Some(_) => Ok(crate::auto::desired(plan, &node.name, gn)),
+            Some(_) => match crate::auto::desired(plan, &node.name, gn) {
+                Ask::Target(d) | Ask::Finish(d) => Ok(Some(d)),
+                Ask::LeaveAlone => Ok(None),
+                Ask::Release => {
+                    release(node, actions);
+                    Ok(None)
+                }
+            },
         };
         match wanted {
             Ok(Some(desired)) => candidates.push((*node, gn, desired)),

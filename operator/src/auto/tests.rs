@@ -82,19 +82,27 @@ fn when_to_decide_again() {
     let decided = |demand: &BTreeMap<String, i64>, fleet: &str, generation: i64| {
         auto_plan(Some(json!({"planGeneration": generation, "demand": demand, "fleet": fleet})))
     };
-    assert_eq!(next(&auto_plan(None), &d, "f", 0, 0), Next::Decide("no decision yet".into()));
-    assert_eq!(next(&decided(&d, "f", 1), &d, "f", 0, 0), Next::Keep, "nothing changed");
-    let more: BTreeMap<String, i64> = [(MIG1G.to_string(), 9)].into();
-    assert!(matches!(next(&decided(&d, "f", 1), &more, "f", 10, 0), Next::Wait(m) if m.contains("20 more second")));
+    assert_eq!(next(&auto_plan(None), &d, "f", 0, 0, 0), Next::Decide("no decision yet".into()));
     assert!(
-        matches!(next(&decided(&d, "f", 1), &more, "f", 30, 0), Next::Decide(m) if m.contains("nvidia.com/mig-1g.10gb 7 -> 9"))
+        matches!(next(&auto_plan(None), &d, "f", 0, 1, 0), Next::Wait(m) if m.contains("1 node(s) in flight")),
+        "not even a first decision under a node mid-change (a plan switched from fixed layouts)"
+    );
+    assert_eq!(next(&decided(&d, "f", 1), &d, "f", 0, 0, 0), Next::Keep, "nothing changed");
+    let more: BTreeMap<String, i64> = [(MIG1G.to_string(), 9)].into();
+    assert!(matches!(next(&decided(&d, "f", 1), &more, "f", 10, 0, 0), Next::Wait(m) if m.contains("20 more second")));
+    assert!(
+        matches!(next(&decided(&d, "f", 1), &more, "f", 30, 0, 0), Next::Decide(m) if m.contains("nvidia.com/mig-1g.10gb 7 -> 9"))
     );
     assert!(
-        matches!(next(&decided(&d, "f", 1), &more, "f", 30, 2), Next::Wait(m) if m.contains("2 node(s) in flight")),
+        matches!(next(&decided(&d, "f", 1), &more, "f", 30, 2, 0), Next::Wait(m) if m.contains("2 node(s) in flight")),
         "never re-decided under nodes mid-change"
     );
-    assert!(matches!(next(&decided(&d, "old", 1), &d, "f", 30, 0), Next::Decide(m) if m.contains("nodes or GPUs")));
-    assert!(matches!(next(&decided(&d, "f", 0), &d, "f", 30, 0), Next::Decide(m) if m.contains("plan changed")));
+    assert!(matches!(next(&decided(&d, "old", 1), &d, "f", 30, 0, 0), Next::Decide(m) if m.contains("nodes or GPUs")));
+    assert!(matches!(next(&decided(&d, "f", 0), &d, "f", 30, 0, 0), Next::Decide(m) if m.contains("plan changed")));
+    assert!(
+        matches!(next(&decided(&d, "f", 1), &d, "f", 30, 0, 1), Next::Decide(m) if m.contains("1 target node(s) failed")),
+        "a failed or unreachable target is decided around"
+    );
 }
 
 #[test]
@@ -138,19 +146,38 @@ fn layouts_that_already_meet_the_demand_change_nothing() {
 
 #[test]
 fn what_an_automatic_plan_asks_of_each_node() {
-    let target =
-        json!({"targets": [{"node": "t", "gpus": [{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7}}]}]});
-    let plan = auto_plan(Some(target));
+    let target = json!({"planGeneration": 1,
+        "targets": [{"node": "t", "gpus": [{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7}}]}]});
+    let plan = auto_plan(Some(target.clone()));
     let seven: &[(&str, i32)] = &[("7g.80gb", 0)];
-    let want = desired(&plan, "t", &gpunode("t", &[seven], None)).unwrap();
+    let Ask::Target(want) = desired(&plan, "t", &gpunode("t", &[seven], None)) else { panic!() };
     assert_eq!(want[0].profiles, [("1g.10gb".to_string(), 7)].into());
-    assert_eq!(desired(&plan, "idle", &gpunode("idle", &[seven], None)), None, "not a target: left alone");
+    assert_eq!(desired(&plan, "idle", &gpunode("idle", &[seven], None)), Ask::LeaveAlone, "not a target");
+    let done = gpunode("done", &[seven], Some(json!({"phase": "Idle", "plan": "auto"})));
+    assert_eq!(desired(&plan, "done", &done), Ask::LeaveAlone);
     let mid = gpunode("mid", &[seven], Some(json!({"phase": "Applying", "plan": "someone-else"})));
-    assert_eq!(desired(&plan, "mid", &mid), Some(mid.spec.gpus.clone()), "a node mid-change finishes its intent");
-    let failed_mine = gpunode("f", &[seven], Some(json!({"phase": "Failed", "plan": "auto"})));
-    assert!(desired(&plan, "f", &failed_mine).is_some(), "our failure stays reported");
-    let failed_other = gpunode("g", &[seven], Some(json!({"phase": "Failed", "plan": "other"})));
-    assert_eq!(desired(&plan, "g", &failed_other), None);
+    assert_eq!(desired(&plan, "mid", &mid), Ask::Finish(mid.spec.gpus.clone()), "a node handed over finishes");
+    for phase in ["Draining", "Pending", "Failed"] {
+        let n = gpunode("n", &[seven], Some(json!({"phase": phase, "plan": "auto", "cordonedByUs": true})));
+        assert_eq!(desired(&plan, "n", &n), Ask::Release, "{phase}: not handed over and not a target");
+    }
+    let mut stale = auto_plan(Some(target));
+    stale.metadata.generation = Some(2);
+    assert_eq!(
+        desired(&stale, "t", &gpunode("t", &[seven], None)),
+        Ask::LeaveAlone,
+        "a decision for another generation of the plan is not rolled out"
+    );
+}
+
+#[test]
+fn an_unlimited_quota_still_gets_the_most_the_fleet_can_give() {
+    let nodes = [gpunode("a", &[&[("7g.80gb", 0)]], None), gpunode("b", &[&[("7g.80gb", 0)]], None)];
+    let refs: Vec<&GpuNode> = nodes.iter().collect();
+    let demand: BTreeMap<String, i64> = [(MIG1G.to_string(), i64::MAX / 2)].into();
+    let d = decide(&auto_plan(None), &demand, &refs, &set(&["a", "b"]), &set(&[]), &set(&[]), "t", now()).unwrap();
+    assert_eq!((d.changed_gpus, d.supply_after.get(MIG1G)), (2, Some(&14)), "{d:?}");
+    assert_eq!(d.shortfall[MIG1G], i64::MAX / 2 - 14, "the shortfall is against the real demand");
 }
 
 /// A fleet of H100s each with one random maximal layout, and a random demand.

@@ -68,6 +68,15 @@ impl Context {
         let live_refs: Vec<&GpuPartitionPlan> = live.iter().collect();
         let names: BTreeSet<String> = live.iter().map(|p| p.name_any()).collect();
         self.stability.lock().unwrap_or_else(|p| p.into_inner()).retain(&names);
+        for plan in plans.iter_mut().filter(|p| p.spec.layouts_from.is_none()) {
+            if plan.status.as_ref().is_some_and(|s| s.layout_decision.is_some()) {
+                // A plan switched back to fixed layouts: its old decision must not come back to
+                // life if it is switched to automatic again.
+                if let Err(e) = self.clear_decision(plan).await {
+                    pass.errors.entry(plan.name_any()).or_default().push(format!("clearing the old decision: {e}"));
+                }
+            }
+        }
         if !live.iter().any(|p| p.spec.layouts_from.is_some()) {
             return pass;
         }
@@ -87,9 +96,10 @@ impl Context {
             let mine: Vec<&GpuNode> = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any())).collect();
             let digest = auto::fleet_digest(mine.iter().copied());
             let in_flight = mine.iter().filter(|g| in_flight(g)).count();
-            let signature = format!("{:?}|{digest}|{:?}", demand, plan.metadata.generation);
+            let blocked = blocked_targets(plan, nodes);
+            let signature = format!("{:?}|{digest}|{:?}|{blocked}", demand, plan.metadata.generation);
             let held = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&name, signature);
-            let why = match auto::next(plan, &demand, &digest, held, in_flight) {
+            let why = match auto::next(plan, &demand, &digest, held, in_flight, blocked) {
                 Next::Keep => match unmet_and_stale(plan) {
                     Some(why) if in_flight == 0 => why,
                     _ => continue,
@@ -123,9 +133,18 @@ impl Context {
     ) -> Result<(), Error> {
         let name = plan.name_any();
         let busy = self.nodes_running_gpu_pods(owned).await?;
+        // Nodes that cannot take a change now: agent down, mid-change, or failed.
         let frozen: BTreeSet<String> = nodes
             .iter()
-            .filter(|n| owned.contains(&n.name) && n.agent != AgentHealth::Alive)
+            .filter(|n| owned.contains(&n.name))
+            .filter(|n| {
+                let phase = n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).map(|r| r.phase);
+                n.agent != AgentHealth::Alive
+                    || matches!(
+                        phase,
+                        Some(NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning | NodePhase::Failed)
+                    )
+            })
             .map(|n| n.name.clone())
             .collect();
         let (p, d, g, o, w) = (
@@ -151,6 +170,18 @@ impl Context {
         let warning = !decided.shortfall.is_empty();
         self.publish(&plan.object_ref(&()), "LayoutsDecided", &decided.message, warning).await;
         plan.status.get_or_insert_with(Default::default).layout_decision = Some(decided);
+        Ok(())
+    }
+
+    /// Removes `status.layoutDecision` (an empty apply by its field manager drops its fields).
+    async fn clear_decision(&self, plan: &mut GpuPartitionPlan) -> Result<(), Error> {
+        let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": {}});
+        Api::<GpuPartitionPlan>::all(self.client.clone())
+            .patch_status(&plan.name_any(), &PatchParams::apply(LAYOUTS_MANAGER).force(), &Patch::Apply(&body))
+            .await?;
+        if let Some(st) = plan.status.as_mut() {
+            st.layout_decision = None;
+        }
         Ok(())
     }
 
@@ -220,6 +251,30 @@ fn in_flight(gn: &GpuNode) -> bool {
         .as_ref()
         .and_then(|s| s.rollout.as_ref())
         .is_some_and(|r| matches!(r.phase, NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning))
+}
+
+/// Targets of the current decision that cannot be changed any more: failed for this plan, or
+/// whose agent stopped responding before the target was applied.
+fn blocked_targets(plan: &GpuPartitionPlan, nodes: &[NodeInput]) -> usize {
+    let Some(d) = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref()) else { return 0 };
+    let name = plan.name_any();
+    d.targets
+        .iter()
+        .filter_map(|t| nodes.iter().find(|n| n.name == t.node))
+        .filter(|n| {
+            let r = n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref());
+            let failed = r.is_some_and(|r| r.phase == NodePhase::Failed && r.plan.as_deref() == Some(name.as_str()));
+            let applied = n.gpunode.as_ref().is_some_and(|g| {
+                let want: Vec<tessera_crds::gpunode::GpuIntent> = t_gpus(d, &n.name);
+                g.spec.gpus == want && g.status.as_ref().and_then(|s| s.observed_generation) == g.metadata.generation
+            });
+            failed || (n.agent != AgentHealth::Alive && !applied)
+        })
+        .count()
+}
+
+fn t_gpus(d: &tessera_crds::plan::LayoutDecision, node: &str) -> Vec<tessera_crds::gpunode::GpuIntent> {
+    d.targets.iter().find(|t| t.node == node).map(|t| t.gpus.iter().map(Into::into).collect()).unwrap_or_default()
 }
 
 /// A decision that did not meet the demand is tried again every few minutes.

@@ -849,3 +849,26 @@ fn an_automatic_plan_whose_target_is_applied_is_ready_and_says_what_it_decided()
     assert_eq!(get(READY), Some(("True".into(), "Applied".into())));
     assert_eq!(get(tessera_crds::conditions::DEMAND_MET), Some(("False".into(), "DemandNotMet".into())));
 }
+
+#[test]
+fn a_node_we_cordoned_that_a_new_decision_drops_mid_drain_is_uncordoned_and_released() {
+    // Switched from fixed layouts mid-drain, or a decision replaced before the node was handed
+    // over: the intent was never written (empty spec), the node is cordoned by us.
+    let draining = json!({"phase": "Draining", "plan": "auto", "cordonedByUs": true,
+                          "drainStartedAt": "2026-06-01T00:00:00Z"});
+    let decision = json!({"planGeneration": 1, "targets": []});
+    let nodes = [node("n1", true, gpunode("n1", json!([]), true, Some(draining)))];
+    let (actions, reports) = plan_fleet(&[auto_plan(Some(decision))], &nodes, now());
+    assert!(actions.contains(&Action::Uncordon { node: "n1".into() }), "{actions:?}");
+    assert!(actions.contains(&Action::Rollout { node: "n1".into(), rollout: None }), "{actions:?}");
+    assert!(!actions.iter().any(|a| matches!(a, Action::Intent { .. })), "{actions:?}");
+    assert_eq!(reports["auto"].matched, 1);
+}
+
+#[test]
+fn an_old_decision_is_not_rolled_out_after_the_plan_changed() {
+    let decision = json!({"planGeneration": 0, "targets": [{"node": "t", "gpus": wanted()}]});
+    let nodes = [node("t", false, gpunode("t", json!([]), true, None))];
+    let (actions, _) = plan_fleet(&[auto_plan(Some(decision))], &nodes, now());
+    assert!(!actions.iter().any(|a| matches!(a, Action::Cordon { .. })), "{actions:?}");
+}

@@ -49,7 +49,7 @@ pub async fn install_crds(client: &Client) -> Result<Vec<String>, Error> {
     files.sort_by_key(|f| f.path());
     for f in files {
         let text = std::fs::read_to_string(f.path()).map_err(|e| Error::io("CRD file", e))?;
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&text)?;
+        let crd: CustomResourceDefinition = serde_saphyr::from_str(&text)?;
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&crd)).await?;
         names.push(name);
@@ -173,11 +173,8 @@ pub async fn apply_file(client: &Client, relative: &str) -> Result<usize, Error>
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(relative, e))?;
     let discovery = Discovery::new(client.clone()).run().await?;
     let mut n = 0;
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let value: serde_json::Value = serde::Deserialize::deserialize(doc)?;
-        if value.is_null() {
-            continue;
-        }
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text)?;
+    for value in docs {
         let obj: DynamicObject = serde_json::from_value(value.clone()).map_err(|e| Error::Kubeconfig(e.to_string()))?;
         let gvk = obj
             .types

@@ -6,6 +6,7 @@ pub mod fixtures;
 pub mod identity;
 mod pki;
 pub mod process;
+pub mod render;
 
 pub use controlplane::ControlPlane;
 pub use identity::Identity;
@@ -30,7 +31,7 @@ pub enum Error {
     #[error(transparent)]
     Kube(#[from] kube::Error),
     #[error("YAML: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] serde_saphyr::Error),
 }
 
 impl Error {

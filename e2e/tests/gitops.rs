@@ -24,8 +24,8 @@ fn argo(obj: &Value) -> (String, String) {
 
 /// Evaluates the Flux healthCheckExprs for the object's kind in Flux's order.
 fn flux(obj: &Value) -> &'static str {
-    let doc: serde_yaml::Value = serde_yaml::from_str(&repo_file("config/gitops/flux/kustomization.yaml")).unwrap();
-    let exprs = doc["spec"]["healthCheckExprs"].as_sequence().unwrap();
+    let doc: Value = serde_saphyr::from_str(&repo_file("config/gitops/flux/kustomization.yaml")).unwrap();
+    let exprs = doc["spec"]["healthCheckExprs"].as_array().unwrap();
     let e = exprs.iter().find(|e| e["kind"].as_str() == obj["kind"].as_str()).expect("an entry for the kind");
     let mut ctx = cel::Context::default();
     for var in ["status", "metadata", "spec"] {
@@ -138,7 +138,7 @@ fn gpu_node_health_follows_the_agents_conditions() {
 
 #[test]
 fn the_argocd_configmap_embeds_the_same_script() {
-    let cm: serde_yaml::Value = serde_yaml::from_str(&repo_file("config/gitops/argocd/argocd-cm.yaml")).unwrap();
+    let cm: Value = serde_saphyr::from_str(&repo_file("config/gitops/argocd/argocd-cm.yaml")).unwrap();
     let script = repo_file("config/gitops/argocd/health.lua");
     for kind in ["GpuPartitionPlan", "TenantGpuQuota", "GpuNode"] {
         let key = format!("resource.customizations.health.tessera.dev_{kind}");

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use kube::api::{Api, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 use tessera_e2e::fixtures::{FakeGpuNode, create_gpu_nodes, wait_for};
+use tessera_e2e::render::{kustomize, object};
 use tessera_e2e::{ControlPlane, Identity};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,39 +65,20 @@ async fn the_default_overlay_applies_and_schedules_the_agent_on_gpu_nodes_only()
     assert_eq!(d.spec.unwrap().template.spec.unwrap().service_account_name.as_deref(), Some("tessera-operator"));
 }
 
-/// `kubectl kustomize DIR` from the pinned control-plane binaries, one YAML value per object.
-fn render(dir: &str) -> Vec<serde_yaml::Value> {
-    let bin = std::path::PathBuf::from(
-        std::env::var("TESSERA_CONTROLPLANE_BIN").expect("make test sets TESSERA_CONTROLPLANE_BIN"),
-    );
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out =
-        std::process::Command::new(bin.join("kubectl")).args(["kustomize", dir]).current_dir(&repo).output().unwrap();
-    assert!(out.status.success(), "kubectl kustomize {dir}: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect()
-}
-
-fn object<'a>(docs: &'a [serde_yaml::Value], kind: &str, name: &str) -> &'a serde_yaml::Value {
-    docs.iter()
-        .find(|d| d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no {kind} {name} in the rendered manifests"))
-}
-
-fn tolerates_kwok(agent: &serde_yaml::Value) -> bool {
-    let tolerations = agent["spec"]["template"]["spec"]["tolerations"].as_sequence().cloned().unwrap_or_default();
+fn tolerates_kwok(agent: &Value) -> bool {
+    let tolerations = agent["spec"]["template"]["spec"]["tolerations"].as_array().cloned().unwrap_or_default();
     tolerations.iter().any(|t| t["key"].as_str() == Some("kwok.x-k8s.io/node"))
 }
 
 #[test]
 fn the_default_overlay_runs_the_operator_non_root_read_only_without_privilege_escalation() {
-    let docs = render("config/default");
+    let docs = kustomize("config/default");
     let pod = &object(&docs, "Deployment", "tessera-operator")["spec"]["template"]["spec"];
     let security = &pod["securityContext"];
     assert_eq!(security["runAsNonRoot"].as_bool(), Some(true), "pod runAsNonRoot: {security:?}");
     assert!(security["runAsUser"].as_u64().is_some_and(|uid| uid > 0), "pod runAsUser non-root: {security:?}");
     assert_eq!(security["seccompProfile"]["type"].as_str(), Some("RuntimeDefault"), "pod seccompProfile: {security:?}");
-    let containers = pod["containers"].as_sequence().expect("operator containers");
+    let containers = pod["containers"].as_array().expect("operator containers");
     assert!(!containers.is_empty());
     for c in containers {
         let s = &c["securityContext"];
@@ -106,14 +88,14 @@ fn the_default_overlay_runs_the_operator_non_root_read_only_without_privilege_es
         assert_ne!(s["privileged"].as_bool(), Some(true), "{name}: privileged");
         assert_ne!(s["runAsNonRoot"].as_bool(), Some(false), "{name}: runAsNonRoot overridden to false");
         assert!(s["runAsUser"].as_u64().is_none_or(|uid| uid > 0), "{name}: runAsUser 0");
-        let drop = s["capabilities"]["drop"].as_sequence().cloned().unwrap_or_default();
+        let drop = s["capabilities"]["drop"].as_array().cloned().unwrap_or_default();
         assert!(drop.iter().any(|d| d.as_str() == Some("ALL")), "{name}: capabilities.drop ALL: {s:?}");
     }
 }
 
 #[test]
 fn the_default_overlay_references_the_images_make_images_builds_and_no_test_detail() {
-    let docs = render("config/default");
+    let docs = kustomize("config/default");
     let tag = format!("v{}", env!("CARGO_PKG_VERSION"));
     let operator = &object(&docs, "Deployment", "tessera-operator")["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(operator["image"].as_str(), Some(format!("tessera/operator:{tag}").as_str()));
@@ -127,8 +109,8 @@ fn the_default_overlay_references_the_images_make_images_builds_and_no_test_deta
 
 #[test]
 fn the_kwok_overlay_is_the_default_overlay_plus_the_kwok_toleration() {
-    let default = render("config/default");
-    let mut kwok = render("config/kwok");
+    let default = kustomize("config/default");
+    let mut kwok = kustomize("config/kwok");
     let agent = kwok
         .iter_mut()
         .find(|d| {
@@ -136,7 +118,7 @@ fn the_kwok_overlay_is_the_default_overlay_plus_the_kwok_toleration() {
         })
         .expect("agent DaemonSet in config/kwok");
     assert!(tolerates_kwok(agent), "config/kwok tolerates kwok.x-k8s.io/node");
-    let tolerations = agent["spec"]["template"]["spec"]["tolerations"].as_sequence_mut().unwrap();
+    let tolerations = agent["spec"]["template"]["spec"]["tolerations"].as_array_mut().unwrap();
     tolerations.retain(|t| t["key"].as_str() != Some("kwok.x-k8s.io/node"));
     assert_eq!(kwok.len(), default.len(), "config/kwok renders a different number of objects than config/default");
     for (k, d) in kwok.iter().zip(&default) {

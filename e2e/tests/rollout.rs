@@ -177,7 +177,7 @@ async fn a_plan_rolls_out_two_nodes_at_a_time_without_breaking_a_pdb() {
     // Preview first: a dry run against the live cluster.
     let the_plan = plan("inference", 0, json!(2), json!({"3g.40gb": 2}));
     let file = f.cp.dir.join("plan.yaml");
-    std::fs::write(&file, serde_yaml::to_string(&the_plan).unwrap()).unwrap();
+    std::fs::write(&file, serde_saphyr::to_string(&the_plan).unwrap()).unwrap();
     let out = std::process::Command::new(tessera_e2e::fixtures::workspace_binary("tessera-operator"))
         .args(["plan", "preview", "-o", "json"])
         .arg(&file)

@@ -41,8 +41,7 @@ async fn crds_install_and_every_kind_round_trips() {
     let mut seen = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v: serde_json::Value = serde::Deserialize::deserialize(doc).unwrap();
+        for v in serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap() {
             match v["kind"].as_str().unwrap() {
                 "GpuPartitionPlan" => {
                     let obj: GpuPartitionPlan = from_json(v);

@@ -129,9 +129,9 @@ pub fn preview(
 pub async fn run(file: &str, output: Output) -> Result<i32, Error> {
     let text = std::fs::read_to_string(file).map_err(|source| Error::ReadFile { path: file.into(), source })?;
     let mut plans = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let v: serde_json::Value =
-            serde::Deserialize::deserialize(doc).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
+    for v in docs {
         if v.get("kind").and_then(|k| k.as_str()) == Some("GpuPartitionPlan") {
             let p: GpuPartitionPlan = serde_json::from_value(v).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
             let errs = tessera_crds::validate::validate_plan(&p.spec);

@@ -112,9 +112,9 @@ fn from_files(files: &[String]) -> Result<Inputs, Error> {
     let mut inputs = Inputs::default();
     for file in files {
         let text = std::fs::read_to_string(file).map_err(|source| Error::ReadFile { path: file.clone(), source })?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v: serde_json::Value =
-                serde::Deserialize::deserialize(doc).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&text).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
+        for v in docs {
             let bad = |e: serde_json::Error| Error::Usage(format!("{file}: {e}"));
             match v.get("kind").and_then(|k| k.as_str()) {
                 Some("TenantGpuQuota") => inputs.quotas.push(serde_json::from_value(v).map_err(bad)?),
@@ -211,7 +211,7 @@ fn print_text(s: &Suggestion) {
     }
     for p in &s.plans {
         println!("---");
-        print!("{}", serde_yaml::to_string(p).unwrap_or_default());
+        print!("{}", serde_saphyr::to_string(p).unwrap_or_default());
     }
 }
 

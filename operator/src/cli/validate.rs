@@ -40,25 +40,40 @@ pub struct Report {
     pub errors: Vec<DocError>,
 }
 
-/// Validates YAML text (possibly several documents). Documents of other API groups are listed
-/// as skipped: a GitOps directory holds more than Tessera objects. A document that is not a
-/// Kubernetes object at all (a scalar, a list, no `apiVersion` or `kind`) is an error: junk must
-/// not pass a CI check.
+/// The documents of YAML text, empty ones left out, each parsed or with why not. After a syntax
+/// error the stream ends (later documents cannot be located reliably); after any other error the
+/// next document is read. Custom tags (`!thing`) are errors: Kubernetes objects carry none.
+pub(crate) fn documents(text: &str) -> impl Iterator<Item = Result<serde_json::Value, serde_saphyr::Error>> + '_ {
+    let options = serde_saphyr::options! { reject_unsupported_tags: true };
+    let mut bytes = text.as_bytes();
+    // `read` borrows its reader; collecting keeps the borrow inside this function.
+    serde_saphyr::read_with_options(&mut bytes, options).collect::<Vec<_>>().into_iter()
+}
+
+/// Validates YAML text (possibly several documents; `doc N` counts the non-empty ones). Documents
+/// of other API groups are listed as skipped: a GitOps directory holds more than Tessera objects.
+/// A document that is not a Kubernetes object at all (a scalar, a list, no `apiVersion` or
+/// `kind`) is an error: junk must not pass a CI check.
 pub fn validate_text(file: &str, text: &str, report: &mut Report) {
-    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, value) in documents(text).enumerate() {
         let doc = i + 1;
-        let value = match <serde_yaml::Value as serde::Deserialize>::deserialize(de) {
-            Ok(serde_yaml::Value::Null) => continue,
+        let value = match value {
             Ok(v) => v,
             Err(e) => {
+                report.documents.push(DocSummary {
+                    file: file.into(),
+                    doc,
+                    kind: "(not parsed)".into(),
+                    name: String::new(),
+                    valid: false,
+                });
                 report.errors.push(DocError {
                     file: file.into(),
                     doc,
                     field: "(document)".into(),
                     reason: e.to_string(),
                 });
-                // A syntax error ends the stream: later documents cannot be located reliably.
-                break;
+                continue;
             }
         };
         let (summary, errs) = check_document(&value);
@@ -75,25 +90,20 @@ pub fn validate_text(file: &str, text: &str, report: &mut Report) {
 
 /// Checks one document: `Some((kind, name))` when it is a Kubernetes object (a mapping with
 /// string `apiVersion` and `kind`), with its problems; `None` with the reason otherwise.
-fn check_document(value: &serde_yaml::Value) -> (Option<(String, String)>, Vec<FieldError>) {
-    use serde_yaml::Value as Y;
-    let what = match value {
-        Y::Mapping(_) => None,
-        Y::Bool(_) => Some("a YAML boolean"),
-        Y::Number(_) => Some("a YAML number"),
-        Y::String(_) => Some("a YAML string"),
-        Y::Sequence(_) => Some("a YAML list"),
-        Y::Tagged(_) => Some("a tagged YAML value"),
-        Y::Null => Some("an empty YAML document"),
+fn check_document(json: &serde_json::Value) -> (Option<(String, String)>, Vec<FieldError>) {
+    use serde_json::Value as J;
+    let what = match json {
+        J::Object(_) => None,
+        J::Bool(_) => Some("a YAML boolean"),
+        J::Number(_) => Some("a YAML number"),
+        J::String(_) => Some("a YAML string"),
+        J::Array(_) => Some("a YAML list"),
+        J::Null => Some("an empty YAML document"),
     };
     if let Some(what) = what {
         let reason = format!("{what} is not a Kubernetes object; expected a mapping with apiVersion and kind");
         return (None, vec![FieldError::new("(document)", reason)]);
     }
-    let json = match serde_json::to_value(value) {
-        Ok(j) => j,
-        Err(e) => return (None, vec![FieldError::new("(document)", format!("not a Kubernetes object: {e}"))]),
-    };
     let mut missing = Vec::new();
     for field in ["apiVersion", "kind"] {
         match json.get(field) {
@@ -116,10 +126,10 @@ fn check_document(value: &serde_yaml::Value) -> (Option<(String, String)>, Vec<F
     if api_version != format!("{}/{}", tessera_crds::GROUP, tessera_crds::VERSION) {
         errs.push(FieldError::new("apiVersion", format!("{api_version:?} is not served; use tessera.dev/v1alpha1")));
     }
-    errs.extend(check_metadata(&json));
+    errs.extend(check_metadata(json));
     match kind.as_str() {
-        "GpuPartitionPlan" => errs.extend(check_spec::<GpuPartitionPlanSpec>(&json, validate_plan)),
-        "TenantGpuQuota" => errs.extend(check_spec::<TenantGpuQuotaSpec>(&json, validate_quota)),
+        "GpuPartitionPlan" => errs.extend(check_spec::<GpuPartitionPlanSpec>(json, validate_plan)),
+        "TenantGpuQuota" => errs.extend(check_spec::<TenantGpuQuotaSpec>(json, validate_quota)),
         "GpuNode" => errs.push(FieldError::new(
             "kind",
             "GpuNode objects are written by the operator and node agents; do not commit them",

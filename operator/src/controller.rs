@@ -210,6 +210,8 @@ impl Context {
             });
         }
         let mut layouts = self.decide_layouts(&mut plans, &inputs).await;
+        let (cordoned_since, cordon_limit) = crate::alert_metrics::cordons(&inputs, &plans);
+        self.metrics.set_cordons(&cordoned_since, &cordon_limit);
         // While an automatic plan waits to decide again, no new node starts on the old decision
         // (as if paused; nodes in flight finish).
         let (actions, mut reports) = if layouts.deciding.is_empty() {
@@ -285,6 +287,7 @@ impl Context {
             }
         }
         let mut failed = 0;
+        let mut statuses: BTreeMap<String, tessera_crds::GpuPartitionPlanStatus> = BTreeMap::new();
         for plan in &plans {
             let name = plan.name_any();
             if plan.metadata.deletion_timestamp.is_some() {
@@ -302,6 +305,7 @@ impl Context {
                 plan_status(&previous.conditions, report, plan.metadata.generation, plan.spec.paused, Time(now));
             // The decision has its own field manager; this write neither carries nor compares it.
             status.layout_decision = previous.layout_decision.clone();
+            statuses.insert(name.clone(), status.clone());
             if status != previous {
                 status.layout_decision = None;
                 let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": status});
@@ -315,6 +319,9 @@ impl Context {
                 }
             }
         }
+        self.metrics.set_stalled_plans(&crate::alert_metrics::stalled_plans(
+            statuses.iter().map(|(name, status)| (name.as_str(), status)),
+        ));
         match node_errors.len() + failed {
             0 => Ok(()),
             n => Err(Error::PartialPass(n)),

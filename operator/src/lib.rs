@@ -1,6 +1,7 @@
 //! The Tessera operator: offline CLI checks, and the controllers that roll out
 //! `GpuPartitionPlan`s (observe -> pure plan -> act).
 
+pub mod alert_metrics;
 pub mod auto;
 pub mod cli;
 pub mod controller;

@@ -1,6 +1,8 @@
 //! Prometheus metrics (prometheus-client): reconciles, errors by kind, nodes by rollout phase,
-//! evictions and evictions blocked by a PodDisruptionBudget, pass duration.
+//! evictions and evictions blocked by a PodDisruptionBudget, pass duration; and, for the alerts in
+//! `config/observability/alerts.yaml`, stalled plans, Tessera's cordons and quota shortfalls.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -26,6 +28,50 @@ pub struct PlanLabel {
     pub plan: String,
 }
 
+/// A plan whose `Stalled` condition is true, and why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct StalledPlan {
+    pub plan: String,
+    pub reason: String,
+}
+
+/// A node Tessera cordoned, and the plan rolling it out (empty when no rollout record names one).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct CordonedNode {
+    pub node: String,
+    pub plan: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ResourceLabel {
+    pub resource: String,
+}
+
+/// Gauges for a set of objects that is replaced whole on every pass: series of objects that are
+/// gone are removed, and a series present before and after is never removed in between (a scrape
+/// in the middle of a pass sees no gap that would restart an alert's `for`).
+struct GaugeSet<L> {
+    family: Family<L, Gauge>,
+    present: Mutex<BTreeSet<L>>,
+}
+
+impl<L: Clone + Ord + std::hash::Hash + Eq> GaugeSet<L> {
+    fn new() -> Self {
+        Self { family: Family::default(), present: Mutex::new(BTreeSet::new()) }
+    }
+
+    fn replace(&self, values: &BTreeMap<L, i64>) {
+        let mut present = self.present.lock().unwrap_or_else(|p| p.into_inner());
+        for gone in present.iter().filter(|l| !values.contains_key(l)) {
+            self.family.remove(gone);
+        }
+        for (labels, v) in values {
+            self.family.get_or_create(labels).set(*v);
+        }
+        *present = values.keys().cloned().collect();
+    }
+}
+
 pub struct Metrics {
     registry: Mutex<Registry>,
     reconciles: Counter,
@@ -38,6 +84,10 @@ pub struct Metrics {
     fragmented: Family<PlanLabel, Gauge>,
     /// Every request the operator sends to the API server (watches count once, when opened).
     pub api_requests: Counter,
+    plan_stalled_since: GaugeSet<StalledPlan>,
+    node_cordoned_since: GaugeSet<CordonedNode>,
+    node_cordon_limit: GaugeSet<CordonedNode>,
+    quota_shortfall: GaugeSet<ResourceLabel>,
 }
 
 impl Default for Metrics {
@@ -54,6 +104,10 @@ impl Default for Metrics {
             rollout: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             fragmented: Family::default(),
             registry: Mutex::new(Registry::default()),
+            plan_stalled_since: GaugeSet::new(),
+            node_cordoned_since: GaugeSet::new(),
+            node_cordon_limit: GaugeSet::new(),
+            quota_shortfall: GaugeSet::new(),
         };
         registry.register("reconciles", "Fleet reconcile passes", m.reconciles.clone());
         registry.register("reconcile_errors", "Failed passes by error kind", m.errors.clone());
@@ -75,6 +129,28 @@ impl Default for Metrics {
             "plan_fragmented_slices",
             "Free compute slices of a plan's GPUs that no profile the tenants' quotas ask for can use",
             m.fragmented.clone(),
+        );
+        registry.register(
+            "plan_stalled_since_timestamp_seconds",
+            "Since when (Unix time) a plan's Stalled condition has been true, by plan and reason",
+            m.plan_stalled_since.family.clone(),
+        );
+        registry.register(
+            "node_cordoned_since_timestamp_seconds",
+            "When (Unix time) Tessera cordoned a node that is still cordoned, by node and plan",
+            m.node_cordoned_since.family.clone(),
+        );
+        registry.register(
+            "node_cordon_limit_seconds",
+            "How long the node's plan lets it stay cordoned: drainTimeoutSeconds + applyTimeoutSeconds \
+             (no series when applyTimeoutSeconds is 0)",
+            m.node_cordon_limit.family.clone(),
+        );
+        registry.register(
+            "quota_shortfall",
+            "How much all tenants' quota limits together exceed what the fleet's applied layouts supply, \
+             by resource (0: the fleet honours every quota at once)",
+            m.quota_shortfall.family.clone(),
         );
         *m.registry.lock().expect("fresh mutex") = registry;
         m
@@ -115,6 +191,33 @@ impl Metrics {
         for (plan, n) in per_plan {
             self.fragmented.get_or_create(&PlanLabel { plan: plan.clone() }).set(*n);
         }
+    }
+
+    /// The plans whose `Stalled` condition is true, with the condition's lastTransitionTime.
+    pub fn set_stalled_plans(&self, since: &BTreeMap<StalledPlan, i64>) {
+        self.plan_stalled_since.replace(since);
+    }
+
+    /// The nodes Tessera holds cordoned: since when, and how long their plan allows.
+    pub fn set_cordons(&self, since: &BTreeMap<CordonedNode, i64>, limit: &BTreeMap<CordonedNode, i64>) {
+        self.node_cordoned_since.replace(since);
+        self.node_cordon_limit.replace(limit);
+    }
+
+    /// Per resource the tenants' quotas ask for: how much of it the fleet lacks (0 when none).
+    pub fn set_quota_shortfall(&self, shortfall: &BTreeMap<String, i64>) {
+        let values = shortfall.iter().map(|(r, n)| (ResourceLabel { resource: r.clone() }, *n)).collect();
+        self.quota_shortfall.replace(&values);
+    }
+
+    /// On losing the lease: what only the leader knows goes stale, so it goes (the new leader
+    /// exports it); the alerts must not fire on a follower's leftovers.
+    pub fn forget_leader_state(&self) {
+        self.set_stalled_plans(&BTreeMap::new());
+        self.set_cordons(&BTreeMap::new(), &BTreeMap::new());
+        self.set_quota_shortfall(&BTreeMap::new());
+        self.nodes.clear();
+        self.fragmented.clear();
     }
 
     /// The OpenMetrics text exposition.
@@ -162,5 +265,70 @@ mod tests {
         assert!(text.contains("tessera_operator_nodes{phase=\"Draining\"} 2"), "{text}");
         assert!(text.contains("tessera_operator_plan_fragmented_slices{plan=\"p\"} 3"), "{text}");
         assert!(!text.contains("plan=\"gone\""), "a plan that is gone is dropped:\n{text}");
+    }
+
+    fn repo_yaml(path: &str) -> serde_json::Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// A metrics registry with one series of every family the alerts use.
+    fn every_series() -> String {
+        let m = Metrics::default();
+        m.reconciled(Duration::from_millis(3));
+        let stalled = StalledPlan { plan: "p".into(), reason: "DrainTimeout".into() };
+        m.set_stalled_plans(&[(stalled, 1000)].into());
+        let node = CordonedNode { node: "n".into(), plan: "p".into() };
+        m.set_cordons(&[(node.clone(), 1000)].into(), &[(node, 1200)].into());
+        m.set_quota_shortfall(&[("nvidia.com/gpu".to_string(), 2)].into());
+        m.render()
+    }
+
+    /// Every metric the shipped alerts query exists, with the labels they group by; and the
+    /// PrometheusRule holds exactly the plain rule file's groups.
+    #[test]
+    fn the_alerts_query_only_exported_metrics_and_both_rule_files_agree() {
+        let text = every_series();
+        let rules = repo_yaml("config/observability/alerts.yaml");
+        let mut checked = 0;
+        for rule in rules["groups"][0]["rules"].as_array().unwrap() {
+            let expr = rule["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("tessera_operator_") {
+                    assert!(
+                        text.contains(&format!("{word}{{")) || text.contains(&format!("{word} ")),
+                        "{word}:\n{text}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked >= 6, "{checked}");
+        for series in [
+            "tessera_operator_plan_stalled_since_timestamp_seconds{plan=\"p\",reason=\"DrainTimeout\"} 1000",
+            "tessera_operator_node_cordoned_since_timestamp_seconds{node=\"n\",plan=\"p\"} 1000",
+            "tessera_operator_node_cordon_limit_seconds{node=\"n\",plan=\"p\"} 1200",
+            "tessera_operator_quota_shortfall{resource=\"nvidia.com/gpu\"} 2",
+        ] {
+            assert!(text.contains(series), "{series}:\n{text}");
+        }
+        let wrapped = repo_yaml("config/observability/prometheus-rule.yaml");
+        assert_eq!(wrapped["kind"], "PrometheusRule");
+        assert!(wrapped["spec"] == rules, "prometheus-rule.yaml's spec differs from alerts.yaml: edit both");
+    }
+
+    /// Series of objects that are gone disappear; a follower that lost the lease exports none.
+    #[test]
+    fn object_gauges_follow_the_objects_and_go_with_the_lease() {
+        let m = Metrics::default();
+        let plan = |p: &str| StalledPlan { plan: p.into(), reason: "Conflict".into() };
+        m.set_stalled_plans(&[(plan("a"), 10), (plan("b"), 20)].into());
+        m.set_stalled_plans(&[(plan("b"), 20)].into());
+        let text = m.render();
+        assert!(!text.contains("plan=\"a\"") && text.contains("plan=\"b\""), "{text}");
+        m.set_phases(&[("Draining".to_string(), 1)].into());
+        m.forget_leader_state();
+        let text = m.render();
+        assert!(!text.contains("plan=\"b\"") && !text.contains("phase="), "{text}");
     }
 }

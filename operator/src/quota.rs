@@ -159,6 +159,9 @@ pub struct QuotaPlan {
     pub apply: Vec<Apply>,
     pub delete: Vec<Delete>,
     pub statuses: BTreeMap<String, TenantGpuQuotaStatus>,
+    /// Per resource the valid quotas ask for: how much more their limits add up to than the
+    /// fleet's applied layouts supply (0 when the fleet covers it). For the over-commit alert.
+    pub shortfall: BTreeMap<String, i64>,
 }
 
 /// Plans every quota at once (conflicts and capacity are fleet-wide properties).
@@ -212,6 +215,8 @@ pub fn plan_quotas(
             *demand.entry(res.clone()).or_default() += n;
         }
     }
+    plan.shortfall =
+        demand.iter().map(|(r, d)| (r.clone(), d.saturating_sub(supply.get(r).copied().unwrap_or(0)).max(0))).collect();
     for q in valid {
         let name = q.metadata.name.clone().unwrap_or_default();
         let g = q.metadata.generation;

@@ -103,6 +103,7 @@ impl QuotaController {
         let gpunodes: Vec<GpuNode> = self.gpunodes.state().iter().map(|g| (**g).clone()).collect();
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let plan = plan_quotas(&quotas, &namespaces, &rqs, &gpunodes, now.clone());
+        self.metrics.set_quota_shortfall(&plan.shortfall);
         // Errors per quota, for its status; namespaces where a ResourceQuota failed to write.
         let mut failures: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut unwritten: BTreeSet<&str> = BTreeSet::new();

@@ -32,7 +32,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     tokio::spawn(crate::server::serve(listener, ready.clone(), metrics.clone()));
 
     let (ctx, changed) = controller::start(client.clone(), evict_client, metrics.clone(), opts.identity.clone()).await;
-    let quotas = QuotaController::start(client.clone(), metrics);
+    let quotas = QuotaController::start(client.clone(), metrics.clone());
     ctx.wait_ready().await;
     quotas.wait_ready().await;
     ready.store(true, Ordering::Relaxed);
@@ -66,6 +66,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     a.abort();
                     b.abort();
                 }
+                metrics.forget_leader_state();
             }
             _ => {}
         }

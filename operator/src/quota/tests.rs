@@ -102,6 +102,23 @@ fn capacity_names_the_shortfall_per_resource() {
             "over-committed: nvidia.com/mig-1g.10gb: quotas 9, fleet 7, short 2; nvidia.com/mig-3g.40gb: quotas 1, fleet 0, short 1"
         );
     }
+    // The same shortfall for the over-commit alert, every resource asked for (0 where covered).
+    let c = quota("c", json!({"namespaces": ["c"], "hard": {"nvidia.com/mig-1g.10gb": 7, "nvidia.com/gpu": 0}}));
+    let p = plan_quotas(&[c], &ns(&["c"]), &[], &fleet, now());
+    assert_eq!(p.shortfall, [("nvidia.com/gpu".to_string(), 0), ("nvidia.com/mig-1g.10gb".to_string(), 0)].into());
+}
+
+#[test]
+fn the_shortfall_metric_is_what_the_capacity_condition_names() {
+    let a = quota("a", json!({"namespaces": ["a"], "hard": {"nvidia.com/mig-1g.10gb": 5}}));
+    let b =
+        quota("b", json!({"namespaces": ["b"], "hard": {"nvidia.com/mig-1g.10gb": 4, "nvidia.com/mig-3g.40gb": 1}}));
+    let fleet = [gpunode(json!([h100(&["1g.10gb"; 7])]))];
+    let p = plan_quotas(&[a, b], &ns(&["a", "b"]), &[], &fleet, now());
+    assert_eq!(
+        p.shortfall,
+        [("nvidia.com/mig-1g.10gb".to_string(), 2), ("nvidia.com/mig-3g.40gb".to_string(), 1)].into()
+    );
 }
 
 #[test]

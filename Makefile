@@ -2,17 +2,21 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 CONTROLPLANE_BUILD := e2e/controlplane/build.sh
+# Prints the path of a pinned Go tool (helm, promtool), building it into ~/.cache/tessera/tools once.
+TOOL := tools/build.sh
 
-.PHONY: all build crds lint test unit e2e controlplane bench demo demo-down demo-ci images images-check clean
+.PHONY: all build crds lint test unit e2e controlplane tools chart alerts bench demo demo-down demo-ci images images-check clean
 
 all: build
 
 build:
 	$(CARGO) build --workspace --all-targets
 
-## Regenerate config/crd/*.yaml from the Rust types (a test fails when they drift).
+## Regenerate config/crd/*.yaml and the Helm chart's copies from the Rust types (a test fails when
+## they drift).
 crds:
 	$(CARGO) run -q -p tessera-crds --bin crdgen -- config/crd
+	$(CARGO) run -q -p tessera-crds --bin crdgen -- config/helm/tessera/crds
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -23,6 +27,20 @@ lint:
 controlplane:
 	@$(CONTROLPLANE_BUILD)
 
+## Build helm and promtool from the pinned Go modules in tools/ into ~/.cache/tessera/tools (reused).
+tools:
+	@$(TOOL) helm >/dev/null
+	@$(TOOL) promtool >/dev/null
+
+## The Helm chart, linted strictly (e2e/tests/helm_chart.rs renders it against config/default).
+chart:
+	helm=$$($(TOOL) helm) && $$helm lint --strict config/helm/tessera
+
+## The alerting rules: checked, and their unit tests (config/observability/alerts.test.yaml).
+alerts:
+	promtool=$$($(TOOL) promtool) && $$promtool check rules config/observability/alerts.yaml && \
+	  $$promtool test rules config/observability/alerts.test.yaml
+
 unit:
 	$(CARGO) test --workspace --exclude tessera-e2e
 
@@ -30,7 +48,8 @@ unit:
 e2e: controlplane
 	$(CARGO) build --workspace --bins
 	$(CARGO) build -p tessera-nvml-sim
-	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) $(CARGO) test -p tessera-e2e -- --test-threads=1
+	TESSERA_HELM=$$($(TOOL) helm) TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) \
+	  $(CARGO) test -p tessera-e2e -- --test-threads=1
 
 ## Container images (release binaries) as OCI archives in target/images/, with buildah, podman
 ## or docker: see README "Install on a real cluster".
@@ -41,14 +60,16 @@ images:
 images-check:
 	scripts/images.sh check
 
-## Everything CI checks: formatting, clippy, unit and property tests, CRD drift, the images (from
-## the dev binaries built here: same packaging, no second compile), end-to-end.
-test: lint
+## Everything CI checks: formatting, clippy, the Helm chart, the alerting rules, unit and property
+## tests, CRD drift, the images (from the dev binaries built here: same packaging, no second
+## compile), end-to-end.
+test: lint chart alerts
 	$(CARGO) build --workspace --bins
 	$(CARGO) build -p tessera-nvml-sim
 	PROFILE=dev SKIP_CARGO=1 scripts/images.sh build
 	PROFILE=dev scripts/images.sh check
-	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) $(CARGO) test --workspace -- --test-threads=2
+	TESSERA_HELM=$$($(TOOL) helm) TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) \
+	  $(CARGO) test --workspace -- --test-threads=2
 	scripts/demo.sh ci
 
 ## The operator's cost per node reconfigured at 100 and 1,000 kwok nodes (see BENCHMARKS.md).

@@ -1,19 +1,22 @@
-//! The committed CRD YAML in `config/crd/` must equal what the Rust types generate.
+//! The committed CRD YAML in `config/crd/` (kustomize) and `config/helm/tessera/crds/` (the Helm
+//! chart) must equal what the Rust types generate.
 
 use std::path::Path;
 
 #[test]
 fn committed_crds_match_the_types() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/crd");
-    let mut drift = Vec::new();
-    for (name, yaml) in tessera_crds::crdgen::rendered_crds() {
-        match std::fs::read_to_string(dir.join(&name)) {
-            Ok(committed) if committed == yaml => {}
-            Ok(_) => drift.push(format!("{name} differs")),
-            Err(e) => drift.push(format!("{name}: {e}")),
+    for dir in ["config/crd", "config/helm/tessera/crds"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir);
+        let mut drift = Vec::new();
+        for (name, yaml) in tessera_crds::crdgen::rendered_crds() {
+            match std::fs::read_to_string(path.join(&name)) {
+                Ok(committed) if committed == yaml => {}
+                Ok(_) => drift.push(format!("{name} differs")),
+                Err(e) => drift.push(format!("{name}: {e}")),
+            }
         }
+        assert!(drift.is_empty(), "{dir} is stale ({}); run `make crds` and commit", drift.join("; "));
     }
-    assert!(drift.is_empty(), "config/crd is stale ({}); run `make crds` and commit", drift.join("; "));
 }
 
 #[test]

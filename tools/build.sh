@@ -25,7 +25,8 @@ case $name in
   *) echo "tools/build.sh: unknown tool $name (helm, promtool)" >&2; exit 2 ;;
 esac
 dir=$here/$name
-key=$(cat "$dir/go.mod" "$dir/go.sum" "$0" | sha256sum | cut -c1-16)
+# Keyed by what decides the binary: the pinned modules and the build flags.
+key=$( (cat "$dir/go.mod" "$dir/go.sum"; echo "$pkg|$tags|$ldflags") | sha256sum | cut -c1-16)
 cache=${TESSERA_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/tools}
 bin="$cache/$name-$key/$name"
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
@@ -34,7 +35,9 @@ command -v go >/dev/null || { echo "tools/build.sh: Go >= 1.26 is required to bu
 echo "building $name $version into $(dirname "$bin") (first run only; later runs reuse it)" >&2
 mkdir -p "$(dirname "$bin")"
 start=$(date +%s)
-(cd "$dir" && go build -mod=mod -trimpath -tags "$tags" -ldflags "$ldflags" -o "$bin.partial" "$pkg")
-mv "$bin.partial" "$bin"
+# A private partial file, renamed when complete: a concurrent or killed build never leaves a
+# half-written binary under the cached name.
+(cd "$dir" && go build -mod=mod -trimpath -tags "$tags" -ldflags "$ldflags" -o "$bin.partial.$$" "$pkg")
+mv "$bin.partial.$$" "$bin"
 echo "  built $name in $(( $(date +%s) - start ))s" >&2
 echo "$bin"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds one pinned Go tool (helm, promtool) from the module in tools/NAME/ into a cache directory
-# outside the clone, keyed by that go.mod + go.sum, so a second run (and CI's fresh clone on the same
-# machine) reuses it. Prints the binary's path. Usage: tools/build.sh helm|promtool
+# outside the clone, keyed by that go.mod + go.sum and the build flags, so a second run (and CI's
+# fresh clone on the same machine) reuses it. Prints the binary's path. tools/NAME/tools.go names
+# the command (and says how to move the pin). Usage: tools/build.sh helm|promtool
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 name=${1:?usage: tools/build.sh helm|promtool}
@@ -37,6 +38,7 @@ mkdir -p "$(dirname "$bin")"
 start=$(date +%s)
 # A private partial file, renamed when complete: a concurrent or killed build never leaves a
 # half-written binary under the cached name.
+trap 'rm -f "$bin.partial.$$"' EXIT
 (cd "$dir" && go build -mod=mod -trimpath -tags "$tags" -ldflags "$ldflags" -o "$bin.partial.$$" "$pkg")
 mv "$bin.partial.$$" "$bin"
 echo "  built $name in $(( $(date +%s) - start ))s" >&2

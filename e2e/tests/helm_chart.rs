@@ -213,6 +213,19 @@ fn without_the_gpu_operator_defaults_the_agent_gets_only_what_its_values_say() {
     assert_eq!(agent["runtimeClassName"], json!("nvidia-cdi"));
 }
 
+#[test]
+fn the_prometheus_rule_is_off_by_default_and_holds_the_shipped_alerts_when_on() {
+    assert!(!helm_template(&[]).iter().any(|d| d["kind"] == "PrometheusRule"), "needs the Prometheus Operator's CRD");
+    let docs = helm_template(&["--set", "prometheusRule.enabled=true", "--set", "prometheusRule.labels.release=kps"]);
+    let rule = object(&docs, "PrometheusRule", "tessera");
+    let alerts: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(repo().join("config/observability/alerts.yaml")).unwrap())
+            .unwrap();
+    assert!(rule["spec"] == alerts, "the chart's rules differ from config/observability/alerts.yaml:\n{rule}");
+    assert_eq!(rule["metadata"]["namespace"], json!("tessera-system"));
+    assert_eq!(rule["metadata"]["labels"]["release"], json!("kps"));
+}
+
 fn helm_cmd(cp: &ControlPlane, args: &[&str]) -> String {
     run(Command::new(helm())
         .args(args)

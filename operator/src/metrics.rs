@@ -315,6 +315,10 @@ mod tests {
         let wrapped = repo_yaml("config/observability/prometheus-rule.yaml");
         assert_eq!(wrapped["kind"], "PrometheusRule");
         assert!(wrapped["spec"] == rules, "prometheus-rule.yaml's spec differs from alerts.yaml: edit both");
+        assert!(
+            repo_yaml("config/helm/tessera/files/alerts.yaml") == rules,
+            "the Helm chart's files/alerts.yaml differs from config/observability/alerts.yaml: copy it"
+        );
     }
 
     /// Series of objects that are gone disappear; a follower that lost the lease exports none.

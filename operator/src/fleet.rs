@@ -19,6 +19,9 @@ use tessera_crds::catalog::{self, GpuModel};
 use tessera_crds::solver::{self, Placement, ProfileCounts};
 use tessera_crds::validate::GPU_RESOURCE;
 
+mod greedy;
+use greedy::greedy;
+
 /// One GPU as the solver sees it.
 #[derive(Debug, Clone)]
 pub struct GpuSlot {
@@ -350,67 +353,6 @@ fn score(classes: &[Class], counts: &[Vec<usize>], demand: &BTreeMap<String, i64
     }
     let short = demand.iter().map(|(r, d)| (d - supply.get(r.as_str()).copied().unwrap_or(0)).max(0)).sum();
     (short, changed, destroyed, frag)
-}
-
-/// A fast answer for fleets the exact search cannot finish: starting from every GPU as it is,
-/// change one GPU at a time, each time the change that removes the most shortfall (ties: fewer
-/// instances destroyed, less fragmentation), until the demand is met or nothing helps.
-fn greedy(classes: &[Class], demand: &BTreeMap<String, i64>) -> Vec<Vec<usize>> {
-    let mut counts: Vec<Vec<usize>> = classes
-        .iter()
-        .map(|c| {
-            let mut v = vec![0; c.candidates.len()];
-            v[0] = c.members.len();
-            v
-        })
-        .collect();
-    let mut supply: BTreeMap<&str, i64> = BTreeMap::new();
-    for class in classes {
-        for (r, k) in &class.candidates[0].supply {
-            *supply.entry(r.as_str()).or_default() += k * class.members.len() as i64;
-        }
-    }
-    let get = |m: &BTreeMap<String, i64>, r: &str| m.get(r).copied().unwrap_or(0);
-    loop {
-        let shortfall = |supply: &BTreeMap<&str, i64>, keep: Option<(&Candidate, &Candidate)>| -> i64 {
-            demand
-                .iter()
-                .map(|(r, d)| {
-                    let mut s = supply.get(r.as_str()).copied().unwrap_or(0);
-                    if let Some((from, to)) = keep {
-                        s += get(&to.supply, r) - get(&from.supply, r);
-                    }
-                    (d - s).max(0)
-                })
-                .sum()
-        };
-        let now = shortfall(&supply, None);
-        if now == 0 {
-            break;
-        }
-        let mut best: Option<((i64, i64, i64), usize, usize)> = None;
-        for (ci, class) in classes.iter().enumerate().filter(|(ci, _)| counts[*ci][0] > 0) {
-            let keep = &class.candidates[0];
-            for (k, cand) in class.candidates.iter().enumerate().skip(1) {
-                let gain = now - shortfall(&supply, Some((keep, cand)));
-                let key = (gain, -i64::from(cand.destroyed), -i64::from(cand.fragmentation));
-                if gain > 0 && best.as_ref().is_none_or(|(b, _, _)| key > *b) {
-                    best = Some((key, ci, k));
-                }
-            }
-        }
-        let Some((_, ci, k)) = best else { break };
-        counts[ci][0] -= 1;
-        counts[ci][k] += 1;
-        let (keep, cand) = (&classes[ci].candidates[0], &classes[ci].candidates[k]);
-        for (r, n) in &keep.supply {
-            *supply.entry(r.as_str()).or_default() -= n;
-        }
-        for (r, n) in &cand.supply {
-            *supply.entry(r.as_str()).or_default() += n;
-        }
-    }
-    counts
 }
 
 fn classify(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> Vec<Class> {

@@ -2,6 +2,10 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 CONTROLPLANE_BUILD := e2e/controlplane/build.sh
+# The Kubernetes minor the end-to-end tests, the demo and the bench run on: 1.37 (the newest) by
+# default, 1.35 (the oldest still supported) with `make e2e KUBERNETES=1.35`. CI runs both.
+KUBERNETES ?= 1.37
+export KUBERNETES
 # Prints the path of a pinned Go tool (helm, promtool), building it into ~/.cache/tessera/tools once.
 TOOL := tools/build.sh
 
@@ -22,8 +26,8 @@ lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-## Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from pinned Go
-## modules into ~/.cache/tessera/controlplane (reused on later runs).
+## Build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (Kubernetes
+## $(KUBERNETES)) and kwok from pinned Go modules into ~/.cache/tessera/controlplane (reused).
 controlplane:
 	@$(CONTROLPLANE_BUILD)
 
@@ -44,7 +48,8 @@ alerts:
 unit:
 	$(CARGO) test --workspace --exclude tessera-e2e
 
-## End-to-end tests against the real control plane (built first if absent).
+## End-to-end tests against the real control plane of Kubernetes $(KUBERNETES) (built first if
+## absent).
 e2e: controlplane
 	$(CARGO) build --workspace --bins
 	$(CARGO) build -p tessera-nvml-sim

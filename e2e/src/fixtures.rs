@@ -240,7 +240,7 @@ pub async fn node_agent_kubeconfig(cp: &crate::ControlPlane, node: &str) -> Resu
                  "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod.metadata.uid}}}))
         .expect("a valid TokenRequest");
     let tr: TokenRequest = sa.create_subresource("token", "tessera-node-agent", &PostParams::default(), &tr).await?;
-    let token = tr.status.map(|s| s.token).unwrap_or_default();
+    let token = tr.status.and_then(|s| s.token).unwrap_or_default();
     let template =
         std::fs::read_to_string(cp.kubeconfig(crate::Identity::NodeAgent)).map_err(|e| Error::io("kubeconfig", e))?;
     let old_token = template.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap_or_default().to_string();

@@ -254,7 +254,7 @@ async fn agent_client(cp: &ControlPlane, admin: &Client, node: &str) -> Client {
     let sa: Api<ServiceAccount> = Api::namespaced(admin.clone(), "tessera-system");
     let tr: TokenRequest =
         sa.create_subresource("token", "tessera-node-agent", &PostParams::default(), &tr).await.unwrap();
-    let token = tr.status.unwrap().token;
+    let token = tr.status.unwrap().token.unwrap();
     // The node agent's kubeconfig with this token in place of its static one.
     let template = std::fs::read_to_string(cp.kubeconfig(Identity::NodeAgent)).unwrap();
     let old = template.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap().to_string();
@@ -379,10 +379,8 @@ async fn helm_install_brings_tessera_up_upgrade_changes_the_fence_and_uninstall_
             "agent.gpuClients.values={my-device-plugin}",
         ],
     );
-    let args = ds.get("tessera-node-agent").await.unwrap().spec.unwrap().template.spec.unwrap().containers[0]
-        .args
-        .clone()
-        .unwrap();
+    let args =
+        ds.get("tessera-node-agent").await.unwrap().spec.template.spec.unwrap().containers[0].args.clone().unwrap();
     assert!(
         args.contains(&"--gpu-client-selector=app.kubernetes.io/name in (my-device-plugin)".to_string()),
         "{args:?}"

@@ -62,7 +62,7 @@ async fn the_default_overlay_applies_and_schedules_the_agent_on_gpu_nodes_only()
     })
     .await
     .unwrap();
-    assert_eq!(d.spec.unwrap().template.spec.unwrap().service_account_name.as_deref(), Some("tessera-operator"));
+    assert_eq!(d.spec.template.spec.unwrap().service_account_name.as_deref(), Some("tessera-operator"));
 }
 
 fn tolerates_kwok(agent: &Value) -> bool {

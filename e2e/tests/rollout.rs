@@ -167,7 +167,7 @@ async fn a_plan_rolls_out_two_nodes_at_a_time_without_breaking_a_pdb() {
     pdbs.create(&PostParams::default(), &pdb).await.unwrap();
     wait_for("PDB allows one disruption", T, || async {
         let s = pdbs.get("web").await.ok()?.status?;
-        (s.current_healthy == 6 && s.disruptions_allowed == 1).then_some(())
+        (s.current_healthy == Some(6) && s.disruptions_allowed == Some(1)).then_some(())
     })
     .await
     .unwrap();

@@ -224,7 +224,7 @@ async fn eviction_is_refused_with_429_while_a_pdb_allows_no_disruption() {
         async move {
             wait_for(&format!("PDB disruptionsAllowed={want}"), T, || async {
                 let s = pdbs.get("web").await.ok()?.status?;
-                (s.current_healthy == 2 && s.disruptions_allowed == want).then_some(())
+                (s.current_healthy == Some(2) && s.disruptions_allowed == Some(want)).then_some(())
             })
             .await
             .unwrap()

@@ -20,8 +20,14 @@ cache=${TESSERA_CONTROLPLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera/cont
 bin="$cache/$minor-$(hash_of "$mod/go.mod" "$mod/go.sum" "$mod/cmd/etcd/main.go")/bin"
 kwok_bin="$cache/kwok-$(hash_of "$here/kwok/go.mod" "$here/kwok/go.sum")"
 tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl)
+# kwok >= 0.8 has no built-in stages: it gets kwok's own "fast" set (nodes become Ready and keep
+# a lease, pods become Ready, complete, and go on deletion), taken from the pinned module so it
+# always matches the binary.
+stages=(node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease pod/fast/pod-ready
+  pod/fast/pod-complete pod/fast/pod-delete)
 missing=()
 for t in "${tools[@]}"; do [ -x "$bin/$t" ] || missing+=("$t"); done
+[ -f "$bin/kwok-stages.yaml" ] || missing+=(kwok-stages.yaml)
 if [ ${#missing[@]} -eq 0 ]; then echo "$bin"; exit 0; fi
 
 command -v go >/dev/null || { echo "build.sh: Go is required to build the control plane (https://go.dev/dl)" >&2; exit 1; }
@@ -46,6 +52,11 @@ for t in "${missing[@]}"; do
         mkdir -p "$kwok_bin"; mv "$partial/kwok" "$kwok_bin/kwok"
       fi
       ln -sfn "$kwok_bin/kwok" "$bin/kwok"
+      ;;
+    kwok-stages.yaml)
+      src=$(cd "$here/kwok" && go list -mod=mod -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+      for s in "${stages[@]}"; do echo "---"; cat "$src/kustomize/stage/$s.yaml"; done > "$partial/$t"
+      mv "$partial/$t" "$bin/$t"
       ;;
     *)
       case $t in etcd) pkg=./cmd/etcd ;; *) pkg=k8s.io/kubernetes/cmd/$t ;; esac

@@ -137,6 +137,8 @@ impl ControlPlane {
             &logs,
             vec![
                 format!("--kubeconfig={system}"),
+                // kwok's own "fast" stages, written beside the binaries by e2e/controlplane/build.sh.
+                format!("--config={}", bin.join("kwok-stages.yaml").display()),
                 "--manage-all-nodes=false".into(),
                 format!("--manage-nodes-with-label-selector={KWOK_NODE_LABEL}=true"),
                 format!("--server-address=127.0.0.1:{kwok_port}"),

@@ -1,0 +1,110 @@
+//! Drives the real `kubectl-tessera` binary offline (`--from` files, an unreachable server); the
+//! e2e test `kubectl_plugin` runs it against a real control plane.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Exit status, stdout, stderr. Stdout is a pipe here, so colour is off unless asked for.
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-tessera"))
+        .args(args)
+        .current_dir(repo())
+        .env_remove("NO_COLOR")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const FLEET: &str = "config/examples/fleet/cluster.yaml";
+
+#[test]
+fn status_of_the_example_fleet_as_plain_text() {
+    let (code, out, err) = run(&["status", "--from", FLEET]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains('\x1b'), "a pipe gets no colour: {out}");
+    assert!(
+        out.contains("  training  ready False  1/2 updated, 1 in progress  RollingOut: 1 of 2 nodes updated"),
+        "{out}"
+    );
+    assert!(out.contains("dev-1  phase -  ready Unknown"), "{out}");
+    assert!(out.contains("  gpu0  A30-24GB  [AABC]   A 2g.12gb  B 1g.6gb  C 1g.6gb  (1/3 busy)"), "{out}");
+    assert!(out.contains("B~ team-a  team-a-batch/eval-0"), "{out}");
+    assert!(out.contains("  gpu1  A30-24GB  whole GPU  free"), "{out}");
+    assert!(out.contains("infer-2  phase -  ready Unknown\n  (no GPUs reported)"), "{out}");
+    assert!(out.contains("train-1  phase Draining  ready True  plan training\n  evicting 1 pod"), "{out}");
+    assert!(out.contains("  gpu7  H100-80GB  whole GPU  free"), "{out}");
+    assert!(out.contains("A~ (no quota)  research/sweep-0"), "{out}");
+    assert!(out.contains("  team-b      nvidia.com/gpu=4"), "{out}");
+    assert!(!out.contains("old-job"), "a finished pod holds nothing: {out}");
+}
+
+#[test]
+fn status_json_and_colour() {
+    let (code, out, _) = run(&["status", "-o", "json", "--from", FLEET]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = v["nodes"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["dev-1", "infer-1", "infer-2", "train-1", "train-2"]);
+    assert_eq!(v["nodes"][0]["gpus"][0]["slots"], "AABC");
+    assert_eq!(v["nodes"][1]["gpus"][0]["instances"][1]["holder"]["pod"], "team-a/notebook");
+    assert_eq!(v["tenants"]["team-a"]["nvidia.com/mig-1g.10gb"], 2);
+
+    let (code, out, _) = run(&["status", "--color", "always", "--from", FLEET]);
+    assert_eq!(code, 0);
+    assert!(out.contains("\x1b[33mDraining\x1b[0m"), "{out}");
+    let (_, out, _) = run(&["status", "--color", "never", "--from", FLEET]);
+    assert!(!out.contains('\x1b'));
+}
+
+#[test]
+fn status_against_a_dead_server_says_what_it_could_not_read_and_exits_1() {
+    let dir = std::env::temp_dir().join(format!("tessera-plugin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A port nothing listens on: connections are refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let kubeconfig = dir.join("dead.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: dead\nclusters:\n- name: dead\n  cluster: {{server: \"http://127.0.0.1:{port}\"}}\n\
+             contexts:\n- name: dead\n  context: {{cluster: dead, user: u}}\nusers:\n- name: u\n  user: {{token: t}}\n"
+        ),
+    )
+    .unwrap();
+    let k = kubeconfig.to_str().unwrap();
+    let (code, out, err) = run(&["--kubeconfig", k, "--request-timeout", "5", "status"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("NODES\n  (GpuNodes could not be read)"), "the report is still printed: {out}");
+    for r in ["gpunodes.tessera.dev", "gpupartitionplans.tessera.dev", "tenantgpuquotas.tessera.dev", "pods"] {
+        assert!(err.contains(&format!("error: cannot read {r}: ")), "{r}: {err}");
+    }
+    let (code, _, err) = run(&["--kubeconfig", k, "--context", "nope", "status"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("nope"), "{err}");
+}
+
+#[test]
+fn preview_validate_and_mig_are_the_operators_commands() {
+    let (code, out, _) =
+        run(&["preview", "-o", "markdown", "--from", FLEET, "config/samples/gpupartitionplan-training.yaml"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("| train-1 | gpu0-6=whole gpu7=7x1g.10gb | team-b/trainer-0 | - |"), "{out}");
+    let (code, out, _) = run(&["validate", "config/samples/tenantgpuquota-team-a.yaml"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(", 0 errors"), "{out}");
+    let (code, out, _) = run(&["mig", "fit", "--gpu", "A100-40GB", "2g.10gb=2", "3g.20gb=1"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("memory slots: [AABBCCCC]"), "{out}");
+    let (code, _, err) = run(&["status", "-o", "markdown", "--from", FLEET]);
+    assert_eq!(code, 2);
+    assert!(err.contains("-o markdown is for `plan preview` only; `status` writes text or json"), "{err}");
+}

@@ -256,3 +256,17 @@ fn markdown_is_only_for_the_preview() {
     let (code, _) = run(&["mig", "profiles", "--gpu", "A30", "-o", "markdown"]);
     assert_eq!(code, 2);
 }
+
+#[test]
+fn the_ci_examples_are_valid_yaml_run_the_checks_and_are_in_the_readme() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    for f in ["config/ci/github-actions.yaml", "config/ci/gitlab-ci.yaml"] {
+        let text = std::fs::read_to_string(repo().join(f)).unwrap();
+        let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(doc.is_object(), "{f}");
+        assert!(text.contains("tessera-operator validate plans/*.yaml"), "{f}");
+        assert!(text.contains("tessera-operator plan preview -o markdown"), "{f}");
+        assert!(text.contains("<!-- tessera-plan-preview -->"), "{f} finds its earlier comment by the marker");
+        assert!(readme.contains(&format!("```yaml\n{text}```")), "README must show {f} verbatim");
+    }
+}

@@ -65,21 +65,27 @@ fn status_json_and_colour() {
     assert!(!out.contains('\x1b'));
 }
 
-#[test]
-fn status_against_a_dead_server_says_what_it_could_not_read_and_exits_1() {
-    let dir = std::env::temp_dir().join(format!("tessera-plugin-{}", std::process::id()));
+/// A kubeconfig for `http://127.0.0.1:PORT` in a fresh directory.
+fn kubeconfig_for(port: u16, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tessera-plugin-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // A port nothing listens on: connections are refused at once.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let kubeconfig = dir.join("dead.kubeconfig");
+    let path = dir.join("kubeconfig");
     std::fs::write(
-        &kubeconfig,
+        &path,
         format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: dead\nclusters:\n- name: dead\n  cluster: {{server: \"http://127.0.0.1:{port}\"}}\n\
-             contexts:\n- name: dead\n  context: {{cluster: dead, user: u}}\nusers:\n- name: u\n  user: {{token: t}}\n"
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster: {{server: \"http://127.0.0.1:{port}\"}}\n\
+             contexts:\n- name: c\n  context: {{cluster: c, user: u}}\nusers:\n- name: u\n  user: {{token: t}}\n"
         ),
     )
     .unwrap();
+    path
+}
+
+#[test]
+fn status_against_a_dead_server_says_what_it_could_not_read_and_exits_1() {
+    // A port nothing listens on: connections are refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let kubeconfig = kubeconfig_for(port, "dead");
     let k = kubeconfig.to_str().unwrap();
     let (code, out, err) = run(&["--kubeconfig", k, "--request-timeout", "5", "status"]);
     assert_eq!(code, 1, "{out}{err}");
@@ -87,9 +93,44 @@ fn status_against_a_dead_server_says_what_it_could_not_read_and_exits_1() {
     for r in ["gpunodes.tessera.dev", "gpupartitionplans.tessera.dev", "tenantgpuquotas.tessera.dev", "pods"] {
         assert!(err.contains(&format!("error: cannot read {r}: ")), "{r}: {err}");
     }
+    assert!(err.contains("Connection refused"), "the cause, not only kube's \"client error (Connect)\": {err}");
     let (code, _, err) = run(&["--kubeconfig", k, "--context", "nope", "status"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("nope"), "{err}");
+    // The preview needs every list: it fails instead of understating what changes.
+    let (code, out, err) = run(&["--kubeconfig", k, "preview", "config/samples/gpupartitionplan-training.yaml"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.is_empty(), "{out}");
+}
+
+#[test]
+fn a_server_that_never_answers_is_given_up_on_after_the_request_timeout() {
+    // Accepts connections (the kernel's backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let kubeconfig = kubeconfig_for(silent.local_addr().unwrap().port(), "silent");
+    let started = std::time::Instant::now();
+    let (code, _, err) = run(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--request-timeout", "1", "status"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("error: cannot read pods: "), "{err}");
+    // Not a speed goal: a bound on hanging (the four lists run at once, each cut after 1 s).
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "took {:?}", started.elapsed());
+    drop(silent);
+}
+
+#[test]
+fn a_malformed_object_in_a_from_file_is_named() {
+    let dir = std::env::temp_dir().join(format!("tessera-plugin-from-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("list.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: tessera.dev/v1alpha1\n  kind: GpuNode\n  metadata: {name: ok}\n  spec: {}\n\
+         - apiVersion: tessera.dev/v1alpha1\n  kind: GpuNode\n  metadata: {name: bad}\n  spec: {}\n  status: {gpus: [{index: zero}]}\n",
+    )
+    .unwrap();
+    let (code, _, err) = run(&["status", "--from", f.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("list.yaml:doc 1: items[1]: status.gpus[0].index: invalid type"), "{err}");
 }
 
 #[test]

@@ -57,6 +57,9 @@ fn status_json_and_colour() {
     assert_eq!(v["nodes"][0]["gpus"][0]["slots"], "AABC");
     assert_eq!(v["nodes"][1]["gpus"][0]["instances"][1]["holder"]["pod"], "team-a/notebook");
     assert_eq!(v["tenants"]["team-a"]["nvidia.com/mig-1g.10gb"], 2);
+    let train1 = &v["nodes"][3]["gpus"];
+    assert_eq!(train1[0]["holder"]["pod"], "team-b/trainer-0");
+    assert_eq!(train1[0]["exact"], false, "4 of 8 whole GPUs held: which 4 is not known");
 
     let (code, out, _) = run(&["status", "--color", "always", "--from", FLEET]);
     assert_eq!(code, 0);

@@ -100,7 +100,7 @@ pub struct GpuStatus {
     /// For a whole GPU: the pod holding it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    /// For a whole GPU, whether the API pins its state down (see the module comment).
     pub exact: bool,
     /// MIG mode changes at the next GPU reset.
     #[serde(skip_serializing_if = "std::ops::Not::not")]

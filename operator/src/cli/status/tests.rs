@@ -293,5 +293,7 @@ fn json_names_every_field_in_camel_case() {
         "holder": {"pod": "ml/train", "tenant": "team-a"}, "exact": true})
     );
     assert_eq!(v["nodes"][1]["gpus"][0]["mode"], "whole");
+    assert_eq!(v["nodes"][1]["gpus"][0]["exact"], true);
+    assert!(v["nodes"][1]["gpus"][0].get("holder").is_none(), "free");
     assert!(v.get("unreadable").is_none(), "absent when everything was read");
 }

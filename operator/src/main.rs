@@ -1,14 +1,16 @@
 //! `tessera-operator`: offline checks for GitOps pipelines (`validate`, `mig ...`).
 
 use clap::{Parser, Subcommand};
-use tessera_operator::cli::{self, Output};
+use tessera_operator::cli::commands::{MigCommand, PreviewArgs, runtime};
+use tessera_operator::cli::connect::ClusterArgs;
+use tessera_operator::cli::{self, Format};
 
 #[derive(Parser)]
 #[command(name = "tessera-operator", version, about = "Declarative MIG partitioning and GPU quotas for Kubernetes")]
 struct Cli {
-    /// Output format.
+    /// Output format (`markdown`: `plan preview` only).
     #[arg(long, short = 'o', value_enum, default_value_t, global = true)]
-    output: Output,
+    output: Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -48,8 +50,14 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PlanCommand {
-    /// Which nodes would change, which pods would be evicted, and MIG capacity before and after.
-    Preview { file: String },
+    /// Which nodes would change, which pods would be evicted, and MIG capacity before and after
+    /// (`-o markdown`: as a pull-request comment).
+    Preview {
+        #[command(flatten)]
+        args: PreviewArgs,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
     /// The plans that make the fleet's MIG supply cover every tenant quota, changing as few GPUs
     /// as possible (exit 1 when the demand cannot be met; the closest answer is printed).
     Suggest {
@@ -65,27 +73,11 @@ enum PlanCommand {
     },
 }
 
-#[derive(Subcommand)]
-enum MigCommand {
-    /// Print the profile table of a GPU product.
-    Profiles {
-        #[arg(long)]
-        gpu: String,
-    },
-    /// Check whether PROFILE=COUNT... fits on one GPU (exit 0 fits, 1 does not, 2 usage error).
-    Fit {
-        #[arg(long)]
-        gpu: String,
-        #[arg(required = true, value_name = "PROFILE=COUNT")]
-        profiles: Vec<String>,
-    },
-    /// List every maximal layout of a GPU product, optionally using only some profiles.
-    Layouts {
-        #[arg(long)]
-        gpu: String,
-        #[arg(long = "only", value_name = "PROFILE")]
-        only: Vec<String>,
-    },
+#[cfg(test)]
+#[test]
+fn the_command_line_is_consistent() {
+    use clap::CommandFactory;
+    Cli::command().debug_assert();
 }
 
 fn main() {
@@ -102,20 +94,17 @@ fn main() {
         }
         return;
     }
+    let output = args.output;
     let result = match args.command {
         Command::Run { .. } => unreachable!("handled above"),
-        Command::Plan { command: PlanCommand::Preview { file } } => {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-            rt.block_on(cli::preview::run(&file, args.output))
-        }
+        Command::Plan { command: PlanCommand::Preview { args, cluster } } => args.run(&cluster, output),
         Command::Plan { command: PlanCommand::Suggest { from, selector, headroom_percent } } => {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-            rt.block_on(cli::suggest::run(&from, selector.as_deref(), headroom_percent, args.output))
+            output.plain("plan suggest").and_then(|output| {
+                runtime().block_on(cli::suggest::run(&from, selector.as_deref(), headroom_percent, output))
+            })
         }
-        Command::Validate { files } => cli::validate::run(&files, args.output),
-        Command::Mig { command: MigCommand::Profiles { gpu } } => cli::mig::profiles(&gpu, args.output),
-        Command::Mig { command: MigCommand::Fit { gpu, profiles } } => cli::mig::fit(&gpu, &profiles, args.output),
-        Command::Mig { command: MigCommand::Layouts { gpu, only } } => cli::mig::layouts(&gpu, &only, args.output),
+        Command::Validate { files } => output.plain("validate").and_then(|output| cli::validate::run(&files, output)),
+        Command::Mig { command } => output.plain("mig").and_then(|output| command.run(output)),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -184,3 +184,89 @@ fn mig_profiles_and_layouts() {
     let (code, _) = run(&["mig", "profiles", "--gpu", "nope"]);
     assert_eq!(code, 2);
 }
+
+const FLEET: &str = "config/examples/fleet/cluster.yaml";
+const SAMPLE_PLANS: [&str; 2] =
+    ["config/samples/gpupartitionplan-training.yaml", "config/samples/gpupartitionplan-inference.yaml"];
+
+#[test]
+fn plan_preview_markdown_on_the_examples() {
+    let mut args = vec!["plan", "preview", "-o", "markdown", "--from", FLEET];
+    args.extend(SAMPLE_PLANS);
+    let (code, md) = run(&args);
+    assert_eq!(code, 0, "{md}");
+    assert!(md.starts_with("<!-- tessera-plan-preview -->\n### Tessera plan preview"), "{md}");
+    assert!(md.contains("| training | 1 | 1 | 0 | 1 | 0 |"), "{md}");
+    assert!(md.contains("| inference | 1 | 1 | 1 | 0 | 1 |"), "{md}");
+    assert!(md.contains("| nvidia.com/gpu | 15 | 14 | -1 |"), "{md}");
+    assert!(md.contains("| nvidia.com/mig-1g.10gb | 7 | 14 | +7 |"), "{md}");
+    assert!(md.contains("| train-1 | gpu0-6=whole gpu7=7x1g.10gb | team-b/trainer-0 | - |"), "{md}");
+    assert!(
+        md.contains("| infer-1 | gpu0-1=2x2g.20gb+1x3g.40gb | team-a/chat-0 | pod team-a/notebook has no controller"),
+        "{md}"
+    );
+    assert!(md.contains("| infer-2 | no GPU inventory reported by a node agent |"), "{md}");
+    assert!(md.contains("**Warning:** 1 pod(s) would block the drain"), "{md}");
+    assert!(!md.contains("kube-system/dcgm-exporter"), "DaemonSet pods are not evicted: {md}");
+}
+
+#[test]
+fn plan_preview_text_and_json_from_files() {
+    let (code, out) = run(&["plan", "preview", "--from", FLEET, SAMPLE_PLANS[0]]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("plan training: 1 node(s) change, 1 unchanged, 0 skipped"), "{out}");
+    assert!(out.contains("  change train-1: gpu0-6=whole gpu7=7x1g.10gb"), "{out}");
+    let (code, out) = run(&["plan", "preview", "-o", "json", "--from", FLEET, SAMPLE_PLANS[1]]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["changes"][0]["evict"], serde_json::json!(["team-a/chat-0"]));
+    assert_eq!(v[0]["capacity_after"]["nvidia.com/mig-3g.40gb"], 2);
+}
+
+#[test]
+fn plan_preview_refuses_an_invalid_plan_before_reading_the_cluster() {
+    let (code, out) = run(&[
+        "plan",
+        "preview",
+        "-o",
+        "markdown",
+        "--kubeconfig",
+        "does/not/exist",
+        "config/samples-invalid/plan-does-not-fit.yaml",
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(!out.contains("tessera-plan-preview"), "no comment for an invalid plan: {out}");
+}
+
+#[test]
+fn plan_preview_without_a_cluster_is_a_usage_error() {
+    let (code, out) = run(&["plan", "preview", "--kubeconfig", "does/not/exist", SAMPLE_PLANS[0]]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("--kubeconfig does/not/exist:"), "{out}");
+    let (code, out) = run(&["plan", "preview", "--from", "does/not/exist.yaml", SAMPLE_PLANS[0]]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("cannot read does/not/exist.yaml"), "{out}");
+}
+
+#[test]
+fn markdown_is_only_for_the_preview() {
+    let (code, out) = run(&["validate", "-o", "markdown", SAMPLE_PLANS[0]]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("-o markdown is for `plan preview` only; `validate` writes text or json"), "{out}");
+    let (code, _) = run(&["mig", "profiles", "--gpu", "A30", "-o", "markdown"]);
+    assert_eq!(code, 2);
+}
+
+#[test]
+fn the_ci_examples_are_valid_yaml_run_the_checks_and_are_in_the_readme() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    for f in ["config/ci/github-actions.yaml", "config/ci/gitlab-ci.yaml"] {
+        let text = std::fs::read_to_string(repo().join(f)).unwrap();
+        let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(doc.is_object(), "{f}");
+        assert!(text.contains("tessera-operator validate plans/*.yaml"), "{f}");
+        assert!(text.contains("tessera-operator plan preview -o markdown"), "{f}");
+        assert!(text.contains("<!-- tessera-plan-preview -->"), "{f} finds its earlier comment by the marker");
+        assert!(readme.contains(&format!("```yaml\n{text}```")), "README must show {f} verbatim");
+    }
+}

@@ -1,6 +1,7 @@
 //! `tessera-operator plan preview FILE`: what applying a plan would do, against the live cluster,
 //! without changing anything: nodes that change, pods that would be evicted, and the MIG
-//! capacity before and after, per resource name.
+//! capacity before and after, per resource name. `-o markdown` writes it as a pull-request
+//! comment (`cli::markdown`); `--from` reads the cluster's objects from files instead.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +12,10 @@ use serde::Serialize;
 use tessera_crds::gpunode::{GpuIntent, GpuState};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog};
 
-use super::Output;
+use super::Format;
+use super::commands::PreviewArgs;
+use super::connect::{self, list_all};
+use super::snapshot::Snapshot;
 use crate::Error;
 use crate::drain::{PodVerdict, verdict};
 use crate::quota::gpu_supply;
@@ -126,91 +130,144 @@ pub fn preview(
     p
 }
 
-pub async fn run(file: &str, output: Output) -> Result<i32, Error> {
+/// The plans of one file, each checked as `validate` checks it; `Ok(false)` when one is
+/// invalid (its errors printed).
+fn read_plans(file: &str, plans: &mut Vec<GpuPartitionPlan>) -> Result<bool, Error> {
     let text = std::fs::read_to_string(file).map_err(|source| Error::ReadFile { path: file.into(), source })?;
-    let mut plans = Vec::new();
     let docs: Vec<serde_json::Value> =
         serde_saphyr::from_multiple(&text).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
+    let mut valid = true;
     for v in docs {
         if v.get("kind").and_then(|k| k.as_str()) == Some("GpuPartitionPlan") {
             let p: GpuPartitionPlan = serde_json::from_value(v).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
             let errs = tessera_crds::validate::validate_plan(&p.spec);
-            if !errs.is_empty() {
-                for e in errs {
-                    println!("{file}: {}: {e}", p.name_any());
-                }
-                return Ok(1);
+            for e in &errs {
+                println!("{file}: {}: {e}", p.name_any());
             }
+            valid &= errs.is_empty();
             plans.push(p);
         }
     }
-    if plans.is_empty() {
-        return Err(Error::Usage(format!("{file} holds no GpuPartitionPlan")));
+    Ok(valid)
+}
+
+/// The cluster's Nodes, GpuNodes, Pods and plans; every list must succeed (a preview of part of
+/// the fleet would understate what changes).
+async fn from_cluster(client: Client) -> Result<Snapshot, Error> {
+    let all = ListParams::default();
+    Ok(Snapshot {
+        plans: list_all(&Api::<GpuPartitionPlan>::all(client.clone()), &all).await?,
+        gpunodes: list_all(&Api::<GpuNode>::all(client.clone()), &all).await?,
+        nodes: list_all(&Api::<Node>::all(client.clone()), &all).await?,
+        pods: list_all(&Api::<Pod>::all(client), &all).await?,
+        quotas: Vec::new(),
+    })
+}
+
+/// Previews every plan of `args.files` against the cluster (or `--from` files). Exit 1 when a
+/// plan is invalid; nothing is previewed then.
+pub async fn run(args: &PreviewArgs, cluster: &connect::ClusterArgs, format: Format) -> Result<i32, Error> {
+    let mut plans = Vec::new();
+    let mut valid = true;
+    for file in &args.files {
+        valid &= read_plans(file, &mut plans)?;
     }
-    let client = Client::try_default().await.map_err(|e| Error::Usage(format!("connecting to the cluster: {e}")))?;
-    let others = Api::<GpuPartitionPlan>::all(client.clone()).list(&ListParams::default()).await?.items;
-    let gns: BTreeMap<String, GpuNode> = Api::<GpuNode>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .map(|g| (g.name_any(), g))
-        .collect();
-    let nodes: Vec<(Node, Option<GpuNode>)> = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items
+    if !valid {
+        return Ok(1);
+    }
+    if plans.is_empty() {
+        return Err(Error::Usage(format!("{} hold(s) no GpuPartitionPlan", args.files.join(", "))));
+    }
+    let world = if args.from.is_empty() {
+        from_cluster(connect::client(cluster).await?).await?
+    } else {
+        Snapshot::read(&args.from)?
+    };
+    // The plans under review replace their namesakes in the cluster and compete with each other.
+    let mut others: Vec<GpuPartitionPlan> =
+        world.plans.into_iter().filter(|o| !plans.iter().any(|p| p.name_any() == o.name_any())).collect();
+    others.extend(plans.iter().cloned());
+    let gns: BTreeMap<String, GpuNode> = world.gpunodes.into_iter().map(|g| (g.name_any(), g)).collect();
+    let nodes: Vec<(Node, Option<GpuNode>)> = world
+        .nodes
         .into_iter()
         .map(|n| {
             let g = gns.get(&n.name_any()).cloned();
             (n, g)
         })
         .collect();
-    let pods = Api::<Pod>::all(client).list(&ListParams::default()).await?.items;
-    let previews: Vec<Preview> = plans.iter().map(|p| preview(p, &others, &nodes, &pods)).collect();
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&previews)?),
-        Output::Text => {
-            for p in &previews {
-                println!(
-                    "plan {}: {} node(s) change, {} unchanged, {} skipped",
-                    p.plan,
-                    p.changes.len(),
-                    p.unchanged.len(),
-                    p.skipped.len()
-                );
-                for c in &p.changes {
-                    let gpus: Vec<String> = c
-                        .gpus
-                        .iter()
-                        .map(|g| {
-                            let prof: Vec<String> = g.profiles.iter().map(|(k, v)| format!("{v}x{k}")).collect();
-                            format!("gpu{}={}", g.index, if g.mig_enabled { prof.join("+") } else { "whole".into() })
-                        })
-                        .collect();
-                    println!("  change {}: {}", c.node, gpus.join(" "));
-                    for why in &c.refused {
-                        println!("    blocks the drain: {why}");
-                    }
-                    for pod in &c.evict {
-                        println!("    evict {pod}");
-                    }
-                }
-                for (n, why) in &p.skipped {
-                    println!("  skip {n}: {why}");
-                }
-                println!("  capacity (before -> after):");
-                let keys: std::collections::BTreeSet<&String> =
-                    p.capacity_before.keys().chain(p.capacity_after.keys()).collect();
-                for k in keys {
-                    let b = p.capacity_before.get(k).copied().unwrap_or(0);
-                    let a = p.capacity_after.get(k).copied().unwrap_or(0);
-                    println!("    {k}: {b} -> {a}");
-                }
-            }
-        }
+    let previews: Vec<Preview> = plans.iter().map(|p| preview(p, &others, &nodes, &world.pods)).collect();
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&previews)?),
+        Format::Markdown => print!("{}", super::markdown::preview(&previews)),
+        Format::Text => print_text(&previews),
     }
     Ok(0)
+}
+
+/// `gpu0-6=whole gpu7=7x1g.10gb`: consecutive GPUs with the same layout share one entry.
+pub fn layout_summary(gpus: &[GpuIntent]) -> String {
+    let mut sorted: Vec<&GpuIntent> = gpus.iter().collect();
+    sorted.sort_by_key(|g| g.index);
+    let label = |g: &GpuIntent| {
+        let prof: Vec<String> = g.profiles.iter().map(|(k, v)| format!("{v}x{k}")).collect();
+        if g.mig_enabled { prof.join("+") } else { "whole".to_string() }
+    };
+    let mut runs: Vec<(i32, i32, String)> = Vec::new();
+    for g in sorted {
+        let l = label(g);
+        match runs.last_mut() {
+            Some((_, last, prev)) if *prev == l && g.index == last.saturating_add(1) => *last = g.index,
+            _ => runs.push((g.index, g.index, l)),
+        }
+    }
+    runs.iter()
+        .map(|(a, b, l)| if a == b { format!("gpu{a}={l}") } else { format!("gpu{a}-{b}={l}") })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn print_text(previews: &[Preview]) {
+    for p in previews {
+        println!(
+            "plan {}: {} node(s) change, {} unchanged, {} skipped",
+            p.plan,
+            p.changes.len(),
+            p.unchanged.len(),
+            p.skipped.len()
+        );
+        for c in &p.changes {
+            println!("  change {}: {}", c.node, layout_summary(&c.gpus));
+            for why in &c.refused {
+                println!("    blocks the drain: {why}");
+            }
+            for pod in &c.evict {
+                println!("    evict {pod}");
+            }
+        }
+        for (n, why) in &p.skipped {
+            println!("  skip {n}: {why}");
+        }
+        println!("  capacity (before -> after):");
+        for (k, b, a) in p.capacity_rows() {
+            println!("    {k}: {b} -> {a}");
+        }
+    }
+}
+
+impl Preview {
+    /// Every resource on either side: (name, before, after).
+    pub fn capacity_rows(&self) -> Vec<(&str, i64, i64)> {
+        let keys: std::collections::BTreeSet<&String> =
+            self.capacity_before.keys().chain(self.capacity_after.keys()).collect();
+        keys.into_iter()
+            .map(|k| {
+                let b = self.capacity_before.get(k).copied().unwrap_or(0);
+                let a = self.capacity_after.get(k).copied().unwrap_or(0);
+                (k.as_str(), b, a)
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,192 @@
+//! `plan preview -o markdown`: a pull-request comment. Counts and capacity first; long node lists
+//! folded into `<details>`; every cell escaped so a name cannot break the table, inject HTML or
+//! mention anyone; and the whole kept under GitHub's 65,536-character comment limit.
+
+use std::fmt::Write as _;
+
+use super::preview::{Preview, layout_summary};
+
+/// First line of every comment: CI jobs find their earlier comment by it to update it.
+pub const MARKER: &str = "<!-- tessera-plan-preview -->";
+/// Node tables longer than this are folded.
+const FOLD_ROWS: usize = 10;
+/// Rows shown per table; the rest are counted.
+const MAX_ROWS: usize = 100;
+/// Pods named per node; the rest are counted.
+const MAX_PODS: usize = 5;
+/// Characters per cell.
+const MAX_CELL: usize = 300;
+/// Below GitHub's limit (65,536) with room for what a CI job adds.
+const MAX_COMMENT: usize = 60_000;
+
+/// Text made safe for a table cell or a heading: one line, `|` and Markdown punctuation escaped,
+/// HTML and `@mentions` neutralised, at most `MAX_CELL` characters.
+pub fn cell(s: &str) -> String {
+    let mut out = String::new();
+    for (n, c) in s.chars().enumerate() {
+        if n == MAX_CELL {
+            out.push('…');
+            break;
+        }
+        match c {
+            '\n' | '\r' | '\t' => out.push(' '),
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '@' => out.push_str("&#64;"),
+            '\\' | '|' | '`' | '*' | '_' | '[' | ']' | '~' | '#' | '!' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The comment for the previews of one run.
+pub fn preview(previews: &[Preview]) -> String {
+    let full = render(previews, true);
+    if full.len() <= MAX_COMMENT {
+        return full;
+    }
+    let mut short = render(previews, false);
+    if short.len() > MAX_COMMENT {
+        // So many plans that even their summaries are too long: whole lines only.
+        let cut = short[..MAX_COMMENT - 500].rfind('\n').unwrap_or(0);
+        short.truncate(cut + 1);
+    }
+    short.push_str(
+        "\n_The node lists are too long for a comment; run `tessera-operator plan preview -o json` \
+         (or see this job's log) for all of them._\n",
+    );
+    short
+}
+
+fn render(previews: &[Preview], details: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{MARKER}\n### Tessera plan preview\n");
+    let _ = writeln!(out, "| Plan | Nodes that change | Pods evicted | Drain blockers | Unchanged | Skipped |");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    for p in previews {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            cell(&p.plan),
+            p.changes.len(),
+            evicted(p),
+            blockers(p),
+            p.unchanged.len(),
+            p.skipped.len()
+        );
+    }
+    for p in previews {
+        plan(&mut out, p, details);
+    }
+    out
+}
+
+fn evicted(p: &Preview) -> usize {
+    p.changes.iter().map(|c| c.evict.len()).sum()
+}
+
+fn blockers(p: &Preview) -> usize {
+    p.changes.iter().map(|c| c.refused.len()).sum()
+}
+
+fn plan(out: &mut String, p: &Preview, details: bool) {
+    let _ = writeln!(out, "\n#### Plan {}\n", cell(&p.plan));
+    if blockers(p) > 0 {
+        let _ = writeln!(
+            out,
+            "**Warning:** {} pod(s) would block the drain until the plan opts in to evicting them \
+             (see the Drain blockers column).\n",
+            blockers(p)
+        );
+    }
+    let _ = writeln!(out, "| Resource | Before | After | Change |\n|---|---:|---:|---:|");
+    let rows = p.capacity_rows();
+    if rows.is_empty() {
+        let _ = writeln!(out, "| (no GPUs on the matched nodes) | | | |");
+    }
+    for (r, b, a) in rows {
+        let delta = match a - b {
+            0 => "0".to_string(),
+            d if d > 0 => format!("+{d}"),
+            d => d.to_string(),
+        };
+        let _ = writeln!(out, "| {} | {b} | {a} | {delta} |", cell(r));
+    }
+    if !details {
+        return;
+    }
+    if !p.changes.is_empty() {
+        let rows: Vec<String> = p
+            .changes
+            .iter()
+            .map(|c| {
+                format!(
+                    "| {} | {} | {} | {} |",
+                    cell(&c.node),
+                    cell(&layout_summary(&c.gpus)),
+                    list(&c.evict, MAX_PODS),
+                    list(&c.refused, 3)
+                )
+            })
+            .collect();
+        table(
+            out,
+            "Nodes that change",
+            "| Node | New layout | Pods evicted | Drain blockers |\n|---|---|---|---|",
+            &rows,
+        );
+    }
+    if !p.skipped.is_empty() {
+        let rows: Vec<String> = p.skipped.iter().map(|(n, why)| format!("| {} | {} |", cell(n), cell(why))).collect();
+        table(out, "Skipped nodes", "| Node | Why |\n|---|---|", &rows);
+    }
+    if !p.unchanged.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n<details><summary>Unchanged nodes ({})</summary>\n\n{}\n\n</details>",
+            p.unchanged.len(),
+            list(&p.unchanged, MAX_ROWS)
+        );
+    }
+}
+
+/// A titled table, folded when long, at most `MAX_ROWS` rows.
+fn table(out: &mut String, title: &str, header: &str, rows: &[String]) {
+    let fold = rows.len() > FOLD_ROWS;
+    if fold {
+        let _ = writeln!(out, "\n<details><summary>{title} ({})</summary>\n", rows.len());
+    } else {
+        let _ = writeln!(out, "\n**{title} ({})**\n", rows.len());
+    }
+    let _ = writeln!(out, "{header}");
+    for r in rows.iter().take(MAX_ROWS) {
+        let _ = writeln!(out, "{r}");
+    }
+    if rows.len() > MAX_ROWS {
+        let _ = writeln!(out, "\n… and {} more (`-o json` lists every one)", rows.len() - MAX_ROWS);
+    }
+    if fold {
+        let _ = writeln!(out, "\n</details>");
+    }
+}
+
+/// `a, b, c and 4 more`, escaped; `-` when empty.
+fn list(items: &[String], max: usize) -> String {
+    if items.is_empty() {
+        return "-".into();
+    }
+    let mut text = items.iter().take(max).map(|i| cell(i)).collect::<Vec<_>>().join(", ");
+    if items.len() > max {
+        let _ = write!(text, " and {} more", items.len() - max);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests;

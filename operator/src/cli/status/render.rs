@@ -1,0 +1,248 @@
+//! The status report as text, with ANSI colour for a terminal or plain for a pipe.
+
+use std::fmt::Write as _;
+use std::io::IsTerminal;
+
+use clap::ValueEnum;
+
+use super::{FleetStatus, GpuStatus, Holder, NodeStatus};
+
+/// `--color`: as kubectl and git, colour only when stdout is a terminal unless told otherwise;
+/// `NO_COLOR` (no-color.org) turns `auto` off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Colour {
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+impl Colour {
+    pub fn enabled(self) -> bool {
+        match self {
+            Colour::Always => true,
+            Colour::Never => false,
+            Colour::Auto => {
+                std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+            }
+        }
+    }
+}
+
+/// SGR codes used.
+#[derive(Clone, Copy)]
+enum Paint {
+    Bold,
+    Dim,
+    Red,
+    Green,
+    Yellow,
+    Cyan,
+}
+
+struct Pen {
+    on: bool,
+}
+
+impl Pen {
+    fn paint(&self, p: Paint, s: &str) -> String {
+        if !self.on || s.is_empty() {
+            return s.to_string();
+        }
+        let code = match p {
+            Paint::Bold => "1",
+            Paint::Dim => "2",
+            Paint::Red => "31",
+            Paint::Green => "32",
+            Paint::Yellow => "33",
+            Paint::Cyan => "36",
+        };
+        format!("\x1b[{code}m{s}\x1b[0m")
+    }
+
+    fn phase(&self, phase: &str) -> String {
+        let p = match phase {
+            "Idle" => Paint::Green,
+            "Failed" => Paint::Red,
+            "-" => Paint::Dim,
+            _ => Paint::Yellow,
+        };
+        self.paint(p, phase)
+    }
+
+    fn ready(&self, ready: &str) -> String {
+        self.paint(if ready == "True" { Paint::Green } else { Paint::Red }, ready)
+    }
+}
+
+/// Plain text when `colour` is false: no escape codes at all.
+pub fn text(s: &FleetStatus, colour: bool) -> String {
+    let pen = Pen { on: colour };
+    let mut out = String::new();
+    if !s.plans.is_empty() {
+        let _ = writeln!(out, "{}", pen.paint(Paint::Bold, "PLANS"));
+        let w = s.plans.iter().map(|p| p.name.len()).max().unwrap_or(0);
+        for p in &s.plans {
+            let mut line =
+                format!("  {:<w$}  ready {}  {}/{} updated", p.name, pen.ready(&p.ready), p.updated, p.matched);
+            if p.in_progress > 0 {
+                let _ = write!(line, ", {} in progress", p.in_progress);
+            }
+            if p.failed > 0 {
+                let _ = write!(line, ", {}", pen.paint(Paint::Red, &format!("{} failed", p.failed)));
+            }
+            if p.paused {
+                let _ = write!(line, " {}", pen.paint(Paint::Yellow, "(paused)"));
+            }
+            if !p.reason.is_empty() {
+                let _ = write!(line, "  {}: {}", p.reason, p.message);
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(out, "{}", pen.paint(Paint::Bold, "NODES"));
+    if s.unreadable.iter().any(|u| u.resource.starts_with("gpunodes.")) {
+        let _ = writeln!(out, "  (GpuNodes could not be read)");
+    } else if s.nodes.is_empty() {
+        let _ = writeln!(out, "  (no GpuNodes: no node agent has reported)");
+    }
+    let mut inexact = false;
+    for n in &s.nodes {
+        inexact |= node(&mut out, n, &pen);
+    }
+    if !s.tenants.is_empty() {
+        let _ = writeln!(out, "\n{}", pen.paint(Paint::Bold, "HELD BY TENANT"));
+        let w = s.tenants.keys().map(|t| tenant_label(t).len()).max().unwrap_or(0);
+        for (t, held) in &s.tenants {
+            let list: Vec<String> = held.iter().map(|(r, n)| format!("{r}={n}")).collect();
+            let label = format!("{:<w$}", tenant_label(t));
+            let _ = writeln!(out, "  {}  {}", pen.paint(Paint::Cyan, &label), list.join(" "));
+        }
+    }
+    if inexact {
+        let _ = writeln!(
+            out,
+            "\n~ the API does not say which device a pod got: pods are shown on the lowest GPU and slot \
+             of their resource"
+        );
+    }
+    out
+}
+
+fn tenant_label(t: &str) -> &str {
+    if t.is_empty() { "(no quota)" } else { t }
+}
+
+fn holder(h: &Holder, pen: &Pen) -> String {
+    let tenant = h.tenant.as_deref().unwrap_or("(no quota)");
+    format!("{}  {}", pen.paint(Paint::Cyan, tenant), h.pod)
+}
+
+/// Writes one node; returns whether any attribution on it is inexact.
+fn node(out: &mut String, n: &NodeStatus, pen: &Pen) -> bool {
+    let plan = n.plan.as_deref().map(|p| format!("  plan {p}")).unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "{}  phase {}  ready {}{plan}",
+        pen.paint(Paint::Bold, &n.name),
+        pen.phase(&n.phase),
+        pen.ready(&n.ready)
+    );
+    if !n.message.is_empty() {
+        let _ = writeln!(out, "  {}", pen.paint(Paint::Yellow, &n.message));
+    }
+    if n.gpus.is_empty() {
+        let _ = writeln!(out, "  (no GPUs reported)");
+    }
+    let pw = n.gpus.iter().map(|g| g.product.len()).max().unwrap_or(0);
+    let dw = n.gpus.iter().map(|g| g.slots.len() + 2).max().unwrap_or(0).max(7);
+    let mut inexact = false;
+    for g in &n.gpus {
+        inexact |= gpu(out, g, pen, pw, dw);
+    }
+    for u in &n.unplaced {
+        let _ = writeln!(
+            out,
+            "  {} {} holds {} {} the node does not report",
+            pen.paint(Paint::Yellow, "unplaced:"),
+            holder(&u.holder, pen),
+            u.count,
+            u.resource
+        );
+    }
+    inexact
+}
+
+fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize) -> bool {
+    let head = format!("  gpu{:<2} {:<pw$}  ", g.index, g.product);
+    let mut inexact = false;
+    let mut line = head.clone();
+    if g.mode == "mig" {
+        let diagram = format!("[{}]", g.slots);
+        let pad = " ".repeat(dw.saturating_sub(diagram.len()));
+        let _ = write!(line, "{}{pad}", slots(g, pen));
+        if g.instances.is_empty() {
+            line.push_str("  no instances");
+        }
+        let mut by_letter: Vec<_> = g.instances.iter().collect();
+        by_letter.sort_by_key(|i| i.letter);
+        for i in &by_letter {
+            let _ = write!(line, "  {} {}", i.letter, i.profile);
+        }
+        let busy = g.instances.iter().filter(|i| i.holder.is_some()).count();
+        if !g.instances.is_empty() {
+            let _ = write!(line, "  ({busy}/{} busy)", g.instances.len());
+        }
+        tail(&mut line, g, pen);
+        let _ = writeln!(out, "{line}");
+        for i in by_letter.iter().filter(|i| i.holder.is_some()) {
+            let mark = if i.exact { " " } else { "~" };
+            inexact |= !i.exact;
+            let indent = " ".repeat(head.len());
+            let h = i.holder.as_ref().map(|h| holder(h, pen)).unwrap_or_default();
+            let _ = writeln!(out, "{indent}{}{mark} {h}", pen.paint(Paint::Red, &i.letter.to_string()));
+        }
+    } else {
+        let what = if g.mode == "whole" { "whole GPU" } else { "whole GPU (no MIG)" };
+        let _ = write!(line, "{what:<dw$}");
+        match &g.holder {
+            Some(h) => {
+                let mark = if g.exact { "" } else { "~" };
+                inexact |= !g.exact;
+                let _ = write!(line, "  {}{mark}  {}", pen.paint(Paint::Red, "busy"), holder(h, pen));
+            }
+            None => {
+                let _ = write!(line, "  {}", pen.paint(Paint::Green, "free"));
+            }
+        }
+        tail(&mut line, g, pen);
+        let _ = writeln!(out, "{line}");
+    }
+    inexact
+}
+
+/// The diagram with busy instances red and free ones green.
+fn slots(g: &GpuStatus, pen: &Pen) -> String {
+    let mut s = String::from("[");
+    for c in g.slots.chars() {
+        let busy = g.instances.iter().any(|i| i.letter == c && i.holder.is_some());
+        let p = match c {
+            '.' => Paint::Dim,
+            _ if busy => Paint::Red,
+            _ => Paint::Green,
+        };
+        s.push_str(&pen.paint(p, &c.to_string()));
+    }
+    s.push(']');
+    s
+}
+
+fn tail(line: &mut String, g: &GpuStatus, pen: &Pen) {
+    if let Some(t) = &g.target {
+        let _ = write!(line, "  {}", pen.paint(Paint::Yellow, &format!("-> {t}")));
+    }
+    if g.mig_pending {
+        let _ = write!(line, "  {}", pen.paint(Paint::Yellow, "(MIG mode change pending a reset)"));
+    }
+}

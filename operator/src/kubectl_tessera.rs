@@ -1,0 +1,79 @@
+//! `kubectl-tessera`, the kubectl plugin: `kubectl tessera status` shows the fleet; `preview`,
+//! `validate` and `mig` are `tessera-operator`'s commands of those names. Connects like kubectl
+//! (`--kubeconfig`, `--context`, `KUBECONFIG`, the current context).
+
+use clap::{Parser, Subcommand};
+use tessera_operator::cli::commands::{MigCommand, PreviewArgs, runtime};
+use tessera_operator::cli::connect::ClusterArgs;
+use tessera_operator::cli::status::Colour;
+use tessera_operator::cli::{self, Format};
+
+#[derive(Parser)]
+#[command(
+    name = "kubectl tessera",
+    bin_name = "kubectl tessera",
+    version,
+    about = "Tessera's MIG fleet from kubectl: status, plan previews, offline checks"
+)]
+struct Cli {
+    /// Output format (`markdown`: `preview` only).
+    #[arg(long, short = 'o', value_enum, default_value_t, global = true)]
+    output: Format,
+    /// Colour the text output: auto (when stdout is a terminal and NO_COLOR is unset), always, never.
+    #[arg(long = "color", value_enum, default_value_t, global = true)]
+    colour: Colour,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Every GPU node: rollout phase, MIG slot diagram, busy instances and the tenants holding
+    /// them (exit 1 when part of the fleet could not be read; what could is still shown).
+    Status {
+        /// Read GpuNodes, plans, quotas and pods from these files instead of the cluster.
+        #[arg(long = "from", value_name = "FILE")]
+        from: Vec<String>,
+    },
+    /// What applying plans would change, against the cluster (`-o markdown` for a pull request).
+    Preview(PreviewArgs),
+    /// Validate YAML files of GpuPartitionPlans and TenantGpuQuotas offline (exit 1 on any error).
+    Validate {
+        #[arg(required = true)]
+        files: Vec<String>,
+    },
+    /// MIG geometry from the built-in catalog.
+    Mig {
+        #[command(subcommand)]
+        command: MigCommand,
+    },
+}
+
+#[cfg(test)]
+#[test]
+fn the_command_line_is_consistent() {
+    use clap::CommandFactory;
+    Cli::command().debug_assert();
+}
+
+fn main() {
+    let args = Cli::parse();
+    let output = args.output;
+    let result = match args.command {
+        Command::Status { from } => output.plain("status").and_then(|output| {
+            runtime().block_on(cli::status::run(&args.cluster, &from, output, args.colour.enabled()))
+        }),
+        Command::Preview(preview) => preview.run(&args.cluster, output),
+        Command::Validate { files } => output.plain("validate").and_then(|output| cli::validate::run(&files, output)),
+        Command::Mig { command } => output.plain("mig").and_then(|output| command.run(output)),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(e.exit_code());
+        }
+    }
+}

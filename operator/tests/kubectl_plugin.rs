@@ -1,0 +1,154 @@
+//! Drives the real `kubectl-tessera` binary offline (`--from` files, an unreachable server); the
+//! e2e test `kubectl_plugin` runs it against a real control plane.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Exit status, stdout, stderr. Stdout is a pipe here, so colour is off unless asked for.
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-tessera"))
+        .args(args)
+        .current_dir(repo())
+        .env_remove("NO_COLOR")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const FLEET: &str = "config/examples/fleet/cluster.yaml";
+
+#[test]
+fn status_of_the_example_fleet_as_plain_text() {
+    let (code, out, err) = run(&["status", "--from", FLEET]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains('\x1b'), "a pipe gets no colour: {out}");
+    assert!(
+        out.contains("  training  ready False  1/2 updated, 1 in progress  RollingOut: 1 of 2 nodes updated"),
+        "{out}"
+    );
+    assert!(out.contains("dev-1  phase -  ready Unknown"), "{out}");
+    assert!(out.contains("  gpu0  A30-24GB  [AABC]   A 2g.12gb  B 1g.6gb  C 1g.6gb  (1/3 busy)"), "{out}");
+    assert!(out.contains("B~ team-a  team-a-batch/eval-0"), "{out}");
+    assert!(out.contains("  gpu1  A30-24GB  whole GPU  free"), "{out}");
+    assert!(out.contains("infer-2  phase -  ready Unknown\n  (no GPUs reported)"), "{out}");
+    assert!(out.contains("train-1  phase Draining  ready True  plan training\n  evicting 1 pod"), "{out}");
+    assert!(out.contains("  gpu7  H100-80GB  whole GPU  free"), "{out}");
+    assert!(out.contains("A~ (no quota)  research/sweep-0"), "{out}");
+    assert!(out.contains("  team-b      nvidia.com/gpu=4"), "{out}");
+    assert!(!out.contains("old-job"), "a finished pod holds nothing: {out}");
+}
+
+#[test]
+fn status_json_and_colour() {
+    let (code, out, _) = run(&["status", "-o", "json", "--from", FLEET]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = v["nodes"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["dev-1", "infer-1", "infer-2", "train-1", "train-2"]);
+    assert_eq!(v["nodes"][0]["gpus"][0]["slots"], "AABC");
+    assert_eq!(v["nodes"][1]["gpus"][0]["instances"][1]["holder"]["pod"], "team-a/notebook");
+    assert_eq!(v["tenants"]["team-a"]["nvidia.com/mig-1g.10gb"], 2);
+    let train1 = &v["nodes"][3]["gpus"];
+    assert_eq!(train1[0]["holder"]["pod"], "team-b/trainer-0");
+    assert_eq!(train1[0]["exact"], false, "4 of 8 whole GPUs held: which 4 is not known");
+
+    let (code, out, _) = run(&["status", "--color", "always", "--from", FLEET]);
+    assert_eq!(code, 0);
+    assert!(out.contains("\x1b[33mDraining\x1b[0m"), "{out}");
+    let (_, out, _) = run(&["status", "--color", "never", "--from", FLEET]);
+    assert!(!out.contains('\x1b'));
+}
+
+/// A kubeconfig for `http://127.0.0.1:PORT` in a fresh directory.
+fn kubeconfig_for(port: u16, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tessera-plugin-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster: {{server: \"http://127.0.0.1:{port}\"}}\n\
+             contexts:\n- name: c\n  context: {{cluster: c, user: u}}\nusers:\n- name: u\n  user: {{token: t}}\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn status_against_a_dead_server_says_what_it_could_not_read_and_exits_1() {
+    // A port nothing listens on: connections are refused at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let kubeconfig = kubeconfig_for(port, "dead");
+    let k = kubeconfig.to_str().unwrap();
+    let (code, out, err) = run(&["--kubeconfig", k, "--request-timeout", "5", "status"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("NODES\n  (GpuNodes could not be read)"), "the report is still printed: {out}");
+    for r in ["gpunodes.tessera.dev", "gpupartitionplans.tessera.dev", "tenantgpuquotas.tessera.dev", "pods"] {
+        assert!(err.contains(&format!("error: cannot read {r}: ")), "{r}: {err}");
+    }
+    assert!(err.contains("Connection refused"), "the cause, not only kube's \"client error (Connect)\": {err}");
+    let (code, _, err) = run(&["--kubeconfig", k, "--context", "nope", "status"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("nope"), "{err}");
+    // The preview needs every list: it fails instead of understating what changes.
+    let (code, out, err) = run(&["--kubeconfig", k, "preview", "config/samples/gpupartitionplan-training.yaml"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.is_empty(), "{out}");
+}
+
+#[test]
+fn a_server_that_never_answers_is_given_up_on_after_the_request_timeout() {
+    // Accepts connections (the kernel's backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let kubeconfig = kubeconfig_for(silent.local_addr().unwrap().port(), "silent");
+    let started = std::time::Instant::now();
+    let (code, _, err) = run(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--request-timeout", "1", "status"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("error: cannot read pods: "), "{err}");
+    // Not a speed goal: a bound on hanging (the four lists run at once, each cut after 1 s).
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "took {:?}", started.elapsed());
+    drop(silent);
+}
+
+#[test]
+fn a_malformed_object_in_a_from_file_is_named() {
+    let dir = std::env::temp_dir().join(format!("tessera-plugin-from-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("list.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: v1\nkind: List\nitems:\n- apiVersion: tessera.dev/v1alpha1\n  kind: GpuNode\n  metadata: {name: ok}\n  spec: {}\n\
+         - apiVersion: tessera.dev/v1alpha1\n  kind: GpuNode\n  metadata: {name: bad}\n  spec: {}\n  status: {gpus: [{index: zero}]}\n",
+    )
+    .unwrap();
+    let (code, _, err) = run(&["status", "--from", f.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("list.yaml:doc 1: items[1]: status.gpus[0].index: invalid type"), "{err}");
+}
+
+#[test]
+fn preview_validate_and_mig_are_the_operators_commands() {
+    let (code, out, _) =
+        run(&["preview", "-o", "markdown", "--from", FLEET, "config/samples/gpupartitionplan-training.yaml"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("| train-1 | gpu0-6=whole gpu7=7x1g.10gb | team-b/trainer-0 | - |"), "{out}");
+    let (code, out, _) = run(&["validate", "config/samples/tenantgpuquota-team-a.yaml"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(", 0 errors"), "{out}");
+    let (code, out, _) = run(&["mig", "fit", "--gpu", "A100-40GB", "2g.10gb=2", "3g.20gb=1"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("memory slots: [AABBCCCC]"), "{out}");
+    let (code, _, err) = run(&["status", "-o", "markdown", "--from", FLEET]);
+    assert_eq!(code, 2);
+    assert!(err.contains("-o markdown is for `plan preview` only; `status` writes text or json"), "{err}");
+}

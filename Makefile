@@ -53,8 +53,8 @@ unit:
 e2e: controlplane
 	$(CARGO) build --workspace --bins
 	$(CARGO) build -p tessera-nvml-sim
-	TESSERA_HELM=$$($(TOOL) helm) TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) \
-	  $(CARGO) test -p tessera-e2e -- --test-threads=1
+	helm=$$($(TOOL) helm) && bin=$$($(CONTROLPLANE_BUILD)) && \
+	  TESSERA_HELM=$$helm TESSERA_CONTROLPLANE_BIN=$$bin $(CARGO) test -p tessera-e2e -- --test-threads=1
 
 ## Container images (release binaries) as OCI archives in target/images/, with buildah, podman
 ## or docker: see README "Install on a real cluster".
@@ -73,15 +73,15 @@ test: lint chart alerts
 	$(CARGO) build -p tessera-nvml-sim
 	PROFILE=dev SKIP_CARGO=1 scripts/images.sh build
 	PROFILE=dev scripts/images.sh check
-	TESSERA_HELM=$$($(TOOL) helm) TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) \
-	  $(CARGO) test --workspace -- --test-threads=2
+	helm=$$($(TOOL) helm) && bin=$$($(CONTROLPLANE_BUILD)) && \
+	  TESSERA_HELM=$$helm TESSERA_CONTROLPLANE_BIN=$$bin $(CARGO) test --workspace -- --test-threads=2
 	scripts/demo.sh ci
 
 ## The operator's cost per node reconfigured at 100 and 1,000 kwok nodes (see BENCHMARKS.md).
 bench: controlplane
 	$(CARGO) build --release -p tessera-operator -p tessera-e2e --bins
-	TESSERA_CONTROLPLANE_BIN=$$($(CONTROLPLANE_BUILD)) TESSERA_OPERATOR_BIN=target/release/tessera-operator \
-	  target/release/bench-rollout $(BENCH_NODES)
+	bin=$$($(CONTROLPLANE_BUILD)) && TESSERA_CONTROLPLANE_BIN=$$bin \
+	  TESSERA_OPERATOR_BIN=target/release/tessera-operator target/release/bench-rollout $(BENCH_NODES)
 	target/release/bench-fleet $(BENCH_GPUS)
 
 ## The demo: an embedded cluster with simulated GPUs, left running (`make demo-down` stops it).

@@ -257,7 +257,18 @@ impl Drop for ControlPlane {
 /// Finds the binaries: `TESSERA_CONTROLPLANE_BIN`, else builds (or reuses) them via build.sh.
 pub fn binaries() -> Result<PathBuf, Error> {
     if let Ok(dir) = std::env::var("TESSERA_CONTROLPLANE_BIN") {
-        return Ok(PathBuf::from(dir));
+        // A failed build.sh in `VAR=$(build.sh) cargo test` leaves it empty: say so, rather than
+        // start whatever `etcd` is on PATH.
+        let dir = PathBuf::from(dir);
+        let expected =
+            ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kwok-stages.yaml"];
+        if let Some(absent) = expected.iter().find(|f| !dir.join(f).is_file()) {
+            return Err(Error::Build(format!(
+                "TESSERA_CONTROLPLANE_BIN={:?} has no {absent}: run e2e/controlplane/build.sh and use the directory it prints",
+                dir.display().to_string()
+            )));
+        }
+        return Ok(dir);
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane/build.sh");
     let out = std::process::Command::new("bash")

@@ -123,13 +123,14 @@ fn exhaustive(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> (i64, u32) {
 fn fleet() -> impl Strategy<Value = (Vec<GpuSlot>, BTreeMap<String, i64>)> {
     let products = ["H100-80GB", "A100-40GB", "A30-24GB"];
     let one = (0usize..3, any::<u64>(), any::<bool>(), 0u8..4);
+    let tables: Vec<_> = products.iter().map(|p| (model(p), solver::maximal_layouts(model(p), None))).collect();
     (proptest::collection::vec(one, 1..=8), 0i64..6, 0i64..9, 0i64..3).prop_map(move |(gs, d3g, d1g, dgpu)| {
         let gpus = gs
             .into_iter()
             .enumerate()
             .map(|(i, (prod, seed, changeable, busy_mask))| {
-                let m = model(products[prod]);
-                let layouts = solver::maximal_layouts(m, None);
+                let (m, layouts) = &tables[prod];
+                let m = *m;
                 let mut g = GpuSlot {
                     node: format!("n{i}"),
                     index: 0,
@@ -219,5 +220,144 @@ proptest! {
         prop_assert!(score(&classes, &g, &demand).0 <= score(&classes, &nothing, &demand).0);
         let (short, _) = exhaustive(&gpus, &demand);
         prop_assert!(score(&classes, &g, &demand).0 >= short, "no better than exact");
+    }
+}
+
+/// The greedy rule as first written (maps keyed by resource name, before the dense rewrite), kept
+/// as the reference the fast one must match choice for choice.
+fn reference_greedy(classes: &[Class], demand: &BTreeMap<String, i64>) -> Vec<Vec<usize>> {
+    let mut counts: Vec<Vec<usize>> = classes
+        .iter()
+        .map(|c| {
+            let mut v = vec![0; c.candidates.len()];
+            v[0] = c.members.len();
+            v
+        })
+        .collect();
+    let mut supply: BTreeMap<&str, i64> = BTreeMap::new();
+    for class in classes {
+        for (r, k) in &class.candidates[0].supply {
+            *supply.entry(r.as_str()).or_default() += k * class.members.len() as i64;
+        }
+    }
+    let get = |m: &BTreeMap<String, i64>, r: &str| m.get(r).copied().unwrap_or(0);
+    loop {
+        let shortfall = |supply: &BTreeMap<&str, i64>, keep: Option<(&Candidate, &Candidate)>| -> i64 {
+            demand
+                .iter()
+                .map(|(r, d)| {
+                    let mut s = supply.get(r.as_str()).copied().unwrap_or(0);
+                    if let Some((from, to)) = keep {
+                        s += get(&to.supply, r) - get(&from.supply, r);
+                    }
+                    (d - s).max(0)
+                })
+                .sum()
+        };
+        let now = shortfall(&supply, None);
+        if now == 0 {
+            break;
+        }
+        let mut best: Option<((i64, i64, i64), usize, usize)> = None;
+        for (ci, class) in classes.iter().enumerate().filter(|(ci, _)| counts[*ci][0] > 0) {
+            let keep = &class.candidates[0];
+            for (k, cand) in class.candidates.iter().enumerate().skip(1) {
+                let gain = now - shortfall(&supply, Some((keep, cand)));
+                let key = (gain, -i64::from(cand.destroyed), -i64::from(cand.fragmentation));
+                if gain > 0 && best.as_ref().is_none_or(|(b, _, _)| key > *b) {
+                    best = Some((key, ci, k));
+                }
+            }
+        }
+        let Some((_, ci, k)) = best else { break };
+        counts[ci][0] -= 1;
+        counts[ci][k] += 1;
+        let (keep, cand) = (&classes[ci].candidates[0], &classes[ci].candidates[k]);
+        for (r, n) in &keep.supply {
+            *supply.entry(r.as_str()).or_default() -= n;
+        }
+        for (r, n) in &cand.supply {
+            *supply.entry(r.as_str()).or_default() += n;
+        }
+    }
+    counts
+}
+
+/// Up to 24 GPUs of four products, MIG on or off, some busy instances, some not changeable, and
+/// demands over ten resources including zero and negative ones.
+fn mixed_fleet() -> impl Strategy<Value = (Vec<GpuSlot>, BTreeMap<String, i64>)> {
+    let products = ["H100-80GB", "A100-40GB", "A100-80GB", "A30-24GB"];
+    let one = (0usize..4, any::<u64>(), any::<bool>(), 0u8..4);
+    let res = proptest::collection::btree_map(
+        prop::sample::select(vec![
+            "nvidia.com/mig-3g.40gb",
+            "nvidia.com/mig-1g.10gb",
+            "nvidia.com/mig-1g.5gb",
+            "nvidia.com/mig-2g.20gb",
+            "nvidia.com/mig-1g.6gb",
+            "nvidia.com/mig-2g.12gb",
+            "nvidia.com/mig-7g.80gb",
+            "nvidia.com/mig-4g.20gb",
+            "nvidia.com/gpu",
+            "nvidia.com/mig-1g.20gb",
+        ]),
+        -2i64..40,
+        0..8,
+    );
+    // Each product's maximal layouts, once (they are what the fleet is drawn from).
+    let tables: Vec<_> = products.iter().map(|p| (model(p), solver::maximal_layouts(model(p), None))).collect();
+    (proptest::collection::vec(one, 1..=24), res).prop_map(move |(gs, d)| {
+        let gpus = gs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (prod, seed, changeable, busy_mask))| {
+                let (m, layouts) = &tables[prod];
+                let m = *m;
+                let mut g = GpuSlot {
+                    node: format!("n{i}"),
+                    index: 0,
+                    model: m,
+                    mig_enabled: seed % 5 != 0,
+                    instances: vec![],
+                    busy: vec![],
+                    changeable: seed % 7 != 0 || changeable,
+                };
+                if g.mig_enabled {
+                    g.instances = layouts[(seed as usize / 5) % layouts.len()].clone();
+                    g.busy = g
+                        .instances
+                        .iter()
+                        .enumerate()
+                        .filter(|(k, _)| busy_mask & (1 << k) != 0)
+                        .map(|(_, p)| p.clone())
+                        .collect();
+                }
+                g
+            })
+            .collect();
+        (gpus, d.into_iter().map(|(r, n)| (r.to_string(), n)).collect())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(60))]
+    /// Same answers as the reference rule (same moves, same tie-breaking), and when it stops
+    /// short no single further change would remove any shortfall.
+    #[test]
+    fn the_dense_greedy_chooses_exactly_as_the_reference_rule((gpus, demand) in mixed_fleet()) {
+        let classes = classify(&gpus, &demand);
+        let counts = greedy(&classes, &demand);
+        prop_assert_eq!(&counts, &reference_greedy(&classes, &demand));
+        let (short, ..) = score(&classes, &counts, &demand);
+        if short > 0 {
+            for (ci, class) in classes.iter().enumerate().filter(|(ci, _)| counts[*ci][0] > 0) {
+                for k in 1..class.candidates.len() {
+                    let mut moved = counts.clone();
+                    moved[ci][0] -= 1;
+                    moved[ci][k] += 1;
+                    prop_assert!(score(&classes, &moved, &demand).0 >= short, "a change that helps was left");
+                }
+            }
+        }
     }
 }

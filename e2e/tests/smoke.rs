@@ -27,6 +27,17 @@ fn api_error_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
+/// `make e2e KUBERNETES=1.35` really runs on 1.35: the server reports the minor asked for (the
+/// default, when unset, is the newest supported, 1.37).
+#[tokio::test]
+async fn the_control_plane_runs_the_kubernetes_minor_asked_for() {
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = cp.client(Identity::Admin).await.unwrap();
+    let info = admin.apiserver_version().await.unwrap();
+    let wanted = std::env::var("KUBERNETES").unwrap_or_else(|_| "1.37".into());
+    assert_eq!(format!("{}.{}", info.major, info.minor), wanted, "server reports {}", info.git_version);
+}
+
 #[tokio::test]
 async fn crds_install_and_every_kind_round_trips() {
     let cp = ControlPlane::start().await.unwrap();

@@ -164,7 +164,8 @@ pub fn fleet_status(
         }
         let t = tenants.entry(tenant.clone().unwrap_or_default()).or_default();
         for (r, n) in &held {
-            *t.entry(r.clone()).or_default() += n;
+            let e = t.entry(r.clone()).or_default();
+            *e = e.saturating_add(*n);
         }
         pods_by_node.entry(node).or_default().push((Holder { pod: format!("{ns}/{}", pod.name_any()), tenant }, held));
     }
@@ -206,7 +207,8 @@ pub fn gpu_resources(pod: &Pod) -> BTreeMap<String, i64> {
     let mut total: BTreeMap<String, i64> = BTreeMap::new();
     for c in &spec.containers {
         for (k, n) in of(c) {
-            *total.entry(k).or_default() += n;
+            let e = total.entry(k).or_default();
+            *e = e.saturating_add(n);
         }
     }
     for c in spec.init_containers.iter().flatten() {

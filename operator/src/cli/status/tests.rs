@@ -297,3 +297,24 @@ fn json_names_every_field_in_camel_case() {
     assert!(v["nodes"][1]["gpus"][0].get("holder").is_none(), "free");
     assert!(v.get("unreadable").is_none(), "absent when everything was read");
 }
+
+#[test]
+fn huge_gpu_counts_saturate_instead_of_overflowing() {
+    const MAX: &str = "9223372036854775807";
+    let two_containers: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ml"}, "spec": {
+        "nodeName": "a",
+        "containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": MAX}}},
+            {"name": "b", "resources": {"limits": {"nvidia.com/gpu": MAX}}}]},
+        "status": {"phase": "Running"}}))
+    .unwrap();
+    assert_eq!(gpu_resources(&two_containers)["nvidia.com/gpu"], i64::MAX, "containers of one pod");
+    let pods = [
+        pod("ml", "x", "a", json!({"nvidia.com/gpu": MAX})),
+        pod("ml", "y", "a", json!({"nvidia.com/gpu": MAX})),
+        two_containers,
+    ];
+    let s = fleet_status(&[gpunode("a", vec![whole(0, H100, true)])], &[], &[quota("t", &["ml"])], &pods);
+    assert_eq!(s.tenants["t"]["nvidia.com/gpu"], i64::MAX, "a tenant's total across pods");
+    assert_eq!(s.nodes[0].unplaced.len(), 3, "all three hold more than the node has");
+}

@@ -100,7 +100,7 @@ pub async fn run(cluster: &ClusterArgs, from: &[String], output: Output, colour:
         Output::Text => print!("{}", render::text(&report, colour)),
     }
     for u in &report.unreadable {
-        eprintln!("error: cannot read {}: {}", u.resource, u.error);
+        eprintln!("error: cannot read {}: {}", u.resource, render::clean(&u.error));
     }
     Ok(if report.unreadable.is_empty() { 0 } else { 1 })
 }

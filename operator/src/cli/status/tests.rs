@@ -318,3 +318,36 @@ fn huge_gpu_counts_saturate_instead_of_overflowing() {
     assert_eq!(s.tenants["t"]["nvidia.com/gpu"], i64::MAX, "a tenant's total across pods");
     assert_eq!(s.nodes[0].unplaced.len(), 3, "all three hold more than the node has");
 }
+
+#[test]
+fn terminal_escapes_and_line_breaks_in_reported_strings_are_neutralised_in_text() {
+    let hostile = "\x1b]0;pwned\x07";
+    let mut g = mig(0, &format!("Evil{hostile}GPU"), vec![inst(&format!("1g\x1b[2J.{hostile}"), 0, 1)]);
+    g["product"] = json!(format!("Evil{hostile}GPU"));
+    let gn: GpuNode = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+        "metadata": {"name": "n"}, "spec": {"plan": "p\x1b[31m"},
+        "status": {"gpus": [g], "rollout": {"phase": "Failed", "message": "line one\nFAKE-NODE  phase Idle\r\u{9b}2J"}}}))
+    .unwrap();
+    let p: GpuPartitionPlan = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "GpuPartitionPlan", "metadata": {"name": "p"},
+        "spec": {"layouts": [{"gpuProduct": "A30", "profiles": {"4g.24gb": 1}}]},
+        "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Bad\x07",
+            "message": "first\nsecond\u{9d}0;x\x07", "lastTransitionTime": "2026-06-01T00:00:00Z"}]}}))
+    .unwrap();
+    let pods = [pod("ml\x1b[1m", "x\ny", "n", json!({"nvidia.com/mig-1g.9gb": "1", "nvidia.com/gpu": "1"}))];
+    let s = fleet_status(&[gn], &[p], &[quota("t\x1b[0m", &["ml\x1b[1m"])], &pods);
+    for colour in [false, true] {
+        let out = text(&s, colour);
+        let stripped = if colour { strip_ansi(&out) } else { out.clone() };
+        for bad in ['\x1b', '\x07', '\r', '\u{9b}', '\u{9d}'] {
+            assert!(!stripped.contains(bad), "{bad:?} in {stripped:?}");
+        }
+        assert!(!out.contains("\x1b]") && !out.contains("\x07"), "{out:?}");
+        assert!(!stripped.contains("\nFAKE-NODE"), "a message stays on its line: {stripped}");
+        assert!(stripped.contains("line one FAKE-NODE"), "{stripped}");
+        assert!(stripped.contains("first second"), "{stripped}");
+        assert!(stripped.contains("Evil?]0;pwned?GPU"), "{stripped}");
+    }
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["nodes"][0]["gpus"][0]["product"], format!("Evil{hostile}GPU"), "JSON stays exact");
+}

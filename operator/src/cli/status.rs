@@ -37,6 +37,8 @@ pub struct FleetStatus {
     pub nodes: Vec<NodeStatus>,
     /// Per tenant (quota name, or `""` for namespaces no quota claims): resource -> units held.
     pub tenants: BTreeMap<String, BTreeMap<String, i64>>,
+    /// False when pods could not be read: then no instance is known to be free or busy.
+    pub holders_known: bool,
     /// What could not be read (resource and the API's answer): the rest of the report stands.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<Unreadable>,
@@ -176,7 +178,7 @@ pub fn fleet_status(
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut plans: Vec<PlanSummary> = plans.iter().map(plan_summary).collect();
     plans.sort_by(|a, b| a.name.cmp(&b.name));
-    FleetStatus { plans, nodes, tenants, unreadable: Vec::new() }
+    FleetStatus { plans, nodes, tenants, holders_known: true, unreadable: Vec::new() }
 }
 
 /// A pod that has not finished (a terminating one still holds its devices).

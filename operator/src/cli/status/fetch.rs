@@ -29,6 +29,7 @@ impl Inputs {
     pub fn report(&self) -> FleetStatus {
         let mut s = fleet_status(&self.gpunodes, &self.plans, &self.quotas, &self.pods);
         s.unreadable = self.unreadable.clone();
+        s.holders_known = !s.unreadable.iter().any(|u| u.resource == resource_name::<Pod>());
         s
     }
 }

@@ -140,7 +140,7 @@ pub fn text(s: &FleetStatus, colour: bool) -> String {
     }
     let mut inexact = false;
     for n in &s.nodes {
-        inexact |= node(&mut out, n, &pen);
+        inexact |= node(&mut out, n, &pen, s.holders_known);
     }
     if !s.tenants.is_empty() {
         let _ = writeln!(out, "\n{}", pen.paint(Paint::Bold, "HELD BY TENANT"));
@@ -171,7 +171,7 @@ fn holder(h: &Holder, pen: &Pen) -> String {
 }
 
 /// Writes one node; returns whether any attribution on it is inexact.
-fn node(out: &mut String, n: &NodeStatus, pen: &Pen) -> bool {
+fn node(out: &mut String, n: &NodeStatus, pen: &Pen, known: bool) -> bool {
     let plan = n.plan.as_deref().map(|p| format!("  plan {}", clean(p))).unwrap_or_default();
     let _ = writeln!(
         out,
@@ -190,7 +190,7 @@ fn node(out: &mut String, n: &NodeStatus, pen: &Pen) -> bool {
     let dw = n.gpus.iter().map(|g| g.slots.len() + 2).max().unwrap_or(0).max(7);
     let mut inexact = false;
     for g in &n.gpus {
-        inexact |= gpu(out, g, pen, pw, dw);
+        inexact |= gpu(out, g, pen, pw, dw, known);
     }
     for u in &n.unplaced {
         let _ = writeln!(
@@ -205,14 +205,15 @@ fn node(out: &mut String, n: &NodeStatus, pen: &Pen) -> bool {
     inexact
 }
 
-fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize) -> bool {
+/// `known`: whether pods were read; if not, nothing is shown as free or busy.
+fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize, known: bool) -> bool {
     let head = format!("  gpu{:<2} {:<pw$}  ", g.index, clean(&g.product));
     let mut inexact = false;
     let mut line = head.clone();
     if g.mode == "mig" {
         let diagram = format!("[{}]", g.slots);
         let pad = " ".repeat(dw.saturating_sub(diagram.len()));
-        let _ = write!(line, "{}{pad}", slots(g, pen));
+        let _ = write!(line, "{}{pad}", slots(g, pen, known));
         if g.instances.is_empty() {
             line.push_str("  no instances");
         }
@@ -222,7 +223,9 @@ fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize) -> bool
             let _ = write!(line, "  {} {}", i.letter, clean(&i.profile));
         }
         let busy = g.instances.iter().filter(|i| i.holder.is_some()).count();
-        if !g.instances.is_empty() {
+        if !g.instances.is_empty() && !known {
+            let _ = write!(line, "  {}", pen.paint(Paint::Yellow, "(busy: unknown, pods unreadable)"));
+        } else if !g.instances.is_empty() {
             let _ = write!(line, "  ({busy}/{} busy)", g.instances.len());
         }
         tail(&mut line, g, pen);
@@ -243,6 +246,9 @@ fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize) -> bool
                 inexact |= !g.exact;
                 let _ = write!(line, "  {}{mark}  {}", pen.paint(Paint::Red, "busy"), holder(h, pen));
             }
+            None if !known => {
+                let _ = write!(line, "  {}", pen.paint(Paint::Yellow, "busy: unknown"));
+            }
             None => {
                 let _ = write!(line, "  {}", pen.paint(Paint::Green, "free"));
             }
@@ -253,13 +259,14 @@ fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize) -> bool
     inexact
 }
 
-/// The diagram with busy instances red and free ones green.
-fn slots(g: &GpuStatus, pen: &Pen) -> String {
+/// The diagram with busy instances red and free ones green (yellow when pods are unreadable).
+fn slots(g: &GpuStatus, pen: &Pen, known: bool) -> String {
     let mut s = String::from("[");
     for c in g.slots.chars() {
         let busy = g.instances.iter().any(|i| i.letter == c && i.holder.is_some());
         let p = match c {
             '.' => Paint::Dim,
+            _ if !known => Paint::Yellow,
             _ if busy => Paint::Red,
             _ => Paint::Green,
         };

@@ -351,3 +351,32 @@ fn terminal_escapes_and_line_breaks_in_reported_strings_are_neutralised_in_text(
     let json = serde_json::to_value(&s).unwrap();
     assert_eq!(json["nodes"][0]["gpus"][0]["product"], format!("Evil{hostile}GPU"), "JSON stays exact");
 }
+
+#[test]
+fn when_pods_cannot_be_read_busy_state_is_unknown_not_free() {
+    let inputs = Inputs {
+        gpunodes: vec![
+            gpunode("a", vec![mig(0, H100, vec![inst("2g.20gb", 0, 2), inst("3g.40gb", 4, 4)])]),
+            gpunode("b", vec![whole(0, H100, true)]),
+        ],
+        unreadable: vec![Unreadable { resource: "pods".into(), error: "forbidden".into() }],
+        ..Default::default()
+    };
+    let s = inputs.report();
+    assert!(!s.holders_known);
+    let plain = text(&s, false);
+    assert!(plain.contains("[AA..BBBB]  A 2g.20gb  B 3g.40gb  (busy: unknown, pods unreadable)"), "{plain}");
+    assert!(plain.contains("  gpu0  H100-80GB  whole GPU  busy: unknown"), "{plain}");
+    assert!(!plain.contains("free") && !plain.contains("0/2 busy"), "{plain}");
+    let colour = text(&s, true);
+    assert!(!colour.contains("\x1b[32m"), "nothing is green (free): {colour}");
+    assert_eq!(strip_ansi(&colour), plain);
+    let v = serde_json::to_value(&s).unwrap();
+    assert_eq!(v["holdersKnown"], false);
+    assert_eq!(serde_json::to_value(sample()).unwrap()["holdersKnown"], true);
+    let known = Inputs {
+        unreadable: vec![Unreadable { resource: "tenantgpuquotas.tessera.dev".into(), error: "x".into() }],
+        ..Default::default()
+    };
+    assert!(known.report().holders_known, "only unreadable pods make holders unknown");
+}

@@ -174,9 +174,14 @@ async fn status_shows_the_fleet_and_who_holds_each_instance() {
     .unwrap();
     assert_eq!(code, 1, "{text}{err}");
     assert!(
-        text.contains("[AABBCCCC]  A 2g.20gb  B 2g.20gb  C 3g.40gb  (0/3 busy)"),
-        "no pods read, none busy: {text}"
+        text.contains("[AABBCCCC]  A 2g.20gb  B 2g.20gb  C 3g.40gb  (busy: unknown, pods unreadable)"),
+        "no pods read: which instances are busy is unknown, none is shown free: {text}"
     );
+    assert!(!text.contains(" busy)") && !text.contains("free"), "{text}");
+    let (code, json, _) = plugin(&tenant, &["status", "-o", "json"], false);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["holdersKnown"], false, "{json}");
     assert!(err.contains("error: cannot read pods: pods is forbidden: User \"alice@team-a\""), "{err}");
     assert!(!err.contains("gpunodes"), "{err}");
 }

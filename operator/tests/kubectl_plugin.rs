@@ -152,3 +152,43 @@ fn preview_validate_and_mig_are_the_operators_commands() {
     assert_eq!(code, 2);
     assert!(err.contains("-o markdown is for `plan preview` only; `status` writes text or json"), "{err}");
 }
+
+#[test]
+fn a_server_that_trickles_its_answer_is_cut_after_the_whole_request_timeout() {
+    use std::io::{Read, Write};
+    // Answers with headers, then one byte of body every 500 ms: every socket read succeeds within
+    // any per-read timeout, so only a limit on the whole request ends it.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = server.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in server.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf);
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n";
+                if conn.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                // At most 60 s, so a client without a limit fails the timing below, not hangs.
+                for _ in 0..120 {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                    if conn.write_all(b" ").is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let kubeconfig = kubeconfig_for(port, "trickle");
+    let started = std::time::Instant::now();
+    let (code, _, err) = run(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--request-timeout", "1s", "status"]);
+    let took = started.elapsed();
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("error: cannot read pods: ") && err.contains("within --request-timeout 1s"), "{err}");
+    // Not a speed goal: the four lists run at once, each cut after 1 s.
+    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+    let (code, _, err) = run(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--request-timeout", "1x", "status"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is not a duration"), "{err}");
+}

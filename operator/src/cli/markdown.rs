@@ -54,7 +54,7 @@ pub fn preview(previews: &[Preview]) -> String {
     let mut short = render(previews, false);
     if short.len() > MAX_COMMENT {
         // So many plans that even their summaries are too long: whole lines only.
-        let cut = short[..MAX_COMMENT - 500].rfind('\n').unwrap_or(0);
+        let cut = short[..char_boundary_at_or_before(&short, MAX_COMMENT - 500)].rfind('\n').unwrap_or(0);
         short.truncate(cut + 1);
     }
     short.push_str(
@@ -62,6 +62,16 @@ pub fn preview(previews: &[Preview]) -> String {
          (or see this job's log) for all of them._\n",
     );
     short
+}
+
+/// The largest index `<= at` that is a char boundary of `s`: a byte index may fall inside a
+/// multi-byte character of a name.
+fn char_boundary_at_or_before(s: &str, at: usize) -> usize {
+    let mut i = at.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
 }
 
 fn render(previews: &[Preview], details: bool) -> String {

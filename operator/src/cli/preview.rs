@@ -4,6 +4,7 @@
 //! comment (`cli::markdown`); `--from` reads the cluster's objects from files instead.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
@@ -153,13 +154,13 @@ fn read_plans(file: &str, plans: &mut Vec<GpuPartitionPlan>) -> Result<bool, Err
 
 /// The cluster's Nodes, GpuNodes, Pods and plans; every list must succeed (a preview of part of
 /// the fleet would understate what changes).
-async fn from_cluster(client: Client) -> Result<Snapshot, Error> {
+async fn from_cluster(client: Client, limit: Option<Duration>) -> Result<Snapshot, Error> {
     let all = ListParams::default();
     Ok(Snapshot {
-        plans: list_all(&Api::<GpuPartitionPlan>::all(client.clone()), &all).await?,
-        gpunodes: list_all(&Api::<GpuNode>::all(client.clone()), &all).await?,
-        nodes: list_all(&Api::<Node>::all(client.clone()), &all).await?,
-        pods: list_all(&Api::<Pod>::all(client), &all).await?,
+        plans: list_all(&Api::<GpuPartitionPlan>::all(client.clone()), &all, limit).await?,
+        gpunodes: list_all(&Api::<GpuNode>::all(client.clone()), &all, limit).await?,
+        nodes: list_all(&Api::<Node>::all(client.clone()), &all, limit).await?,
+        pods: list_all(&Api::<Pod>::all(client), &all, limit).await?,
         quotas: Vec::new(),
     })
 }
@@ -179,7 +180,7 @@ pub async fn run(args: &PreviewArgs, cluster: &connect::ClusterArgs, format: For
         return Err(Error::Usage(format!("{} hold(s) no GpuPartitionPlan", args.files.join(", "))));
     }
     let world = if args.from.is_empty() {
-        from_cluster(connect::client(cluster).await?).await?
+        from_cluster(connect::client(cluster).await?, cluster.request_limit()).await?
     } else {
         Snapshot::read(&args.from)?
     };

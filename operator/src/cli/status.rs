@@ -37,6 +37,8 @@ pub struct FleetStatus {
     pub nodes: Vec<NodeStatus>,
     /// Per tenant (quota name, or `""` for namespaces no quota claims): resource -> units held.
     pub tenants: BTreeMap<String, BTreeMap<String, i64>>,
+    /// False when pods could not be read: then no instance is known to be free or busy.
+    pub holders_known: bool,
     /// What could not be read (resource and the API's answer): the rest of the report stands.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<Unreadable>,
@@ -164,7 +166,8 @@ pub fn fleet_status(
         }
         let t = tenants.entry(tenant.clone().unwrap_or_default()).or_default();
         for (r, n) in &held {
-            *t.entry(r.clone()).or_default() += n;
+            let e = t.entry(r.clone()).or_default();
+            *e = e.saturating_add(*n);
         }
         pods_by_node.entry(node).or_default().push((Holder { pod: format!("{ns}/{}", pod.name_any()), tenant }, held));
     }
@@ -175,7 +178,7 @@ pub fn fleet_status(
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut plans: Vec<PlanSummary> = plans.iter().map(plan_summary).collect();
     plans.sort_by(|a, b| a.name.cmp(&b.name));
-    FleetStatus { plans, nodes, tenants, unreadable: Vec::new() }
+    FleetStatus { plans, nodes, tenants, holders_known: true, unreadable: Vec::new() }
 }
 
 /// A pod that has not finished (a terminating one still holds its devices).
@@ -206,7 +209,8 @@ pub fn gpu_resources(pod: &Pod) -> BTreeMap<String, i64> {
     let mut total: BTreeMap<String, i64> = BTreeMap::new();
     for c in &spec.containers {
         for (k, n) in of(c) {
-            *total.entry(k).or_default() += n;
+            let e = total.entry(k).or_default();
+            *e = e.saturating_add(n);
         }
     }
     for c in spec.init_containers.iter().flatten() {

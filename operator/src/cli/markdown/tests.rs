@@ -104,3 +104,28 @@ fn even_thousands_of_plans_stay_under_the_limit() {
     assert!(md.len() <= MAX_COMMENT, "{} characters", md.len());
     assert!(md.ends_with("for all of them._\n"), "it says what was left out");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(48))]
+    /// Names of any script (multi-byte characters) in a comment that must be cut: no panic, and
+    /// the comment stays under the limit.
+    #[test]
+    fn any_unicode_names_are_cut_without_panic_and_under_the_limit(
+        names in proptest::collection::vec("\\PC{1,300}", 20..80),
+        profiles in proptest::collection::vec("\\PC{1,300}", 0..8),
+        pad in 0usize..4,
+    ) {
+        let plans: Vec<Preview> = names
+            .iter()
+            .map(|n| Preview {
+                plan: format!("{}{n}", "é".repeat(pad)),
+                capacity_before: profiles.iter().map(|p| (p.clone(), 1)).collect(),
+                capacity_after: profiles.iter().map(|p| (format!("{p}ü"), 2)).collect(),
+                ..Default::default()
+            })
+            .collect();
+        let md = preview(&plans);
+        proptest::prop_assert!(md.len() <= MAX_COMMENT, "{} bytes", md.len());
+        proptest::prop_assert!(md.starts_with(MARKER));
+    }
+}

@@ -1,6 +1,8 @@
 //! Reading what `status` shows: four lists, concurrently. One that fails (RBAC, a CRD not
 //! installed, a timeout) is reported and the others are still shown; the command then exits 1.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::{Client, Resource};
@@ -27,6 +29,7 @@ impl Inputs {
     pub fn report(&self) -> FleetStatus {
         let mut s = fleet_status(&self.gpunodes, &self.plans, &self.quotas, &self.pods);
         s.unreadable = self.unreadable.clone();
+        s.holders_known = !s.unreadable.iter().any(|u| u.resource == resource_name::<Pod>());
         s
     }
 }
@@ -37,11 +40,16 @@ fn resource_name<K: Resource<DynamicType = ()>>() -> String {
     if group.is_empty() { K::plural(&()).into_owned() } else { format!("{}.{group}", K::plural(&())) }
 }
 
-async fn list<K>(client: &Client, params: &ListParams, unreadable: &mut Vec<Unreadable>) -> Vec<K>
+async fn list<K>(
+    client: &Client,
+    params: &ListParams,
+    limit: Option<Duration>,
+    unreadable: &mut Vec<Unreadable>,
+) -> Vec<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    match list_all(&Api::<K>::all(client.clone()), params).await {
+    match list_all(&Api::<K>::all(client.clone()), params, limit).await {
         Ok(items) => items,
         Err(e) => {
             unreadable.push(Unreadable { resource: resource_name::<K>(), error: describe(&e) });
@@ -68,16 +76,16 @@ fn describe(e: &kube::Error) -> String {
     text
 }
 
-pub async fn from_cluster(client: &Client) -> Inputs {
+pub async fn from_cluster(client: &Client, limit: Option<Duration>) -> Inputs {
     let all = ListParams::default();
     // Finished pods hold no devices; the API server filters them out.
     let running = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
     let (mut e1, mut e2, mut e3, mut e4) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (gpunodes, plans, quotas, pods) = futures::join!(
-        list::<GpuNode>(client, &all, &mut e1),
-        list::<GpuPartitionPlan>(client, &all, &mut e2),
-        list::<TenantGpuQuota>(client, &all, &mut e3),
-        list::<Pod>(client, &running, &mut e4),
+        list::<GpuNode>(client, &all, limit, &mut e1),
+        list::<GpuPartitionPlan>(client, &all, limit, &mut e2),
+        list::<TenantGpuQuota>(client, &all, limit, &mut e3),
+        list::<Pod>(client, &running, limit, &mut e4),
     );
     let unreadable = [e1, e2, e3, e4].concat();
     Inputs { gpunodes, plans, quotas, pods, unreadable }
@@ -90,7 +98,7 @@ pub fn from_snapshot(s: Snapshot) -> Inputs {
 /// Prints the report; exit 0, or 1 when part of it could not be read.
 pub async fn run(cluster: &ClusterArgs, from: &[String], output: Output, colour: bool) -> Result<i32, Error> {
     let inputs = if from.is_empty() {
-        from_cluster(&client(cluster).await?).await
+        from_cluster(&client(cluster).await?, cluster.request_limit()).await
     } else {
         from_snapshot(Snapshot::read(from)?)
     };
@@ -100,7 +108,7 @@ pub async fn run(cluster: &ClusterArgs, from: &[String], output: Output, colour:
         Output::Text => print!("{}", render::text(&report, colour)),
     }
     for u in &report.unreadable {
-        eprintln!("error: cannot read {}: {}", u.resource, u.error);
+        eprintln!("error: cannot read {}: {}", u.resource, render::clean(&u.error));
     }
     Ok(if report.unreadable.is_empty() { 0 } else { 1 })
 }

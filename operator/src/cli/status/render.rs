@@ -1,5 +1,6 @@
 //! The status report as text, with ANSI colour for a terminal or plain for a pipe.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 
@@ -75,16 +76,46 @@ impl Pen {
     }
 }
 
-/// Plain text when `colour` is false: no escape codes at all.
+/// Text from the cluster made safe for a terminal, on one line: line breaks and tabs become
+/// spaces, other control characters (ESC, BEL, the C1 CSI/OSC introducers) and bidi overrides
+/// become `?`. A name or message cannot retitle the terminal, move the cursor or fake a line.
+pub fn clean(s: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !s.chars().any(unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(
+        s.chars()
+            .map(|c| match c {
+                '\n' | '\r' | '\t' => ' ',
+                c if unsafe_char(c) => '?',
+                c => c,
+            })
+            .collect(),
+    )
+}
+
+/// Width of a column of cleaned values, in characters (what `{:<w$}` pads to).
+fn width<'a>(values: impl Iterator<Item = &'a str>) -> usize {
+    values.map(|v| clean(v).chars().count()).max().unwrap_or(0)
+}
+
+/// Plain text when `colour` is false: no escape codes at all, and none from the cluster's
+/// strings either (see `clean`).
 pub fn text(s: &FleetStatus, colour: bool) -> String {
     let pen = Pen { on: colour };
     let mut out = String::new();
     if !s.plans.is_empty() {
         let _ = writeln!(out, "{}", pen.paint(Paint::Bold, "PLANS"));
-        let w = s.plans.iter().map(|p| p.name.len()).max().unwrap_or(0);
+        let w = width(s.plans.iter().map(|p| p.name.as_str()));
         for p in &s.plans {
-            let mut line =
-                format!("  {:<w$}  ready {}  {}/{} updated", p.name, pen.ready(&p.ready), p.updated, p.matched);
+            let mut line = format!(
+                "  {:<w$}  ready {}  {}/{} updated",
+                clean(&p.name),
+                pen.ready(&clean(&p.ready)),
+                p.updated,
+                p.matched
+            );
             if p.in_progress > 0 {
                 let _ = write!(line, ", {} in progress", p.in_progress);
             }
@@ -95,7 +126,7 @@ pub fn text(s: &FleetStatus, colour: bool) -> String {
                 let _ = write!(line, " {}", pen.paint(Paint::Yellow, "(paused)"));
             }
             if !p.reason.is_empty() {
-                let _ = write!(line, "  {}: {}", p.reason, p.message);
+                let _ = write!(line, "  {}: {}", clean(&p.reason), clean(&p.message));
             }
             let _ = writeln!(out, "{line}");
         }
@@ -109,14 +140,14 @@ pub fn text(s: &FleetStatus, colour: bool) -> String {
     }
     let mut inexact = false;
     for n in &s.nodes {
-        inexact |= node(&mut out, n, &pen);
+        inexact |= node(&mut out, n, &pen, s.holders_known);
     }
     if !s.tenants.is_empty() {
         let _ = writeln!(out, "\n{}", pen.paint(Paint::Bold, "HELD BY TENANT"));
-        let w = s.tenants.keys().map(|t| tenant_label(t).len()).max().unwrap_or(0);
+        let w = width(s.tenants.keys().map(|t| tenant_label(t)));
         for (t, held) in &s.tenants {
-            let list: Vec<String> = held.iter().map(|(r, n)| format!("{r}={n}")).collect();
-            let label = format!("{:<w$}", tenant_label(t));
+            let list: Vec<String> = held.iter().map(|(r, n)| format!("{}={n}", clean(r))).collect();
+            let label = format!("{:<w$}", clean(tenant_label(t)));
             let _ = writeln!(out, "  {}  {}", pen.paint(Paint::Cyan, &label), list.join(" "));
         }
     }
@@ -136,30 +167,30 @@ fn tenant_label(t: &str) -> &str {
 
 fn holder(h: &Holder, pen: &Pen) -> String {
     let tenant = h.tenant.as_deref().unwrap_or("(no quota)");
-    format!("{}  {}", pen.paint(Paint::Cyan, tenant), h.pod)
+    format!("{}  {}", pen.paint(Paint::Cyan, &clean(tenant)), clean(&h.pod))
 }
 
 /// Writes one node; returns whether any attribution on it is inexact.
-fn node(out: &mut String, n: &NodeStatus, pen: &Pen) -> bool {
-    let plan = n.plan.as_deref().map(|p| format!("  plan {p}")).unwrap_or_default();
+fn node(out: &mut String, n: &NodeStatus, pen: &Pen, known: bool) -> bool {
+    let plan = n.plan.as_deref().map(|p| format!("  plan {}", clean(p))).unwrap_or_default();
     let _ = writeln!(
         out,
         "{}  phase {}  ready {}{plan}",
-        pen.paint(Paint::Bold, &n.name),
-        pen.phase(&n.phase),
-        pen.ready(&n.ready)
+        pen.paint(Paint::Bold, &clean(&n.name)),
+        pen.phase(&clean(&n.phase)),
+        pen.ready(&clean(&n.ready))
     );
     if !n.message.is_empty() {
-        let _ = writeln!(out, "  {}", pen.paint(Paint::Yellow, &n.message));
+        let _ = writeln!(out, "  {}", pen.paint(Paint::Yellow, &clean(&n.message)));
     }
     if n.gpus.is_empty() {
         let _ = writeln!(out, "  (no GPUs reported)");
     }
-    let pw = n.gpus.iter().map(|g| g.product.len()).max().unwrap_or(0);
+    let pw = width(n.gpus.iter().map(|g| g.product.as_str()));
     let dw = n.gpus.iter().map(|g| g.slots.len() + 2).max().unwrap_or(0).max(7);
     let mut inexact = false;
     for g in &n.gpus {
-        inexact |= gpu(out, g, pen, pw, dw);
+        inexact |= gpu(out, g, pen, pw, dw, known);
     }
     for u in &n.unplaced {
         let _ = writeln!(
@@ -168,30 +199,33 @@ fn node(out: &mut String, n: &NodeStatus, pen: &Pen) -> bool {
             pen.paint(Paint::Yellow, "unplaced:"),
             holder(&u.holder, pen),
             u.count,
-            u.resource
+            clean(&u.resource)
         );
     }
     inexact
 }
 
-fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize) -> bool {
-    let head = format!("  gpu{:<2} {:<pw$}  ", g.index, g.product);
+/// `known`: whether pods were read; if not, nothing is shown as free or busy.
+fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize, known: bool) -> bool {
+    let head = format!("  gpu{:<2} {:<pw$}  ", g.index, clean(&g.product));
     let mut inexact = false;
     let mut line = head.clone();
     if g.mode == "mig" {
         let diagram = format!("[{}]", g.slots);
         let pad = " ".repeat(dw.saturating_sub(diagram.len()));
-        let _ = write!(line, "{}{pad}", slots(g, pen));
+        let _ = write!(line, "{}{pad}", slots(g, pen, known));
         if g.instances.is_empty() {
             line.push_str("  no instances");
         }
         let mut by_letter: Vec<_> = g.instances.iter().collect();
         by_letter.sort_by_key(|i| i.letter);
         for i in &by_letter {
-            let _ = write!(line, "  {} {}", i.letter, i.profile);
+            let _ = write!(line, "  {} {}", i.letter, clean(&i.profile));
         }
         let busy = g.instances.iter().filter(|i| i.holder.is_some()).count();
-        if !g.instances.is_empty() {
+        if !g.instances.is_empty() && !known {
+            let _ = write!(line, "  {}", pen.paint(Paint::Yellow, "(busy: unknown, pods unreadable)"));
+        } else if !g.instances.is_empty() {
             let _ = write!(line, "  ({busy}/{} busy)", g.instances.len());
         }
         tail(&mut line, g, pen);
@@ -199,7 +233,7 @@ fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize) -> bool
         for i in by_letter.iter().filter(|i| i.holder.is_some()) {
             let mark = if i.exact { " " } else { "~" };
             inexact |= !i.exact;
-            let indent = " ".repeat(head.len());
+            let indent = " ".repeat(head.chars().count());
             let h = i.holder.as_ref().map(|h| holder(h, pen)).unwrap_or_default();
             let _ = writeln!(out, "{indent}{}{mark} {h}", pen.paint(Paint::Red, &i.letter.to_string()));
         }
@@ -212,6 +246,9 @@ fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize) -> bool
                 inexact |= !g.exact;
                 let _ = write!(line, "  {}{mark}  {}", pen.paint(Paint::Red, "busy"), holder(h, pen));
             }
+            None if !known => {
+                let _ = write!(line, "  {}", pen.paint(Paint::Yellow, "busy: unknown"));
+            }
             None => {
                 let _ = write!(line, "  {}", pen.paint(Paint::Green, "free"));
             }
@@ -222,13 +259,14 @@ fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize) -> bool
     inexact
 }
 
-/// The diagram with busy instances red and free ones green.
-fn slots(g: &GpuStatus, pen: &Pen) -> String {
+/// The diagram with busy instances red and free ones green (yellow when pods are unreadable).
+fn slots(g: &GpuStatus, pen: &Pen, known: bool) -> String {
     let mut s = String::from("[");
     for c in g.slots.chars() {
         let busy = g.instances.iter().any(|i| i.letter == c && i.holder.is_some());
         let p = match c {
             '.' => Paint::Dim,
+            _ if !known => Paint::Yellow,
             _ if busy => Paint::Red,
             _ => Paint::Green,
         };
@@ -240,7 +278,7 @@ fn slots(g: &GpuStatus, pen: &Pen) -> String {
 
 fn tail(line: &mut String, g: &GpuStatus, pen: &Pen) {
     if let Some(t) = &g.target {
-        let _ = write!(line, "  {}", pen.paint(Paint::Yellow, &format!("-> {t}")));
+        let _ = write!(line, "  {}", pen.paint(Paint::Yellow, &format!("-> {}", clean(t))));
     }
     if g.mig_pending {
         let _ = write!(line, "  {}", pen.paint(Paint::Yellow, "(MIG mode change pending a reset)"));

@@ -297,3 +297,86 @@ fn json_names_every_field_in_camel_case() {
     assert!(v["nodes"][1]["gpus"][0].get("holder").is_none(), "free");
     assert!(v.get("unreadable").is_none(), "absent when everything was read");
 }
+
+#[test]
+fn huge_gpu_counts_saturate_instead_of_overflowing() {
+    const MAX: &str = "9223372036854775807";
+    let two_containers: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ml"}, "spec": {
+        "nodeName": "a",
+        "containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": MAX}}},
+            {"name": "b", "resources": {"limits": {"nvidia.com/gpu": MAX}}}]},
+        "status": {"phase": "Running"}}))
+    .unwrap();
+    assert_eq!(gpu_resources(&two_containers)["nvidia.com/gpu"], i64::MAX, "containers of one pod");
+    let pods = [
+        pod("ml", "x", "a", json!({"nvidia.com/gpu": MAX})),
+        pod("ml", "y", "a", json!({"nvidia.com/gpu": MAX})),
+        two_containers,
+    ];
+    let s = fleet_status(&[gpunode("a", vec![whole(0, H100, true)])], &[], &[quota("t", &["ml"])], &pods);
+    assert_eq!(s.tenants["t"]["nvidia.com/gpu"], i64::MAX, "a tenant's total across pods");
+    assert_eq!(s.nodes[0].unplaced.len(), 3, "all three hold more than the node has");
+}
+
+#[test]
+fn terminal_escapes_and_line_breaks_in_reported_strings_are_neutralised_in_text() {
+    let hostile = "\x1b]0;pwned\x07";
+    let mut g = mig(0, &format!("Evil{hostile}GPU"), vec![inst(&format!("1g\x1b[2J.{hostile}"), 0, 1)]);
+    g["product"] = json!(format!("Evil{hostile}GPU"));
+    let gn: GpuNode = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+        "metadata": {"name": "n"}, "spec": {"plan": "p\x1b[31m"},
+        "status": {"gpus": [g], "rollout": {"phase": "Failed", "message": "line one\nFAKE-NODE  phase Idle\r\u{9b}2J"}}}))
+    .unwrap();
+    let p: GpuPartitionPlan = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "GpuPartitionPlan", "metadata": {"name": "p"},
+        "spec": {"layouts": [{"gpuProduct": "A30", "profiles": {"4g.24gb": 1}}]},
+        "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Bad\x07",
+            "message": "first\nsecond\u{9d}0;x\x07", "lastTransitionTime": "2026-06-01T00:00:00Z"}]}}))
+    .unwrap();
+    let pods = [pod("ml\x1b[1m", "x\ny", "n", json!({"nvidia.com/mig-1g.9gb": "1", "nvidia.com/gpu": "1"}))];
+    let s = fleet_status(&[gn], &[p], &[quota("t\x1b[0m", &["ml\x1b[1m"])], &pods);
+    for colour in [false, true] {
+        let out = text(&s, colour);
+        let stripped = if colour { strip_ansi(&out) } else { out.clone() };
+        for bad in ['\x1b', '\x07', '\r', '\u{9b}', '\u{9d}'] {
+            assert!(!stripped.contains(bad), "{bad:?} in {stripped:?}");
+        }
+        assert!(!out.contains("\x1b]") && !out.contains("\x07"), "{out:?}");
+        assert!(!stripped.contains("\nFAKE-NODE"), "a message stays on its line: {stripped}");
+        assert!(stripped.contains("line one FAKE-NODE"), "{stripped}");
+        assert!(stripped.contains("first second"), "{stripped}");
+        assert!(stripped.contains("Evil?]0;pwned?GPU"), "{stripped}");
+    }
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["nodes"][0]["gpus"][0]["product"], format!("Evil{hostile}GPU"), "JSON stays exact");
+}
+
+#[test]
+fn when_pods_cannot_be_read_busy_state_is_unknown_not_free() {
+    let inputs = Inputs {
+        gpunodes: vec![
+            gpunode("a", vec![mig(0, H100, vec![inst("2g.20gb", 0, 2), inst("3g.40gb", 4, 4)])]),
+            gpunode("b", vec![whole(0, H100, true)]),
+        ],
+        unreadable: vec![Unreadable { resource: "pods".into(), error: "forbidden".into() }],
+        ..Default::default()
+    };
+    let s = inputs.report();
+    assert!(!s.holders_known);
+    let plain = text(&s, false);
+    assert!(plain.contains("[AA..BBBB]  A 2g.20gb  B 3g.40gb  (busy: unknown, pods unreadable)"), "{plain}");
+    assert!(plain.contains("  gpu0  H100-80GB  whole GPU  busy: unknown"), "{plain}");
+    assert!(!plain.contains("free") && !plain.contains("0/2 busy"), "{plain}");
+    let colour = text(&s, true);
+    assert!(!colour.contains("\x1b[32m"), "nothing is green (free): {colour}");
+    assert_eq!(strip_ansi(&colour), plain);
+    let v = serde_json::to_value(&s).unwrap();
+    assert_eq!(v["holdersKnown"], false);
+    assert_eq!(serde_json::to_value(sample()).unwrap()["holdersKnown"], true);
+    let known = Inputs {
+        unreadable: vec![Unreadable { resource: "tenantgpuquotas.tessera.dev".into(), error: "x".into() }],
+        ..Default::default()
+    };
+    assert!(known.report().holders_known, "only unreadable pods make holders unknown");
+}

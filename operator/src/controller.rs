@@ -27,6 +27,7 @@ use tracing::{info, warn};
 mod layouts;
 
 use crate::Error;
+use crate::events::NodeEvent;
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Action, NodeInput};
@@ -60,6 +61,17 @@ pub fn node_of(action: &Action) -> &str {
     }
 }
 
+/// What one node's actions of a pass came to.
+struct GroupResult {
+    node: String,
+    /// Why evictions were refused.
+    refused: Vec<String>,
+    /// The Events its actions reached (published aggregated after the pass).
+    events: Vec<NodeEvent>,
+    /// The failure that stopped its actions.
+    error: Option<Error>,
+}
+
 pub struct Context {
     pub client: Client,
     /// kube retries 429 by default; evictions must see a PDB refusal at once.
@@ -77,21 +89,29 @@ pub struct Context {
     /// Automatic plans: since when their demand and fleet have held still.
     stability: std::sync::Mutex<layouts::Stability>,
     /// Stranded slices per (board, layout, demanded profiles).
-    stranded_memo: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    stranded_memo: std::sync::Mutex<std::collections::HashMap<(u64, u64), u32>>,
 }
 
 /// Starts the caches and returns the context plus a notifier that fires on every change.
+/// `fleet_changed` also fires on every `GpuNode` change (the quota controller's wake-up).
 pub async fn start(
     client: Client,
     evict_client: Client,
     metrics: Arc<Metrics>,
     instance: String,
+    fleet_changed: Arc<Notify>,
 ) -> (Arc<Context>, Arc<Notify>) {
     let changed = Arc::new(Notify::new());
     let all = watcher::Config::default;
     let plans = watch_into_store(Api::<GpuPartitionPlan>::all(client.clone()), all(), changed.clone());
-    let gpunodes = watch_into_store(Api::<GpuNode>::all(client.clone()), all(), changed.clone());
-    let nodes = watch_into_store(Api::<Node>::all(client.clone()), all(), changed.clone());
+    // The quota controller reads the same GpuNodes (their capacity): one cache, woken both.
+    let gpunodes = watch_into_store_waking(
+        Api::<GpuNode>::all(client.clone()),
+        all(),
+        vec![changed.clone(), fleet_changed],
+        trim_metadata,
+    );
+    let nodes = watch_into_store_waking(Api::<Node>::all(client.clone()), all(), vec![changed.clone()], trim_node);
     let leases =
         watch_into_store(Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE), all(), changed.clone());
     let quotas = watch_into_store(Api::<TenantGpuQuota>::all(client.clone()), all(), changed.clone());
@@ -113,22 +133,58 @@ pub async fn start(
     (Arc::new(ctx), changed)
 }
 
+/// kubectl's copy of the last applied object: as large as the object, and read by nobody here.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no controller here reads but every cached object carries: `managedFields` (often
+/// the larger part of an object written by several managers) and kubectl's last-applied copy.
+pub fn trim_metadata<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// A Node as the rollout reads it: name, labels, annotations and `spec.unschedulable`. Its
+/// status (conditions, capacity, addresses, images) is most of its size and is never read.
+pub fn trim_node(node: &mut Node) {
+    trim_metadata(node);
+    node.status = None;
+}
+
 /// A cache of `api` kept current by a watch (with backoff) in the background; every change wakes
-/// `changed`. Shared by the rollout and quota controllers.
+/// `changed`. Objects are trimmed ([`trim_metadata`]) before they are cached. Shared by the
+/// rollout and quota controllers.
 pub fn watch_into_store<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    watch_into_store_waking(api, config, vec![changed], trim_metadata)
+}
+
+/// [`watch_into_store`] that wakes several listeners and trims objects with `trim` first.
+pub fn watch_into_store_waking<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wake: Vec<Arc<Notify>>,
+    trim: fn(&mut K),
+) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (store, writer) = reflector::store();
     tokio::spawn(async move {
-        let stream = reflector::reflector(writer, watcher(api, config).default_backoff()).applied_objects();
+        let watch = watcher(api, config).default_backoff().modify(trim);
+        let stream = reflector::reflector(writer, watch).applied_objects();
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             if let Err(e) = ev {
                 warn!(error = %e, "watch error; retrying with backoff");
             }
-            changed.notify_one();
+            wake.iter().for_each(|w| w.notify_one());
         }
     });
     store
@@ -166,48 +222,60 @@ impl Context {
 
     /// One pass over the fleet. A failing API call fails only its node's or its plan's part of
     /// the pass: the rest goes on, and the failure is reported in the plan's status and metrics.
+    /// The cached objects are borrowed (`Arc`), never copied: a pass costs time in the number of
+    /// nodes, not in the size of their objects.
     pub async fn reconcile(&self) -> Result<(), Error> {
         let mut plans: Vec<GpuPartitionPlan> = self.plans.state().iter().map(|p| (**p).clone()).collect();
         let mut plan_errors: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (plan, e) in self.ensure_finalizers(&plans).await {
             plan_errors.entry(plan).or_default().push(format!("adding the finalizer: {e}"));
         }
-        let gpunodes: BTreeMap<String, GpuNode> =
-            self.gpunodes.state().iter().map(|g| (g.name_any(), (**g).clone())).collect();
+        let gpunodes: BTreeMap<String, Arc<GpuNode>> =
+            self.gpunodes.state().into_iter().map(|g| (g.name_any(), g)).collect();
         let leases: BTreeMap<String, Arc<Lease>> = self.leases.state().into_iter().map(|l| (l.name_any(), l)).collect();
         let now = k8s_openapi::jiff::Timestamp::now();
-        let health: BTreeMap<String, crate::liveness::AgentHealth> = {
+        let nodes = self.nodes.state();
+        let mut inputs = Vec::with_capacity(nodes.len());
+        {
             let mut liveness = self.liveness.lock().unwrap_or_else(|p| p.into_inner());
-            liveness.retain(&leases.keys().cloned().collect());
-            self.nodes
-                .state()
-                .iter()
-                .map(|n| (n.name_any(), liveness.health(&n.name_any(), leases.get(&n.name_any()).map(|l| &**l), now)))
-                .collect()
-        };
-        let mut inputs = Vec::new();
-        for node in self.nodes.state() {
-            let name = node.name_any();
-            let gn = gpunodes.get(&name).cloned();
-            let draining = gn
-                .as_ref()
-                .and_then(|g| g.status.as_ref()?.rollout.as_ref())
-                .is_some_and(|r| r.phase == NodePhase::Draining);
-            let (pods, daemonsets) =
-                if draining { self.pods_on(&name).await } else { (Ok(vec![]), Default::default()) };
-            inputs.push(NodeInput {
-                name: name.clone(),
-                labels: node.labels().clone(),
-                unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
-                gpunode: gn,
-                pods,
-                daemonsets,
-                agent: health
-                    .get(&name)
-                    .cloned()
-                    .unwrap_or(crate::liveness::AgentHealth::NotResponding { since: None }),
-                cordon_annotated: node.annotations().get(rollout::CORDONED_ANNOTATION).and_then(|t| t.parse().ok()),
-            });
+            liveness.retain_keys(&leases);
+            for node in &nodes {
+                let name = node.name_any();
+                let agent = liveness.health(&name, leases.get(&name).map(|l| &**l), now);
+                inputs.push(NodeInput {
+                    labels: node.labels().clone(),
+                    unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+                    gpunode: gpunodes.get(&name).cloned(),
+                    pods: Ok(vec![]),
+                    daemonsets: Default::default(),
+                    agent,
+                    cordon_annotated: node.annotations().get(rollout::CORDONED_ANNOTATION).and_then(|t| t.parse().ok()),
+                    name,
+                });
+            }
+        }
+        drop(nodes);
+        // The pods of draining nodes, listed concurrently (one request per draining node).
+        let draining: Vec<usize> = (0..inputs.len())
+            .filter(|&i| {
+                inputs[i]
+                    .gpunode
+                    .as_ref()
+                    .and_then(|g| g.status.as_ref()?.rollout.as_ref())
+                    .is_some_and(|r| r.phase == NodePhase::Draining)
+            })
+            .collect();
+        let listed: Vec<(usize, _)> = futures::stream::iter(draining)
+            .map(|i| {
+                let name = inputs[i].name.clone();
+                async move { (i, self.pods_on(&name).await) }
+            })
+            .buffer_unordered(NODES_IN_PARALLEL)
+            .collect()
+            .await;
+        for (i, (pods, daemonsets)) in listed {
+            inputs[i].pods = pods;
+            inputs[i].daemonsets = daemonsets;
         }
         let mut layouts = self.decide_layouts(&mut plans, &inputs).await;
         let (cordoned_since, cordon_limit) = crate::alert_metrics::cordons(&inputs, &plans);
@@ -221,8 +289,8 @@ impl Context {
             held.iter_mut().filter(|p| layouts.deciding.contains_key(&p.name_any())).for_each(|p| p.spec.paused = true);
             rollout::plan_fleet(&held, &inputs, now)
         };
-        let owned: BTreeMap<String, Vec<String>> = reports.iter().map(|(p, r)| (p.clone(), r.nodes.clone())).collect();
-        let fragmented = self.fragmented_slices(&plans, &owned, &gpunodes);
+        drop(inputs);
+        let fragmented = self.fragmented_slices(&plans, &reports, &gpunodes);
         self.metrics.set_fragmented(&fragmented);
         for (name, report) in reports.iter_mut() {
             report.deciding = layouts.deciding.remove(name);
@@ -248,24 +316,33 @@ impl Context {
                 }
             }
         }
-        let plans_ref = &plans;
-        let results: Vec<(String, Vec<String>, Option<Error>)> = futures::stream::iter(groups)
+        let results: Vec<GroupResult> = futures::stream::iter(groups)
             .map(|(node, list)| async move {
-                let mut refused = Vec::new();
+                let mut done = GroupResult { node, refused: Vec::new(), events: Vec::new(), error: None };
                 for action in list {
-                    match self.act(action, plans_ref).await {
-                        Ok(r) => refused.extend(r.map(|(_, why)| why)),
-                        Err(e) => return (node, refused, Some(e)),
+                    if let Action::Event { plan, node, reason, message, warning } = action {
+                        // Reached: every action before it succeeded. Published after the pass.
+                        done.events.push(NodeEvent { plan, node, reason, message, warning });
+                        continue;
+                    }
+                    match self.act(action).await {
+                        Ok(r) => done.refused.extend(r.map(|(_, why)| why)),
+                        Err(e) => {
+                            done.error = Some(e);
+                            break;
+                        }
                     }
                 }
-                (node, refused, None)
+                done
             })
             .buffer_unordered(NODES_IN_PARALLEL)
             .collect()
             .await;
         let mut blocked: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut node_errors: BTreeMap<String, String> = BTreeMap::new();
-        for (node, refused, error) in results {
+        let mut reached = Vec::new();
+        for GroupResult { node, refused, events, error } in results {
+            reached.extend(events);
             if !refused.is_empty() {
                 blocked.insert(node.clone(), refused);
             }
@@ -275,6 +352,7 @@ impl Context {
                 node_errors.insert(node, e.to_string());
             }
         }
+        self.publish_events(reached, &plans).await;
         for (node, e) in self.record_drain_messages(&gpunodes, &evicting, &blocked).await {
             node_errors.entry(node).or_insert(e);
         }
@@ -328,18 +406,31 @@ impl Context {
         }
     }
 
-    fn set_phase_metrics(&self, gpunodes: &BTreeMap<String, GpuNode>) {
-        let mut phases: BTreeMap<String, i64> = BTreeMap::new();
+    fn set_phase_metrics(&self, gpunodes: &BTreeMap<String, Arc<GpuNode>>) {
+        // A handful of phases: counted in a short list, named once each.
+        let mut counts: Vec<(NodePhase, i64)> = Vec::new();
         for gn in gpunodes.values() {
-            let phase = gn
-                .status
-                .as_ref()
-                .and_then(|s| s.rollout.as_ref())
-                .map(|r| format!("{:?}", r.phase))
-                .unwrap_or_else(|| "Idle".into());
-            *phases.entry(phase).or_default() += 1;
+            let phase = gn.status.as_ref().and_then(|s| s.rollout.as_ref()).map(|r| r.phase).unwrap_or_default();
+            match counts.iter_mut().find(|(p, _)| *p == phase) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((phase, 1)),
+            }
         }
+        let phases: BTreeMap<String, i64> = counts.into_iter().map(|(p, n)| (format!("{p:?}"), n)).collect();
         self.metrics.set_phases(&phases);
+    }
+
+    /// One Event per plan, reason and type for this pass (see `events`); warnings also on each
+    /// Node. A plan deleted meanwhile gets none.
+    async fn publish_events(&self, reached: Vec<NodeEvent>, plans: &[GpuPartitionPlan]) {
+        for e in reached.iter().filter(|e| e.warning) {
+            self.event_on_node(&e.node, e.reason, &e.message, true).await;
+        }
+        for e in crate::events::aggregate(reached) {
+            if let Some(p) = plans.iter().find(|p| p.metadata.name.as_deref() == Some(e.plan.as_str())) {
+                self.publish(&p.object_ref(&()), e.reason, &e.note, e.warning).await;
+            }
+        }
     }
 
     /// The pods on a draining node, and which of their DaemonSets exist (a DaemonSet pod is
@@ -369,7 +460,7 @@ impl Context {
     }
 
     /// Executes one action; returns `(node, reason)` when an eviction was refused.
-    async fn act(&self, action: Action, plans: &[GpuPartitionPlan]) -> Result<Option<(String, String)>, Error> {
+    async fn act(&self, action: Action) -> Result<Option<(String, String)>, Error> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let gns: Api<GpuNode> = Api::all(self.client.clone());
         match action {
@@ -396,7 +487,6 @@ impl Context {
                                              "spec": {"unschedulable": null}})),
                     )
                     .await?;
-                self.event_on_node(&node, "Uncordoned", "uncordoned after its MIG change", false).await;
             }
             Action::Evict { node, namespace, pod } => {
                 return Ok(self.evict(&node, &namespace, &pod).await?.map(|why| (node, why)));
@@ -424,12 +514,8 @@ impl Context {
                                   "status": {"conditions": [condition]}});
                 gns.patch_status(&node, &PatchParams::apply(LIVENESS_MANAGER).force(), &Patch::Apply(&body)).await?;
             }
-            Action::Event { plan, node, reason, message, warning } => {
-                if let Some(p) = plans.iter().find(|p| p.name_any() == plan) {
-                    self.publish(&p.object_ref(&()), reason, &message, warning).await;
-                }
-                self.event_on_node(&node, reason, &message, warning).await;
-            }
+            // Collected by the pass and published aggregated (`publish_events`).
+            Action::Event { .. } => {}
         }
         Ok(None)
     }
@@ -466,7 +552,7 @@ impl Context {
     /// and emits an Event when the reason changes.
     async fn record_drain_messages(
         &self,
-        gpunodes: &BTreeMap<String, GpuNode>,
+        gpunodes: &BTreeMap<String, Arc<GpuNode>>,
         evicting: &BTreeMap<String, bool>,
         blocked: &BTreeMap<String, Vec<String>>,
     ) -> Vec<(String, String)> {
@@ -534,7 +620,7 @@ impl Context {
     async fn finish_deletion(
         &self,
         plan: &GpuPartitionPlan,
-        gpunodes: &BTreeMap<String, GpuNode>,
+        gpunodes: &BTreeMap<String, Arc<GpuNode>>,
     ) -> Result<(), Error> {
         let name = plan.name_any();
         // A GpuNode whose Node is gone cannot be released any more; it must not hold the plan.

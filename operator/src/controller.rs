@@ -42,10 +42,12 @@ pub const LIVENESS_MANAGER: &str = "tessera-operator-liveness";
 pub const FINALIZER: &str = "tessera.dev/release-nodes";
 /// How long one eviction call may take before it counts as blocked (never block a pass).
 const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
-/// Changes are batched for this long before a pass: each pass plans the whole fleet.
-const DEBOUNCE: Duration = Duration::from_millis(500);
-/// Nodes whose actions run at once within a pass.
-const NODES_IN_PARALLEL: usize = 16;
+/// Changes are batched for this long before a pass. A pass plans the whole fleet, but borrows
+/// its objects and memoises its look-ups, so it costs little next to its API requests; each
+/// rollout wave takes three passes, so this pause is paid three times per wave.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+/// Nodes whose actions (and pod lists) run at once within a pass.
+const NODES_IN_PARALLEL: usize = 32;
 
 pub fn node_of(action: &Action) -> &str {
     match action {
@@ -580,17 +582,13 @@ impl Context {
         errors
     }
 
-    /// Server-side-applies a node's `status.rollout` (the operator's only status field there);
-    /// `None` releases it, which removes it.
+    /// Writes a node's `status.rollout` (the operator's only status field there); `None`
+    /// removes it. A JSON merge patch naming every field ([`rollout_patch`]): the same result as
+    /// a server-side apply of the record, at a fraction of the API server's CPU, and this write
+    /// is four of a node's eight requests.
     async fn write_rollout(&self, node: &str, rollout: Option<&NodeRollout>) -> Result<(), Error> {
-        let status = match rollout {
-            Some(r) => json!({"rollout": r}),
-            None => json!({}),
-        };
-        let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": status});
-        Api::<GpuNode>::all(self.client.clone())
-            .patch_status(node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-            .await?;
+        let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+        Api::<GpuNode>::all(self.client.clone()).patch_status(node, &pp, &Patch::Merge(rollout_patch(rollout))).await?;
         Ok(())
     }
 
@@ -662,5 +660,48 @@ impl Context {
         if let Err(e) = self.recorder.publish(&ev, reference).await {
             warn!(error = %e, "could not publish an event");
         }
+    }
+}
+
+/// The merge patch that makes `status.rollout` exactly `rollout`: unset fields are sent as null,
+/// so a field of the previous record (a drain start, a message) never survives the write.
+pub fn rollout_patch(rollout: Option<&NodeRollout>) -> serde_json::Value {
+    let Some(r) = rollout else { return json!({"status": {"rollout": null}}) };
+    let mut record = json!({"plan": null, "planGeneration": null, "drainStartedAt": null, "applyStartedAt": null,
+                            "message": null});
+    if let (Some(all), Ok(serde_json::Value::Object(set))) = (record.as_object_mut(), serde_json::to_value(r)) {
+        all.extend(set);
+    }
+    json!({"status": {"rollout": record}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rollout_patch_names_every_field_so_nothing_stale_survives() {
+        let full = NodeRollout {
+            phase: NodePhase::Draining,
+            plan: Some("p".into()),
+            plan_generation: Some(3),
+            cordoned_by_us: true,
+            drain_started_at: Some(Time("2026-06-01T00:00:00Z".parse().unwrap())),
+            apply_started_at: Some(Time("2026-06-01T00:01:00Z".parse().unwrap())),
+            message: "blocked".into(),
+        };
+        let all = rollout_patch(Some(&full))["status"]["rollout"].clone();
+        let back: NodeRollout = serde_json::from_value(all.clone()).unwrap();
+        assert_eq!(back, full);
+        let fields: Vec<&String> = all.as_object().unwrap().keys().collect();
+        // At rest: every field the full record has is still named, unset ones as null.
+        let idle = rollout_patch(Some(&NodeRollout { plan: Some("p".into()), ..Default::default() }));
+        let idle = idle["status"]["rollout"].as_object().unwrap();
+        for f in fields {
+            assert!(idle.contains_key(f), "{f} missing from the patch of a record at rest");
+        }
+        assert_eq!(idle["phase"], "Idle");
+        assert!(idle["drainStartedAt"].is_null() && idle["message"].is_null() && idle["applyStartedAt"].is_null());
+        assert_eq!(rollout_patch(None), json!({"status": {"rollout": null}}));
     }
 }

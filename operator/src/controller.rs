@@ -79,6 +79,8 @@ pub struct Context {
     /// kube retries 429 by default; evictions must see a PDB refusal at once.
     pub evict_client: Client,
     pub recorder: Recorder,
+    /// This replica's identity, as `reportingInstance` of the Events it creates itself.
+    instance: String,
     pub metrics: Arc<Metrics>,
     pub plans: Store<GpuPartitionPlan>,
     pub gpunodes: Store<GpuNode>,
@@ -117,11 +119,13 @@ pub async fn start(
     let leases =
         watch_into_store(Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE), all(), changed.clone());
     let quotas = watch_into_store(Api::<TenantGpuQuota>::all(client.clone()), all(), changed.clone());
-    let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance) });
+    let recorder =
+        Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance.clone()) });
     let ctx = Context {
         client,
         evict_client,
         recorder,
+        instance,
         metrics,
         plans,
         gpunodes,
@@ -430,8 +434,38 @@ impl Context {
         }
         for e in crate::events::aggregate(reached) {
             if let Some(p) = plans.iter().find(|p| p.metadata.name.as_deref() == Some(e.plan.as_str())) {
-                self.publish(&p.object_ref(&()), e.reason, &e.note, e.warning).await;
+                self.publish_new(&p.object_ref(&()), e.reason, &e.note, e.warning).await;
             }
+        }
+    }
+
+    /// A new Event every time. The Recorder folds Events of the same object and reason into a
+    /// series that keeps the first note, which would lose every later wave's node names.
+    async fn publish_new(&self, reference: &ObjectReference, reason: &str, note: &str, warning: bool) {
+        use k8s_openapi::api::events::v1::Event as K8sEvent;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let namespace = reference.namespace.clone().unwrap_or_else(|| "default".into());
+        let name = reference.name.clone().unwrap_or_else(|| MANAGER.into());
+        let event = K8sEvent {
+            action: Some("Rollout".into()),
+            reason: Some(reason.into()),
+            note: Some(note.chars().take(crate::events::NOTE_LIMIT).collect()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(reference.clone()),
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            reporting_controller: Some(MANAGER.into()),
+            reporting_instance: Some(self.instance.clone()),
+            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
+            ..Default::default()
+        };
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        if let Err(e) = api.create(&PostParams::default(), &event).await {
+            warn!(error = %e, "could not publish an event");
         }
     }
 

@@ -14,6 +14,8 @@ use crate::identity::Identity;
 use crate::pki::write_pki;
 use crate::process::Component;
 
+/// kwok's node lease duration unless a benchmark asks for longer (the kubelet's default).
+pub const DEFAULT_NODE_LEASE_SECONDS: u32 = 40;
 /// Label that makes kwok manage a node (the harness sets it on every fake node).
 pub const KWOK_NODE_LABEL: &str = "tessera.dev/kwok";
 
@@ -32,6 +34,13 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts a control plane, or connects to `TESSERA_E2E_KUBECONFIG` when that is set.
     pub async fn start() -> Result<Self, Error> {
+        Self::start_with_node_leases(DEFAULT_NODE_LEASE_SECONDS).await
+    }
+
+    /// [`ControlPlane::start`] with kwok's node leases lasting `seconds` (renewed every quarter
+    /// of that; the node lifecycle controller's grace period follows). Benchmarks of thousands
+    /// of nodes lengthen them, so heartbeats do not swamp the API server of a small machine.
+    pub async fn start_with_node_leases(seconds: u32) -> Result<Self, Error> {
         if let Ok(path) = std::env::var("TESSERA_E2E_KUBECONFIG") {
             let kubeconfigs = Identity::ALL.iter().map(|&i| (i, PathBuf::from(&path))).collect();
             return Ok(Self {
@@ -99,6 +108,10 @@ impl ControlPlane {
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
             "--enable-priority-and-fairness=false".into(),
+            // Without priority and fairness these cap concurrent requests: room for thousands of
+            // kwok nodes' heartbeats next to the bench's own traffic.
+            "--max-requests-inflight=1600".into(),
+            "--max-mutating-requests-inflight=800".into(),
             "--v=1".into(),
         ];
         cp.spawn(&bin, "kube-apiserver", &logs, apiserver_args.clone())?;
@@ -114,6 +127,7 @@ impl ControlPlane {
             "--leader-elect=false".into(),
             "--controllers=disruption,replicaset,deployment,daemonset,garbagecollector,namespace,resourcequota,job,serviceaccount,nodelifecycle,clusterrole-aggregation".into(),
             "--concurrent-gc-syncs=5".into(),
+            format!("--node-monitor-grace-period={}s", seconds + 10),
             "--v=1".into(),
         ])?;
         let sched = p("scheduler.kubeconfig");
@@ -144,7 +158,7 @@ impl ControlPlane {
                 format!("--server-address=127.0.0.1:{kwok_port}"),
                 "--cidr=10.244.0.1/16".into(),
                 "--node-ip=127.0.0.1".into(),
-                "--node-lease-duration-seconds=40".into(),
+                format!("--node-lease-duration-seconds={seconds}"),
             ],
         )?;
         Ok(cp)

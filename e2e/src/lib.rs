@@ -5,6 +5,7 @@ pub mod controlplane;
 pub mod fixtures;
 pub mod identity;
 mod pki;
+pub mod plot;
 pub mod process;
 pub mod render;
 

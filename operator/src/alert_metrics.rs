@@ -76,6 +76,7 @@ mod tests {
             serde_json::from_value::<GpuNode>(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
                 "metadata": {"name": name}, "spec": {}, "status": {"rollout": r}}))
             .unwrap()
+            .into()
         });
         NodeInput {
             name: name.into(),

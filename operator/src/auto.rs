@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use tessera_crds::gpunode::{GpuIntent, NodePhase};
+use tessera_crds::gpunode::{GpuIntent, GpuState, NodePhase};
 use tessera_crds::plan::{GpuTarget, LayoutDecision, LayoutsFrom, NodeTarget};
 use tessera_crds::solver::Placement;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
@@ -55,32 +55,36 @@ pub fn gpu_slots<'a>(
     for gn in gpunodes {
         let node = gn.name_any();
         let may_change = changeable(&node);
-        for g in gn.status.iter().flat_map(|s| s.gpus.iter()).filter(|g| g.mig_capable) {
-            let model = catalog::lookup(&g.product).or_else(|| {
-                catalog::valid_table(&g.profiles).then(|| catalog::model_from_table(&g.product, &g.profiles))
-            });
-            let Some(model) = model else { continue };
-            let instances: Vec<Placement> = g
-                .instances
-                .iter()
-                .map(|i| Placement {
-                    start: i.start.clamp(0, 255) as u8,
-                    size: i.size.clamp(0, 255) as u8,
-                    profile: catalog::normalize_profile(&i.profile),
-                })
-                .collect();
-            out.push(GpuSlot {
-                node: node.clone(),
-                index: g.index,
-                model,
-                mig_enabled: g.mig_enabled,
-                instances,
-                busy: vec![],
-                changeable: may_change,
-            });
-        }
+        out.extend(gn.status.iter().flat_map(|s| s.gpus.iter()).filter_map(|g| gpu_slot(&node, g, may_change)));
     }
     out
+}
+
+/// One reported GPU as the solver sees it: `None` unless MIG capable and of a known geometry.
+pub fn gpu_slot(node: &str, g: &GpuState, changeable: bool) -> Option<GpuSlot> {
+    if !g.mig_capable {
+        return None;
+    }
+    let model = catalog::lookup(&g.product)
+        .or_else(|| catalog::valid_table(&g.profiles).then(|| catalog::model_from_table(&g.product, &g.profiles)))?;
+    let instances: Vec<Placement> = g
+        .instances
+        .iter()
+        .map(|i| Placement {
+            start: i.start.clamp(0, 255) as u8,
+            size: i.size.clamp(0, 255) as u8,
+            profile: catalog::normalize_profile(&i.profile),
+        })
+        .collect();
+    Some(GpuSlot {
+        node: node.to_string(),
+        index: g.index,
+        model,
+        mig_enabled: g.mig_enabled,
+        instances,
+        busy: vec![],
+        changeable,
+    })
 }
 
 /// A digest of the plan's nodes and their GPUs (index and product, not layouts: the rollout

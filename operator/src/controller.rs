@@ -27,6 +27,7 @@ use tracing::{info, warn};
 mod layouts;
 
 use crate::Error;
+use crate::events::NodeEvent;
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Action, NodeInput};
@@ -41,10 +42,12 @@ pub const LIVENESS_MANAGER: &str = "tessera-operator-liveness";
 pub const FINALIZER: &str = "tessera.dev/release-nodes";
 /// How long one eviction call may take before it counts as blocked (never block a pass).
 const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
-/// Changes are batched for this long before a pass: each pass plans the whole fleet.
-const DEBOUNCE: Duration = Duration::from_millis(500);
-/// Nodes whose actions run at once within a pass.
-const NODES_IN_PARALLEL: usize = 16;
+/// Changes are batched for this long before a pass. A pass plans the whole fleet, but borrows
+/// its objects and memoises its look-ups, so it costs little next to its API requests; each
+/// rollout wave takes three passes, so this pause is paid three times per wave.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+/// Nodes whose actions (and pod lists) run at once within a pass.
+const NODES_IN_PARALLEL: usize = 32;
 
 pub fn node_of(action: &Action) -> &str {
     match action {
@@ -60,11 +63,24 @@ pub fn node_of(action: &Action) -> &str {
     }
 }
 
+/// What one node's actions of a pass came to.
+struct GroupResult {
+    node: String,
+    /// Why evictions were refused.
+    refused: Vec<String>,
+    /// The Events its actions reached (published aggregated after the pass).
+    events: Vec<NodeEvent>,
+    /// The failure that stopped its actions.
+    error: Option<Error>,
+}
+
 pub struct Context {
     pub client: Client,
     /// kube retries 429 by default; evictions must see a PDB refusal at once.
     pub evict_client: Client,
     pub recorder: Recorder,
+    /// This replica's identity, as `reportingInstance` of the Events it creates itself.
+    instance: String,
     pub metrics: Arc<Metrics>,
     pub plans: Store<GpuPartitionPlan>,
     pub gpunodes: Store<GpuNode>,
@@ -77,29 +93,39 @@ pub struct Context {
     /// Automatic plans: since when their demand and fleet have held still.
     stability: std::sync::Mutex<layouts::Stability>,
     /// Stranded slices per (board, layout, demanded profiles).
-    stranded_memo: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    stranded_memo: std::sync::Mutex<std::collections::HashMap<(u64, u64), u32>>,
 }
 
 /// Starts the caches and returns the context plus a notifier that fires on every change.
+/// `fleet_changed` also fires on every `GpuNode` change (the quota controller's wake-up).
 pub async fn start(
     client: Client,
     evict_client: Client,
     metrics: Arc<Metrics>,
     instance: String,
+    fleet_changed: Arc<Notify>,
 ) -> (Arc<Context>, Arc<Notify>) {
     let changed = Arc::new(Notify::new());
     let all = watcher::Config::default;
     let plans = watch_into_store(Api::<GpuPartitionPlan>::all(client.clone()), all(), changed.clone());
-    let gpunodes = watch_into_store(Api::<GpuNode>::all(client.clone()), all(), changed.clone());
-    let nodes = watch_into_store(Api::<Node>::all(client.clone()), all(), changed.clone());
+    // The quota controller reads the same GpuNodes (their capacity): one cache, woken both.
+    let gpunodes = watch_into_store_waking(
+        Api::<GpuNode>::all(client.clone()),
+        all(),
+        vec![changed.clone(), fleet_changed],
+        trim_metadata,
+    );
+    let nodes = watch_into_store_waking(Api::<Node>::all(client.clone()), all(), vec![changed.clone()], trim_node);
     let leases =
         watch_into_store(Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE), all(), changed.clone());
     let quotas = watch_into_store(Api::<TenantGpuQuota>::all(client.clone()), all(), changed.clone());
-    let recorder = Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance) });
+    let recorder =
+        Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance.clone()) });
     let ctx = Context {
         client,
         evict_client,
         recorder,
+        instance,
         metrics,
         plans,
         gpunodes,
@@ -113,22 +139,58 @@ pub async fn start(
     (Arc::new(ctx), changed)
 }
 
+/// kubectl's copy of the last applied object: as large as the object, and read by nobody here.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no controller here reads but every cached object carries: `managedFields` (often
+/// the larger part of an object written by several managers) and kubectl's last-applied copy.
+pub fn trim_metadata<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// A Node as the rollout reads it: name, labels, annotations and `spec.unschedulable`. Its
+/// status (conditions, capacity, addresses, images) is most of its size and is never read.
+pub fn trim_node(node: &mut Node) {
+    trim_metadata(node);
+    node.status = None;
+}
+
 /// A cache of `api` kept current by a watch (with backoff) in the background; every change wakes
-/// `changed`. Shared by the rollout and quota controllers.
+/// `changed`. Objects are trimmed ([`trim_metadata`]) before they are cached. Shared by the
+/// rollout and quota controllers.
 pub fn watch_into_store<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    watch_into_store_waking(api, config, vec![changed], trim_metadata)
+}
+
+/// [`watch_into_store`] that wakes several listeners and trims objects with `trim` first.
+pub fn watch_into_store_waking<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wake: Vec<Arc<Notify>>,
+    trim: fn(&mut K),
+) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (store, writer) = reflector::store();
     tokio::spawn(async move {
-        let stream = reflector::reflector(writer, watcher(api, config).default_backoff()).applied_objects();
+        let watch = watcher(api, config).default_backoff().modify(trim);
+        let stream = reflector::reflector(writer, watch).applied_objects();
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             if let Err(e) = ev {
                 warn!(error = %e, "watch error; retrying with backoff");
             }
-            changed.notify_one();
+            wake.iter().for_each(|w| w.notify_one());
         }
     });
     store
@@ -166,48 +228,60 @@ impl Context {
 
     /// One pass over the fleet. A failing API call fails only its node's or its plan's part of
     /// the pass: the rest goes on, and the failure is reported in the plan's status and metrics.
+    /// The cached objects are borrowed (`Arc`), never copied: a pass costs time in the number of
+    /// nodes, not in the size of their objects.
     pub async fn reconcile(&self) -> Result<(), Error> {
         let mut plans: Vec<GpuPartitionPlan> = self.plans.state().iter().map(|p| (**p).clone()).collect();
         let mut plan_errors: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (plan, e) in self.ensure_finalizers(&plans).await {
             plan_errors.entry(plan).or_default().push(format!("adding the finalizer: {e}"));
         }
-        let gpunodes: BTreeMap<String, GpuNode> =
-            self.gpunodes.state().iter().map(|g| (g.name_any(), (**g).clone())).collect();
+        let gpunodes: BTreeMap<String, Arc<GpuNode>> =
+            self.gpunodes.state().into_iter().map(|g| (g.name_any(), g)).collect();
         let leases: BTreeMap<String, Arc<Lease>> = self.leases.state().into_iter().map(|l| (l.name_any(), l)).collect();
         let now = k8s_openapi::jiff::Timestamp::now();
-        let health: BTreeMap<String, crate::liveness::AgentHealth> = {
+        let nodes = self.nodes.state();
+        let mut inputs = Vec::with_capacity(nodes.len());
+        {
             let mut liveness = self.liveness.lock().unwrap_or_else(|p| p.into_inner());
-            liveness.retain(&leases.keys().cloned().collect());
-            self.nodes
-                .state()
-                .iter()
-                .map(|n| (n.name_any(), liveness.health(&n.name_any(), leases.get(&n.name_any()).map(|l| &**l), now)))
-                .collect()
-        };
-        let mut inputs = Vec::new();
-        for node in self.nodes.state() {
-            let name = node.name_any();
-            let gn = gpunodes.get(&name).cloned();
-            let draining = gn
-                .as_ref()
-                .and_then(|g| g.status.as_ref()?.rollout.as_ref())
-                .is_some_and(|r| r.phase == NodePhase::Draining);
-            let (pods, daemonsets) =
-                if draining { self.pods_on(&name).await } else { (Ok(vec![]), Default::default()) };
-            inputs.push(NodeInput {
-                name: name.clone(),
-                labels: node.labels().clone(),
-                unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
-                gpunode: gn,
-                pods,
-                daemonsets,
-                agent: health
-                    .get(&name)
-                    .cloned()
-                    .unwrap_or(crate::liveness::AgentHealth::NotResponding { since: None }),
-                cordon_annotated: node.annotations().get(rollout::CORDONED_ANNOTATION).and_then(|t| t.parse().ok()),
-            });
+            liveness.retain_keys(&leases);
+            for node in &nodes {
+                let name = node.name_any();
+                let agent = liveness.health(&name, leases.get(&name).map(|l| &**l), now);
+                inputs.push(NodeInput {
+                    labels: node.labels().clone(),
+                    unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+                    gpunode: gpunodes.get(&name).cloned(),
+                    pods: Ok(vec![]),
+                    daemonsets: Default::default(),
+                    agent,
+                    cordon_annotated: node.annotations().get(rollout::CORDONED_ANNOTATION).and_then(|t| t.parse().ok()),
+                    name,
+                });
+            }
+        }
+        drop(nodes);
+        // The pods of draining nodes, listed concurrently (one request per draining node).
+        let draining: Vec<usize> = (0..inputs.len())
+            .filter(|&i| {
+                inputs[i]
+                    .gpunode
+                    .as_ref()
+                    .and_then(|g| g.status.as_ref()?.rollout.as_ref())
+                    .is_some_and(|r| r.phase == NodePhase::Draining)
+            })
+            .collect();
+        let listed: Vec<(usize, _)> = futures::stream::iter(draining)
+            .map(|i| {
+                let name = inputs[i].name.clone();
+                async move { (i, self.pods_on(&name).await) }
+            })
+            .buffer_unordered(NODES_IN_PARALLEL)
+            .collect()
+            .await;
+        for (i, (pods, daemonsets)) in listed {
+            inputs[i].pods = pods;
+            inputs[i].daemonsets = daemonsets;
         }
         let mut layouts = self.decide_layouts(&mut plans, &inputs).await;
         let (cordoned_since, cordon_limit) = crate::alert_metrics::cordons(&inputs, &plans);
@@ -221,8 +295,8 @@ impl Context {
             held.iter_mut().filter(|p| layouts.deciding.contains_key(&p.name_any())).for_each(|p| p.spec.paused = true);
             rollout::plan_fleet(&held, &inputs, now)
         };
-        let owned: BTreeMap<String, Vec<String>> = reports.iter().map(|(p, r)| (p.clone(), r.nodes.clone())).collect();
-        let fragmented = self.fragmented_slices(&plans, &owned, &gpunodes);
+        drop(inputs);
+        let fragmented = self.fragmented_slices(&plans, &reports, &gpunodes);
         self.metrics.set_fragmented(&fragmented);
         for (name, report) in reports.iter_mut() {
             report.deciding = layouts.deciding.remove(name);
@@ -248,24 +322,33 @@ impl Context {
                 }
             }
         }
-        let plans_ref = &plans;
-        let results: Vec<(String, Vec<String>, Option<Error>)> = futures::stream::iter(groups)
+        let results: Vec<GroupResult> = futures::stream::iter(groups)
             .map(|(node, list)| async move {
-                let mut refused = Vec::new();
+                let mut done = GroupResult { node, refused: Vec::new(), events: Vec::new(), error: None };
                 for action in list {
-                    match self.act(action, plans_ref).await {
-                        Ok(r) => refused.extend(r.map(|(_, why)| why)),
-                        Err(e) => return (node, refused, Some(e)),
+                    if let Action::Event { plan, node, reason, message, warning } = action {
+                        // Reached: every action before it succeeded. Published after the pass.
+                        done.events.push(NodeEvent { plan, node, reason, message, warning });
+                        continue;
+                    }
+                    match self.act(action).await {
+                        Ok(r) => done.refused.extend(r.map(|(_, why)| why)),
+                        Err(e) => {
+                            done.error = Some(e);
+                            break;
+                        }
                     }
                 }
-                (node, refused, None)
+                done
             })
             .buffer_unordered(NODES_IN_PARALLEL)
             .collect()
             .await;
         let mut blocked: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut node_errors: BTreeMap<String, String> = BTreeMap::new();
-        for (node, refused, error) in results {
+        let mut reached = Vec::new();
+        for GroupResult { node, refused, events, error } in results {
+            reached.extend(events);
             if !refused.is_empty() {
                 blocked.insert(node.clone(), refused);
             }
@@ -275,6 +358,7 @@ impl Context {
                 node_errors.insert(node, e.to_string());
             }
         }
+        self.publish_events(reached, &plans).await;
         for (node, e) in self.record_drain_messages(&gpunodes, &evicting, &blocked).await {
             node_errors.entry(node).or_insert(e);
         }
@@ -328,18 +412,61 @@ impl Context {
         }
     }
 
-    fn set_phase_metrics(&self, gpunodes: &BTreeMap<String, GpuNode>) {
-        let mut phases: BTreeMap<String, i64> = BTreeMap::new();
+    fn set_phase_metrics(&self, gpunodes: &BTreeMap<String, Arc<GpuNode>>) {
+        // A handful of phases: counted in a short list, named once each.
+        let mut counts: Vec<(NodePhase, i64)> = Vec::new();
         for gn in gpunodes.values() {
-            let phase = gn
-                .status
-                .as_ref()
-                .and_then(|s| s.rollout.as_ref())
-                .map(|r| format!("{:?}", r.phase))
-                .unwrap_or_else(|| "Idle".into());
-            *phases.entry(phase).or_default() += 1;
+            let phase = gn.status.as_ref().and_then(|s| s.rollout.as_ref()).map(|r| r.phase).unwrap_or_default();
+            match counts.iter_mut().find(|(p, _)| *p == phase) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((phase, 1)),
+            }
         }
+        let phases: BTreeMap<String, i64> = counts.into_iter().map(|(p, n)| (format!("{p:?}"), n)).collect();
         self.metrics.set_phases(&phases);
+    }
+
+    /// One Event per plan, reason and type for this pass (see `events`); warnings also on each
+    /// Node. A plan deleted meanwhile gets none.
+    async fn publish_events(&self, reached: Vec<NodeEvent>, plans: &[GpuPartitionPlan]) {
+        for e in reached.iter().filter(|e| e.warning) {
+            self.event_on_node(&e.node, e.reason, &e.message, true).await;
+        }
+        for e in crate::events::aggregate(reached) {
+            if let Some(p) = plans.iter().find(|p| p.metadata.name.as_deref() == Some(e.plan.as_str())) {
+                self.publish_new(&p.object_ref(&()), e.reason, &e.note, e.warning).await;
+            }
+        }
+    }
+
+    /// A new Event every time. The Recorder folds Events of the same object and reason into a
+    /// series that keeps the first note, which would lose every later wave's node names.
+    async fn publish_new(&self, reference: &ObjectReference, reason: &str, note: &str, warning: bool) {
+        use k8s_openapi::api::events::v1::Event as K8sEvent;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let namespace = reference.namespace.clone().unwrap_or_else(|| "default".into());
+        let name = reference.name.clone().unwrap_or_else(|| MANAGER.into());
+        let event = K8sEvent {
+            action: Some("Rollout".into()),
+            reason: Some(reason.into()),
+            note: Some(note.chars().take(crate::events::NOTE_LIMIT).collect()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(reference.clone()),
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            reporting_controller: Some(MANAGER.into()),
+            reporting_instance: Some(self.instance.clone()),
+            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
+            ..Default::default()
+        };
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        if let Err(e) = api.create(&PostParams::default(), &event).await {
+            warn!(error = %e, "could not publish an event");
+        }
     }
 
     /// The pods on a draining node, and which of their DaemonSets exist (a DaemonSet pod is
@@ -369,7 +496,7 @@ impl Context {
     }
 
     /// Executes one action; returns `(node, reason)` when an eviction was refused.
-    async fn act(&self, action: Action, plans: &[GpuPartitionPlan]) -> Result<Option<(String, String)>, Error> {
+    async fn act(&self, action: Action) -> Result<Option<(String, String)>, Error> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let gns: Api<GpuNode> = Api::all(self.client.clone());
         match action {
@@ -396,7 +523,6 @@ impl Context {
                                              "spec": {"unschedulable": null}})),
                     )
                     .await?;
-                self.event_on_node(&node, "Uncordoned", "uncordoned after its MIG change", false).await;
             }
             Action::Evict { node, namespace, pod } => {
                 return Ok(self.evict(&node, &namespace, &pod).await?.map(|why| (node, why)));
@@ -424,12 +550,8 @@ impl Context {
                                   "status": {"conditions": [condition]}});
                 gns.patch_status(&node, &PatchParams::apply(LIVENESS_MANAGER).force(), &Patch::Apply(&body)).await?;
             }
-            Action::Event { plan, node, reason, message, warning } => {
-                if let Some(p) = plans.iter().find(|p| p.name_any() == plan) {
-                    self.publish(&p.object_ref(&()), reason, &message, warning).await;
-                }
-                self.event_on_node(&node, reason, &message, warning).await;
-            }
+            // Collected by the pass and published aggregated (`publish_events`).
+            Action::Event { .. } => {}
         }
         Ok(None)
     }
@@ -466,7 +588,7 @@ impl Context {
     /// and emits an Event when the reason changes.
     async fn record_drain_messages(
         &self,
-        gpunodes: &BTreeMap<String, GpuNode>,
+        gpunodes: &BTreeMap<String, Arc<GpuNode>>,
         evicting: &BTreeMap<String, bool>,
         blocked: &BTreeMap<String, Vec<String>>,
     ) -> Vec<(String, String)> {
@@ -494,17 +616,13 @@ impl Context {
         errors
     }
 
-    /// Server-side-applies a node's `status.rollout` (the operator's only status field there);
-    /// `None` releases it, which removes it.
+    /// Writes a node's `status.rollout` (the operator's only status field there); `None`
+    /// removes it. A JSON merge patch naming every field ([`rollout_patch`]): the same result as
+    /// a server-side apply of the record, at a fraction of the API server's CPU, and this write
+    /// is four of a node's eight requests.
     async fn write_rollout(&self, node: &str, rollout: Option<&NodeRollout>) -> Result<(), Error> {
-        let status = match rollout {
-            Some(r) => json!({"rollout": r}),
-            None => json!({}),
-        };
-        let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": status});
-        Api::<GpuNode>::all(self.client.clone())
-            .patch_status(node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-            .await?;
+        let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
+        Api::<GpuNode>::all(self.client.clone()).patch_status(node, &pp, &Patch::Merge(rollout_patch(rollout))).await?;
         Ok(())
     }
 
@@ -534,7 +652,7 @@ impl Context {
     async fn finish_deletion(
         &self,
         plan: &GpuPartitionPlan,
-        gpunodes: &BTreeMap<String, GpuNode>,
+        gpunodes: &BTreeMap<String, Arc<GpuNode>>,
     ) -> Result<(), Error> {
         let name = plan.name_any();
         // A GpuNode whose Node is gone cannot be released any more; it must not hold the plan.
@@ -576,5 +694,48 @@ impl Context {
         if let Err(e) = self.recorder.publish(&ev, reference).await {
             warn!(error = %e, "could not publish an event");
         }
+    }
+}
+
+/// The merge patch that makes `status.rollout` exactly `rollout`: unset fields are sent as null,
+/// so a field of the previous record (a drain start, a message) never survives the write.
+pub fn rollout_patch(rollout: Option<&NodeRollout>) -> serde_json::Value {
+    let Some(r) = rollout else { return json!({"status": {"rollout": null}}) };
+    let mut record = json!({"plan": null, "planGeneration": null, "drainStartedAt": null, "applyStartedAt": null,
+                            "message": null});
+    if let (Some(all), Ok(serde_json::Value::Object(set))) = (record.as_object_mut(), serde_json::to_value(r)) {
+        all.extend(set);
+    }
+    json!({"status": {"rollout": record}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rollout_patch_names_every_field_so_nothing_stale_survives() {
+        let full = NodeRollout {
+            phase: NodePhase::Draining,
+            plan: Some("p".into()),
+            plan_generation: Some(3),
+            cordoned_by_us: true,
+            drain_started_at: Some(Time("2026-06-01T00:00:00Z".parse().unwrap())),
+            apply_started_at: Some(Time("2026-06-01T00:01:00Z".parse().unwrap())),
+            message: "blocked".into(),
+        };
+        let all = rollout_patch(Some(&full))["status"]["rollout"].clone();
+        let back: NodeRollout = serde_json::from_value(all.clone()).unwrap();
+        assert_eq!(back, full);
+        let fields: Vec<&String> = all.as_object().unwrap().keys().collect();
+        // At rest: every field the full record has is still named, unset ones as null.
+        let idle = rollout_patch(Some(&NodeRollout { plan: Some("p".into()), ..Default::default() }));
+        let idle = idle["status"]["rollout"].as_object().unwrap();
+        for f in fields {
+            assert!(idle.contains_key(f), "{f} missing from the patch of a record at rest");
+        }
+        assert_eq!(idle["phase"], "Idle");
+        assert!(idle["drainStartedAt"].is_null() && idle["message"].is_null() && idle["applyStartedAt"].is_null());
+        assert_eq!(rollout_patch(None), json!({"status": {"rollout": null}}));
     }
 }

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod controller;
 pub mod drain;
 pub mod error;
+pub mod events;
 pub mod fleet;
 pub mod liveness;
 pub mod metrics;

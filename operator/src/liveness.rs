@@ -57,7 +57,10 @@ impl Liveness {
             self.seen.remove(node);
             return AgentHealth::NotResponding { since: None };
         };
-        let seen = self.seen.entry(node.to_string()).or_insert(Seen { renewed, at: now });
+        let seen = match self.seen.get_mut(node) {
+            Some(seen) => seen,
+            None => self.seen.entry(node.to_string()).or_insert(Seen { renewed, at: now }),
+        };
         if seen.renewed != renewed {
             *seen = Seen { renewed, at: now };
         }
@@ -73,6 +76,11 @@ impl Liveness {
     /// Forgets leases that are gone.
     pub fn retain(&mut self, present: &std::collections::BTreeSet<String>) {
         self.seen.retain(|k, _| present.contains(k));
+    }
+
+    /// Forgets leases that are not keys of `present` (the pass's leases by name).
+    pub fn retain_keys<V>(&mut self, present: &BTreeMap<String, V>) {
+        self.seen.retain(|k, _| present.contains_key(k));
     }
 }
 

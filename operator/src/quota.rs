@@ -109,11 +109,27 @@ pub fn gpu_supply(g: &GpuState, out: &mut BTreeMap<String, i64>) {
 
 /// Slices (and whole GPUs) the applied layouts supply, per resource name, from the agents' reports.
 pub fn fleet_supply(gpunodes: &[GpuNode]) -> BTreeMap<String, i64> {
-    let mut supply = BTreeMap::new();
-    for g in gpunodes.iter().flat_map(|gn| gn.status.iter().flat_map(|s| s.gpus.iter())) {
-        gpu_supply(g, &mut supply);
+    Capacity::of(gpunodes).supply
+}
+
+/// What the quotas are planned against: the fleet's applied supply per resource name, and the
+/// memory of its largest GPU in GB (what one whole GPU stands for). Read from borrowed GpuNodes,
+/// so a pass copies no object.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Capacity {
+    pub supply: BTreeMap<String, i64>,
+    pub whole_gpu_gb: i64,
+}
+
+impl Capacity {
+    pub fn of<'a>(gpunodes: impl IntoIterator<Item = &'a GpuNode>) -> Self {
+        let mut c = Capacity::default();
+        for g in gpunodes.into_iter().flat_map(|gn| gn.status.iter().flat_map(|s| s.gpus.iter())) {
+            gpu_supply(g, &mut c.supply);
+            c.whole_gpu_gb = c.whole_gpu_gb.max((g.memory_mib / 1024).max(0));
+        }
+        c
     }
-    supply
 }
 
 /// Compute slices and GB that `counts` (resource -> amount) stand for.
@@ -172,6 +188,17 @@ pub fn plan_quotas(
     gpunodes: &[GpuNode],
     now: Time,
 ) -> QuotaPlan {
+    plan_quotas_with(quotas, existing_namespaces, resource_quotas, &Capacity::of(gpunodes), now)
+}
+
+/// [`plan_quotas`] against a [`Capacity`] read beforehand.
+pub fn plan_quotas_with(
+    quotas: &[TenantGpuQuota],
+    existing_namespaces: &BTreeSet<String>,
+    resource_quotas: &[ResourceQuota],
+    capacity: &Capacity,
+    now: Time,
+) -> QuotaPlan {
     let live: Vec<&TenantGpuQuota> = quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none()).collect();
     let mut claims: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for q in &live {
@@ -179,13 +206,7 @@ pub fn plan_quotas(
             claims.entry(ns.as_str()).or_default().push(q.metadata.name.clone().unwrap_or_default());
         }
     }
-    let supply = fleet_supply(gpunodes);
-    let whole_gpu_gb = gpunodes
-        .iter()
-        .flat_map(|g| g.status.iter().flat_map(|s| s.gpus.iter()))
-        .map(|g| (g.memory_mib / 1024).max(0))
-        .max()
-        .unwrap_or(0);
+    let (supply, whole_gpu_gb) = (&capacity.supply, capacity.whole_gpu_gb);
     let mut demand: BTreeMap<String, i64> = BTreeMap::new();
     let mut plan = QuotaPlan::default();
     let mut wanted: BTreeSet<(String, String)> = BTreeSet::new();

@@ -23,7 +23,9 @@ use tracing::{info, warn};
 use crate::Error;
 use crate::controller::{MANAGER, watch_into_store};
 use crate::metrics::Metrics;
-use crate::quota::{Apply, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas, quota_label_value, report_write_failures};
+use crate::quota::{
+    Apply, Capacity, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas_with, quota_label_value, report_write_failures,
+};
 
 pub struct QuotaController {
     client: Client,
@@ -31,12 +33,26 @@ pub struct QuotaController {
     quotas: Store<TenantGpuQuota>,
     rqs: Store<ResourceQuota>,
     namespaces: Store<Namespace>,
+    /// The rollout controller's cache (one cache of GpuNodes per process).
     gpunodes: Store<GpuNode>,
     changed: Arc<Notify>,
+    /// Fires on every GpuNode change: rollouts change GpuNodes often and capacity rarely, so
+    /// these wake a pass after a longer pause than changes to quotas and namespaces.
+    fleet_changed: Arc<Notify>,
 }
 
+/// How long changes are batched before a quota pass; GpuNode changes for longer (see above).
+const DEBOUNCE: Duration = Duration::from_millis(100);
+const FLEET_DEBOUNCE: Duration = Duration::from_secs(1);
+
 impl QuotaController {
-    pub fn start(client: Client, metrics: Arc<Metrics>) -> Arc<Self> {
+    /// `gpunodes` is the rollout controller's cache, and `fleet_changed` what it wakes on change.
+    pub fn start(
+        client: Client,
+        metrics: Arc<Metrics>,
+        gpunodes: Store<GpuNode>,
+        fleet_changed: Arc<Notify>,
+    ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let d = watcher::Config::default;
         Arc::new(Self {
@@ -45,10 +61,11 @@ impl QuotaController {
             // it is never adopted by a force-apply.
             rqs: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
-            gpunodes: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
+            gpunodes,
             client,
             metrics,
             changed,
+            fleet_changed,
         })
     }
 
@@ -62,7 +79,7 @@ impl QuotaController {
     ) -> Self {
         let gpunodes = kube::runtime::reflector::store().0;
         let (metrics, changed) = (Arc::new(Metrics::default()), Arc::new(Notify::new()));
-        Self { client, metrics, quotas, rqs, namespaces, gpunodes, changed }
+        Self { client, metrics, quotas, rqs, namespaces, gpunodes, changed, fleet_changed: Arc::new(Notify::new()) }
     }
 
     pub async fn wait_ready(&self) {
@@ -84,7 +101,8 @@ impl QuotaController {
                 warn!(error = %e, "quota pass failed; retrying");
             }
             tokio::select! {
-                _ = self.changed.notified() => tokio::time::sleep(Duration::from_millis(100)).await,
+                _ = self.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+                _ = self.fleet_changed.notified() => tokio::time::sleep(FLEET_DEBOUNCE).await,
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
             }
         }
@@ -100,9 +118,9 @@ impl QuotaController {
             .filter(|n| n.metadata.deletion_timestamp.is_none())
             .map(|n| n.name_any())
             .collect();
-        let gpunodes: Vec<GpuNode> = self.gpunodes.state().iter().map(|g| (**g).clone()).collect();
+        let capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g));
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let plan = plan_quotas(&quotas, &namespaces, &rqs, &gpunodes, now.clone());
+        let plan = plan_quotas_with(&quotas, &namespaces, &rqs, &capacity, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // Errors per quota, for its status; namespaces where a ResourceQuota failed to write.
         let mut failures: BTreeMap<String, Vec<String>> = BTreeMap::new();

@@ -9,7 +9,8 @@
 //! not responding, count against `maxUnavailable` (as a Deployment counts unavailable pods), so a
 //! fleet-wide problem stops the rollout instead of churning every node.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -17,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use tessera_crds::catalog::GpuModel;
 use tessera_crds::conditions::{self, READY, RECONCILING, STALLED};
 use tessera_crds::gpunode::{GpuIntent, GpuState, NodePhase, NodeRollout};
-use tessera_crds::plan::GpuPartitionPlanSpec;
+use tessera_crds::plan::{GpuLayout, GpuPartitionPlanSpec};
 use tessera_crds::validate::{max_unavailable, validate_plan_with};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog, solver};
 
@@ -32,7 +33,8 @@ pub struct NodeInput {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub unschedulable: bool,
-    pub gpunode: Option<GpuNode>,
+    /// Shared with the cache: a pass copies no object.
+    pub gpunode: Option<Arc<GpuNode>>,
     /// Pods on the node; listed only for nodes that are draining. `Err`: the list failed, so the
     /// drain cannot be judged complete this pass.
     pub pods: Result<Vec<Pod>, String>,
@@ -153,42 +155,99 @@ fn product_key(s: &str) -> String {
     s.trim().to_ascii_lowercase().replace([' ', '_'], "-")
 }
 
-/// The geometry of a reported GPU: the catalog's, or else the table its agent read from NVML.
-fn model_of(g: &GpuState) -> Option<&'static GpuModel> {
-    catalog::lookup(&g.product)
-        .or_else(|| (!g.profiles.is_empty()).then(|| catalog::model_from_table(&g.product, &g.profiles)))
+/// Catalog look-ups and layout fits of one planning pass, shared by all its nodes: a fleet has a
+/// few boards and many nodes, and repeating these per node made them most of a pass's cost.
+#[derive(Default)]
+pub struct Memo<'a> {
+    products: HashMap<&'a str, Option<&'static GpuModel>>,
+    same: HashMap<(&'a str, &'a str), bool>,
+    /// Keyed by the addresses of a `&'static` model and of a layout borrowed for `'a`.
+    fits: HashMap<(usize, usize), Result<(), String>>,
+}
+
+impl<'a> Memo<'a> {
+    fn lookup(&mut self, product: &'a str) -> Option<&'static GpuModel> {
+        *self.products.entry(product).or_insert_with(|| catalog::lookup(product))
+    }
+
+    /// Whether a layout's `gpuProduct` names this GPU's board (catalog names, else loosely).
+    fn same_product(&mut self, layout: &'a str, gpu: &'a str) -> bool {
+        if let Some(same) = self.same.get(&(layout, gpu)) {
+            return *same;
+        }
+        let same = match (self.lookup(layout), self.lookup(gpu)) {
+            (Some(a), Some(b)) => a.name == b.name,
+            _ => product_key(layout) == product_key(gpu),
+        };
+        self.same.insert((layout, gpu), same);
+        same
+    }
+
+    /// The geometry of a reported GPU: the catalog's, or else the table its agent read from NVML.
+    fn model_of(&mut self, g: &'a GpuState) -> Option<&'static GpuModel> {
+        self.lookup(&g.product)
+            .or_else(|| (!g.profiles.is_empty()).then(|| catalog::model_from_table(&g.product, &g.profiles)))
+    }
+
+    fn fit(&mut self, model: &'static GpuModel, layout: &'a GpuLayout) -> Result<(), String> {
+        let key = (std::ptr::from_ref(model) as usize, std::ptr::from_ref(layout) as usize);
+        self.fits
+            .entry(key)
+            .or_insert_with(|| {
+                let counts = layout
+                    .profiles
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(k, n)| (catalog::normalize_profile(k), *n as u32))
+                    .collect();
+                solver::fit(model, &counts).map(|_| ()).map_err(|e| e.to_string())
+            })
+            .clone()
+    }
 }
 
 /// The intent a plan asks for on a node, from the GPUs its agent reported. `Err` names why the
 /// node cannot be acted on (no layout for its product, or a layout that cannot fit it).
 pub fn desired_intent(spec: &GpuPartitionPlanSpec, gpus: &[GpuState]) -> Result<Vec<GpuIntent>, String> {
-    let same_product = |layout: &str, gpu: &str| match (catalog::lookup(layout), catalog::lookup(gpu)) {
-        (Some(a), Some(b)) => a.name == b.name,
-        _ => product_key(layout) == product_key(gpu),
-    };
+    desired_intent_with(spec, gpus, &mut Memo::default())
+}
+
+/// [`desired_intent`] with the look-ups of a pass shared across its nodes.
+pub fn desired_intent_with<'a>(
+    spec: &'a GpuPartitionPlanSpec,
+    gpus: &'a [GpuState],
+    memo: &mut Memo<'a>,
+) -> Result<Vec<GpuIntent>, String> {
     let mut out = Vec::new();
     for g in gpus {
-        let chosen = spec
-            .layouts
-            .iter()
-            .find(|l| {
-                same_product(&l.gpu_product, &g.product) && l.gpu_indices.as_ref().is_some_and(|i| i.contains(&g.index))
-            })
-            .or_else(|| {
-                spec.layouts.iter().find(|l| same_product(&l.gpu_product, &g.product) && l.gpu_indices.is_none())
-            });
+        let mut chosen = None;
+        for l in &spec.layouts {
+            if l.gpu_indices.as_ref().is_some_and(|i| i.contains(&g.index))
+                && memo.same_product(&l.gpu_product, &g.product)
+            {
+                chosen = Some(l);
+                break;
+            }
+        }
+        if chosen.is_none() {
+            for l in &spec.layouts {
+                if l.gpu_indices.is_none() && memo.same_product(&l.gpu_product, &g.product) {
+                    chosen = Some(l);
+                    break;
+                }
+            }
+        }
         let Some(layout) = chosen else { continue };
-        let profiles: BTreeMap<String, i32> =
-            layout.profiles.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (k.clone(), *n)).collect();
         if layout.mig_enabled && !g.mig_capable {
             return Err(format!("GPU {} ({}) is not MIG capable", g.index, g.product));
         }
-        if let (true, Some(model)) = (layout.mig_enabled, model_of(g)) {
-            let counts = profiles.iter().map(|(k, n)| (catalog::normalize_profile(k), *n as u32)).collect();
-            if let Err(e) = solver::fit(model, &counts) {
-                return Err(format!("the layout for GPU {} does not fit: {e}", g.index));
-            }
+        if let (true, Some(model)) = (layout.mig_enabled, memo.model_of(g))
+            && let Err(e) = memo.fit(model, layout)
+        {
+            return Err(format!("the layout for GPU {} does not fit: {e}", g.index));
         }
+        let profiles: BTreeMap<String, i32> =
+            layout.profiles.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (k.clone(), *n)).collect();
         out.push(GpuIntent { index: g.index, mig_enabled: layout.mig_enabled, profiles });
     }
     if out.is_empty() {
@@ -221,11 +280,11 @@ fn agent_stalled(gn: &GpuNode) -> Option<String> {
 
 /// Checks a plan as `tessera-operator validate` does; a product missing from the catalog is
 /// checked against the profile table an agent of a matched node reports for it.
-fn validate(plan: &GpuPartitionPlan, nodes: &[NodeInput]) -> Vec<String> {
+fn validate<'a>(plan: &GpuPartitionPlan, nodes: &[&'a NodeInput], memo: &mut Memo<'a>) -> Vec<String> {
     let mut reported: BTreeMap<String, &'static GpuModel> = BTreeMap::new();
-    for node in nodes.iter().filter(|n| matches(&plan.spec.node_selector, &n.labels)) {
+    for node in nodes {
         let gpus = node.gpunode.as_ref().and_then(|g| g.status.as_ref()).map(|s| s.gpus.as_slice()).unwrap_or(&[]);
-        for g in gpus.iter().filter(|g| catalog::lookup(&g.product).is_none() && catalog::valid_table(&g.profiles)) {
+        for g in gpus.iter().filter(|g| memo.lookup(&g.product).is_none() && catalog::valid_table(&g.profiles)) {
             reported.insert(product_key(&g.product), catalog::model_from_table(&g.product, &g.profiles));
         }
     }
@@ -263,27 +322,43 @@ pub fn plan_fleet(
         }
     }
     // Ownership: highest priority wins; a tie at the top is a conflict and nobody acts.
-    let mut owned: BTreeMap<String, Vec<&NodeInput>> = BTreeMap::new();
+    let mut owned: BTreeMap<&str, Vec<&NodeInput>> = BTreeMap::new();
+    // Every node each plan's selector matches (its own or not), for checking the plan.
+    let mut matched: BTreeMap<&str, Vec<&NodeInput>> = BTreeMap::new();
     for node in nodes {
-        let winners = contenders(&live, &node.labels);
+        let mut top: Option<i32> = None;
+        let mut winners: Vec<&str> = Vec::new();
+        for p in live.iter().filter(|p| matches(&p.spec.node_selector, &node.labels)) {
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            matched.entry(name).or_default().push(node);
+            match top {
+                Some(t) if p.spec.priority < t => continue,
+                Some(t) if p.spec.priority == t => winners.push(name),
+                _ => {
+                    top = Some(p.spec.priority);
+                    winners = vec![name];
+                }
+            }
+        }
         match winners.as_slice() {
             [] => release(node, &mut actions),
-            [one] => owned.entry(one.clone()).or_default().push(node),
+            [one] => owned.entry(*one).or_default().push(node),
             many => {
                 for p in many {
-                    let others = many.iter().filter(|o| *o != p).cloned().collect();
-                    reports.get_mut(p).expect("every plan has a report").conflicts.insert(node.name.clone(), others);
+                    let others = many.iter().filter(|o| *o != p).map(|o| o.to_string()).collect();
+                    reports.get_mut(*p).expect("every plan has a report").conflicts.insert(node.name.clone(), others);
                 }
                 release(node, &mut actions);
             }
         }
     }
+    let mut memo = Memo::default();
     for plan in &live {
-        let name = plan.metadata.name.clone().unwrap_or_default();
-        let owned = owned.remove(&name).unwrap_or_default();
-        let report = reports.get_mut(&name).expect("every plan has a report");
+        let name = plan.metadata.name.as_deref().unwrap_or_default();
+        let owned = owned.remove(name).unwrap_or_default();
+        let report = reports.get_mut(name).expect("every plan has a report");
         report.nodes = owned.iter().map(|n| n.name.clone()).collect();
-        report.invalid_spec = validate(plan, nodes);
+        report.invalid_spec = validate(plan, matched.get(name).map(Vec::as_slice).unwrap_or_default(), &mut memo);
         if !report.invalid_spec.is_empty() {
             // It still owns its nodes (a typo must not hand them to a lower-priority plan), but
             // acts on none: in-flight nodes are released once their agent is done.
@@ -292,7 +367,7 @@ pub fn plan_fleet(
             }
             continue;
         }
-        plan_one(plan, &owned, now, &mut actions, report);
+        plan_one(plan, &owned, now, &mut actions, report, &mut memo);
     }
     (actions, reports)
 }
@@ -312,7 +387,7 @@ pub fn contenders(live: &[&GpuPartitionPlan], labels: &BTreeMap<String, String>)
 /// Forgetting the rollout withdraws the hand-over, so the agent changes nothing disruptive after.
 fn release(node: &NodeInput, actions: &mut Vec<Action>) {
     let Some(gn) = &node.gpunode else { return };
-    let Some(r) = gn.status.as_ref().and_then(|s| s.rollout.clone()) else { return };
+    let Some(r) = gn.status.as_ref().and_then(|s| s.rollout.as_ref()) else { return };
     let agent_working = node.agent == AgentHealth::Alive && !applied(gn, &gn.spec.gpus) && agent_stalled(gn).is_none();
     if r.phase == NodePhase::Applying && agent_working {
         return; // the agent is reconfiguring a drained node: let it finish first
@@ -337,12 +412,13 @@ fn unavailable(node: &NodeInput, gn: &GpuNode, desired: &[GpuIntent], generation
     in_flight(phase) || ((failed_now || node.agent != AgentHealth::Alive) && !applied(gn, desired))
 }
 
-fn plan_one(
-    plan: &GpuPartitionPlan,
-    nodes: &[&NodeInput],
+fn plan_one<'a>(
+    plan: &'a GpuPartitionPlan,
+    nodes: &[&'a NodeInput],
     now: Timestamp,
     actions: &mut Vec<Action>,
     report: &mut PlanReport,
+    memo: &mut Memo<'a>,
 ) {
     let name = plan.metadata.name.clone().unwrap_or_default();
     let generation = plan.metadata.generation;
@@ -356,7 +432,7 @@ fn plan_one(
             continue;
         };
         let wanted = match &plan.spec.layouts_from {
-            None => desired_intent(&plan.spec, &gn.status.as_ref().expect("checked").gpus).map(Some),
+            None => desired_intent_with(&plan.spec, &gn.status.as_ref().expect("checked").gpus, memo).map(Some),
             Some(_) => match crate::auto::desired(plan, &node.name, gn) {
                 Ask::Target(d) | Ask::Finish(d) => Ok(Some(d)),
                 Ask::LeaveAlone => Ok(None),
@@ -400,8 +476,17 @@ fn plan_one(
     let drain_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
     let apply_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.apply_timeout_seconds.max(0));
     for (node, gn, desired) in candidates {
+        let current = gn.status.as_ref().and_then(|s| s.rollout.as_ref());
+        if current.is_some_and(|c| {
+            c.phase == NodePhase::Idle && c.plan.as_deref() == Some(name.as_str()) && c.plan_generation == generation
+        }) && applied(gn, &desired)
+        {
+            // At rest with this plan's layout, and its record says so: nothing to do or copy.
+            report.updated += 1;
+            continue;
+        }
         let n = node.name.clone();
-        let mut r = gn.status.as_ref().and_then(|s| s.rollout.clone()).unwrap_or_default();
+        let mut r = current.cloned().unwrap_or_default();
         let event = |reason: &'static str, message: String, warning: bool| Action::Event {
             plan: name.clone(),
             node: n.clone(),
@@ -460,11 +545,13 @@ fn plan_one(
                         ..base
                     };
                     actions.push(Action::Rollout { node: n.clone(), rollout: Some(rollout) });
-                    if !node.unschedulable {
+                    let message = if node.unschedulable {
+                        format!("draining GPU pods from {n} (already cordoned)")
+                    } else {
                         actions.push(Action::Cordon { node: n.clone() });
-                        actions.push(event("Cordoned", format!("cordoned {n} to change its MIG layout"), false));
-                    }
-                    actions.push(event("DrainStarted", format!("draining GPU pods from {n}"), false));
+                        format!("cordoned {n} and draining its GPU pods to change its MIG layout")
+                    };
+                    actions.push(event("DrainStarted", message, false));
                 } else {
                     report.pending += 1;
                     if r.phase != NodePhase::Pending {

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 pub fn matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     let labels_ok = selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
     let exprs_ok = selector.match_expressions.iter().flatten().all(|e| {
-        let values = e.values.clone().unwrap_or_default();
+        let values = e.values.as_deref().unwrap_or_default();
         match e.operator.as_str() {
             "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
             "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),

@@ -84,14 +84,22 @@ impl fmt::Display for GpuModel {
 pub fn lookup(product: &str) -> Option<&'static GpuModel> {
     let key = normalize_product(product);
     let key = strip_gfd_suffix(&key);
-    MODELS.iter().find(|m| {
-        normalize_product(m.name) == key
-            || m.nvml_names.iter().any(|n| {
-                let n = normalize_product(n);
-                n == key || n.strip_prefix("nvidia-") == Some(key)
-            })
-    })
+    NORMALIZED_NAMES
+        .iter()
+        .zip(MODELS.iter())
+        .find(|((name, nvml), _)| {
+            name == key || nvml.iter().any(|n| n == key || n.strip_prefix("nvidia-") == Some(key))
+        })
+        .map(|(_, m)| m)
 }
+
+/// Every model's name and NVML names, normalized once: `lookup` runs per GPU per pass.
+static NORMALIZED_NAMES: std::sync::LazyLock<Vec<(String, Vec<String>)>> = std::sync::LazyLock::new(|| {
+    MODELS
+        .iter()
+        .map(|m| (normalize_product(m.name), m.nvml_names.iter().map(|n| normalize_product(n)).collect()))
+        .collect()
+});
 
 /// Whether a reported profile table describes a geometry the solver can work with: 1 to 8
 /// memory and compute slices per profile, every placement inside an 8-slot axis. Anything else

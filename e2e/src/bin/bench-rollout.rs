@@ -31,13 +31,48 @@ fn proc_stat(pid: u32) -> (f64, u64) {
     (cpu, hwm)
 }
 
-fn requests(port: u16) -> f64 {
+/// A value from the operator's /metrics (first line starting with `name`).
+fn metric(port: u16, name: &str) -> f64 {
     let m = http_get(port, "/metrics").unwrap_or_default();
-    m.lines()
-        .find(|l| l.starts_with("tessera_operator_api_requests_total"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0.0)
+    m.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0.0)
 }
+
+/// The machine's 1-minute load average: other work on the cores skews wall time.
+fn load() -> f64 {
+    std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
+}
+
+/// One fleet size's figures.
+struct Row {
+    nodes: usize,
+    wall: f64,
+    cpu: f64,
+    requests: f64,
+    rss_mib: f64,
+    passes: f64,
+    load: f64,
+}
+
+impl Row {
+    fn markdown(&self) -> String {
+        let n = self.nodes as f64;
+        format!(
+            "| {} | {:.1} | {:.2} | {:.2} | {:.0} | {:.1} | {:.0} | {:.3} | {:.0} | {:.1} |",
+            self.nodes,
+            self.wall,
+            self.cpu,
+            self.cpu * 1000.0 / n,
+            self.requests,
+            self.requests / n,
+            self.rss_mib,
+            self.rss_mib / n,
+            self.passes,
+            self.load
+        )
+    }
+}
+
+const HEADER: &str = "| nodes | wall s | operator CPU s | CPU ms / node | API requests | requests / node | peak RSS MiB | RSS MiB / node | passes | load (1 min) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
 
 /// Plays every node agent at zero latency: registers inventory, then reports each new intent as
 /// applied at once (instances placed by the solver). Each emulated agent's heartbeat Lease is
@@ -47,7 +82,7 @@ async fn emulate_agents(client: Client, nodes: Vec<String>) {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), tessera_crds::gpunode::AGENT_LEASE_NAMESPACE);
     futures::stream::iter(nodes.clone())
-        .for_each_concurrent(16, |n| {
+        .for_each_concurrent(32, |n| {
             let api = api.clone();
             let leases = leases.clone();
             async move {
@@ -99,8 +134,12 @@ async fn emulate_agents(client: Client, nodes: Vec<String>) {
     });
 }
 
-async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<String> {
-    let cp = ControlPlane::start().await?;
+async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
+    // kwok renews each node's lease every quarter of its duration: 1,000 nodes at the kubelet's
+    // 40 s send 100 writes/s, as much as the rollout itself on this machine's API server. The
+    // bench measures the operator, so leases last n/5 s (at least 40): 20 writes/s at any size.
+    let lease = (n / 5).max(tessera_e2e::controlplane::DEFAULT_NODE_LEASE_SECONDS as usize) as u32;
+    let cp = ControlPlane::start_with_node_leases(lease).await?;
     let admin = cp.client(Identity::Admin).await?;
     install_crds(&admin).await?;
     for f in ["config/base/namespace.yaml", "config/rbac/node-agent.yaml", "config/rbac/operator.yaml"] {
@@ -109,7 +148,7 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<String> {
     let names: Vec<String> = (0..n).map(|i| format!("gpu-{i:04}")).collect();
     let nodes: Api<Node> = Api::all(admin.clone());
     futures::stream::iter(names.clone())
-        .for_each_concurrent(16, |name| {
+        .for_each_concurrent(32, |name| {
             let nodes = nodes.clone();
             async move {
                 let node: Node = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node",
@@ -137,7 +176,8 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<String> {
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (cpu0, _) = proc_stat(op.id());
-    let req0 = requests(port);
+    let req0 = metric(port, "tessera_operator_api_requests_total");
+    let passes0 = metric(port, "tessera_operator_reconciles_total");
     let started = Instant::now();
     let plan: GpuPartitionPlan =
         serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
@@ -156,17 +196,39 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<String> {
     .await?;
     let wall = started.elapsed().as_secs_f64();
     let (cpu1, hwm) = proc_stat(op.id());
-    let req1 = requests(port);
+    let req1 = metric(port, "tessera_operator_api_requests_total");
+    let passes1 = metric(port, "tessera_operator_reconciles_total");
     let _ = op.kill();
     let _ = op.wait();
-    let cpu = cpu1 - cpu0;
-    let reqs = req1 - req0;
-    Ok(format!(
-        "| {n} | {wall:.1} | {cpu:.2} | {:.1} | {reqs:.0} | {:.1} | {:.0} |",
-        cpu * 1000.0 / n as f64,
-        reqs / n as f64,
-        hwm as f64 / 1024.0
-    ))
+    Ok(Row {
+        nodes: n,
+        wall,
+        cpu: cpu1 - cpu0,
+        requests: req1 - req0,
+        rss_mib: hwm as f64 / 1024.0,
+        passes: passes1 - passes0,
+        load: load(),
+    })
+}
+
+/// The table and the plot, next to each other under `dir` (`BENCH_OUT`, default `docs/bench`).
+fn write_results(dir: &std::path::Path, rows: &[Row]) -> anyhow::Result<()> {
+    use tessera_e2e::plot::{Series, svg};
+    std::fs::create_dir_all(dir)?;
+    let table: Vec<String> = rows.iter().map(Row::markdown).collect();
+    std::fs::write(dir.join("rollout-cost.md"), format!("{HEADER}\n{}\n", table.join("\n")))?;
+    let cpu = Series {
+        title: "operator CPU ms per node",
+        points: rows.iter().map(|r| (r.nodes as f64, r.cpu * 1000.0 / r.nodes as f64)).collect(),
+    };
+    let wall = Series {
+        title: "wall time s (maxUnavailable 10%)",
+        points: rows.iter().map(|r| (r.nodes as f64, r.wall)).collect(),
+    };
+    let rss = Series { title: "peak RSS MiB", points: rows.iter().map(|r| (r.nodes as f64, r.rss_mib)).collect() };
+    let plot = svg("Rollout of one plan over N kwok nodes (make bench)", "nodes (log scale)", &[cpu, wall, rss]);
+    std::fs::write(dir.join("rollout-cost.svg"), plot)?;
+    Ok(())
 }
 
 #[tokio::main]
@@ -181,10 +243,15 @@ async fn main() -> anyhow::Result<()> {
         "{} missing: run `cargo build --release -p tessera-operator`",
         operator.display()
     );
-    println!("| nodes | wall s | operator CPU s | CPU ms / node | API requests | requests / node | peak RSS MiB |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let out = std::path::PathBuf::from(std::env::var("BENCH_OUT").unwrap_or_else(|_| "docs/bench".into()));
+    println!("{HEADER}");
+    let mut rows = Vec::new();
     for n in sizes {
-        println!("{}", bench(n, &operator).await?);
+        let row = bench(n, &operator).await?;
+        println!("{}", row.markdown());
+        rows.push(row);
     }
+    write_results(&out, &rows)?;
+    println!("table and plot written to {}/rollout-cost.{{md,svg}}", out.display());
     Ok(())
 }

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use tessera_crds::gpunode::NodePhase;
+use tessera_crds::gpunode::{GpuState, NodePhase};
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tracing::{info, warn};
 
@@ -81,7 +81,7 @@ impl Context {
             return pass;
         }
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
-        let gpunodes: Vec<&GpuNode> = nodes.iter().filter_map(|n| n.gpunode.as_ref()).collect();
+        let gpunodes: Vec<&GpuNode> = nodes.iter().filter_map(|n| n.gpunode.as_deref()).collect();
         let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for n in nodes {
             if let [one] = contenders(&live_refs, &n.labels).as_slice() {
@@ -211,12 +211,13 @@ impl Context {
 
     /// `fragmentedSlices` per plan: the stranded slices of its nodes' current layouts, against
     /// the demand it serves (an automatic plan's) or every quota's (a fixed plan's). Memoised
-    /// per (board, layout, demanded profiles): layouts repeat across a fleet.
+    /// per (GPU as reported, demanded profiles): layouts repeat across a fleet, so a pass hashes
+    /// each GPU and works out only the layouts it has not seen.
     pub(super) fn fragmented_slices(
         &self,
         plans: &[GpuPartitionPlan],
-        owned: &BTreeMap<String, Vec<String>>,
-        gpunodes: &BTreeMap<String, GpuNode>,
+        reports: &BTreeMap<String, crate::rollout::PlanReport>,
+        gpunodes: &BTreeMap<String, std::sync::Arc<GpuNode>>,
     ) -> BTreeMap<String, i64> {
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
         let everyone = auto::demand(quotas.iter(), 0);
@@ -232,18 +233,43 @@ impl Context {
                 None => everyone.clone(),
             };
             let demanded: Vec<&String> = demand.iter().filter(|(_, n)| **n > 0).map(|(r, _)| r).collect();
-            let mine = owned.get(&name).into_iter().flatten().filter_map(|n| gpunodes.get(n));
+            let demanded_key = hash_of(&demanded);
+            let mine = reports.get(&name).into_iter().flat_map(|r| r.nodes.iter()).filter_map(|n| gpunodes.get(n));
             let mut total: i64 = 0;
-            for slot in auto::gpu_slots(mine, &|_| false) {
-                let key = format!("{}|{:?}|{}|{:?}", slot.model.name, slot.instances, slot.mig_enabled, demanded);
-                let n =
-                    *memo.entry(key).or_insert_with(|| fleet::stranded_slices(std::slice::from_ref(&slot), &demand));
-                total += i64::from(n);
+            for gn in mine {
+                for g in gn.status.iter().flat_map(|s| s.gpus.iter()) {
+                    let key = (gpu_key(g), demanded_key);
+                    let n = *memo.entry(key).or_insert_with(|| match auto::gpu_slot("", g, false) {
+                        Some(slot) => fleet::stranded_slices(std::slice::from_ref(&slot), &demand),
+                        None => 0,
+                    });
+                    total += i64::from(n);
+                }
             }
             out.insert(name, total);
         }
         out
     }
+}
+
+/// What of a reported GPU decides its stranded slices: board (product and, for a board outside
+/// the catalog, its table), MIG mode and instances. Hashed: equal GPUs repeat across a fleet.
+fn gpu_key(g: &GpuState) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    (&g.product, g.mig_capable, g.mig_enabled, g.instances.len(), g.profiles.len()).hash(&mut h);
+    for i in &g.instances {
+        (&i.profile, i.start, i.size).hash(&mut h);
+    }
+    for p in &g.profiles {
+        (&p.name, p.id, p.compute_slices, p.memory_slices, p.max_count, &p.starts).hash(&mut h);
+    }
+    h.finish()
+}
+
+fn hash_of<T: std::hash::Hash>(value: &T) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(value)
 }
 
 fn in_flight(gn: &GpuNode) -> bool {

@@ -45,7 +45,7 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput {
         name: name.into(),
         labels: [("pool".to_string(), "a".to_string())].into(),
         unschedulable,
-        gpunode: Some(gn),
+        gpunode: Some(std::sync::Arc::new(gn)),
         pods: Ok(vec![]),
         daemonsets: BTreeSet::new(),
         agent: AgentHealth::Alive,
@@ -337,11 +337,15 @@ impl Sim {
                     if rollout.as_ref().is_some_and(|r| r.phase == NodePhase::Draining) && was != NodePhase::Draining {
                         starts += 1;
                     }
-                    self.nodes[i].gpunode.as_mut().unwrap().status.as_mut().unwrap().rollout = rollout;
+                    std::sync::Arc::make_mut(self.nodes[i].gpunode.as_mut().unwrap())
+                        .status
+                        .as_mut()
+                        .unwrap()
+                        .rollout = rollout;
                 }
                 Action::Intent { node, gpus, .. } => {
                     let i = i(&node);
-                    let gn = self.nodes[i].gpunode.as_mut().unwrap();
+                    let gn = std::sync::Arc::make_mut(self.nodes[i].gpunode.as_mut().unwrap());
                     if gn.spec.gpus != gpus {
                         gn.spec.gpus = gpus;
                         gn.metadata.generation = Some(gn.metadata.generation.unwrap() + 1);
@@ -349,7 +353,7 @@ impl Sim {
                 }
                 Action::AgentDown { node, .. } => {
                     let i = i(&node);
-                    let st = self.nodes[i].gpunode.as_mut().unwrap().status.as_mut().unwrap();
+                    let st = std::sync::Arc::make_mut(self.nodes[i].gpunode.as_mut().unwrap()).status.as_mut().unwrap();
                     st.conditions.retain(|c| c.type_ != READY);
                     st.conditions.push(cond(READY, "Unknown", "AgentNotResponding", None));
                 }
@@ -429,7 +433,7 @@ impl Sim {
                 }
             }
         };
-        let st = self.nodes[i].gpunode.as_mut().unwrap().status.as_mut().unwrap();
+        let st = std::sync::Arc::make_mut(self.nodes[i].gpunode.as_mut().unwrap()).status.as_mut().unwrap();
         st.observed_generation = observed;
         st.conditions = conditions;
     }

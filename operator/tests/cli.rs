@@ -267,6 +267,12 @@ fn the_ci_examples_are_valid_yaml_run_the_checks_and_are_in_the_readme() {
         assert!(text.contains("tessera-operator validate plans/*.yaml"), "{f}");
         assert!(text.contains("tessera-operator plan preview -o markdown"), "{f}");
         assert!(text.contains("<!-- tessera-plan-preview -->"), "{f} finds its earlier comment by the marker");
+        assert!(
+            text.contains(r#".user.login == "github-actions[bot]""#) || text.contains(".author.id == $me"),
+            "{f} updates only a comment its own bot user wrote"
+        );
+        assert!(text.contains("set -o pipefail"), "{f}: a failing API call in a pipe fails the job");
+        assert!(text.contains("validated only"), "{f}: a fork's pull request (no secrets) is validated only");
         assert!(readme.contains(&format!("```yaml\n{text}```")), "README must show {f} verbatim");
     }
 }

@@ -192,3 +192,30 @@ fn a_server_that_trickles_its_answer_is_cut_after_the_whole_request_timeout() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("is not a duration"), "{err}");
 }
+
+#[test]
+fn status_into_a_pipe_closed_early_exits_0_without_a_panic() {
+    // More output than a pipe buffers (64 KiB), so the writer meets the closed pipe for sure.
+    let dir = std::env::temp_dir().join(format!("tessera-plugin-epipe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("many.yaml");
+    let mut yaml = String::from("apiVersion: v1\nkind: List\nitems:\n");
+    for i in 0..3000 {
+        yaml.push_str(&format!(
+            "- {{apiVersion: tessera.dev/v1alpha1, kind: GpuNode, metadata: {{name: gpu-node-{i:05}}}, spec: {{}}}}\n"
+        ));
+    }
+    std::fs::write(&f, yaml).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-tessera"))
+        .args(["status", "--from", f.to_str().unwrap()])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // `| head` that has read enough
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+}

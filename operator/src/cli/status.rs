@@ -150,16 +150,13 @@ pub fn fleet_status(
     quotas: &[TenantGpuQuota],
     pods: &[Pod],
 ) -> FleetStatus {
-    let tenant_of: BTreeMap<&str, &str> = quotas
-        .iter()
-        .flat_map(|q| q.spec.namespaces.iter().map(move |ns| (ns.as_str(), q.metadata.name.as_deref().unwrap_or(""))))
-        .collect();
+    let tenant_of = tenants_of_namespaces(quotas);
     let mut pods_by_node: BTreeMap<&str, Vec<PodHolds>> = BTreeMap::new();
     let mut tenants: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
     for pod in pods.iter().filter(|p| holds_devices(p)) {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
         let ns = pod.namespace().unwrap_or_default();
-        let tenant = tenant_of.get(ns.as_str()).map(|t| t.to_string());
+        let tenant = tenant_of.get(ns.as_str()).cloned();
         let held = gpu_resources(pod);
         if held.is_empty() {
             continue;
@@ -181,15 +178,39 @@ pub fn fleet_status(
     FleetStatus { plans, nodes, tenants, holders_known: true, unreadable: Vec::new() }
 }
 
+/// The tenant of each namespace a quota claims. Two quotas claiming one namespace (the quota
+/// controller reports that conflict) are both named, `a|b (conflict)`, rather than one picked.
+fn tenants_of_namespaces(quotas: &[TenantGpuQuota]) -> BTreeMap<&str, String> {
+    let mut claims: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for q in quotas {
+        for ns in &q.spec.namespaces {
+            claims.entry(ns.as_str()).or_default().insert(q.metadata.name.as_deref().unwrap_or(""));
+        }
+    }
+    claims
+        .into_iter()
+        .map(|(ns, names)| {
+            let label = if names.len() == 1 {
+                names.into_iter().collect()
+            } else {
+                format!("{} (conflict)", names.into_iter().collect::<Vec<_>>().join("|"))
+            };
+            (ns, label)
+        })
+        .collect()
+}
+
 /// A pod that has not finished (a terminating one still holds its devices).
 fn holds_devices(pod: &Pod) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// GPU resources a pod holds, as the kubelet counts them: the app containers' sum, or the largest
-/// init container's when that is more (init devices are reused). Limits, else requests; values
-/// that are not whole numbers are ignored (the API server rejects them for extended resources).
+/// GPU resources a pod holds, as the kubelet counts them: the app containers' and native sidecars'
+/// (init containers with `restartPolicy: Always`, which keep running) sum, or a plain init
+/// container's plus the sidecars started before it when that is more (plain init devices are
+/// reused). Limits, else requests; values that are not whole numbers are ignored (the API server
+/// rejects them for extended resources).
 pub fn gpu_resources(pod: &Pod) -> BTreeMap<String, i64> {
     let Some(spec) = &pod.spec else { return BTreeMap::new() };
     let of = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, i64> {
@@ -206,18 +227,33 @@ pub fn gpu_resources(pod: &Pod) -> BTreeMap<String, i64> {
         }
         out
     };
-    let mut total: BTreeMap<String, i64> = BTreeMap::new();
-    for c in &spec.containers {
-        for (k, n) in of(c) {
-            let e = total.entry(k).or_default();
+    let add = |into: &mut BTreeMap<String, i64>, from: BTreeMap<String, i64>| {
+        for (k, n) in from {
+            let e = into.entry(k).or_default();
             *e = e.saturating_add(n);
         }
-    }
+    };
+    let mut sidecars: BTreeMap<String, i64> = BTreeMap::new();
+    let mut init_peak: BTreeMap<String, i64> = BTreeMap::new();
     for c in spec.init_containers.iter().flatten() {
-        for (k, n) in of(c) {
-            let e = total.entry(k).or_default();
-            *e = (*e).max(n);
+        if c.restart_policy.as_deref() == Some("Always") {
+            add(&mut sidecars, of(c));
+            continue;
         }
+        for (k, n) in of(c) {
+            let with_sidecars = n.saturating_add(sidecars.get(&k).copied().unwrap_or(0));
+            let e = init_peak.entry(k).or_default();
+            *e = (*e).max(with_sidecars);
+        }
+    }
+    let mut total: BTreeMap<String, i64> = BTreeMap::new();
+    for c in &spec.containers {
+        add(&mut total, of(c));
+    }
+    add(&mut total, sidecars);
+    for (k, n) in init_peak {
+        let e = total.entry(k).or_default();
+        *e = (*e).max(n);
     }
     total.retain(|_, n| *n > 0);
     total

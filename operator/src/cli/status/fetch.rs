@@ -1,6 +1,7 @@
 //! Reading what `status` shows: four lists, concurrently. One that fails (RBAC, a CRD not
 //! installed, a timeout) is reported and the others are still shown; the command then exits 1.
 
+use std::io::Write as _;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -103,12 +104,24 @@ pub async fn run(cluster: &ClusterArgs, from: &[String], output: Output, colour:
         from_snapshot(Snapshot::read(from)?)
     };
     let report = inputs.report();
-    match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Output::Text => print!("{}", render::text(&report, colour)),
-    }
+    let text = match output {
+        Output::Json => format!("{}\n", serde_json::to_string_pretty(&report)?),
+        Output::Text => render::text(&report, colour),
+    };
+    write_stdout(&text)?;
     for u in &report.unreadable {
         eprintln!("error: cannot read {}: {}", u.resource, render::clean(&u.error));
     }
     Ok(if report.unreadable.is_empty() { 0 } else { 1 })
+}
+
+/// Writes to stdout; a reader that stopped reading (`status | head`) is not an error.
+fn write_stdout(text: &str) -> Result<(), Error> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Error::ReadFile { path: "(writing stdout)".into(), source: e })
+        }
+        _ => Ok(()),
+    }
 }

@@ -380,3 +380,44 @@ fn when_pods_cannot_be_read_busy_state_is_unknown_not_free() {
     };
     assert!(known.report().holders_known, "only unreadable pods make holders unknown");
 }
+
+#[test]
+fn a_namespace_claimed_by_two_quotas_names_both() {
+    type Row = (&'static str, Vec<TenantGpuQuota>, Option<&'static str>);
+    let table: Vec<Row> = vec![
+        ("one quota", vec![quota("a", &["ml"])], Some("a")),
+        ("none", vec![quota("a", &["web"])], None),
+        ("two, listed b first", vec![quota("b", &["ml"]), quota("a", &["ml", "web"])], Some("a|b (conflict)")),
+        ("one quota naming it twice", vec![quota("a", &["ml", "ml"])], Some("a")),
+    ];
+    let nodes = [gpunode("n", vec![whole(0, H100, true)])];
+    for (what, quotas, want) in table {
+        let s = fleet_status(&nodes, &[], &quotas, &[pod("ml", "p", "n", json!({"nvidia.com/gpu": "1"}))]);
+        let holder = s.nodes[0].gpus[0].holder.clone().unwrap();
+        assert_eq!(holder.tenant.as_deref(), want, "{what}");
+        assert_eq!(s.tenants.keys().next().map(String::as_str), Some(want.unwrap_or("")), "{what}");
+    }
+}
+
+#[test]
+fn native_sidecars_add_to_app_containers_as_the_kubelet_counts() {
+    let gpu = |n: u32| json!({"limits": {"nvidia.com/gpu": n.to_string()}});
+    let sidecar = |n: u32| json!({"name": "s", "restartPolicy": "Always", "resources": gpu(n)});
+    let init = |n: u32| json!({"name": "i", "resources": gpu(n)});
+    type Row = (&'static str, Vec<Value>, u32, i64);
+    let table: Vec<Row> = vec![
+        ("a sidecar runs beside the app", vec![sidecar(1)], 1, 2),
+        ("a plain init container is reused", vec![init(1)], 1, 1),
+        ("a large plain init container", vec![init(3)], 1, 3),
+        ("an init container after a sidecar runs beside it", vec![sidecar(1), init(3)], 1, 4),
+        ("an init container before a sidecar does not", vec![init(3), sidecar(1)], 1, 3),
+        ("two sidecars and the app", vec![sidecar(1), sidecar(2)], 2, 5),
+    ];
+    for (what, init_containers, app, want) in table {
+        let p: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {
+            "initContainers": init_containers,
+            "containers": [{"name": "a", "resources": gpu(app)}]}}))
+        .unwrap();
+        assert_eq!(gpu_resources(&p).get("nvidia.com/gpu").copied(), Some(want), "{what}");
+    }
+}

@@ -27,7 +27,7 @@ down() {
 if [ "$mode" = down ]; then down; exit 0; fi
 if [ -f "$DEMO/pids" ]; then echo "a demo is already running; 'make demo-down' first" >&2; exit 1; fi
 
-say "Building the control plane (first run on 2 cores: about 8 minutes; cached afterwards)"
+say "Building the control plane (first run on 2 cores: 15 to 30 minutes with empty Go caches; cached afterwards)"
 BIN=$(e2e/controlplane/build.sh)
 say "Building Tessera (first run: a few minutes)"
 cargo build -q --bins -p tessera-operator -p tessera-node-agent -p tessera-e2e

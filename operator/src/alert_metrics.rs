@@ -33,7 +33,7 @@ pub fn stalled_plans<'a>(
 /// drain + apply timeouts. A node whose record names no plan, or a plan that is gone, is held to
 /// the default timeouts: such a cordon should have been undone already.
 pub fn cordons(
-    nodes: &[NodeInput],
+    nodes: &[NodeInput<'_>],
     plans: &[GpuPartitionPlan],
 ) -> (BTreeMap<CordonedNode, i64>, BTreeMap<CordonedNode, i64>) {
     let specs: BTreeMap<&str, &GpuPartitionPlanSpec> =
@@ -67,11 +67,18 @@ mod tests {
     use super::*;
     use crate::liveness::AgentHealth;
 
+    static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
     fn ts(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
     }
 
-    fn node(name: &str, unschedulable: bool, annotated: Option<i64>, rollout: Option<serde_json::Value>) -> NodeInput {
+    fn node(
+        name: &str,
+        unschedulable: bool,
+        annotated: Option<i64>,
+        rollout: Option<serde_json::Value>,
+    ) -> NodeInput<'static> {
         let gpunode = rollout.map(|r| {
             serde_json::from_value::<GpuNode>(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
                 "metadata": {"name": name}, "spec": {}, "status": {"rollout": r}}))
@@ -80,13 +87,14 @@ mod tests {
         });
         NodeInput {
             name: name.into(),
-            labels: BTreeMap::new(),
+            labels: &NO_LABELS,
             unschedulable,
             gpunode,
             pods: Ok(vec![]),
             daemonsets: BTreeSet::new(),
             agent: AgentHealth::NotResponding { since: None },
             cordon_annotated: annotated.map(ts),
+            cache_behind: false,
         }
     }
 

@@ -278,12 +278,23 @@ pub enum Ask {
 /// What an automatic plan asks of `node`. Targets of a decision made for another generation of
 /// the plan are ignored (the plan changed; a new decision follows).
 pub fn desired(plan: &GpuPartitionPlan, node: &str, gn: &GpuNode) -> Ask {
-    let decision = plan
-        .status
+    desired_from(&targets_of(plan), node, gn)
+}
+
+/// The current decision's targets of a plan by node (none when the decision is for another
+/// generation): looked up once per node, where a search of the list per node was quadratic.
+pub fn targets_of(plan: &GpuPartitionPlan) -> crate::FastMap<&str, &tessera_crds::plan::NodeTarget> {
+    plan.status
         .as_ref()
         .and_then(|s| s.layout_decision.as_ref())
-        .filter(|d| d.plan_generation == plan.metadata.generation);
-    if let Some(t) = decision.and_then(|d| d.targets.iter().find(|t| t.node == node)) {
+        .filter(|d| d.plan_generation == plan.metadata.generation)
+        .map(|d| d.targets.iter().rev().map(|t| (t.node.as_str(), t)).collect())
+        .unwrap_or_default()
+}
+
+/// [`desired`] with the plan's targets already indexed ([`targets_of`]).
+pub fn desired_from(targets: &crate::FastMap<&str, &tessera_crds::plan::NodeTarget>, node: &str, gn: &GpuNode) -> Ask {
+    if let Some(t) = targets.get(node) {
         return Ask::Target(t.gpus.iter().map(GpuIntent::from).collect());
     }
     let Some(r) = gn.status.as_ref().and_then(|s| s.rollout.as_ref()) else { return Ask::LeaveAlone };

@@ -28,6 +28,7 @@ mod layouts;
 
 use crate::Error;
 use crate::events::NodeEvent;
+use crate::expectations::{Expectations, Written};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Action, NodeInput};
@@ -44,7 +45,10 @@ pub const FINALIZER: &str = "tessera.dev/release-nodes";
 const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
 /// Changes are batched for this long before a pass. A pass plans the whole fleet, but borrows
 /// its objects and memoises its look-ups, so it costs little next to its API requests; each
-/// rollout wave takes three passes, so this pause is paid three times per wave.
+/// rollout wave takes three passes, so this pause is paid three times per wave. Measured at
+/// 1,000 nodes, waiting only for a 40 ms lull instead made the rollout slower (57 s against
+/// 43 s, 79 passes against 46): a pass that starts before the cache has the whole wave acts on
+/// part of it, and the rest waits for that pass's requests to finish.
 const DEBOUNCE: Duration = Duration::from_millis(200);
 /// Nodes whose actions (and pod lists) run at once within a pass.
 const NODES_IN_PARALLEL: usize = 32;
@@ -61,6 +65,19 @@ pub fn node_of(action: &Action) -> &str {
         | Action::Completed { node, .. }
         | Action::AgentDown { node, .. } => node,
     }
+}
+
+/// The cached `GpuNode`s of a pass by name (looked up once per node per pass: hashed).
+pub type GpuNodes = crate::FastMap<String, Arc<GpuNode>>;
+
+/// Whether a node's rollout record keeps a deleted plan's finalizer: the plan has the node mid-
+/// change or holds its cordon. A record at rest (`Idle`, `Pending`, `Failed` and uncordoned)
+/// holds nothing: a node now waiting under another plan keeps the old plan's name in its record
+/// until its turn (waiting costs no write), and must not keep the old plan from going away.
+pub fn holds_deletion(record: &NodeRollout, plan: &str) -> bool {
+    record.plan.as_deref() == Some(plan)
+        && (record.cordoned_by_us
+            || matches!(record.phase, NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning))
 }
 
 /// What one node's actions of a pass came to.
@@ -90,10 +107,12 @@ pub struct Context {
     pub quotas: Store<TenantGpuQuota>,
     /// Agents' heartbeats as observed pass after pass.
     pub liveness: std::sync::Mutex<Liveness>,
+    /// Our writes the caches have not shown yet: their nodes wait a pass.
+    expectations: std::sync::Mutex<Expectations>,
     /// Automatic plans: since when their demand and fleet have held still.
     stability: std::sync::Mutex<layouts::Stability>,
-    /// Stranded slices per (board, layout, demanded profiles).
-    stranded_memo: std::sync::Mutex<std::collections::HashMap<(u64, u64), u32>>,
+    /// Stranded slices per (board, layout, demanded profiles), and per GpuNode version.
+    stranded_memo: std::sync::Mutex<layouts::StrandedMemo>,
 }
 
 /// Starts the caches and returns the context plus a notifier that fires on every change.
@@ -133,6 +152,7 @@ pub async fn start(
         leases,
         quotas,
         liveness: Default::default(),
+        expectations: Default::default(),
         stability: Default::default(),
         stranded_memo: Default::default(),
     };
@@ -236,22 +256,30 @@ impl Context {
         for (plan, e) in self.ensure_finalizers(&plans).await {
             plan_errors.entry(plan).or_default().push(format!("adding the finalizer: {e}"));
         }
-        let gpunodes: BTreeMap<String, Arc<GpuNode>> =
-            self.gpunodes.state().into_iter().map(|g| (g.name_any(), g)).collect();
-        let leases: BTreeMap<String, Arc<Lease>> = self.leases.state().into_iter().map(|l| (l.name_any(), l)).collect();
+        let gpunodes: GpuNodes = self.gpunodes.state().into_iter().map(|g| (g.name_any(), g)).collect();
+        let lease_list = self.leases.state();
+        let leases: crate::FastMap<&str, &Lease> =
+            lease_list.iter().map(|l| (l.metadata.name.as_deref().unwrap_or_default(), &**l)).collect();
         let now = k8s_openapi::jiff::Timestamp::now();
         let nodes = self.nodes.state();
         let mut inputs = Vec::with_capacity(nodes.len());
         {
             let mut liveness = self.liveness.lock().unwrap_or_else(|p| p.into_inner());
+            let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
+            let clock = Instant::now();
             liveness.retain_keys(&leases);
             for node in &nodes {
                 let name = node.name_any();
-                let agent = liveness.health(&name, leases.get(&name).map(|l| &**l), now);
+                let agent = liveness.health(&name, leases.get(name.as_str()).copied(), now);
+                let gpunode = gpunodes.get(&name).cloned();
+                let gpunode_rv = gpunode.as_ref().and_then(|g| g.metadata.resource_version.as_deref());
+                let caught_up =
+                    expectations.caught_up(&name, gpunode_rv, node.metadata.resource_version.as_deref(), clock);
                 inputs.push(NodeInput {
-                    labels: node.labels().clone(),
+                    labels: node.labels(),
                     unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
-                    gpunode: gpunodes.get(&name).cloned(),
+                    cache_behind: !caught_up,
+                    gpunode,
                     pods: Ok(vec![]),
                     daemonsets: Default::default(),
                     agent,
@@ -260,15 +288,15 @@ impl Context {
                 });
             }
         }
-        drop(nodes);
         // The pods of draining nodes, listed concurrently (one request per draining node).
         let draining: Vec<usize> = (0..inputs.len())
             .filter(|&i| {
-                inputs[i]
-                    .gpunode
-                    .as_ref()
-                    .and_then(|g| g.status.as_ref()?.rollout.as_ref())
-                    .is_some_and(|r| r.phase == NodePhase::Draining)
+                !inputs[i].cache_behind
+                    && inputs[i]
+                        .gpunode
+                        .as_ref()
+                        .and_then(|g| g.status.as_ref()?.rollout.as_ref())
+                        .is_some_and(|r| r.phase == NodePhase::Draining)
             })
             .collect();
         let listed: Vec<(usize, _)> = futures::stream::iter(draining)
@@ -412,7 +440,7 @@ impl Context {
         }
     }
 
-    fn set_phase_metrics(&self, gpunodes: &BTreeMap<String, Arc<GpuNode>>) {
+    fn set_phase_metrics(&self, gpunodes: &GpuNodes) {
         // A handful of phases: counted in a short list, named once each.
         let mut counts: Vec<(NodePhase, i64)> = Vec::new();
         for gn in gpunodes.values() {
@@ -503,7 +531,7 @@ impl Context {
             Action::Rollout { node, rollout } => self.write_rollout(&node, rollout.as_ref()).await?,
             Action::Cordon { node } => {
                 info!(%node, "cordon");
-                nodes
+                let written = nodes
                     .patch(
                         &node,
                         &PatchParams::default(),
@@ -512,10 +540,11 @@ impl Context {
                                              "spec": {"unschedulable": true}})),
                     )
                     .await?;
+                self.expect(&node, Written::Node, written.metadata.resource_version.as_deref());
             }
             Action::Uncordon { node } => {
                 info!(%node, "uncordon");
-                nodes
+                let written = nodes
                     .patch(
                         &node,
                         &PatchParams::default(),
@@ -523,6 +552,7 @@ impl Context {
                                              "spec": {"unschedulable": null}})),
                     )
                     .await?;
+                self.expect(&node, Written::Node, written.metadata.resource_version.as_deref());
             }
             Action::Evict { node, namespace, pod } => {
                 return Ok(self.evict(&node, &namespace, &pod).await?.map(|why| (node, why)));
@@ -539,7 +569,8 @@ impl Context {
             Action::Intent { node, plan, gpus } => {
                 let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
                                   "spec": {"plan": plan, "gpus": gpus}});
-                gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await?;
+                let written = gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await?;
+                self.expect(&node, Written::GpuNode, written.metadata.resource_version.as_deref());
             }
             Action::Completed { seconds, .. } => self.metrics.node_rolled_out(seconds),
             Action::AgentDown { node, message } => {
@@ -588,7 +619,7 @@ impl Context {
     /// and emits an Event when the reason changes.
     async fn record_drain_messages(
         &self,
-        gpunodes: &BTreeMap<String, Arc<GpuNode>>,
+        gpunodes: &GpuNodes,
         evicting: &BTreeMap<String, bool>,
         blocked: &BTreeMap<String, Vec<String>>,
     ) -> Vec<(String, String)> {
@@ -622,8 +653,17 @@ impl Context {
     /// is four of a node's eight requests.
     async fn write_rollout(&self, node: &str, rollout: Option<&NodeRollout>) -> Result<(), Error> {
         let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
-        Api::<GpuNode>::all(self.client.clone()).patch_status(node, &pp, &Patch::Merge(rollout_patch(rollout))).await?;
+        let written = Api::<GpuNode>::all(self.client.clone())
+            .patch_status(node, &pp, &Patch::Merge(rollout_patch(rollout)))
+            .await?;
+        self.expect(node, Written::GpuNode, written.metadata.resource_version.as_deref());
         Ok(())
+    }
+
+    /// Remembers a write's resourceVersion: the node waits until the caches show it.
+    fn expect(&self, node: &str, object: Written, resource_version: Option<&str>) {
+        let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
+        expectations.wrote(node, object, resource_version, Instant::now());
     }
 
     /// Adds the finalizer where it is missing; returns the plans where that failed.
@@ -649,17 +689,14 @@ impl Context {
 
     /// A deleted plan: once no node is mid-rollout for it any more, drop the finalizer. GPUs keep
     /// their layout; the nodes' intent simply stops naming the plan.
-    async fn finish_deletion(
-        &self,
-        plan: &GpuPartitionPlan,
-        gpunodes: &BTreeMap<String, Arc<GpuNode>>,
-    ) -> Result<(), Error> {
+    async fn finish_deletion(&self, plan: &GpuPartitionPlan, gpunodes: &GpuNodes) -> Result<(), Error> {
         let name = plan.name_any();
         // A GpuNode whose Node is gone cannot be released any more; it must not hold the plan.
         let nodes: std::collections::BTreeSet<String> = self.nodes.state().iter().map(|n| n.name_any()).collect();
-        let busy = gpunodes.values().filter(|g| nodes.contains(&g.name_any())).any(|g| {
-            g.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| r.plan.as_deref() == Some(&name))
-        });
+        let busy = gpunodes
+            .values()
+            .filter(|g| nodes.contains(&g.name_any()))
+            .any(|g| g.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| holds_deletion(r, &name)));
         if busy || !plan.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(());
         }
@@ -712,6 +749,24 @@ pub fn rollout_patch(rollout: Option<&NodeRollout>) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_node_mid_change_or_cordoned_holds_a_deleted_plan() {
+        let record = |phase: NodePhase, plan: &str, cordoned_by_us: bool| NodeRollout {
+            phase,
+            plan: Some(plan.into()),
+            cordoned_by_us,
+            ..Default::default()
+        };
+        for phase in [NodePhase::Draining, NodePhase::Applying, NodePhase::Uncordoning] {
+            assert!(holds_deletion(&record(phase, "a", false), "a"), "{phase:?}");
+            assert!(!holds_deletion(&record(phase, "b", true), "a"), "another plan's record: {phase:?}");
+        }
+        for phase in [NodePhase::Idle, NodePhase::Pending, NodePhase::Failed] {
+            assert!(!holds_deletion(&record(phase, "a", false), "a"), "at rest: {phase:?}");
+            assert!(holds_deletion(&record(phase, "a", true), "a"), "our cordon still to undo: {phase:?}");
+        }
+    }
 
     #[test]
     fn a_rollout_patch_names_every_field_so_nothing_stale_survives() {

@@ -8,6 +8,7 @@ pub mod controller;
 pub mod drain;
 pub mod error;
 pub mod events;
+pub mod expectations;
 pub mod fleet;
 pub mod liveness;
 pub mod metrics;
@@ -26,3 +27,9 @@ pub use error::Error;
 pub(crate) fn controller_node_of(a: &rollout::Action) -> &str {
     controller::node_of(a)
 }
+
+/// Hash maps of a planning pass: keyed by node and product names, looked up several times per
+/// node per pass. foldhash (seeded per process) hashes such short keys several times faster than
+/// the standard SipHash.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;

@@ -3,7 +3,9 @@
 //! heartbeat, and a hung agent (stuck in a driver call) stops renewing because its one loop does
 //! both.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
+
+use crate::FastMap;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -46,7 +48,7 @@ struct Seen {
 /// operator start, say) gets a full lease duration of grace.
 #[derive(Debug, Default)]
 pub struct Liveness {
-    seen: BTreeMap<String, Seen>,
+    seen: FastMap<String, Seen>,
 }
 
 impl Liveness {
@@ -79,8 +81,8 @@ impl Liveness {
     }
 
     /// Forgets leases that are not keys of `present` (the pass's leases by name).
-    pub fn retain_keys<V>(&mut self, present: &BTreeMap<String, V>) {
-        self.seen.retain(|k, _| present.contains_key(k));
+    pub fn retain_keys<V, S: std::hash::BuildHasher>(&mut self, present: &HashMap<&str, V, S>) {
+        self.seen.retain(|k, _| present.contains_key(k.as_str()));
     }
 }
 

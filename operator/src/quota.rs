@@ -123,10 +123,24 @@ pub struct Capacity {
 
 impl Capacity {
     pub fn of<'a>(gpunodes: impl IntoIterator<Item = &'a GpuNode>) -> Self {
+        // Counted by the borrowed profile name first: naming the resource allocates, and a
+        // fleet has a few profiles over many GPUs.
         let mut c = Capacity::default();
+        let mut profiles: crate::FastMap<&str, i64> = crate::FastMap::default();
+        let mut whole = 0;
         for g in gpunodes.into_iter().flat_map(|gn| gn.status.iter().flat_map(|s| s.gpus.iter())) {
-            gpu_supply(g, &mut c.supply);
+            if g.mig_enabled {
+                g.instances.iter().for_each(|i| *profiles.entry(i.profile.as_str()).or_default() += 1);
+            } else {
+                whole += 1;
+            }
             c.whole_gpu_gb = c.whole_gpu_gb.max((g.memory_mib / 1024).max(0));
+        }
+        for (profile, n) in profiles {
+            *c.supply.entry(catalog::mig_resource_name(profile)).or_default() += n;
+        }
+        if whole > 0 {
+            *c.supply.entry(GPU_RESOURCE.to_string()).or_default() += whole;
         }
         c
     }

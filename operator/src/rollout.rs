@@ -9,7 +9,7 @@
 //! not responding, count against `maxUnavailable` (as a Deployment counts unavailable pods), so a
 //! fleet-wide problem stops the rollout instead of churning every node.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -29,9 +29,10 @@ use crate::selector::matches;
 
 /// One Kubernetes node as the planner sees it.
 #[derive(Debug, Clone)]
-pub struct NodeInput {
+pub struct NodeInput<'a> {
     pub name: String,
-    pub labels: BTreeMap<String, String>,
+    /// Borrowed from the cached Node: a pass copies no labels.
+    pub labels: &'a BTreeMap<String, String>,
     pub unschedulable: bool,
     /// Shared with the cache: a pass copies no object.
     pub gpunode: Option<Arc<GpuNode>>,
@@ -44,6 +45,9 @@ pub struct NodeInput {
     pub agent: AgentHealth,
     /// When Tessera cordoned the Node, from its [`CORDONED_ANNOTATION`].
     pub cordon_annotated: Option<Timestamp>,
+    /// The caches do not show the operator's last write to this node yet (see `expectations`):
+    /// nothing is decided on it this pass, and it counts as in flight.
+    pub cache_behind: bool,
 }
 
 /// Set on a Node (to the time) in the same patch as Tessera's cordon and removed with the
@@ -159,10 +163,10 @@ fn product_key(s: &str) -> String {
 /// few boards and many nodes, and repeating these per node made them most of a pass's cost.
 #[derive(Default)]
 pub struct Memo<'a> {
-    products: HashMap<&'a str, Option<&'static GpuModel>>,
-    same: HashMap<(&'a str, &'a str), bool>,
+    products: crate::FastMap<&'a str, Option<&'static GpuModel>>,
+    same: crate::FastMap<(&'a str, &'a str), bool>,
     /// Keyed by the addresses of a `&'static` model and of a layout borrowed for `'a`.
-    fits: HashMap<(usize, usize), Result<(), String>>,
+    fits: crate::FastMap<(usize, usize), Result<(), String>>,
 }
 
 impl<'a> Memo<'a> {
@@ -280,7 +284,7 @@ fn agent_stalled(gn: &GpuNode) -> Option<String> {
 
 /// Checks a plan as `tessera-operator validate` does; a product missing from the catalog is
 /// checked against the profile table an agent of a matched node reports for it.
-fn validate<'a>(plan: &GpuPartitionPlan, nodes: &[&'a NodeInput], memo: &mut Memo<'a>) -> Vec<String> {
+fn validate<'a>(plan: &GpuPartitionPlan, nodes: &[&'a NodeInput<'_>], memo: &mut Memo<'a>) -> Vec<String> {
     let mut reported: BTreeMap<String, &'static GpuModel> = BTreeMap::new();
     for node in nodes {
         let gpus = node.gpunode.as_ref().and_then(|g| g.status.as_ref()).map(|s| s.gpus.as_slice()).unwrap_or(&[]);
@@ -297,7 +301,7 @@ fn validate<'a>(plan: &GpuPartitionPlan, nodes: &[&'a NodeInput], memo: &mut Mem
 /// Plans the whole fleet.
 pub fn plan_fleet(
     plans: &[GpuPartitionPlan],
-    nodes: &[NodeInput],
+    nodes: &[NodeInput<'_>],
     now: Timestamp,
 ) -> (Vec<Action>, BTreeMap<String, PlanReport>) {
     let live: Vec<&GpuPartitionPlan> = plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
@@ -312,7 +316,7 @@ pub fn plan_fleet(
             }
         }
     }
-    for node in nodes.iter().filter(|n| n.unschedulable) {
+    for node in nodes.iter().filter(|n| n.unschedulable && !n.cache_behind) {
         let Some(at) = node.cordon_annotated else { continue };
         let record = node.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref());
         let old = now.duration_since(at).as_secs() > ORPHANED_CORDON_AFTER_SECS;
@@ -322,13 +326,13 @@ pub fn plan_fleet(
         }
     }
     // Ownership: highest priority wins; a tie at the top is a conflict and nobody acts.
-    let mut owned: BTreeMap<&str, Vec<&NodeInput>> = BTreeMap::new();
+    let mut owned: BTreeMap<&str, Vec<&NodeInput<'_>>> = BTreeMap::new();
     // Every node each plan's selector matches (its own or not), for checking the plan.
-    let mut matched: BTreeMap<&str, Vec<&NodeInput>> = BTreeMap::new();
+    let mut matched: BTreeMap<&str, Vec<&NodeInput<'_>>> = BTreeMap::new();
     for node in nodes {
         let mut top: Option<i32> = None;
         let mut winners: Vec<&str> = Vec::new();
-        for p in live.iter().filter(|p| matches(&p.spec.node_selector, &node.labels)) {
+        for p in live.iter().filter(|p| matches(&p.spec.node_selector, node.labels)) {
             let name = p.metadata.name.as_deref().unwrap_or_default();
             matched.entry(name).or_default().push(node);
             match top {
@@ -385,7 +389,10 @@ pub fn contenders(live: &[&GpuPartitionPlan], labels: &BTreeMap<String, String>)
 
 /// A node no plan acts on any more: finish an in-flight apply, uncordon what we cordoned, forget.
 /// Forgetting the rollout withdraws the hand-over, so the agent changes nothing disruptive after.
-fn release(node: &NodeInput, actions: &mut Vec<Action>) {
+fn release(node: &NodeInput<'_>, actions: &mut Vec<Action>) {
+    if node.cache_behind {
+        return; // decided on the next pass, from a view that shows our last write
+    }
     let Some(gn) = &node.gpunode else { return };
     let Some(r) = gn.status.as_ref().and_then(|s| s.rollout.as_ref()) else { return };
     let agent_working = node.agent == AgentHealth::Alive && !applied(gn, &gn.spec.gpus) && agent_stalled(gn).is_none();
@@ -405,7 +412,7 @@ fn release(node: &NodeInput, actions: &mut Vec<Action>) {
 
 /// Whether a node counts against `maxUnavailable` for `plan_generation`: in flight, failed for
 /// this generation, or not updated while its agent is not responding.
-fn unavailable(node: &NodeInput, gn: &GpuNode, desired: &[GpuIntent], generation: Option<i64>) -> bool {
+fn unavailable(node: &NodeInput<'_>, gn: &GpuNode, desired: &[GpuIntent], generation: Option<i64>) -> bool {
     let r = gn.status.as_ref().and_then(|s| s.rollout.as_ref());
     let phase = r.map(|r| r.phase).unwrap_or_default();
     let failed_now = phase == NodePhase::Failed && r.is_some_and(|r| r.plan_generation == generation);
@@ -414,7 +421,7 @@ fn unavailable(node: &NodeInput, gn: &GpuNode, desired: &[GpuIntent], generation
 
 fn plan_one<'a>(
     plan: &'a GpuPartitionPlan,
-    nodes: &[&'a NodeInput],
+    nodes: &[&'a NodeInput<'_>],
     now: Timestamp,
     actions: &mut Vec<Action>,
     report: &mut PlanReport,
@@ -425,7 +432,15 @@ fn plan_one<'a>(
     let policy = &plan.spec.rollout;
     let mut candidates = Vec::new();
     let mut untouched = 0;
+    // Nodes whose cached objects lag our own last write: in flight until the caches catch up.
+    let mut behind = 0;
+    let targets = crate::auto::targets_of(plan);
     for node in nodes {
+        if node.cache_behind {
+            behind += 1;
+            report.in_progress += 1;
+            continue;
+        }
         let Some(gn) = node.gpunode.as_ref().filter(|g| g.status.as_ref().is_some_and(|s| !s.gpus.is_empty())) else {
             report.skipped.insert(node.name.clone(), "waiting for the node agent to report its GPUs".into());
             report.waiting_for_agents += 1;
@@ -433,7 +448,7 @@ fn plan_one<'a>(
         };
         let wanted = match &plan.spec.layouts_from {
             None => desired_intent_with(&plan.spec, &gn.status.as_ref().expect("checked").gpus, memo).map(Some),
-            Some(_) => match crate::auto::desired(plan, &node.name, gn) {
+            Some(_) => match crate::auto::desired_from(&targets, &node.name, gn) {
                 Ask::Target(d) | Ask::Finish(d) => Ok(Some(d)),
                 Ask::LeaveAlone => Ok(None),
                 Ask::Release => {
@@ -455,22 +470,22 @@ fn plan_one<'a>(
             }
         }
     }
-    report.matched = (candidates.len() + untouched) as i32;
+    report.matched = (candidates.len() + untouched + behind) as i32;
     report.updated += untouched as i32;
     report.demand = crate::auto::demand_condition(plan);
-    let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched).unwrap_or(1);
+    let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched + behind).unwrap_or(1);
     // Owned nodes that are not candidates (no report, no layout that fits any more) still count
     // while in flight: they are still cordoned.
-    let candidate_names: std::collections::BTreeSet<&str> =
-        candidates.iter().map(|(n, _, _)| n.name.as_str()).collect();
+    let candidate_names: crate::FastSet<&str> = candidates.iter().map(|(n, _, _)| n.name.as_str()).collect();
     let others_in_flight = nodes
         .iter()
-        .filter(|n| !candidate_names.contains(n.name.as_str()))
+        .filter(|n| !n.cache_behind && !candidate_names.contains(n.name.as_str()))
         .filter(|n| {
             n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).is_some_and(|r| in_flight(r.phase))
         })
         .count();
-    let mut busy = others_in_flight
+    let mut busy = behind
+        + others_in_flight
         + candidates.iter().filter(|(node, gn, desired)| unavailable(node, gn, desired, generation)).count();
     report.budget = budget as i32;
     let drain_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
@@ -554,7 +569,11 @@ fn plan_one<'a>(
                     actions.push(event("DrainStarted", message, false));
                 } else {
                     report.pending += 1;
-                    if r.phase != NodePhase::Pending {
+                    // A node at rest waits without a write: at 5,000 nodes one `Pending` record
+                    // per waiting node was a tenth of a rollout's requests, all in its first
+                    // pass. The plan's status counts the waiting nodes. A `Failed` record of an
+                    // earlier generation is still replaced, so it is not read as this one's.
+                    if r.phase == NodePhase::Failed {
                         let pending = NodeRollout { phase: NodePhase::Pending, message: String::new(), ..base };
                         actions.push(Action::Rollout { node: n.clone(), rollout: Some(pending) });
                     }

@@ -168,6 +168,12 @@ fn what_an_automatic_plan_asks_of_each_node() {
         Ask::LeaveAlone,
         "a decision for another generation of the plan is not rolled out"
     );
+    // Indexed once per pass, the targets answer as the list did: the first one naming a node.
+    let twice = json!({"planGeneration": 1, "targets": [
+        {"node": "t", "gpus": [{"index": 0, "migEnabled": true, "profiles": {"1g.10gb": 7}}]},
+        {"node": "t", "gpus": [{"index": 0, "migEnabled": true, "profiles": {"3g.40gb": 2}}]}]});
+    let Ask::Target(first) = desired(&auto_plan(Some(twice)), "t", &gpunode("t", &[seven], None)) else { panic!() };
+    assert_eq!(first[0].profiles, [("1g.10gb".to_string(), 7)].into());
 }
 
 #[test]

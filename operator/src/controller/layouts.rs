@@ -61,7 +61,7 @@ impl Stability {
 impl Context {
     /// Checks every automatic plan's decision and decides again where due; `plans` is updated
     /// in place with any new decision, so this pass's rollout already follows it.
-    pub(super) async fn decide_layouts(&self, plans: &mut [GpuPartitionPlan], nodes: &[NodeInput]) -> LayoutsPass {
+    pub(super) async fn decide_layouts(&self, plans: &mut [GpuPartitionPlan], nodes: &[NodeInput<'_>]) -> LayoutsPass {
         let mut pass = LayoutsPass::default();
         let live: Vec<GpuPartitionPlan> =
             plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect();
@@ -84,7 +84,7 @@ impl Context {
         let gpunodes: Vec<&GpuNode> = nodes.iter().filter_map(|n| n.gpunode.as_deref()).collect();
         let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for n in nodes {
-            if let [one] = contenders(&live_refs, &n.labels).as_slice() {
+            if let [one] = contenders(&live_refs, n.labels).as_slice() {
                 owners.entry(one.clone()).or_default().insert(n.name.clone());
             }
         }
@@ -128,7 +128,7 @@ impl Context {
         demand: &BTreeMap<String, i64>,
         gpunodes: &[&GpuNode],
         owned: &BTreeSet<String>,
-        nodes: &[NodeInput],
+        nodes: &[NodeInput<'_>],
         why: &str,
     ) -> Result<(), Error> {
         let name = plan.name_any();
@@ -217,13 +217,17 @@ impl Context {
         &self,
         plans: &[GpuPartitionPlan],
         reports: &BTreeMap<String, crate::rollout::PlanReport>,
-        gpunodes: &BTreeMap<String, std::sync::Arc<GpuNode>>,
+        gpunodes: &super::GpuNodes,
     ) -> BTreeMap<String, i64> {
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
         let everyone = auto::demand(quotas.iter(), 0);
         let mut memo = self.stranded_memo.lock().unwrap_or_else(|p| p.into_inner());
-        if memo.len() > 10_000 {
-            memo.clear();
+        let StrandedMemo { by_gpu, by_node } = &mut *memo;
+        if by_gpu.len() > 10_000 {
+            by_gpu.clear();
+        }
+        if by_node.len() > 2 * gpunodes.len() + 1_000 {
+            by_node.clear();
         }
         let mut out = BTreeMap::new();
         for plan in plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
@@ -237,19 +241,41 @@ impl Context {
             let mine = reports.get(&name).into_iter().flat_map(|r| r.nodes.iter()).filter_map(|n| gpunodes.get(n));
             let mut total: i64 = 0;
             for gn in mine {
+                // A GpuNode not written since the last pass counts as it did then.
+                let version = gn.metadata.resource_version.as_deref().unwrap_or_default();
+                if let Some((v, d, n)) = by_node.get(gn.metadata.name.as_deref().unwrap_or_default())
+                    && !version.is_empty()
+                    && v == version
+                    && *d == demanded_key
+                {
+                    total += n;
+                    continue;
+                }
+                let mut node_total = 0;
                 for g in gn.status.iter().flat_map(|s| s.gpus.iter()) {
                     let key = (gpu_key(g), demanded_key);
-                    let n = *memo.entry(key).or_insert_with(|| match auto::gpu_slot("", g, false) {
+                    let n = *by_gpu.entry(key).or_insert_with(|| match auto::gpu_slot("", g, false) {
                         Some(slot) => fleet::stranded_slices(std::slice::from_ref(&slot), &demand),
                         None => 0,
                     });
-                    total += i64::from(n);
+                    node_total += i64::from(n);
                 }
+                by_node.insert(gn.name_any(), (version.to_string(), demanded_key, node_total));
+                total += node_total;
             }
             out.insert(name, total);
         }
         out
     }
+}
+
+/// Stranded slices remembered across passes: per (GPU, demanded profiles) hash, and per
+/// GpuNode (name -> resourceVersion, demanded profiles hash, its GPUs' total), so a pass only
+/// looks again at GpuNodes written since the last one.
+#[derive(Default)]
+pub(super) struct StrandedMemo {
+    by_gpu: crate::FastMap<(u64, u64), u32>,
+    by_node: crate::FastMap<String, (String, u64, i64)>,
 }
 
 /// What of a reported GPU decides its stranded slices: board (product and, for a board outside
@@ -281,26 +307,23 @@ fn in_flight(gn: &GpuNode) -> bool {
 
 /// Targets of the current decision that cannot be changed any more: failed for this plan, or
 /// whose agent stopped responding before the target was applied.
-fn blocked_targets(plan: &GpuPartitionPlan, nodes: &[NodeInput]) -> usize {
+fn blocked_targets(plan: &GpuPartitionPlan, nodes: &[NodeInput<'_>]) -> usize {
     let Some(d) = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref()) else { return 0 };
     let name = plan.name_any();
+    let by_name: crate::FastMap<&str, &NodeInput<'_>> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
     d.targets
         .iter()
-        .filter_map(|t| nodes.iter().find(|n| n.name == t.node))
-        .filter(|n| {
+        .filter_map(|t| by_name.get(t.node.as_str()).map(|n| (t, *n)))
+        .filter(|(t, n)| {
             let r = n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref());
             let failed = r.is_some_and(|r| r.phase == NodePhase::Failed && r.plan.as_deref() == Some(name.as_str()));
             let applied = n.gpunode.as_ref().is_some_and(|g| {
-                let want: Vec<tessera_crds::gpunode::GpuIntent> = t_gpus(d, &n.name);
+                let want: Vec<tessera_crds::gpunode::GpuIntent> = t.gpus.iter().map(Into::into).collect();
                 g.spec.gpus == want && g.status.as_ref().and_then(|s| s.observed_generation) == g.metadata.generation
             });
             failed || (n.agent != AgentHealth::Alive && !applied)
         })
         .count()
-}
-
-fn t_gpus(d: &tessera_crds::plan::LayoutDecision, node: &str) -> Vec<tessera_crds::gpunode::GpuIntent> {
-    d.targets.iter().find(|t| t.node == node).map(|t| t.gpus.iter().map(Into::into).collect()).unwrap_or_default()
 }
 
 /// A decision that did not meet the demand is tried again every few minutes.

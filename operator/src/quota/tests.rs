@@ -518,3 +518,34 @@ fn marked_as(rq: &ResourceQuota, quota: &str, uid: Option<&str>) -> bool {
 fn a_name(q: &TenantGpuQuota) -> &str {
     q.metadata.name.as_deref().unwrap_or_default()
 }
+
+proptest! {
+    /// The fleet's capacity, counted by profile name first, is the sum of every GPU's supply
+    /// (`gpu_supply`, what `plan preview` adds up), whole GPUs and `+me` profiles included.
+    #[test]
+    fn capacity_is_the_sum_of_every_gpus_supply(
+        gpus in proptest::collection::vec(
+            (any::<bool>(), proptest::collection::vec(
+                proptest::sample::select(vec!["1g.10gb", "1g.20gb", "3g.40gb", "1g.10gb+me", "7g.80gb"]), 0..7),
+             0i64..200_000),
+            0..12)
+    ) {
+        let fleet: Vec<GpuNode> = gpus.chunks(3).map(|chunk| {
+            let list: Vec<_> = chunk.iter().enumerate().map(|(i, (mig, inst, mib))| {
+                let inst: Vec<_> = inst.iter().enumerate()
+                    .map(|(s, p)| json!({"profile": p, "start": s, "size": 1})).collect();
+                json!({"index": i, "uuid": format!("u{i}"), "product": "NVIDIA H100 80GB HBM3",
+                       "memoryMib": mib, "migEnabled": mig, "instances": inst})
+            }).collect();
+            gpunode(json!(list))
+        }).collect();
+        let mut expected = std::collections::BTreeMap::new();
+        for g in fleet.iter().flat_map(|n| n.status.as_ref().unwrap().gpus.iter()) {
+            crate::quota::gpu_supply(g, &mut expected);
+        }
+        let capacity = crate::quota::Capacity::of(&fleet);
+        prop_assert_eq!(capacity.supply, expected);
+        let largest = gpus.iter().map(|(_, _, mib)| mib / 1024).max().unwrap_or(0);
+        prop_assert_eq!(capacity.whole_gpu_gb, largest);
+    }
+}

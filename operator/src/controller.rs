@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
@@ -28,7 +29,7 @@ mod layouts;
 
 use crate::Error;
 use crate::events::NodeEvent;
-use crate::expectations::{Expectations, Written};
+use crate::expectations::{Expectations, Progress, Written};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Action, NodeInput};
@@ -109,6 +110,9 @@ pub struct Context {
     pub liveness: std::sync::Mutex<Liveness>,
     /// Our writes the caches have not shown yet: their nodes wait a pass.
     expectations: std::sync::Mutex<Expectations>,
+    /// How far the GpuNode and Node caches have got (highest resourceVersion they hold).
+    gpunodes_progress: Arc<AtomicU64>,
+    nodes_progress: Arc<AtomicU64>,
     /// Automatic plans: since when their demand and fleet have held still.
     stability: std::sync::Mutex<layouts::Stability>,
     /// Stranded slices per (board, layout, demanded profiles), and per GpuNode version.
@@ -128,13 +132,14 @@ pub async fn start(
     let all = watcher::Config::default;
     let plans = watch_into_store(Api::<GpuPartitionPlan>::all(client.clone()), all(), changed.clone());
     // The quota controller reads the same GpuNodes (their capacity): one cache, woken both.
-    let gpunodes = watch_into_store_waking(
+    let (gpunodes, gpunodes_progress) = watch_into_store_waking(
         Api::<GpuNode>::all(client.clone()),
         all(),
         vec![changed.clone(), fleet_changed],
         trim_metadata,
     );
-    let nodes = watch_into_store_waking(Api::<Node>::all(client.clone()), all(), vec![changed.clone()], trim_node);
+    let (nodes, nodes_progress) =
+        watch_into_store_waking(Api::<Node>::all(client.clone()), all(), vec![changed.clone()], trim_node);
     let leases =
         watch_into_store(Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE), all(), changed.clone());
     let quotas = watch_into_store(Api::<TenantGpuQuota>::all(client.clone()), all(), changed.clone());
@@ -153,6 +158,8 @@ pub async fn start(
         quotas,
         liveness: Default::default(),
         expectations: Default::default(),
+        gpunodes_progress,
+        nodes_progress,
         stability: Default::default(),
         stranded_memo: Default::default(),
     };
@@ -187,24 +194,43 @@ where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    watch_into_store_waking(api, config, vec![changed], trim_metadata)
+    watch_into_store_waking(api, config, vec![changed], trim_metadata).0
 }
 
-/// [`watch_into_store`] that wakes several listeners and trims objects with `trim` first.
+/// [`watch_into_store`] that wakes several listeners and trims objects with `trim` first. Also
+/// returns how far the cache has got: the highest resourceVersion (an etcd revision) of the
+/// objects it holds or has seen deleted, raised only once the store has them (a re-list's
+/// objects count once the whole list is in).
 pub fn watch_into_store_waking<K>(
     api: Api<K>,
     config: watcher::Config,
     wake: Vec<Arc<Notify>>,
     trim: fn(&mut K),
-) -> Store<K>
+) -> (Store<K>, Arc<AtomicU64>)
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (store, writer) = reflector::store();
+    let progress = Arc::new(AtomicU64::new(0));
+    let seen = progress.clone();
     tokio::spawn(async move {
         let watch = watcher(api, config).default_backoff().modify(trim);
-        let stream = reflector::reflector(writer, watch).applied_objects();
+        let revision = |k: &K| crate::expectations::revision(k.meta().resource_version.as_deref()).unwrap_or(0);
+        let mut listing = 0;
+        // After the reflector: by then the store holds what the event says.
+        let stream = reflector::reflector(writer, watch)
+            .inspect_ok(move |ev| match ev {
+                watcher::Event::Apply(k) | watcher::Event::Delete(k) => {
+                    seen.fetch_max(revision(k), Ordering::Release);
+                }
+                watcher::Event::Init => listing = 0,
+                watcher::Event::InitApply(k) => listing = listing.max(revision(k)),
+                watcher::Event::InitDone => {
+                    seen.fetch_max(listing, Ordering::Release);
+                }
+            })
+            .applied_objects();
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             if let Err(e) = ev {
@@ -213,7 +239,7 @@ where
             wake.iter().for_each(|w| w.notify_one());
         }
     });
-    store
+    (store, progress)
 }
 
 impl Context {
@@ -256,6 +282,11 @@ impl Context {
         for (plan, e) in self.ensure_finalizers(&plans).await {
             plan_errors.entry(plan).or_default().push(format!("adding the finalizer: {e}"));
         }
+        // Read before the caches are: each snapshot below is at least this far along.
+        let progress = Progress {
+            gpunodes: self.gpunodes_progress.load(Ordering::Acquire),
+            nodes: self.nodes_progress.load(Ordering::Acquire),
+        };
         let gpunodes: GpuNodes = self.gpunodes.state().into_iter().map(|g| (g.name_any(), g)).collect();
         let lease_list = self.leases.state();
         let leases: crate::FastMap<&str, &Lease> =
@@ -266,7 +297,10 @@ impl Context {
         {
             let mut liveness = self.liveness.lock().unwrap_or_else(|p| p.into_inner());
             let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
-            let clock = Instant::now();
+            if !expectations.is_empty() {
+                let present: crate::FastSet<&str> = nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
+                expectations.retain(|n| present.contains(n));
+            }
             liveness.retain_keys(&leases);
             for node in &nodes {
                 let name = node.name_any();
@@ -274,7 +308,7 @@ impl Context {
                 let gpunode = gpunodes.get(&name).cloned();
                 let gpunode_rv = gpunode.as_ref().and_then(|g| g.metadata.resource_version.as_deref());
                 let caught_up =
-                    expectations.caught_up(&name, gpunode_rv, node.metadata.resource_version.as_deref(), clock);
+                    expectations.caught_up(&name, gpunode_rv, node.metadata.resource_version.as_deref(), progress);
                 inputs.push(NodeInput {
                     labels: node.labels(),
                     unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
@@ -288,6 +322,8 @@ impl Context {
                 });
             }
         }
+        let behind = inputs.iter().filter(|n| n.cache_behind).count();
+        self.metrics.nodes_cache_behind(behind);
         // The pods of draining nodes, listed concurrently (one request per draining node).
         let draining: Vec<usize> = (0..inputs.len())
             .filter(|&i| {
@@ -403,6 +439,9 @@ impl Context {
         for plan in &plans {
             let name = plan.name_any();
             if plan.metadata.deletion_timestamp.is_some() {
+                if behind > 0 {
+                    continue; // a record naming the plan may be newer than the cache shows
+                }
                 if let Err(e) = self.finish_deletion(plan, &gpunodes).await {
                     self.metrics.error(e.kind());
                     warn!(plan = %name, error = %e, "could not release a deleted plan; retrying");
@@ -539,7 +578,8 @@ impl Context {
                                                  rollout::CORDONED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()}},
                                              "spec": {"unschedulable": true}})),
                     )
-                    .await?;
+                    .await;
+                let written = self.unless_unknown(&node, Written::Node, written).await?;
                 self.expect(&node, Written::Node, written.metadata.resource_version.as_deref());
             }
             Action::Uncordon { node } => {
@@ -551,7 +591,8 @@ impl Context {
                         &Patch::Merge(json!({"metadata": {"annotations": {rollout::CORDONED_ANNOTATION: null}},
                                              "spec": {"unschedulable": null}})),
                     )
-                    .await?;
+                    .await;
+                let written = self.unless_unknown(&node, Written::Node, written).await?;
                 self.expect(&node, Written::Node, written.metadata.resource_version.as_deref());
             }
             Action::Evict { node, namespace, pod } => {
@@ -569,7 +610,8 @@ impl Context {
             Action::Intent { node, plan, gpus } => {
                 let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
                                   "spec": {"plan": plan, "gpus": gpus}});
-                let written = gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await?;
+                let written = gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await;
+                let written = self.unless_unknown(&node, Written::GpuNode, written).await?;
                 self.expect(&node, Written::GpuNode, written.metadata.resource_version.as_deref());
             }
             Action::Completed { seconds, .. } => self.metrics.node_rolled_out(seconds),
@@ -655,15 +697,38 @@ impl Context {
         let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
         let written = Api::<GpuNode>::all(self.client.clone())
             .patch_status(node, &pp, &Patch::Merge(rollout_patch(rollout)))
-            .await?;
+            .await;
+        let written = self.unless_unknown(node, Written::GpuNode, written).await?;
         self.expect(node, Written::GpuNode, written.metadata.resource_version.as_deref());
         Ok(())
+    }
+
+    /// A write that failed may still have been applied (a timeout, a reset connection): read the
+    /// object back and wait for the caches to show that version before deciding on the node
+    /// again. If the read fails too, the next pass decides from the caches as they are.
+    async fn unless_unknown<K>(&self, node: &str, object: Written, result: kube::Result<K>) -> Result<K, Error> {
+        let e = match result {
+            Ok(k) => return Ok(k),
+            Err(e) => e,
+        };
+        let version = match object {
+            Written::GpuNode => {
+                Api::<GpuNode>::all(self.client.clone()).get_metadata_opt(node).await.map(|m| m.map(|m| m.metadata))
+            }
+            Written::Node => {
+                Api::<Node>::all(self.client.clone()).get_metadata_opt(node).await.map(|m| m.map(|m| m.metadata))
+            }
+        };
+        if let Ok(Some(meta)) = version {
+            self.expect(node, object, meta.resource_version.as_deref());
+        }
+        Err(e.into())
     }
 
     /// Remembers a write's resourceVersion: the node waits until the caches show it.
     fn expect(&self, node: &str, object: Written, resource_version: Option<&str>) {
         let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
-        expectations.wrote(node, object, resource_version, Instant::now());
+        expectations.wrote(node, object, resource_version);
     }
 
     /// Adds the finalizer where it is missing; returns the plans where that failed.

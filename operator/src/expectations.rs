@@ -4,15 +4,9 @@
 //! start it again (recording `cordonedByUs: false` for a node it cordoned itself) or start one
 //! more node than `maxUnavailable` allows. A node whose cached objects are older than the last
 //! write to them is left alone for that pass and counted as in flight. Pure; the controller
-//! records the `resourceVersion` each write returns.
-
-use std::time::{Duration, Instant};
+//! records the `resourceVersion` each write returns, and how far each watch has got.
 
 use crate::FastMap;
-
-/// How long a write may stay unseen before the pass stops waiting for it (a watch that far
-/// behind is being re-listed; the object may have been deleted and created again).
-pub const PATIENCE: Duration = Duration::from_secs(30);
 
 /// Which cached object a write went to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,11 +15,18 @@ pub enum Written {
     Node,
 }
 
+/// How far each watch has got: the highest resourceVersion among the objects it delivered.
+/// Watch events arrive in resourceVersion order, so a watch past a write has delivered it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub gpunodes: u64,
+    pub nodes: u64,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Expected {
     gpunode: Option<u64>,
     node: Option<u64>,
-    since: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -35,13 +36,14 @@ pub struct Expectations {
 
 /// An etcd revision, the form every resourceVersion takes with the API server's storage. One in
 /// another form cannot be compared, so it is never waited for.
-fn revision(rv: Option<&str>) -> Option<u64> {
+pub fn revision(rv: Option<&str>) -> Option<u64> {
     rv?.parse().ok()
 }
 
 impl Expectations {
-    /// A write to `node`'s object succeeded and returned `resource_version`.
-    pub fn wrote(&mut self, node: &str, object: Written, resource_version: Option<&str>, now: Instant) {
+    /// A write to `node`'s object succeeded and returned `resource_version` (or, after a write
+    /// whose outcome is unknown, the version a fresh read returned).
+    pub fn wrote(&mut self, node: &str, object: Written, resource_version: Option<&str>) {
         let Some(rv) = revision(resource_version) else { return };
         let e = self.pending.entry(node.to_string()).or_default();
         let slot = match object {
@@ -49,25 +51,31 @@ impl Expectations {
             Written::Node => &mut e.node,
         };
         *slot = Some(slot.map_or(rv, |old| old.max(rv)));
-        e.since = Some(now);
     }
 
-    /// Whether the cached objects of `node` (their resourceVersions, `None` when not cached)
-    /// show every write of ours to them. Forgets the node once they do, or once the last write
-    /// is older than [`PATIENCE`].
-    pub fn caught_up(&mut self, node: &str, gpunode: Option<&str>, node_rv: Option<&str>, now: Instant) -> bool {
+    /// Whether the caches show every write of ours to `node`: its cached objects (their
+    /// resourceVersions, `None` when not cached) are at least as new, or the watch has gone past
+    /// the write (the object was deleted since). Forgets the node once they do. There is no
+    /// time limit: deciding on a view older than our own write is what this prevents, and a
+    /// watch that is down holds the node until it is back (and re-listed).
+    pub fn caught_up(&mut self, node: &str, gpunode: Option<&str>, node_rv: Option<&str>, progress: Progress) -> bool {
         let Some(e) = self.pending.get(node) else { return true };
-        // A missing object has nothing to catch up with; an unreadable version cannot be compared.
-        let seen = |expected: Option<u64>, cached: Option<&str>| match (expected, cached) {
-            (None, _) | (_, None) => true,
-            (Some(want), Some(rv)) => revision(Some(rv)).is_none_or(|have| have >= want),
+        let seen = |expected: Option<u64>, cached: Option<&str>, watched: u64| match expected {
+            None => true,
+            Some(want) => {
+                watched >= want || cached.is_some_and(|rv| revision(Some(rv)).is_none_or(|have| have >= want))
+            }
         };
-        let late = e.since.is_some_and(|t| now.saturating_duration_since(t) > PATIENCE);
-        if (seen(e.gpunode, gpunode) && seen(e.node, node_rv)) || late {
+        if seen(e.gpunode, gpunode, progress.gpunodes) && seen(e.node, node_rv, progress.nodes) {
             self.pending.remove(node);
             return true;
         }
         false
+    }
+
+    /// Forgets nodes that are gone (their Node left the cache).
+    pub fn retain(&mut self, present: impl Fn(&str) -> bool) {
+        self.pending.retain(|k, _| present(k));
     }
 
     /// Nodes with a write not seen yet.
@@ -84,50 +92,61 @@ impl Expectations {
 mod tests {
     use super::*;
 
+    const NONE: Progress = Progress { gpunodes: 0, nodes: 0 };
+
     #[test]
     fn a_node_waits_until_both_caches_show_our_writes() {
-        let t0 = Instant::now();
         let mut e = Expectations::default();
-        assert!(e.caught_up("n1", Some("5"), Some("7"), t0), "nothing written: nothing to wait for");
-        e.wrote("n1", Written::GpuNode, Some("10"), t0);
-        e.wrote("n1", Written::Node, Some("11"), t0);
-        assert!(!e.caught_up("n1", Some("9"), Some("11"), t0), "the GpuNode cache is behind");
-        assert!(!e.caught_up("n1", Some("10"), Some("8"), t0), "the Node cache is behind");
-        assert!(e.caught_up("n2", Some("1"), Some("1"), t0), "another node is not held");
-        assert!(e.caught_up("n1", Some("12"), Some("11"), t0), "both caught up (a later write counts)");
+        assert!(e.caught_up("n1", Some("5"), Some("7"), NONE), "nothing written: nothing to wait for");
+        e.wrote("n1", Written::GpuNode, Some("10"));
+        e.wrote("n1", Written::Node, Some("11"));
+        assert!(!e.caught_up("n1", Some("9"), Some("11"), NONE), "the GpuNode cache is behind");
+        assert!(!e.caught_up("n1", Some("10"), Some("8"), NONE), "the Node cache is behind");
+        assert!(e.caught_up("n2", Some("1"), Some("1"), NONE), "another node is not held");
+        assert!(e.caught_up("n1", Some("12"), Some("11"), NONE), "both caught up (a later write counts)");
         assert!(e.is_empty(), "forgotten once seen");
     }
 
     #[test]
     fn the_latest_write_is_the_one_waited_for() {
-        let t0 = Instant::now();
         let mut e = Expectations::default();
-        e.wrote("n1", Written::GpuNode, Some("20"), t0);
-        e.wrote("n1", Written::GpuNode, Some("15"), t0); // responses may arrive out of order
-        assert!(!e.caught_up("n1", Some("15"), None, t0));
-        assert!(e.caught_up("n1", Some("20"), None, t0));
+        e.wrote("n1", Written::GpuNode, Some("20"));
+        e.wrote("n1", Written::GpuNode, Some("15")); // responses may arrive out of order
+        assert!(!e.caught_up("n1", Some("15"), None, NONE));
+        assert!(e.caught_up("n1", Some("20"), None, NONE));
     }
 
     #[test]
-    fn unreadable_versions_and_missing_objects_are_not_waited_for() {
-        let t0 = Instant::now();
+    fn a_missing_object_is_waited_for_until_the_watch_is_past_the_write() {
         let mut e = Expectations::default();
-        e.wrote("n1", Written::GpuNode, Some("opaque"), t0);
+        e.wrote("n1", Written::GpuNode, Some("30"));
+        assert!(!e.caught_up("n1", None, None, Progress { gpunodes: 29, nodes: 99 }), "the cache may lag its creation");
+        assert!(!e.caught_up("n1", Some("29"), None, Progress { gpunodes: 29, nodes: 99 }));
+        assert!(
+            e.caught_up("n1", None, None, Progress { gpunodes: 30, nodes: 0 }),
+            "the watch delivered the write and the object is gone since: deleted"
+        );
+    }
+
+    #[test]
+    fn unreadable_versions_are_not_waited_for_and_nothing_times_out() {
+        let mut e = Expectations::default();
+        e.wrote("n1", Written::GpuNode, Some("opaque"));
         assert!(e.is_empty(), "a version that is not a revision is never recorded");
-        e.wrote("n1", Written::GpuNode, Some("30"), t0);
-        assert!(!e.caught_up("n1", Some("29"), None, t0));
-        assert!(e.caught_up("n1", Some("x-y"), None, t0), "a cached version that cannot be compared");
-        e.wrote("n1", Written::GpuNode, Some("30"), t0);
-        assert!(e.caught_up("n1", None, None, t0), "the object is gone from the cache");
+        e.wrote("n1", Written::Node, Some("40"));
+        for _ in 0..3 {
+            assert!(!e.caught_up("n1", None, Some("39"), NONE), "a lagging watch holds the node, however long");
+        }
+        assert!(e.caught_up("n1", None, Some("x-y"), NONE), "a cached version that cannot be compared");
     }
 
     #[test]
-    fn a_write_unseen_for_longer_than_the_patience_is_given_up() {
-        let t0 = Instant::now();
+    fn nodes_that_are_gone_are_forgotten() {
         let mut e = Expectations::default();
-        e.wrote("n1", Written::Node, Some("40"), t0);
-        assert!(!e.caught_up("n1", None, Some("39"), t0 + PATIENCE));
-        assert!(e.caught_up("n1", None, Some("39"), t0 + PATIENCE + Duration::from_millis(1)));
-        assert!(e.is_empty());
+        e.wrote("gone", Written::Node, Some("5"));
+        e.wrote("here", Written::Node, Some("5"));
+        e.retain(|n| n == "here");
+        assert_eq!(e.len(), 1);
+        assert!(!e.caught_up("here", None, Some("4"), NONE));
     }
 }

@@ -84,6 +84,8 @@ pub struct Metrics {
     fragmented: Family<PlanLabel, Gauge>,
     /// Every request the operator sends to the API server (watches count once, when opened).
     pub api_requests: Counter,
+    /// Nodes a pass left alone because the caches did not show the operator's last write yet.
+    cache_behind: Counter,
     plan_stalled_since: GaugeSet<StalledPlan>,
     node_cordoned_since: GaugeSet<CordonedNode>,
     node_cordon_limit: GaugeSet<CordonedNode>,
@@ -101,6 +103,7 @@ impl Default for Metrics {
             evictions_blocked: Counter::default(),
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             api_requests: Counter::default(),
+            cache_behind: Counter::default(),
             rollout: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             fragmented: Family::default(),
             registry: Mutex::new(Registry::default()),
@@ -120,6 +123,11 @@ impl Default for Metrics {
         );
         registry.register("reconcile_duration_seconds", "Duration of one fleet pass", m.duration.clone());
         registry.register("api_requests", "Requests sent to the API server", m.api_requests.clone());
+        registry.register(
+            "nodes_cache_behind",
+            "Nodes left for a pass because the caches did not show the operator's last write to them yet",
+            m.cache_behind.clone(),
+        );
         registry.register(
             "node_rollout_duration_seconds",
             "From a node's drain start to its uncordon",
@@ -161,6 +169,10 @@ impl Metrics {
     pub fn reconciled(&self, took: Duration) {
         self.reconciles.inc();
         self.duration.observe(took.as_secs_f64());
+    }
+
+    pub fn nodes_cache_behind(&self, n: usize) {
+        self.cache_behind.inc_by(n as u64);
     }
 
     pub fn error(&self, kind: &str) {

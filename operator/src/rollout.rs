@@ -412,11 +412,17 @@ fn release(node: &NodeInput<'_>, actions: &mut Vec<Action>) {
 
 /// Whether a node counts against `maxUnavailable` for `plan_generation`: in flight, failed for
 /// this generation, or not updated while its agent is not responding.
-fn unavailable(node: &NodeInput<'_>, gn: &GpuNode, desired: &[GpuIntent], generation: Option<i64>) -> bool {
+fn unavailable(node: &NodeInput<'_>, gn: &GpuNode, desired: &[GpuIntent], plan: &str, generation: Option<i64>) -> bool {
     let r = gn.status.as_ref().and_then(|s| s.rollout.as_ref());
     let phase = r.map(|r| r.phase).unwrap_or_default();
-    let failed_now = phase == NodePhase::Failed && r.is_some_and(|r| r.plan_generation == generation);
+    let failed_now = phase == NodePhase::Failed && r.is_some_and(|r| failed_here(r, plan, generation));
     in_flight(phase) || ((failed_now || node.agent != AgentHealth::Alive) && !applied(gn, desired))
+}
+
+/// A `Failed` record is this plan's failure only if it names this plan and generation: every
+/// plan starts at generation 1, so another plan's failure must not hold this one's budget.
+fn failed_here(r: &NodeRollout, plan: &str, generation: Option<i64>) -> bool {
+    r.plan_generation == generation && r.plan.as_deref() == Some(plan)
 }
 
 fn plan_one<'a>(
@@ -433,14 +439,9 @@ fn plan_one<'a>(
     let mut candidates = Vec::new();
     let mut untouched = 0;
     // Nodes whose cached objects lag our own last write: in flight until the caches catch up.
-    let mut behind = 0;
+    let mut behind: Vec<&str> = Vec::new();
     let targets = crate::auto::targets_of(plan);
     for node in nodes {
-        if node.cache_behind {
-            behind += 1;
-            report.in_progress += 1;
-            continue;
-        }
         let Some(gn) = node.gpunode.as_ref().filter(|g| g.status.as_ref().is_some_and(|s| !s.gpus.is_empty())) else {
             report.skipped.insert(node.name.clone(), "waiting for the node agent to report its GPUs".into());
             report.waiting_for_agents += 1;
@@ -458,6 +459,16 @@ fn plan_one<'a>(
             },
         };
         match wanted {
+            Ok(Some(desired)) if node.cache_behind => {
+                // No decision this pass; reported as the cache shows it (so a lag does not flip
+                // the plan's Ready back and forth), counted in flight against the budget.
+                behind.push(node.name.as_str());
+                if applied(gn, &desired) {
+                    report.updated += 1;
+                } else {
+                    report.in_progress += 1;
+                }
+            }
             Ok(Some(desired)) => candidates.push((*node, gn, desired)),
             // An automatic plan leaves alone the nodes its decision does not change.
             Ok(None) => untouched += 1,
@@ -470,23 +481,25 @@ fn plan_one<'a>(
             }
         }
     }
-    report.matched = (candidates.len() + untouched + behind) as i32;
+    report.matched = (candidates.len() + untouched + behind.len()) as i32;
     report.updated += untouched as i32;
     report.demand = crate::auto::demand_condition(plan);
-    let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched + behind).unwrap_or(1);
+    let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched + behind.len()).unwrap_or(1);
     // Owned nodes that are not candidates (no report, no layout that fits any more) still count
     // while in flight: they are still cordoned.
-    let candidate_names: crate::FastSet<&str> = candidates.iter().map(|(n, _, _)| n.name.as_str()).collect();
+    // Nodes behind the cache are counted once, above.
+    let candidate_names: crate::FastSet<&str> =
+        candidates.iter().map(|(n, _, _)| n.name.as_str()).chain(behind.iter().copied()).collect();
     let others_in_flight = nodes
         .iter()
-        .filter(|n| !n.cache_behind && !candidate_names.contains(n.name.as_str()))
+        .filter(|n| !candidate_names.contains(n.name.as_str()))
         .filter(|n| {
             n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).is_some_and(|r| in_flight(r.phase))
         })
         .count();
-    let mut busy = behind
+    let mut busy = behind.len()
         + others_in_flight
-        + candidates.iter().filter(|(node, gn, desired)| unavailable(node, gn, desired, generation)).count();
+        + candidates.iter().filter(|(node, gn, desired)| unavailable(node, gn, desired, &name, generation)).count();
     report.budget = budget as i32;
     let drain_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
     let apply_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.apply_timeout_seconds.max(0));
@@ -520,7 +533,7 @@ fn plan_one<'a>(
                     if node.unschedulable {
                         // Decide on this node again once the uncordon is seen: starting it now
                         // would read the stale `unschedulable` and never cordon it.
-                        if r.plan_generation == generation {
+                        if failed_here(&r, &name, generation) {
                             report.failed.push((n.clone(), r.message.clone()));
                         } else {
                             report.pending += 1;
@@ -539,7 +552,7 @@ fn plan_one<'a>(
                     }
                     continue;
                 }
-                if r.phase == NodePhase::Failed && r.plan_generation == generation {
+                if r.phase == NodePhase::Failed && failed_here(&r, &name, generation) {
                     report.failed.push((n.clone(), r.message.clone()));
                     continue;
                 }

@@ -178,6 +178,7 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     let (cpu0, _) = proc_stat(op.id());
     let req0 = metric(port, "tessera_operator_api_requests_total");
     let passes0 = metric(port, "tessera_operator_reconciles_total");
+    let behind0 = metric(port, "tessera_operator_nodes_cache_behind_total");
     let started = Instant::now();
     let plan: GpuPartitionPlan =
         serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
@@ -198,6 +199,8 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     let (cpu1, hwm) = proc_stat(op.id());
     let req1 = metric(port, "tessera_operator_api_requests_total");
     let passes1 = metric(port, "tessera_operator_reconciles_total");
+    let behind1 = metric(port, "tessera_operator_nodes_cache_behind_total");
+    eprintln!("{n} nodes: {} node-passes waited for the caches to show the operator's own writes", behind1 - behind0);
     let _ = op.kill();
     let _ = op.wait();
     Ok(Row {

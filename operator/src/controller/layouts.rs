@@ -95,7 +95,9 @@ impl Context {
             let demand = auto::demand(auto::selected(&from, &quotas), i64::from(from.headroom_percent));
             let mine: Vec<&GpuNode> = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any())).collect();
             let digest = auto::fleet_digest(mine.iter().copied());
-            let in_flight = mine.iter().filter(|g| in_flight(g)).count();
+            // A node whose cache lags our last write may be mid-change already.
+            let in_flight = mine.iter().filter(|g| in_flight(g)).count()
+                + nodes.iter().filter(|n| n.cache_behind && owned.contains(&n.name)).count();
             let blocked = blocked_targets(plan, nodes);
             let signature = format!("{:?}|{digest}|{:?}|{blocked}", demand, plan.metadata.generation);
             let held = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&name, signature);
@@ -140,6 +142,7 @@ impl Context {
             .filter(|n| {
                 let phase = n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).map(|r| r.phase);
                 n.agent != AgentHealth::Alive
+                    || n.cache_behind
                     || matches!(
                         phase,
                         Some(NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning | NodePhase::Failed)

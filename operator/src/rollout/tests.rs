@@ -905,8 +905,8 @@ fn a_waiting_node_at_rest_gets_no_write_but_an_old_failed_record_is_replaced() {
 #[test]
 fn a_node_whose_cache_lags_our_write_is_left_alone_and_holds_a_slot() {
     // n1 was just started (Draining written, cordoned) but the GpuNode cache still shows it at
-    // rest and the Node cache shows the cordon: the stale view would start it again with
-    // cordonedByUs=false and start n2 beyond the budget of 1.
+    // rest while the Node cache shows the cordon: the stale view would start it again with
+    // cordonedByUs=false, and start n2 beyond the budget of 1.
     let mut n1 = node("n1", true, gpunode("n1", json!([]), true, None));
     n1.cache_behind = true;
     n1.cordon_annotated = Some("2026-05-31T23:00:00Z".parse().unwrap());
@@ -915,10 +915,41 @@ fn a_node_whose_cache_lags_our_write_is_left_alone_and_holds_a_slot() {
     assert!(actions.is_empty(), "nothing on n1 (not even the old-cordon clean-up), nothing started: {actions:?}");
     let r = &reports["p"];
     assert_eq!((r.matched, r.in_progress, r.pending, r.unavailable, r.budget), (2, 1, 1, 1, 1), "{r:?}");
-    // Once the caches show the write, n1 is decided again as usual.
+    // Once the caches show the write (here: n1 Draining as ours), n1 goes on and n2 still waits.
     n1.cache_behind = false;
-    let (actions, _) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[n1, n2], now());
-    assert!(!actions.is_empty());
+    n1.gpunode = Some(std::sync::Arc::new(gpunode("n1", json!([]), true, Some(draining("2026-06-01T00:00:00Z")))));
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[n1, n2], now());
+    assert!(actions.iter().any(|a| matches!(a, Action::Intent { node, .. } if node == "n1")), "{actions:?}");
+    assert!(!actions.iter().any(|a| crate::controller::node_of(a) == "n2"), "{actions:?}");
+    assert_eq!(reports["p"].pending, 1);
+}
+
+#[test]
+fn a_lagging_cache_does_not_flip_a_node_with_its_layout_out_of_updated() {
+    // The last node of a rollout was uncordoned and recorded Idle; the cache still shows it
+    // Uncordoning with the layout applied. It is reported updated (the plan stays Ready), not
+    // in progress, and still holds its slot until the cache catches up.
+    let r = json!({"phase": "Uncordoning", "plan": "p", "planGeneration": 1, "cordonedByUs": true});
+    let mut n1 = node("n1", true, gpunode("n1", wanted(), true, Some(r)));
+    n1.cache_behind = true;
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[n1], now());
+    assert!(actions.is_empty(), "{actions:?}");
+    let r = &reports["p"];
+    assert_eq!((r.matched, r.updated, r.in_progress, r.unavailable), (1, 1, 0, 1), "{r:?}");
+}
+
+#[test]
+fn another_plans_failure_of_the_same_generation_is_not_this_plans() {
+    // Plan "old" (generation 1) failed n1; plan "p" (also generation 1) now owns it.
+    let failed = json!({"phase": "Failed", "plan": "old", "planGeneration": 1, "message": "driver error"});
+    let n1 = node("n1", false, gpunode("n1", json!([]), true, Some(failed)));
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[n1], now());
+    assert!(reports["p"].failed.is_empty(), "{:?}", reports["p"]);
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Rollout { rollout: Some(r), .. }
+            if r.phase == NodePhase::Draining && r.plan.as_deref() == Some("p"))),
+        "the node is started by its new plan: {actions:?}"
+    );
 }
 
 #[test]

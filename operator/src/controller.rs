@@ -51,8 +51,10 @@ const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
 /// 43 s, 79 passes against 46): a pass that starts before the cache has the whole wave acts on
 /// part of it, and the rest waits for that pass's requests to finish.
 const DEBOUNCE: Duration = Duration::from_millis(200);
-/// Nodes whose actions (and pod lists) run at once within a pass.
-const NODES_IN_PARALLEL: usize = 32;
+/// Nodes whose actions (and pod lists) run at once within a pass. A node's requests run one
+/// after another, so a pass is bound by their latency more than by the API server: measured at
+/// 1,000 nodes, 64 took 34 s against 40 s with 32 (and 40 s with 128).
+const NODES_IN_PARALLEL: usize = 64;
 
 pub fn node_of(action: &Action) -> &str {
     match action {

@@ -115,6 +115,9 @@ pub struct Context {
     /// How far the GpuNode and Node caches have got (highest resourceVersion they hold).
     gpunodes_progress: Arc<AtomicU64>,
     nodes_progress: Arc<AtomicU64>,
+    /// The newest version the operator wrote to each (see `watch_into_store_waking`).
+    gpunodes_written: Arc<AtomicU64>,
+    nodes_written: Arc<AtomicU64>,
     /// Automatic plans: since when their demand and fleet have held still.
     stability: std::sync::Mutex<layouts::Stability>,
     /// Stranded slices per (board, layout, demanded profiles), and per GpuNode version.
@@ -134,14 +137,22 @@ pub async fn start(
     let all = watcher::Config::default;
     let plans = watch_into_store(Api::<GpuPartitionPlan>::all(client.clone()), all(), changed.clone());
     // The quota controller reads the same GpuNodes (their capacity): one cache, woken both.
+    let gpunodes_written = Arc::new(AtomicU64::new(0));
+    let nodes_written = Arc::new(AtomicU64::new(0));
     let (gpunodes, gpunodes_progress) = watch_into_store_waking(
         Api::<GpuNode>::all(client.clone()),
         all(),
         vec![changed.clone(), fleet_changed],
         trim_metadata,
+        gpunodes_written.clone(),
     );
-    let (nodes, nodes_progress) =
-        watch_into_store_waking(Api::<Node>::all(client.clone()), all(), vec![changed.clone()], trim_node);
+    let (nodes, nodes_progress) = watch_into_store_waking(
+        Api::<Node>::all(client.clone()),
+        all(),
+        vec![changed.clone()],
+        trim_node,
+        nodes_written.clone(),
+    );
     let leases =
         watch_into_store(Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE), all(), changed.clone());
     let quotas = watch_into_store(Api::<TenantGpuQuota>::all(client.clone()), all(), changed.clone());
@@ -162,6 +173,8 @@ pub async fn start(
         expectations: Default::default(),
         gpunodes_progress,
         nodes_progress,
+        gpunodes_written,
+        nodes_written,
         stability: Default::default(),
         stranded_memo: Default::default(),
     };
@@ -196,18 +209,21 @@ where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    watch_into_store_waking(api, config, vec![changed], trim_metadata).0
+    watch_into_store_waking(api, config, vec![changed], trim_metadata, Default::default()).0
 }
 
 /// [`watch_into_store`] that wakes several listeners and trims objects with `trim` first. Also
 /// returns how far the cache has got: the highest resourceVersion (an etcd revision) of the
 /// objects it holds or has seen deleted, raised only once the store has them (a re-list's
-/// objects count once the whole list is in).
+/// objects count once the whole list is in). `written` is the newest version the operator has
+/// written to these objects: a re-list is read after it starts (the newest data, not a cache),
+/// so once in, it shows every write made before, even of objects deleted since.
 pub fn watch_into_store_waking<K>(
     api: Api<K>,
     config: watcher::Config,
     wake: Vec<Arc<Notify>>,
     trim: fn(&mut K),
+    written: Arc<AtomicU64>,
 ) -> (Store<K>, Arc<AtomicU64>)
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -218,20 +234,10 @@ where
     let seen = progress.clone();
     tokio::spawn(async move {
         let watch = watcher(api, config).default_backoff().modify(trim);
-        let revision = |k: &K| crate::expectations::revision(k.meta().resource_version.as_deref()).unwrap_or(0);
-        let mut listing = 0;
+        let mut tracker = crate::expectations::WatchProgress::default();
         // After the reflector: by then the store holds what the event says.
         let stream = reflector::reflector(writer, watch)
-            .inspect_ok(move |ev| match ev {
-                watcher::Event::Apply(k) | watcher::Event::Delete(k) => {
-                    seen.fetch_max(revision(k), Ordering::Release);
-                }
-                watcher::Event::Init => listing = 0,
-                watcher::Event::InitApply(k) => listing = listing.max(revision(k)),
-                watcher::Event::InitDone => {
-                    seen.fetch_max(listing, Ordering::Release);
-                }
-            })
+            .inspect_ok(move |ev| tracker.observe(ev, &seen, &written))
             .applied_objects();
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
@@ -441,8 +447,8 @@ impl Context {
         for plan in &plans {
             let name = plan.name_any();
             if plan.metadata.deletion_timestamp.is_some() {
-                if behind > 0 {
-                    continue; // a record naming the plan may be newer than the cache shows
+                if self.expectations.lock().unwrap_or_else(|p| p.into_inner()).names(&plan.name_any()) {
+                    continue; // a record naming the plan is newer than the cache shows
                 }
                 if let Err(e) = self.finish_deletion(plan, &gpunodes).await {
                     self.metrics.error(e.kind());
@@ -702,6 +708,9 @@ impl Context {
             .await;
         let written = self.unless_unknown(node, Written::GpuNode, written).await?;
         self.expect(node, Written::GpuNode, written.metadata.resource_version.as_deref());
+        if let Some(plan) = rollout.and_then(|r| r.plan.as_deref()) {
+            self.expectations.lock().unwrap_or_else(|p| p.into_inner()).named(node, plan);
+        }
         Ok(())
     }
 
@@ -729,6 +738,13 @@ impl Context {
 
     /// Remembers a write's resourceVersion: the node waits until the caches show it.
     fn expect(&self, node: &str, object: Written, resource_version: Option<&str>) {
+        if let Some(rv) = crate::expectations::revision(resource_version) {
+            let newest = match object {
+                Written::GpuNode => &self.gpunodes_written,
+                Written::Node => &self.nodes_written,
+            };
+            newest.fetch_max(rv, Ordering::Release);
+        }
         let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
         expectations.wrote(node, object, resource_version);
     }

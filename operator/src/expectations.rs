@@ -6,7 +6,37 @@
 //! write to them is left alone for that pass and counted as in flight. Pure; the controller
 //! records the `resourceVersion` each write returns, and how far each watch has got.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kube::Resource;
+use kube::runtime::watcher;
+
 use crate::FastMap;
+
+/// Follows one watch, after its reflector, into `seen`: the highest resourceVersion the store
+/// holds or has seen deleted. A re-list's objects count at its end (the reflector swaps the
+/// store in then), and so does `written` as it was when the re-list began (the list is read
+/// afterwards, so it shows every earlier write, even to objects deleted since).
+#[derive(Debug, Default)]
+pub struct WatchProgress {
+    listing: u64,
+}
+
+impl WatchProgress {
+    pub fn observe<K: Resource>(&mut self, event: &watcher::Event<K>, seen: &AtomicU64, written: &AtomicU64) {
+        let rv = |k: &K| revision(k.meta().resource_version.as_deref()).unwrap_or(0);
+        match event {
+            watcher::Event::Apply(k) | watcher::Event::Delete(k) => {
+                seen.fetch_max(rv(k), Ordering::Release);
+            }
+            watcher::Event::Init => self.listing = written.load(Ordering::Acquire),
+            watcher::Event::InitApply(k) => self.listing = self.listing.max(rv(k)),
+            watcher::Event::InitDone => {
+                seen.fetch_max(self.listing, Ordering::Release);
+            }
+        }
+    }
+}
 
 /// Which cached object a write went to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +57,8 @@ pub struct Progress {
 struct Expected {
     gpunode: Option<u64>,
     node: Option<u64>,
+    /// Plans named by the rollout records written (a deleted plan waits for them).
+    plans: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -76,6 +108,20 @@ impl Expectations {
     /// Forgets nodes that are gone (their Node left the cache).
     pub fn retain(&mut self, present: impl Fn(&str) -> bool) {
         self.pending.retain(|k, _| present(k));
+    }
+
+    /// The rollout record just written to `node` names `plan`.
+    pub fn named(&mut self, node: &str, plan: &str) {
+        if let Some(e) = self.pending.get_mut(node)
+            && !e.plans.iter().any(|p| p == plan)
+        {
+            e.plans.push(plan.to_string());
+        }
+    }
+
+    /// Whether a write not seen yet named `plan` in a node's rollout record.
+    pub fn names(&self, plan: &str) -> bool {
+        self.pending.values().any(|e| e.plans.iter().any(|p| p == plan))
     }
 
     /// Nodes with a write not seen yet.
@@ -129,15 +175,53 @@ mod tests {
     }
 
     #[test]
-    fn unreadable_versions_are_not_waited_for_and_nothing_times_out() {
+    fn unreadable_versions_are_not_waited_for() {
         let mut e = Expectations::default();
         e.wrote("n1", Written::GpuNode, Some("opaque"));
         assert!(e.is_empty(), "a version that is not a revision is never recorded");
         e.wrote("n1", Written::Node, Some("40"));
-        for _ in 0..3 {
-            assert!(!e.caught_up("n1", None, Some("39"), NONE), "a lagging watch holds the node, however long");
-        }
+        assert!(!e.caught_up("n1", None, Some("39"), NONE));
         assert!(e.caught_up("n1", None, Some("x-y"), NONE), "a cached version that cannot be compared");
+    }
+
+    fn node(rv: &str) -> k8s_openapi::api::core::v1::Node {
+        let mut n = k8s_openapi::api::core::v1::Node::default();
+        n.metadata.resource_version = Some(rv.into());
+        n
+    }
+
+    #[test]
+    fn a_watch_progresses_with_its_events_and_a_relist_only_once_it_is_in() {
+        let (seen, written) = (AtomicU64::new(0), AtomicU64::new(0));
+        let mut w = WatchProgress::default();
+        w.observe(&watcher::Event::Apply(node("10")), &seen, &written);
+        w.observe(&watcher::Event::Delete(node("12")), &seen, &written);
+        assert_eq!(seen.load(Ordering::Acquire), 12);
+        // A re-list: we wrote version 40 to an object deleted before the list; the list's
+        // objects are older than that. Nothing counts until the list is in.
+        written.store(40, Ordering::Release);
+        w.observe(&watcher::Event::<k8s_openapi::api::core::v1::Node>::Init, &seen, &written);
+        written.store(50, Ordering::Release); // a write after the list began is not assumed seen
+        w.observe(&watcher::Event::InitApply(node("30")), &seen, &written);
+        assert_eq!(seen.load(Ordering::Acquire), 12, "the store still holds the old objects");
+        w.observe(&watcher::Event::<k8s_openapi::api::core::v1::Node>::InitDone, &seen, &written);
+        assert_eq!(seen.load(Ordering::Acquire), 40);
+        let mut e = Expectations::default();
+        e.wrote("gone", Written::Node, Some("40"));
+        e.wrote("later", Written::Node, Some("50"));
+        let progress = Progress { gpunodes: 0, nodes: seen.load(Ordering::Acquire) };
+        assert!(e.caught_up("gone", None, None, progress), "deleted before the re-list: not waited for");
+        assert!(!e.caught_up("later", None, None, progress), "written after the re-list began: still waited for");
+    }
+
+    #[test]
+    fn an_unseen_record_holds_only_the_plan_it_names() {
+        let mut e = Expectations::default();
+        e.wrote("n1", Written::GpuNode, Some("7"));
+        e.named("n1", "a");
+        assert!(e.names("a") && !e.names("b"));
+        assert!(e.caught_up("n1", Some("7"), None, NONE));
+        assert!(!e.names("a"), "seen: it holds nothing any more");
     }
 
     #[test]

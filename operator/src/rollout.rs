@@ -439,7 +439,6 @@ fn plan_one<'a>(
     let mut candidates = Vec::new();
     let mut untouched = 0;
     // Nodes whose cached objects lag our own last write: in flight until the caches catch up.
-    let mut behind: Vec<&str> = Vec::new();
     let targets = crate::auto::targets_of(plan);
     for node in nodes {
         let Some(gn) = node.gpunode.as_ref().filter(|g| g.status.as_ref().is_some_and(|s| !s.gpus.is_empty())) else {
@@ -459,16 +458,6 @@ fn plan_one<'a>(
             },
         };
         match wanted {
-            Ok(Some(desired)) if node.cache_behind => {
-                // No decision this pass; reported as the cache shows it (so a lag does not flip
-                // the plan's Ready back and forth), counted in flight against the budget.
-                behind.push(node.name.as_str());
-                if applied(gn, &desired) {
-                    report.updated += 1;
-                } else {
-                    report.in_progress += 1;
-                }
-            }
             Ok(Some(desired)) => candidates.push((*node, gn, desired)),
             // An automatic plan leaves alone the nodes its decision does not change.
             Ok(None) => untouched += 1,
@@ -481,15 +470,13 @@ fn plan_one<'a>(
             }
         }
     }
-    report.matched = (candidates.len() + untouched + behind.len()) as i32;
+    report.matched = (candidates.len() + untouched) as i32;
     report.updated += untouched as i32;
     report.demand = crate::auto::demand_condition(plan);
-    let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched + behind.len()).unwrap_or(1);
+    let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched).unwrap_or(1);
     // Owned nodes that are not candidates (no report, no layout that fits any more) still count
     // while in flight: they are still cordoned.
-    // Nodes behind the cache are counted once, above.
-    let candidate_names: crate::FastSet<&str> =
-        candidates.iter().map(|(n, _, _)| n.name.as_str()).chain(behind.iter().copied()).collect();
+    let candidate_names: crate::FastSet<&str> = candidates.iter().map(|(n, _, _)| n.name.as_str()).collect();
     let others_in_flight = nodes
         .iter()
         .filter(|n| !candidate_names.contains(n.name.as_str()))
@@ -497,13 +484,21 @@ fn plan_one<'a>(
             n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).is_some_and(|r| in_flight(r.phase))
         })
         .count();
-    let mut busy = behind.len()
-        + others_in_flight
-        + candidates.iter().filter(|(node, gn, desired)| unavailable(node, gn, desired, &name, generation)).count();
+    // A node whose cache lags our last write counts as in flight whatever the cache shows.
+    let mut busy = others_in_flight
+        + candidates
+            .iter()
+            .filter(|(node, gn, desired)| node.cache_behind || unavailable(node, gn, desired, &name, generation))
+            .count();
     report.budget = budget as i32;
     let drain_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
     let apply_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.apply_timeout_seconds.max(0));
     for (node, gn, desired) in candidates {
+        // A node whose cache lags our last write is planned and reported as its cache shows
+        // (so the plan's conditions do not flap), but what it would do is thrown away: it is
+        // decided again once the caches show the write.
+        let mut discarded = Vec::new();
+        let actions: &mut Vec<Action> = if node.cache_behind { &mut discarded } else { &mut *actions };
         let current = gn.status.as_ref().and_then(|s| s.rollout.as_ref());
         if current.is_some_and(|c| {
             c.phase == NodePhase::Idle && c.plan.as_deref() == Some(name.as_str()) && c.plan_generation == generation
@@ -580,6 +575,9 @@ fn plan_one<'a>(
                         format!("cordoned {n} and draining its GPU pods to change its MIG layout")
                     };
                     actions.push(event("DrainStarted", message, false));
+                } else if node.cache_behind {
+                    // Most likely just started by the write the cache has not shown yet.
+                    report.in_progress += 1;
                 } else {
                     report.pending += 1;
                     // A node at rest waits without a write: at 5,000 nodes one `Pending` record

@@ -96,8 +96,13 @@ impl Context {
             let mine: Vec<&GpuNode> = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any())).collect();
             let digest = auto::fleet_digest(mine.iter().copied());
             // A node whose cache lags our last write may be mid-change already.
-            let in_flight = mine.iter().filter(|g| in_flight(g)).count()
-                + nodes.iter().filter(|n| n.cache_behind && owned.contains(&n.name)).count();
+            let behind: BTreeSet<&str> =
+                nodes.iter().filter(|n| n.cache_behind && owned.contains(&n.name)).map(|n| n.name.as_str()).collect();
+            let in_flight = mine
+                .iter()
+                .filter(|g| in_flight(g) || behind.contains(g.metadata.name.as_deref().unwrap_or_default()))
+                .count()
+                + behind.iter().filter(|b| !mine.iter().any(|g| g.metadata.name.as_deref() == Some(**b))).count();
             let blocked = blocked_targets(plan, nodes);
             let signature = format!("{:?}|{digest}|{:?}|{blocked}", demand, plan.metadata.generation);
             let held = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&name, signature);
@@ -142,7 +147,6 @@ impl Context {
             .filter(|n| {
                 let phase = n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).map(|r| r.phase);
                 n.agent != AgentHealth::Alive
-                    || n.cache_behind
                     || matches!(
                         phase,
                         Some(NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning | NodePhase::Failed)

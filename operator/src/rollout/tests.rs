@@ -915,6 +915,7 @@ fn a_node_whose_cache_lags_our_write_is_left_alone_and_holds_a_slot() {
     assert!(actions.is_empty(), "nothing on n1 (not even the old-cordon clean-up), nothing started: {actions:?}");
     let r = &reports["p"];
     assert_eq!((r.matched, r.in_progress, r.pending, r.unavailable, r.budget), (2, 1, 1, 1, 1), "{r:?}");
+    assert!(r.failed.is_empty() && r.drain_blocked.is_empty());
     // Once the caches show the write (here: n1 Draining as ours), n1 goes on and n2 still waits.
     n1.cache_behind = false;
     n1.gpunode = Some(std::sync::Arc::new(gpunode("n1", json!([]), true, Some(draining("2026-06-01T00:00:00Z")))));
@@ -936,6 +937,26 @@ fn a_lagging_cache_does_not_flip_a_node_with_its_layout_out_of_updated() {
     assert!(actions.is_empty(), "{actions:?}");
     let r = &reports["p"];
     assert_eq!((r.matched, r.updated, r.in_progress, r.unavailable), (1, 1, 0, 1), "{r:?}");
+}
+
+#[test]
+fn a_failure_is_still_reported_while_the_cache_lags_the_writes_that_followed_it() {
+    // The agent stalled; the last pass wrote Failed and uncordoned, but the cache still shows
+    // Applying with the agent's Stalled condition: the plan stays Stalled (no flapping), and
+    // nothing is written again.
+    let r = json!({"phase": "Applying", "plan": "p", "planGeneration": 1, "cordonedByUs": true,
+                   "applyStartedAt": "2026-06-01T00:00:00Z"});
+    let mut gn = gpunode("n1", wanted(), false, Some(r));
+    gn.status.as_mut().unwrap().conditions.push(cond(STALLED, "True", "InstanceInUse", Some(2)));
+    gn.metadata.generation = Some(2);
+    let mut n1 = node("n1", true, gn);
+    n1.cache_behind = true;
+    let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[n1.clone()], now());
+    assert!(actions.is_empty(), "{actions:?}");
+    assert_eq!(reports["p"].failed.len(), 1, "{:?}", reports["p"]);
+    n1.cache_behind = false;
+    let (actions, _) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[n1], now());
+    assert!(actions.contains(&Action::Uncordon { node: "n1".into() }), "the same view acts once caught up");
 }
 
 #[test]

@@ -20,20 +20,25 @@ struct Move {
     tie: (i64, i64),
 }
 
-/// How many GPUs of each class get each candidate (index 0 is the current layout).
-pub(super) fn greedy(classes: &[Class], demand: &BTreeMap<String, i64>) -> Vec<Vec<usize>> {
-    let wanted: Vec<(&str, i64)> = demand.iter().filter(|(_, d)| **d > 0).map(|(r, d)| (r.as_str(), *d)).collect();
-    let dense = |supply: &BTreeMap<String, i64>| -> Vec<i64> {
-        wanted.iter().map(|(r, _)| supply.get(*r).copied().unwrap_or(0)).collect()
-    };
-    let mut counts: Vec<Vec<usize>> = classes
+/// Every GPU of each class on its current layout (candidate 0): where a search starts.
+pub(super) fn unchanged(classes: &[Class]) -> Vec<Vec<usize>> {
+    classes
         .iter()
         .map(|c| {
             let mut v = vec![0; c.candidates.len()];
             v[0] = c.members.len();
             v
         })
-        .collect();
+        .collect()
+}
+
+/// How many GPUs of each class get each candidate (index 0 is the current layout).
+pub(super) fn greedy(classes: &[Class], demand: &BTreeMap<String, i64>) -> Vec<Vec<usize>> {
+    let wanted: Vec<(&str, i64)> = demand.iter().filter(|(_, d)| **d > 0).map(|(r, d)| (r.as_str(), *d)).collect();
+    let dense = |supply: &BTreeMap<String, i64>| -> Vec<i64> {
+        wanted.iter().map(|(r, _)| supply.get(*r).copied().unwrap_or(0)).collect()
+    };
+    let mut counts = unchanged(classes);
     let mut supply = vec![0i64; wanted.len()];
     let mut moves: Vec<Move> = Vec::new();
     for (ci, class) in classes.iter().enumerate() {

@@ -120,6 +120,32 @@ fn exhaustive(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> (i64, u32) {
         .unwrap()
 }
 
+/// GPU `i` of a drawn fleet: one of its board's maximal layouts (MIG off one time in five), the
+/// instances `busy_mask` picks kept busy. Shared by the fleet strategies.
+fn drawn_slot(
+    i: usize,
+    (model, layouts): &(&'static GpuModel, Vec<Vec<Placement>>),
+    seed: u64,
+    changeable: bool,
+    busy_mask: u8,
+) -> GpuSlot {
+    let mut g = GpuSlot {
+        node: format!("n{i}"),
+        index: 0,
+        model,
+        mig_enabled: !seed.is_multiple_of(5),
+        instances: vec![],
+        busy: vec![],
+        changeable,
+    };
+    if g.mig_enabled {
+        g.instances = layouts[(seed as usize / 5) % layouts.len()].clone();
+        g.busy =
+            g.instances.iter().enumerate().filter(|(k, _)| busy_mask & (1 << k) != 0).map(|(_, p)| p.clone()).collect();
+    }
+    g
+}
+
 fn fleet() -> impl Strategy<Value = (Vec<GpuSlot>, BTreeMap<String, i64>)> {
     let products = ["H100-80GB", "A100-40GB", "A30-24GB"];
     let one = (0usize..3, any::<u64>(), any::<bool>(), 0u8..4);
@@ -128,30 +154,7 @@ fn fleet() -> impl Strategy<Value = (Vec<GpuSlot>, BTreeMap<String, i64>)> {
         let gpus = gs
             .into_iter()
             .enumerate()
-            .map(|(i, (prod, seed, changeable, busy_mask))| {
-                let (m, layouts) = &tables[prod];
-                let m = *m;
-                let mut g = GpuSlot {
-                    node: format!("n{i}"),
-                    index: 0,
-                    model: m,
-                    mig_enabled: seed % 5 != 0,
-                    instances: vec![],
-                    busy: vec![],
-                    changeable,
-                };
-                if g.mig_enabled {
-                    g.instances = layouts[(seed as usize / 5) % layouts.len()].clone();
-                    g.busy = g
-                        .instances
-                        .iter()
-                        .enumerate()
-                        .filter(|(k, _)| busy_mask & (1 << k) != 0)
-                        .map(|(_, p)| p.clone())
-                        .collect();
-                }
-                g
-            })
+            .map(|(i, (prod, seed, changeable, busy_mask))| drawn_slot(i, &tables[prod], seed, changeable, busy_mask))
             .collect();
         // One profile name per size class that several boards share, and whole GPUs.
         let mut d = BTreeMap::new();
@@ -212,11 +215,7 @@ proptest! {
         for (class, per) in classes.iter().zip(&g) {
             prop_assert_eq!(per.iter().sum::<usize>(), class.members.len());
         }
-        let nothing: Vec<Vec<usize>> = classes.iter().map(|c| {
-            let mut v = vec![0; c.candidates.len()];
-            v[0] = c.members.len();
-            v
-        }).collect();
+        let nothing = greedy::unchanged(&classes);
         prop_assert!(score(&classes, &g, &demand).0 <= score(&classes, &nothing, &demand).0);
         let (short, _) = exhaustive(&gpus, &demand);
         prop_assert!(score(&classes, &g, &demand).0 >= short, "no better than exact");
@@ -226,14 +225,7 @@ proptest! {
 /// The greedy rule as first written (maps keyed by resource name, before the dense rewrite), kept
 /// as the reference the fast one must match choice for choice.
 fn reference_greedy(classes: &[Class], demand: &BTreeMap<String, i64>) -> Vec<Vec<usize>> {
-    let mut counts: Vec<Vec<usize>> = classes
-        .iter()
-        .map(|c| {
-            let mut v = vec![0; c.candidates.len()];
-            v[0] = c.members.len();
-            v
-        })
-        .collect();
+    let mut counts = greedy::unchanged(classes);
     let mut supply: BTreeMap<&str, i64> = BTreeMap::new();
     for class in classes {
         for (r, k) in &class.candidates[0].supply {
@@ -311,28 +303,7 @@ fn mixed_fleet() -> impl Strategy<Value = (Vec<GpuSlot>, BTreeMap<String, i64>)>
             .into_iter()
             .enumerate()
             .map(|(i, (prod, seed, changeable, busy_mask))| {
-                let (m, layouts) = &tables[prod];
-                let m = *m;
-                let mut g = GpuSlot {
-                    node: format!("n{i}"),
-                    index: 0,
-                    model: m,
-                    mig_enabled: seed % 5 != 0,
-                    instances: vec![],
-                    busy: vec![],
-                    changeable: seed % 7 != 0 || changeable,
-                };
-                if g.mig_enabled {
-                    g.instances = layouts[(seed as usize / 5) % layouts.len()].clone();
-                    g.busy = g
-                        .instances
-                        .iter()
-                        .enumerate()
-                        .filter(|(k, _)| busy_mask & (1 << k) != 0)
-                        .map(|(_, p)| p.clone())
-                        .collect();
-                }
-                g
+                drawn_slot(i, &tables[prod], seed, seed % 7 != 0 || changeable, busy_mask)
             })
             .collect();
         (gpus, d.into_iter().map(|(r, n)| (r.to_string(), n)).collect())

@@ -447,7 +447,7 @@ impl Context {
         for plan in &plans {
             let name = plan.name_any();
             if plan.metadata.deletion_timestamp.is_some() {
-                if self.expectations.lock().unwrap_or_else(|p| p.into_inner()).names(&plan.name_any()) {
+                if self.expectations.lock().unwrap_or_else(|p| p.into_inner()).names(&name) {
                     continue; // a record naming the plan is newer than the cache shows
                 }
                 if let Err(e) = self.finish_deletion(plan, &gpunodes).await {
@@ -587,8 +587,7 @@ impl Context {
                                              "spec": {"unschedulable": true}})),
                     )
                     .await;
-                let written = self.unless_unknown(&node, Written::Node, written).await?;
-                self.expect(&node, Written::Node, written.metadata.resource_version.as_deref());
+                self.recorded(&node, Written::Node, written).await?;
             }
             Action::Uncordon { node } => {
                 info!(%node, "uncordon");
@@ -600,8 +599,7 @@ impl Context {
                                              "spec": {"unschedulable": null}})),
                     )
                     .await;
-                let written = self.unless_unknown(&node, Written::Node, written).await?;
-                self.expect(&node, Written::Node, written.metadata.resource_version.as_deref());
+                self.recorded(&node, Written::Node, written).await?;
             }
             Action::Evict { node, namespace, pod } => {
                 return Ok(self.evict(&node, &namespace, &pod).await?.map(|why| (node, why)));
@@ -619,8 +617,7 @@ impl Context {
                 let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
                                   "spec": {"plan": plan, "gpus": gpus}});
                 let written = gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await;
-                let written = self.unless_unknown(&node, Written::GpuNode, written).await?;
-                self.expect(&node, Written::GpuNode, written.metadata.resource_version.as_deref());
+                self.recorded(&node, Written::GpuNode, written).await?;
             }
             Action::Completed { seconds, .. } => self.metrics.node_rolled_out(seconds),
             Action::AgentDown { node, message } => {
@@ -706,20 +703,23 @@ impl Context {
         let written = Api::<GpuNode>::all(self.client.clone())
             .patch_status(node, &pp, &Patch::Merge(rollout_patch(rollout)))
             .await;
-        let written = self.unless_unknown(node, Written::GpuNode, written).await?;
-        self.expect(node, Written::GpuNode, written.metadata.resource_version.as_deref());
+        self.recorded(node, Written::GpuNode, written).await?;
         if let Some(plan) = rollout.and_then(|r| r.plan.as_deref()) {
             self.expectations.lock().unwrap_or_else(|p| p.into_inner()).named(node, plan);
         }
         Ok(())
     }
 
-    /// A write that failed may still have been applied (a timeout, a reset connection): read the
-    /// object back and wait for the caches to show that version before deciding on the node
-    /// again. If the read fails too, the next pass decides from the caches as they are.
-    async fn unless_unknown<K>(&self, node: &str, object: Written, result: kube::Result<K>) -> Result<K, Error> {
+    /// Remembers the version a write returned, so the node waits until the caches show it. A
+    /// write that failed may still have been applied (a timeout, a reset connection): the object
+    /// is read back and that version waited for instead. If the read fails too, the next pass
+    /// decides from the caches as they are.
+    async fn recorded<K: Resource>(&self, node: &str, object: Written, result: kube::Result<K>) -> Result<K, Error> {
         let e = match result {
-            Ok(k) => return Ok(k),
+            Ok(k) => {
+                self.expect(node, object, k.meta().resource_version.as_deref());
+                return Ok(k);
+            }
             Err(e) => e,
         };
         let version = match object {

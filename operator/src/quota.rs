@@ -98,13 +98,22 @@ pub fn shares(spec: &TenantGpuQuotaSpec) -> BTreeMap<String, BTreeMap<String, i6
 
 /// What one GPU supplies per resource name: its MIG instances, or itself as a whole GPU.
 pub fn gpu_supply(g: &GpuState, out: &mut BTreeMap<String, i64>) {
+    supplied(g, |profile| *out.entry(resource_of(profile)).or_default() += 1);
+}
+
+/// Each slice one GPU supplies: `Some(profile)` per MIG instance, or `None` once for the GPU
+/// itself when MIG is off. The one rule behind [`gpu_supply`] and [`Capacity::of`].
+fn supplied<'a>(g: &'a GpuState, mut add: impl FnMut(Option<&'a str>)) {
     if g.mig_enabled {
-        for i in &g.instances {
-            *out.entry(catalog::mig_resource_name(&i.profile)).or_default() += 1;
-        }
+        g.instances.iter().for_each(|i| add(Some(i.profile.as_str())));
     } else {
-        *out.entry(GPU_RESOURCE.to_string()).or_default() += 1;
+        add(None);
     }
+}
+
+/// The resource name of a slice from [`supplied`].
+fn resource_of(profile: Option<&str>) -> String {
+    profile.map_or_else(|| GPU_RESOURCE.to_string(), catalog::mig_resource_name)
 }
 
 /// Slices (and whole GPUs) the applied layouts supply, per resource name, from the agents' reports.
@@ -126,21 +135,13 @@ impl Capacity {
         // Counted by the borrowed profile name first: naming the resource allocates, and a
         // fleet has a few profiles over many GPUs.
         let mut c = Capacity::default();
-        let mut profiles: crate::FastMap<&str, i64> = crate::FastMap::default();
-        let mut whole = 0;
+        let mut slices: crate::FastMap<Option<&str>, i64> = crate::FastMap::default();
         for g in gpunodes.into_iter().flat_map(|gn| gn.status.iter().flat_map(|s| s.gpus.iter())) {
-            if g.mig_enabled {
-                g.instances.iter().for_each(|i| *profiles.entry(i.profile.as_str()).or_default() += 1);
-            } else {
-                whole += 1;
-            }
+            supplied(g, |profile| *slices.entry(profile).or_default() += 1);
             c.whole_gpu_gb = c.whole_gpu_gb.max((g.memory_mib / 1024).max(0));
         }
-        for (profile, n) in profiles {
-            *c.supply.entry(catalog::mig_resource_name(profile)).or_default() += n;
-        }
-        if whole > 0 {
-            *c.supply.entry(GPU_RESOURCE.to_string()).or_default() += whole;
+        for (profile, n) in slices {
+            *c.supply.entry(resource_of(profile)).or_default() += n;
         }
         c
     }

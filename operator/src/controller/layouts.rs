@@ -96,13 +96,10 @@ impl Context {
             let mine: Vec<&GpuNode> = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any())).collect();
             let digest = auto::fleet_digest(mine.iter().copied());
             // A node whose cache lags our last write may be mid-change already.
-            let behind: BTreeSet<&str> =
-                nodes.iter().filter(|n| n.cache_behind && owned.contains(&n.name)).map(|n| n.name.as_str()).collect();
-            let in_flight = mine
+            let in_flight = nodes
                 .iter()
-                .filter(|g| in_flight(g) || behind.contains(g.metadata.name.as_deref().unwrap_or_default()))
-                .count()
-                + behind.iter().filter(|b| !mine.iter().any(|g| g.metadata.name.as_deref() == Some(**b))).count();
+                .filter(|n| owned.contains(&n.name) && (n.cache_behind || n.gpunode.as_deref().is_some_and(in_flight)))
+                .count();
             let blocked = blocked_targets(plan, nodes);
             let signature = format!("{:?}|{digest}|{:?}|{blocked}", demand, plan.metadata.generation);
             let held = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&name, signature);

@@ -127,6 +127,10 @@ impl ControlPlane {
             "--leader-elect=false".into(),
             "--controllers=disruption,replicaset,deployment,daemonset,garbagecollector,namespace,resourcequota,job,serviceaccount,nodelifecycle,clusterrole-aggregation".into(),
             "--concurrent-gc-syncs=5".into(),
+            // The default 20 requests/s untaints new nodes at about ten a second: minutes for a
+            // bench's thousands of kwok nodes, each change a Node event for every watcher.
+            "--kube-api-qps=200".into(),
+            "--kube-api-burst=400".into(),
             format!("--node-monitor-grace-period={}s", seconds + 10),
             "--v=1".into(),
         ])?;

@@ -33,7 +33,9 @@ use crate::expectations::{Expectations, Progress, Written};
 use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Action, NodeInput};
+use crate::slim::{SlimGpuNode, SlimNode};
 use crate::status::plan_status;
+use crate::wake::{self, Waker};
 
 /// Field manager of everything the operator writes.
 pub const MANAGER: &str = "tessera-operator";
@@ -70,8 +72,9 @@ pub fn node_of(action: &Action) -> &str {
     }
 }
 
-/// The cached `GpuNode`s of a pass by name (looked up once per node per pass: hashed).
-pub type GpuNodes = crate::FastMap<String, Arc<GpuNode>>;
+/// The cached `GpuNode`s of a pass by name (looked up once per node per pass: hashed), borrowed
+/// from the pass's snapshot of the cache: no name is copied.
+pub type GpuNodes<'a> = crate::FastMap<&'a str, &'a Arc<GpuNode>>;
 
 /// Whether a node's rollout record keeps a deleted plan's finalizer: the plan has the node mid-
 /// change or holds its cordon. A record at rest (`Idle`, `Pending`, `Failed` and uncordoned)
@@ -124,8 +127,9 @@ pub struct Context {
     stranded_memo: std::sync::Mutex<layouts::StrandedMemo>,
 }
 
-/// Starts the caches and returns the context plus a notifier that fires on every change.
-/// `fleet_changed` also fires on every `GpuNode` change (the quota controller's wake-up).
+/// Starts the caches and returns the context plus a notifier that fires on every change the
+/// rollout reads (see `wake`). `fleet_changed` fires when a `GpuNode`'s GPUs change (the quota
+/// controller's wake-up).
 pub async fn start(
     client: Client,
     evict_client: Client,
@@ -135,27 +139,47 @@ pub async fn start(
 ) -> (Arc<Context>, Arc<Notify>) {
     let changed = Arc::new(Notify::new());
     let all = watcher::Config::default;
-    let plans = watch_into_store(Api::<GpuPartitionPlan>::all(client.clone()), all(), changed.clone());
+    let plans = watch_into_store_waking(
+        Api::<GpuPartitionPlan>::all(client.clone()),
+        all(),
+        vec![Waker { notify: changed.clone(), differs: wake::plan_differs }],
+        trim_metadata,
+        Default::default(),
+    )
+    .0;
     // The quota controller reads the same GpuNodes (their capacity): one cache, woken both.
     let gpunodes_written = Arc::new(AtomicU64::new(0));
     let nodes_written = Arc::new(AtomicU64::new(0));
     let (gpunodes, gpunodes_progress) = watch_into_store_waking(
-        Api::<GpuNode>::all(client.clone()),
+        Api::<SlimGpuNode>::all(client.clone()),
         all(),
-        vec![changed.clone(), fleet_changed],
+        vec![Waker::always(changed.clone()), Waker { notify: fleet_changed, differs: wake::gpus_differ }],
         trim_metadata,
         gpunodes_written.clone(),
     );
     let (nodes, nodes_progress) = watch_into_store_waking(
-        Api::<Node>::all(client.clone()),
+        Api::<SlimNode>::all(client.clone()),
         all(),
-        vec![changed.clone()],
+        vec![Waker { notify: changed.clone(), differs: wake::node_differs }],
         trim_node,
         nodes_written.clone(),
     );
-    let leases =
-        watch_into_store(Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE), all(), changed.clone());
-    let quotas = watch_into_store(Api::<TenantGpuQuota>::all(client.clone()), all(), changed.clone());
+    let leases = watch_into_store_waking(
+        Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE),
+        all(),
+        vec![Waker { notify: changed.clone(), differs: wake::lease_differs }],
+        trim_metadata,
+        Default::default(),
+    )
+    .0;
+    let quotas = watch_into_store_waking(
+        Api::<TenantGpuQuota>::all(client.clone()),
+        all(),
+        vec![Waker { notify: changed.clone(), differs: wake::quota_differs }],
+        trim_metadata,
+        Default::default(),
+    )
+    .0;
     let recorder =
         Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance.clone()) });
     let ctx = Context {
@@ -209,45 +233,75 @@ where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    watch_into_store_waking(api, config, vec![changed], trim_metadata, Default::default()).0
+    watch_into_store_waking(api, config, vec![Waker::always(changed)], trim_metadata, Default::default()).0
 }
 
-/// [`watch_into_store`] that wakes several listeners and trims objects with `trim` first. Also
-/// returns how far the cache has got: the highest resourceVersion (an etcd revision) of the
+/// [`watch_into_store`] of objects decoded as `W` (a lighter form, see `slim`) and cached as
+/// `K`, trimmed with `trim`, waking each listener only on the changes it reads (see `wake`).
+/// Also returns how far the cache has got: the highest resourceVersion (an etcd revision) of the
 /// objects it holds or has seen deleted, raised only once the store has them (a re-list's
 /// objects count once the whole list is in). `written` is the newest version the operator has
 /// written to these objects: a re-list is read after it starts (the newest data, not a cache),
 /// so once in, it shows every write made before, even of objects deleted since.
-pub fn watch_into_store_waking<K>(
-    api: Api<K>,
+pub fn watch_into_store_waking<W, K>(
+    api: Api<W>,
     config: watcher::Config,
-    wake: Vec<Arc<Notify>>,
+    wake: Vec<Waker<K>>,
     trim: fn(&mut K),
     written: Arc<AtomicU64>,
 ) -> (Store<K>, Arc<AtomicU64>)
 where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    W: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static + Into<K>,
+    K: Resource + Clone + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
     let (store, writer) = reflector::store();
     let progress = Arc::new(AtomicU64::new(0));
     let seen = progress.clone();
+    let cached = store.clone();
     tokio::spawn(async move {
-        let watch = watcher(api, config).default_backoff().modify(trim);
+        let differs: Vec<fn(&K, &K) -> bool> = wake.iter().map(|w| w.differs).collect();
+        // Decided before the event reaches the store (compared with the cached version), acted
+        // on after it (a woken pass must find the change in the cache).
+        let mut pending = 0u64;
+        let decided = Arc::new(AtomicU64::new(0));
+        let decide = decided.clone();
+        let watch =
+            watcher(api, config).default_backoff().map_ok(|event| event_into::<W, K>(event)).modify(trim).inspect_ok(
+                move |ev| {
+                    let old = |k: &K| cached.get(&reflector::ObjectRef::from_obj(k));
+                    decide.store(wake::to_wake(ev, old, &differs), Ordering::Relaxed);
+                },
+            );
         let mut tracker = crate::expectations::WatchProgress::default();
         // After the reflector: by then the store holds what the event says.
-        let stream = reflector::reflector(writer, watch)
-            .inspect_ok(move |ev| tracker.observe(ev, &seen, &written))
-            .applied_objects();
+        let stream = reflector::reflector(writer, watch).inspect_ok(move |ev| tracker.observe(ev, &seen, &written));
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
-            if let Err(e) = ev {
-                warn!(error = %e, "watch error; retrying with backoff");
+            match ev {
+                Ok(_) => pending |= decided.swap(0, Ordering::Relaxed),
+                Err(e) => warn!(error = %e, "watch error; retrying with backoff"),
             }
-            wake.iter().for_each(|w| w.notify_one());
+            for (i, w) in wake.iter().enumerate() {
+                if pending & (1 << i) != 0 {
+                    w.notify.notify_one();
+                }
+            }
+            pending = 0;
         }
     });
     (store, progress)
+}
+
+/// A watch event of objects decoded as `W`, as one of `K`.
+fn event_into<W: Into<K>, K>(event: watcher::Event<W>) -> watcher::Event<K> {
+    match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(o.into()),
+        watcher::Event::Delete(o) => watcher::Event::Delete(o.into()),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(o.into()),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
 }
 
 impl Context {
@@ -295,7 +349,9 @@ impl Context {
             gpunodes: self.gpunodes_progress.load(Ordering::Acquire),
             nodes: self.nodes_progress.load(Ordering::Acquire),
         };
-        let gpunodes: GpuNodes = self.gpunodes.state().into_iter().map(|g| (g.name_any(), g)).collect();
+        let gpunode_list = self.gpunodes.state();
+        let gpunodes: GpuNodes =
+            gpunode_list.iter().map(|g| (g.metadata.name.as_deref().unwrap_or_default(), g)).collect();
         let lease_list = self.leases.state();
         let leases: crate::FastMap<&str, &Lease> =
             lease_list.iter().map(|l| (l.metadata.name.as_deref().unwrap_or_default(), &**l)).collect();
@@ -313,7 +369,7 @@ impl Context {
             for node in &nodes {
                 let name = node.name_any();
                 let agent = liveness.health(&name, leases.get(name.as_str()).copied(), now);
-                let gpunode = gpunodes.get(&name).cloned();
+                let gpunode = gpunodes.get(name.as_str()).map(|g| Arc::clone(g));
                 let gpunode_rv = gpunode.as_ref().and_then(|g| g.metadata.resource_version.as_deref());
                 let caught_up =
                     expectations.caught_up(&name, gpunode_rv, node.metadata.resource_version.as_deref(), progress);
@@ -487,7 +543,7 @@ impl Context {
         }
     }
 
-    fn set_phase_metrics(&self, gpunodes: &GpuNodes) {
+    fn set_phase_metrics(&self, gpunodes: &GpuNodes<'_>) {
         // A handful of phases: counted in a short list, named once each.
         let mut counts: Vec<(NodePhase, i64)> = Vec::new();
         for gn in gpunodes.values() {
@@ -572,8 +628,9 @@ impl Context {
 
     /// Executes one action; returns `(node, reason)` when an eviction was refused.
     async fn act(&self, action: Action) -> Result<Option<(String, String)>, Error> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let gns: Api<GpuNode> = Api::all(self.client.clone());
+        // Written through the slim types: a response is decoded without what is never read.
+        let nodes: Api<SlimNode> = Api::all(self.client.clone());
+        let gns: Api<SlimGpuNode> = Api::all(self.client.clone());
         match action {
             Action::Rollout { node, rollout } => self.write_rollout(&node, rollout.as_ref()).await?,
             Action::Cordon { node } => {
@@ -666,13 +723,15 @@ impl Context {
     /// and emits an Event when the reason changes.
     async fn record_drain_messages(
         &self,
-        gpunodes: &GpuNodes,
+        gpunodes: &GpuNodes<'_>,
         evicting: &BTreeMap<String, bool>,
         blocked: &BTreeMap<String, Vec<String>>,
     ) -> Vec<(String, String)> {
         let mut errors = Vec::new();
         for node in evicting.keys() {
-            let Some(mut r) = gpunodes.get(node).and_then(|g| g.status.as_ref()?.rollout.clone()) else { continue };
+            let Some(mut r) = gpunodes.get(node.as_str()).and_then(|g| g.status.as_ref()?.rollout.clone()) else {
+                continue;
+            };
             let message = blocked.get(node).map(|m| m.join("; ")).unwrap_or_default();
             if r.message == message {
                 continue;
@@ -700,7 +759,7 @@ impl Context {
     /// is four of a node's eight requests.
     async fn write_rollout(&self, node: &str, rollout: Option<&NodeRollout>) -> Result<(), Error> {
         let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
-        let written = Api::<GpuNode>::all(self.client.clone())
+        let written = Api::<SlimGpuNode>::all(self.client.clone())
             .patch_status(node, &pp, &Patch::Merge(rollout_patch(rollout)))
             .await;
         self.recorded(node, Written::GpuNode, written).await?;
@@ -772,7 +831,7 @@ impl Context {
 
     /// A deleted plan: once no node is mid-rollout for it any more, drop the finalizer. GPUs keep
     /// their layout; the nodes' intent simply stops naming the plan.
-    async fn finish_deletion(&self, plan: &GpuPartitionPlan, gpunodes: &GpuNodes) -> Result<(), Error> {
+    async fn finish_deletion(&self, plan: &GpuPartitionPlan, gpunodes: &GpuNodes<'_>) -> Result<(), Error> {
         let name = plan.name_any();
         // A GpuNode whose Node is gone cannot be released any more; it must not hold the plan.
         let nodes: std::collections::BTreeSet<String> = self.nodes.state().iter().map(|n| n.name_any()).collect();

@@ -18,7 +18,9 @@ pub mod rollout;
 pub mod run;
 pub mod selector;
 pub mod server;
+pub mod slim;
 pub mod status;
+pub mod wake;
 
 pub use error::Error;
 

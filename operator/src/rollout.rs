@@ -10,6 +10,7 @@
 //! fleet-wide problem stops the rollout instead of churning every node.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -167,7 +168,14 @@ pub struct Memo<'a> {
     same: crate::FastMap<(&'a str, &'a str), bool>,
     /// Keyed by the addresses of a `&'static` model and of a layout borrowed for `'a`.
     fits: crate::FastMap<(usize, usize), Result<(), String>>,
+    /// A plan's intent per node shape: keyed by the hash of (plan spec address, each GPU's index,
+    /// product and MIG capability), holding those parts to compare (no collision is trusted).
+    /// Nodes of a fleet share a few shapes, and building the intent allocated per node.
+    desired: crate::FastMap<u64, Vec<DesiredEntry<'a>>>,
 }
+
+/// One remembered intent: the plan spec's address, the GPUs' parts, the intent.
+type DesiredEntry<'a> = (usize, Vec<(i32, &'a str, bool)>, Result<Rc<Vec<GpuIntent>>, String>);
 
 impl<'a> Memo<'a> {
     fn lookup(&mut self, product: &'a str) -> Option<&'static GpuModel> {
@@ -191,6 +199,37 @@ impl<'a> Memo<'a> {
     fn model_of(&mut self, g: &'a GpuState) -> Option<&'static GpuModel> {
         self.lookup(&g.product)
             .or_else(|| (!g.profiles.is_empty()).then(|| catalog::model_from_table(&g.product, &g.profiles)))
+    }
+
+    /// [`desired_intent_with`], shared by the nodes whose GPUs look the same to the layouts. Only
+    /// for boards in the catalog: another board's geometry is read from its own profile table.
+    fn desired(&mut self, spec: &'a GpuPartitionPlanSpec, gpus: &'a [GpuState]) -> Result<Rc<Vec<GpuIntent>>, String> {
+        if !gpus.iter().all(|g| self.lookup(&g.product).is_some()) {
+            return desired_intent_with(spec, gpus, self).map(Rc::new);
+        }
+        let address = std::ptr::from_ref(spec) as usize;
+        let key = {
+            use std::hash::{BuildHasher, Hash, Hasher};
+            let mut h = foldhash::fast::FixedState::default().build_hasher();
+            address.hash(&mut h);
+            for g in gpus {
+                (g.index, g.product.as_str(), g.mig_capable).hash(&mut h);
+            }
+            h.finish()
+        };
+        let same = |parts: &[(i32, &str, bool)]| {
+            parts.len() == gpus.len()
+                && parts.iter().zip(gpus).all(|(p, g)| p.0 == g.index && p.1 == g.product && p.2 == g.mig_capable)
+        };
+        if let Some((_, _, known)) =
+            self.desired.get(&key).and_then(|b| b.iter().find(|(a, parts, _)| *a == address && same(parts)))
+        {
+            return known.clone();
+        }
+        let intent = desired_intent_with(spec, gpus, self).map(Rc::new);
+        let parts = gpus.iter().map(|g| (g.index, g.product.as_str(), g.mig_capable)).collect();
+        self.desired.entry(key).or_default().push((address, parts, intent.clone()));
+        intent
     }
 
     fn fit(&mut self, model: &'static GpuModel, layout: &'a GpuLayout) -> Result<(), String> {
@@ -447,9 +486,9 @@ fn plan_one<'a>(
             continue;
         };
         let wanted = match &plan.spec.layouts_from {
-            None => desired_intent_with(&plan.spec, &gn.status.as_ref().expect("checked").gpus, memo).map(Some),
+            None => memo.desired(&plan.spec, &gn.status.as_ref().expect("checked").gpus).map(Some),
             Some(_) => match crate::auto::desired_from(&targets, &node.name, gn) {
-                Ask::Target(d) | Ask::Finish(d) => Ok(Some(d)),
+                Ask::Target(d) | Ask::Finish(d) => Ok(Some(Rc::new(d))),
                 Ask::LeaveAlone => Ok(None),
                 Ask::Release => {
                     release(node, actions);
@@ -620,7 +659,7 @@ fn plan_one<'a>(
                     continue;
                 }
                 if evict.is_empty() && waiting.is_empty() && refused.is_empty() {
-                    actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.clone() });
+                    actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.to_vec() });
                     let applying = NodeRollout {
                         phase: NodePhase::Applying,
                         apply_started_at: Some(Time(now)),
@@ -688,13 +727,13 @@ fn plan_one<'a>(
                     finish(&n, r.cordoned_by_us, base, actions);
                     actions.push(event("Applied", format!("{n} has its new MIG layout"), false));
                 } else if let Some(why) =
-                    agent_stalled(gn).filter(|w| gn.spec.gpus == desired && w.starts_with("ResetRequired"))
+                    agent_stalled(gn).filter(|w| gn.spec.gpus == *desired && w.starts_with("ResetRequired"))
                 {
                     // Mid-change GPUs: keep the node cordoned and ask for the reset; the agent
                     // finishes by itself afterwards.
                     report.in_progress += 1;
                     report.reset_required.push(format!("{n}: {why}"));
-                } else if let Some(why) = agent_stalled(gn).filter(|_| gn.spec.gpus == desired) {
+                } else if let Some(why) = agent_stalled(gn).filter(|_| gn.spec.gpus == *desired) {
                     // Withdraw the hand-over (phase Failed) before the uncordon: from here the
                     // agent changes nothing disruptive on this schedulable node.
                     report.failed.push((n.clone(), why.clone()));
@@ -708,8 +747,8 @@ fn plan_one<'a>(
                     actions.push(event("Failed", format!("{n}: {why}"), true));
                 } else {
                     report.in_progress += 1;
-                    if gn.spec.gpus != desired {
-                        actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.clone() });
+                    if gn.spec.gpus != *desired {
+                        actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.to_vec() });
                     }
                     let since = match &r.apply_started_at {
                         Some(t) => t.0,

@@ -160,6 +160,18 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
         })
         .await;
     emulate_agents(admin.clone(), names.clone()).await;
+    // Measured on a settled cluster: new nodes carry the not-ready taint until the node
+    // lifecycle controller sees kwok's first heartbeat and removes it, one node at a time.
+    let settled = Instant::now();
+    wait_for("every node Ready and untainted", Duration::from_secs(1200), || async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let list = nodes.list(&Default::default()).await.ok()?.items;
+        let tainted =
+            list.iter().filter(|n| n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| !t.is_empty()));
+        (list.len() == n && tainted.count() == 0).then_some(())
+    })
+    .await?;
+    eprintln!("{n} nodes: the cluster settled in {:.0} s", settled.elapsed().as_secs_f64());
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let log = std::fs::File::create(cp.dir.join("logs/operator-bench.log"))?;
@@ -175,7 +187,17 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     })
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // The operator's cost with nothing to do (watch traffic, periodic passes): part of every
+    // rollout's CPU, and most of it for a small fleet.
+    let (idle0, _) = proc_stat(op.id());
+    let idle_passes = metric(port, "tessera_operator_reconciles_total");
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let (cpu0, _) = proc_stat(op.id());
+    let idle_passes = metric(port, "tessera_operator_reconciles_total") - idle_passes;
+    eprintln!(
+        "{n} nodes at rest: {:.1} ms of operator CPU per second, {idle_passes} passes in 5 s",
+        (cpu0 - idle0) * 1000.0 / 5.0
+    );
     let req0 = metric(port, "tessera_operator_api_requests_total");
     let passes0 = metric(port, "tessera_operator_reconciles_total");
     let behind0 = metric(port, "tessera_operator_nodes_cache_behind_total");

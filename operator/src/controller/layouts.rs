@@ -221,7 +221,7 @@ impl Context {
         &self,
         plans: &[GpuPartitionPlan],
         reports: &BTreeMap<String, crate::rollout::PlanReport>,
-        gpunodes: &super::GpuNodes,
+        gpunodes: &super::GpuNodes<'_>,
     ) -> BTreeMap<String, i64> {
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
         let everyone = auto::demand(quotas.iter(), 0);
@@ -242,7 +242,8 @@ impl Context {
             };
             let demanded: Vec<&String> = demand.iter().filter(|(_, n)| **n > 0).map(|(r, _)| r).collect();
             let demanded_key = hash_of(&demanded);
-            let mine = reports.get(&name).into_iter().flat_map(|r| r.nodes.iter()).filter_map(|n| gpunodes.get(n));
+            let mine =
+                reports.get(&name).into_iter().flat_map(|r| r.nodes.iter()).filter_map(|n| gpunodes.get(n.as_str()));
             let mut total: i64 = 0;
             for gn in mine {
                 // A GpuNode not written since the last pass counts as it did then.

@@ -984,3 +984,33 @@ fn a_node_no_plan_owns_is_not_released_while_its_cache_lags() {
     let (actions, _) = plan_fleet(&[], &[n1], now());
     assert!(actions.contains(&Action::Uncordon { node: "n1".into() }), "{actions:?}");
 }
+
+#[test]
+fn nodes_of_one_shape_share_one_intent_and_nothing_else_does() {
+    let gpu = |index: i32, product: &str, mig_capable: bool, uuid: &str| -> GpuState {
+        serde_json::from_value(json!({"index": index, "uuid": uuid, "product": product, "migCapable": mig_capable}))
+            .unwrap()
+    };
+    let spec = |profiles: serde_json::Value| -> GpuPartitionPlanSpec {
+        serde_json::from_value(json!({"nodeSelector": {}, "layouts": [
+            {"gpuProduct": "H100-80GB", "profiles": profiles},
+            {"gpuProduct": "A100-SXM4-40GB", "gpuIndices": [1], "profiles": {"7g.40gb": 1}}]}))
+        .unwrap()
+    };
+    let (three, seven) = (spec(json!({"3g.40gb": 2})), spec(json!({"7g.80gb": 1})));
+    let h100 = "NVIDIA H100 80GB HBM3";
+    let a = vec![gpu(0, h100, true, "GPU-a0")];
+    let b = vec![gpu(0, h100, true, "GPU-b0")];
+    let other_index = vec![gpu(1, h100, true, "GPU-c1")];
+    let not_capable = vec![gpu(0, h100, false, "GPU-d0")];
+    let unknown = vec![gpu(0, "Some Future GPU", true, "GPU-e0")];
+    let mut memo = Memo::default();
+    let first = memo.desired(&three, &a).unwrap();
+    let second = memo.desired(&three, &b).unwrap();
+    assert!(Rc::ptr_eq(&first, &second), "same shape (only the UUID differs): one intent, shared");
+    for (s, gpus) in [(&three, &a), (&seven, &a), (&three, &other_index), (&three, &not_capable), (&three, &unknown)] {
+        assert_eq!(memo.desired(s, gpus).map(|d| d.to_vec()), desired_intent(s, gpus), "{gpus:?}");
+    }
+    assert!(!Rc::ptr_eq(&first, &memo.desired(&seven, &a).unwrap()), "another plan's layouts: its own intent");
+    assert!(memo.desired(&three, &not_capable).is_err(), "not MIG capable is this shape's answer only");
+}

@@ -1,7 +1,8 @@
 //! The operator's control loop: observe (reflector caches plus the pods of draining nodes),
 //! plan (`rollout::plan_fleet`, pure), act (the small executor below), then one status write per
-//! plan. Level-triggered: a pass runs on every change and at least every two seconds, and every
-//! decision is re-derived from the API objects, so a restarted operator resumes where it stopped.
+//! plan. Level-triggered: a pass runs on every change it reads (see `wake`) and at least every two
+//! seconds, and every decision is re-derived from the API objects, so a restarted operator
+//! resumes where it stopped.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

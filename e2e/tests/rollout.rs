@@ -334,9 +334,17 @@ async fn equal_priority_plans_conflict_and_impossible_layouts_are_reported_not_a
         other => panic!("expected a 422 refusal, got {other:?}"),
     };
     assert!(msg.contains("2 x 4g.40gb requested, but one H100-80GB holds at most 1"), "{msg}");
+    // A pass may have run between the two creations (the periodic one, or under load), with
+    // `left` owning both nodes and cordoning one: the conflict releases it. Released means
+    // uncordoned, with no intent ever written.
     let nodes: Api<Node> = Api::all(admin.clone());
     for n in &f.nodes {
-        assert!(!nodes.get(n).await.unwrap().spec.unwrap().unschedulable.unwrap_or(false));
+        wait_for(&format!("{n} schedulable"), T, || async {
+            let node = nodes.get(n).await.ok()?;
+            (!node.spec?.unschedulable.unwrap_or(false)).then_some(())
+        })
+        .await
+        .unwrap();
         assert!(gns.get(n).await.unwrap().spec.gpus.is_empty());
     }
 }

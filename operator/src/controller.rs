@@ -227,7 +227,7 @@ pub fn trim_node(node: &mut Node) {
 }
 
 /// A cache of `api` kept current by a watch (with backoff) in the background; every change wakes
-/// `changed`. Objects are trimmed ([`trim_metadata`]) before they are cached. Shared by the
+/// `changed` (a re-list once, when it is complete). Objects are trimmed ([`trim_metadata`]) before they are cached. Shared by the
 /// rollout and quota controllers.
 pub fn watch_into_store<K>(api: Api<K>, config: watcher::Config, changed: Arc<Notify>) -> Store<K>
 where
@@ -259,39 +259,46 @@ where
     let (store, writer) = reflector::store();
     let progress = Arc::new(AtomicU64::new(0));
     let seen = progress.clone();
-    let cached = store.clone();
     tokio::spawn(async move {
-        let differs: Vec<fn(&K, &K) -> bool> = wake.iter().map(|w| w.differs).collect();
-        // Decided before the event reaches the store (compared with the cached version), acted
-        // on after it (a woken pass must find the change in the cache).
-        let mut pending = 0u64;
-        let decided = Arc::new(AtomicU64::new(0));
-        let decide = decided.clone();
-        let watch =
-            watcher(api, config).default_backoff().map_ok(|event| event_into::<W, K>(event)).modify(trim).inspect_ok(
-                move |ev| {
-                    let old = |k: &K| cached.get(&reflector::ObjectRef::from_obj(k));
-                    decide.store(wake::to_wake(ev, old, &differs), Ordering::Relaxed);
-                },
-            );
+        let differs = wake.iter().map(|w| w.differs).collect();
+        let events = watcher(api, config).default_backoff().map_ok(|event| event_into::<W, K>(event)).modify(trim);
         let mut tracker = crate::expectations::WatchProgress::default();
-        // After the reflector: by then the store holds what the event says.
-        let stream = reflector::reflector(writer, watch).inspect_ok(move |ev| tracker.observe(ev, &seen, &written));
+        let stream = store_deciding_wakes(events, writer, differs)
+            .inspect_ok(move |(ev, _)| tracker.observe(ev, &seen, &written));
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
-                Ok(_) => pending |= decided.swap(0, Ordering::Relaxed),
+                Ok((_, to_wake)) => {
+                    for (_, w) in wake.iter().enumerate().filter(|(i, _)| to_wake & (1 << i) != 0) {
+                        w.notify.notify_one();
+                    }
+                }
                 Err(e) => warn!(error = %e, "watch error; retrying with backoff"),
             }
-            for (i, w) in wake.iter().enumerate() {
-                if pending & (1 << i) != 0 {
-                    w.notify.notify_one();
-                }
-            }
-            pending = 0;
         }
     });
     (store, progress)
+}
+
+/// Stores each event of `events` in `writer`'s cache and yields it with the listeners it must
+/// wake (bit `i` for `differs[i]`, see `wake::to_wake`): decided against the version cached
+/// before the event is stored, yielded after it is, so a woken pass finds the change.
+pub fn store_deciding_wakes<K, S>(
+    events: S,
+    mut writer: reflector::store::Writer<K>,
+    differs: Vec<fn(&K, &K) -> bool>,
+) -> impl futures::Stream<Item = Result<(watcher::Event<K>, u64), watcher::Error>>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let cached = writer.as_reader();
+    events.map_ok(move |event| {
+        let to_wake = wake::to_wake(&event, |k| cached.get(&reflector::ObjectRef::from_obj(k)), &differs);
+        writer.apply_watcher_event(&event);
+        (event, to_wake)
+    })
 }
 
 /// A watch event of objects decoded as `W`, as one of `K`.
@@ -892,6 +899,43 @@ pub fn rollout_patch(rollout: Option<&NodeRollout>) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn wakes_are_decided_against_the_cached_version_and_yielded_once_it_is_stored() {
+        let node = |rv: &str, unschedulable: bool, taint: bool| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": "n1", "resourceVersion": rv},
+                "spec": {"unschedulable": unschedulable,
+                         "taints": if taint { json!([{"key": "k", "effect": "NoSchedule"}]) } else { json!([]) }}}))
+            .unwrap()
+        };
+        let events = vec![
+            watcher::Event::Init,
+            watcher::Event::InitApply(node("1", false, true)),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(node("2", false, false)), // a taint removed: not read by the rollout
+            watcher::Event::Apply(node("3", true, false)),  // a cordon
+            watcher::Event::Delete(node("3", true, false)),
+        ];
+        let (store, writer) = reflector::store::<Node>();
+        let differs: Vec<fn(&Node, &Node) -> bool> = vec![wake::node_differs, |_, _| true];
+        let stream = store_deciding_wakes(futures::stream::iter(events.into_iter().map(Ok)), writer, differs);
+        futures::pin_mut!(stream);
+        let mut seen = Vec::new();
+        while let Some(Ok((event, to_wake))) = stream.next().await {
+            // Yielded after the store has it: a woken pass reads the change.
+            let cached = store.get(&reflector::ObjectRef::new("n1")).and_then(|n| n.metadata.resource_version.clone());
+            seen.push((to_wake, cached));
+            if let watcher::Event::Delete(_) = event {
+                assert!(store.get(&reflector::ObjectRef::new("n1")).is_none());
+            }
+        }
+        let rv = |v: &str| Some(v.to_string());
+        assert_eq!(
+            seen,
+            vec![(0, None), (0, None), (0b11, rv("1")), (0b10, rv("2")), (0b11, rv("3")), (0b11, None)],
+            "Init and InitApply wake nobody, InitDone everyone; the taint wakes only the listener that reads all"
+        );
+    }
 
     #[test]
     fn only_a_node_mid_change_or_cordoned_holds_a_deleted_plan() {

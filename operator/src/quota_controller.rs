@@ -36,8 +36,8 @@ pub struct QuotaController {
     /// The rollout controller's cache (one cache of GpuNodes per process).
     gpunodes: Store<GpuNode>,
     changed: Arc<Notify>,
-    /// Fires on every GpuNode change: rollouts change GpuNodes often and capacity rarely, so
-    /// these wake a pass after a longer pause than changes to quotas and namespaces.
+    /// Fires when a GpuNode's reported GPUs change (not its rollout record: see `wake`); they
+    /// wake a pass after a longer pause than changes to quotas and namespaces.
     fleet_changed: Arc<Notify>,
 }
 

@@ -2,8 +2,9 @@
 //! change it does not read costs a walk over every node: kubelets (and kwok) rewrite each Node's
 //! status every few minutes, agents renew their Leases every few seconds, and the operator's own
 //! status writes come back as plan events. Those still reach the caches; they just do not start
-//! a pass. Passes also run every two seconds, so nothing waits longer than that for a change
-//! filtered out here (an agent's renewed Lease, say: liveness reads it at the next pass).
+//! a pass. A pass also starts two seconds after the last one ended, so a change filtered out here
+//! (an agent's renewed Lease, say: liveness reads it at the next pass) waits at most a pass and
+//! two seconds.
 
 use std::sync::Arc;
 
@@ -68,9 +69,12 @@ pub fn plan_differs(a: &GpuPartitionPlan, b: &GpuPartitionPlan) -> bool {
     metadata_differs(a, b) || a.spec != b.spec || decision(a) != decision(b)
 }
 
-/// Who holds an agent's Lease and for how long; a renewal alone is read at the next pass.
+/// Who holds an agent's Lease, for how long, and whether it was ever renewed (liveness reads a
+/// Lease without a renewal as an agent not responding); a renewal alone is read at the next pass.
 pub fn lease_differs(a: &Lease, b: &Lease) -> bool {
-    let holder = |l: &Lease| l.spec.as_ref().map(|s| (s.holder_identity.clone(), s.lease_duration_seconds));
+    let holder = |l: &Lease| {
+        l.spec.as_ref().map(|s| (s.holder_identity.clone(), s.lease_duration_seconds, s.renew_time.is_some()))
+    };
     metadata_differs(a, b) || holder(a) != holder(b)
 }
 
@@ -115,6 +119,8 @@ mod tests {
         let old = Arc::new(node(false, json!({"pool": "a"})));
         let mut heartbeat = node(false, json!({"pool": "a"}));
         heartbeat.metadata.resource_version = Some("2".into());
+        heartbeat.status =
+            Some(serde_json::from_value(json!({"conditions": [{"type": "Ready", "status": "True"}]})).unwrap());
         let differs: [fn(&Node, &Node) -> bool; 2] = [node_differs, |_, _| true];
         let cached = |_: &Node| Some(old.clone());
         assert_eq!(to_wake(&Event::Apply(heartbeat), cached, &differs), 0b10, "a status-only write wakes no pass");
@@ -158,6 +164,12 @@ mod tests {
         let old = lease("a", "2026-01-01T00:00:00.000000Z");
         assert!(!lease_differs(&old, &lease("a", "2026-01-01T00:00:10.000000Z")));
         assert!(lease_differs(&old, &lease("b", "2026-01-01T00:00:10.000000Z")));
+        let mut longer = lease("a", "2026-01-01T00:00:10.000000Z");
+        longer.spec.as_mut().unwrap().lease_duration_seconds = Some(60);
+        assert!(lease_differs(&old, &longer), "a new duration changes when the agent counts as down");
+        let mut never = old.clone();
+        never.spec.as_mut().unwrap().renew_time = None;
+        assert!(lease_differs(&never, &old), "a first renewal: the agent is alive");
     }
 
     #[test]

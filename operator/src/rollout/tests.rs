@@ -994,7 +994,8 @@ fn nodes_of_one_shape_share_one_intent_and_nothing_else_does() {
     let spec = |profiles: serde_json::Value| -> GpuPartitionPlanSpec {
         serde_json::from_value(json!({"nodeSelector": {}, "layouts": [
             {"gpuProduct": "H100-80GB", "profiles": profiles},
-            {"gpuProduct": "A100-SXM4-40GB", "gpuIndices": [1], "profiles": {"7g.40gb": 1}}]}))
+            {"gpuProduct": "A100-SXM4-40GB", "gpuIndices": [1], "profiles": {"7g.40gb": 1}},
+            {"gpuProduct": "Some Future GPU", "migEnabled": false}]}))
         .unwrap()
     };
     let (three, seven) = (spec(json!({"3g.40gb": 2})), spec(json!({"7g.80gb": 1})));
@@ -1013,4 +1014,9 @@ fn nodes_of_one_shape_share_one_intent_and_nothing_else_does() {
     }
     assert!(!Rc::ptr_eq(&first, &memo.desired(&seven, &a).unwrap()), "another plan's layouts: its own intent");
     assert!(memo.desired(&three, &not_capable).is_err(), "not MIG capable is this shape's answer only");
+    // A board outside the catalog is read from its own profile table, which may differ between
+    // nodes with the same product name: never shared.
+    let future = memo.desired(&three, &unknown).unwrap();
+    let other_future = memo.desired(&three, &[gpu(0, "Some Future GPU", true, "GPU-f0")]).unwrap();
+    assert!(!Rc::ptr_eq(&future, &other_future), "outside the catalog: worked out per node");
 }

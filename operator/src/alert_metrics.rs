@@ -95,6 +95,7 @@ mod tests {
             agent: AgentHealth::NotResponding { since: None },
             cordon_annotated: annotated.map(ts),
             cache_behind: false,
+            versions: None,
         }
     }
 

@@ -114,6 +114,8 @@ pub struct Context {
     pub quotas: Store<TenantGpuQuota>,
     /// Agents' heartbeats as observed pass after pass.
     pub liveness: std::sync::Mutex<Liveness>,
+    /// Each node's verdict of the last pass, reused while its inputs stay the same.
+    carry: std::sync::Mutex<rollout::Carry>,
     /// Our writes the caches have not shown yet: their nodes wait a pass.
     expectations: std::sync::Mutex<Expectations>,
     /// How far the GpuNode and Node caches have got (highest resourceVersion they hold).
@@ -195,6 +197,7 @@ pub async fn start(
         leases,
         quotas,
         liveness: Default::default(),
+        carry: Default::default(),
         expectations: Default::default(),
         gpunodes_progress,
         nodes_progress,
@@ -385,6 +388,7 @@ impl Context {
                     labels: node.labels(),
                     unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
                     cache_behind: !caught_up,
+                    versions: rollout::Versions::of(node.metadata.resource_version.as_deref(), gpunode.as_deref()),
                     gpunode,
                     pods: Ok(vec![]),
                     daemonsets: Default::default(),
@@ -424,12 +428,19 @@ impl Context {
         self.metrics.set_cordons(&cordoned_since, &cordon_limit);
         // While an automatic plan waits to decide again, no new node starts on the old decision
         // (as if paused; nodes in flight finish).
-        let (actions, mut reports) = if layouts.deciding.is_empty() {
-            rollout::plan_fleet(&plans, &inputs, now)
-        } else {
-            let mut held = plans.clone();
-            held.iter_mut().filter(|p| layouts.deciding.contains_key(&p.name_any())).for_each(|p| p.spec.paused = true);
-            rollout::plan_fleet(&held, &inputs, now)
+        let (actions, mut reports) = {
+            let mut carry = self.carry.lock().unwrap_or_else(|p| p.into_inner());
+            let planned = if layouts.deciding.is_empty() {
+                rollout::plan_fleet_with(&plans, &inputs, now, &mut carry)
+            } else {
+                let mut held = plans.clone();
+                held.iter_mut()
+                    .filter(|p| layouts.deciding.contains_key(&p.name_any()))
+                    .for_each(|p| p.spec.paused = true);
+                rollout::plan_fleet_with(&held, &inputs, now, &mut carry)
+            };
+            self.metrics.nodes_planned(carry.planned, carry.reused);
+            planned
         };
         drop(inputs);
         let fragmented = self.fragmented_slices(&plans, &reports, &gpunodes);

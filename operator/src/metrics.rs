@@ -86,6 +86,9 @@ pub struct Metrics {
     pub api_requests: Counter,
     /// Nodes a pass left alone because the caches did not show the operator's last write yet.
     cache_behind: Counter,
+    /// Nodes a pass planned in full, and nodes whose verdict of the pass before it reused.
+    nodes_planned: Counter,
+    nodes_reused: Counter,
     plan_stalled_since: GaugeSet<StalledPlan>,
     node_cordoned_since: GaugeSet<CordonedNode>,
     node_cordon_limit: GaugeSet<CordonedNode>,
@@ -104,6 +107,8 @@ impl Default for Metrics {
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             api_requests: Counter::default(),
             cache_behind: Counter::default(),
+            nodes_planned: Counter::default(),
+            nodes_reused: Counter::default(),
             rollout: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             fragmented: Family::default(),
             registry: Mutex::new(Registry::default()),
@@ -127,6 +132,12 @@ impl Default for Metrics {
             "nodes_cache_behind",
             "Nodes left for a pass because the caches did not show the operator's last write to them yet",
             m.cache_behind.clone(),
+        );
+        registry.register("nodes_planned", "Nodes a pass planned in full", m.nodes_planned.clone());
+        registry.register(
+            "nodes_reused",
+            "Nodes a pass did not plan again: their objects, agent and plans were as the pass before saw them",
+            m.nodes_reused.clone(),
         );
         registry.register(
             "node_rollout_duration_seconds",
@@ -173,6 +184,11 @@ impl Metrics {
 
     pub fn nodes_cache_behind(&self, n: usize) {
         self.cache_behind.inc_by(n as u64);
+    }
+
+    pub fn nodes_planned(&self, planned: usize, reused: usize) {
+        self.nodes_planned.inc_by(planned as u64);
+        self.nodes_reused.inc_by(reused as u64);
     }
 
     pub fn error(&self, kind: &str) {

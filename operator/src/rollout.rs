@@ -28,6 +28,10 @@ use crate::drain::{PodVerdict, verdict};
 use crate::liveness::AgentHealth;
 use crate::selector::matches;
 
+mod carry;
+use carry::Verdict;
+pub use carry::{Carry, Versions};
+
 /// One Kubernetes node as the planner sees it.
 #[derive(Debug, Clone)]
 pub struct NodeInput<'a> {
@@ -49,6 +53,10 @@ pub struct NodeInput<'a> {
     /// The caches do not show the operator's last write to this node yet (see `expectations`):
     /// nothing is decided on it this pass, and it counts as in flight.
     pub cache_behind: bool,
+    /// The versions (resourceVersions) of the cached Node and `GpuNode` this input was built
+    /// from: a pass reuses a node's verdict of the pass before while they are the same (see
+    /// [`Carry`]). `None`: never reused.
+    pub versions: Option<Versions>,
 }
 
 /// Set on a Node (to the time) in the same patch as Tessera's cordon and removed with the
@@ -343,6 +351,18 @@ pub fn plan_fleet(
     nodes: &[NodeInput<'_>],
     now: Timestamp,
 ) -> (Vec<Action>, BTreeMap<String, PlanReport>) {
+    plan_fleet_with(plans, nodes, now, &mut Carry::default())
+}
+
+/// [`plan_fleet`], reusing the verdicts `carry` kept from the pass before for nodes whose inputs
+/// have not changed, and keeping this pass's for the next. The result is the same.
+pub fn plan_fleet_with(
+    plans: &[GpuPartitionPlan],
+    nodes: &[NodeInput<'_>],
+    now: Timestamp,
+    carry: &mut Carry,
+) -> (Vec<Action>, BTreeMap<String, PlanReport>) {
+    carry.begin(plans, nodes.len());
     let live: Vec<&GpuPartitionPlan> = plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
     let mut reports: BTreeMap<String, PlanReport> =
         plans.iter().map(|p| (p.metadata.name.clone().unwrap_or_default(), PlanReport::default())).collect();
@@ -365,10 +385,26 @@ pub fn plan_fleet(
         }
     }
     // Ownership: highest priority wins; a tie at the top is a conflict and nobody acts.
-    let mut owned: BTreeMap<&str, Vec<&NodeInput<'_>>> = BTreeMap::new();
-    // Every node each plan's selector matches (its own or not), for checking the plan.
+    let mut owned: BTreeMap<&str, Vec<Owned<'_, '_>>> = BTreeMap::new();
+    // Every node each plan's selector matches (its own or not), for checking the plan. A node
+    // with a kept verdict is left out: it reports only boards of the catalog, which `validate`
+    // does not look at.
     let mut matched: BTreeMap<&str, Vec<&NodeInput<'_>>> = BTreeMap::new();
     for node in nodes {
+        let kept = carry.verdict(node);
+        match kept {
+            Some(Verdict::Unowned) => {
+                carry.reused += 1;
+                continue;
+            }
+            Some(Verdict::Updated(p) | Verdict::Waiting(p)) => {
+                if let Some(plan) = live.get(p) {
+                    owned.entry(plan.metadata.name.as_deref().unwrap_or_default()).or_default().push((node, kept));
+                    continue;
+                }
+            }
+            None => {}
+        }
         let mut top: Option<i32> = None;
         let mut winners: Vec<&str> = Vec::new();
         for p in live.iter().filter(|p| matches(&p.spec.node_selector, node.labels)) {
@@ -384,35 +420,63 @@ pub fn plan_fleet(
             }
         }
         match winners.as_slice() {
-            [] => release(node, &mut actions),
-            [one] => owned.entry(*one).or_default().push(node),
+            [] => {
+                let before = actions.len();
+                release(node, &mut actions);
+                carry.planned += 1;
+                carry.remember(node, (actions.len() == before).then_some(Verdict::Unowned));
+            }
+            [one] => owned.entry(*one).or_default().push((node, None)),
             many => {
                 for p in many {
                     let others = many.iter().filter(|o| *o != p).map(|o| o.to_string()).collect();
                     reports.get_mut(*p).expect("every plan has a report").conflicts.insert(node.name.clone(), others);
                 }
                 release(node, &mut actions);
+                carry.planned += 1;
+                carry.remember(node, None);
             }
         }
     }
     let mut memo = Memo::default();
-    for plan in &live {
+    for (index, plan) in live.iter().enumerate() {
         let name = plan.metadata.name.as_deref().unwrap_or_default();
         let owned = owned.remove(name).unwrap_or_default();
         let report = reports.get_mut(name).expect("every plan has a report");
-        report.nodes = owned.iter().map(|n| n.name.clone()).collect();
+        report.nodes = owned.iter().map(|(n, _)| n.name.clone()).collect();
         report.invalid_spec = validate(plan, matched.get(name).map(Vec::as_slice).unwrap_or_default(), &mut memo);
         if !report.invalid_spec.is_empty() {
             // It still owns its nodes (a typo must not hand them to a lower-priority plan), but
             // acts on none: in-flight nodes are released once their agent is done.
-            for node in owned {
+            for (node, _) in owned {
                 release(node, &mut actions);
+                carry.planned += 1;
+                carry.remember(node, None);
             }
             continue;
         }
-        plan_one(plan, &owned, now, &mut actions, report, &mut memo);
+        plan_one(plan, &owned, now, &mut actions, report, &mut memo, Keep { carry: &mut *carry, plan: index });
     }
     (actions, reports)
+}
+
+/// A node a plan owns, with the verdict kept for it from the pass before.
+type Owned<'n, 'a> = (&'n NodeInput<'a>, Option<Verdict>);
+
+/// Where a plan's pass keeps its nodes' verdicts: the carry, and the plan's index among the live.
+struct Keep<'c> {
+    carry: &'c mut Carry,
+    plan: usize,
+}
+
+/// A node a plan may change this pass.
+enum Candidate<'n, 'a> {
+    /// Kept from the pass before: at rest with the plan's layout.
+    Updated,
+    /// Kept from the pass before: waiting for a slot.
+    Waiting(&'n NodeInput<'a>),
+    /// Planned in full: the node, its `GpuNode`, the intent the plan asks for.
+    Full(&'n NodeInput<'a>, &'n Arc<GpuNode>, Rc<Vec<GpuIntent>>),
 }
 
 /// The live plans of top priority that match a node: one owns it; several conflict.
@@ -464,50 +528,99 @@ fn failed_here(r: &NodeRollout, plan: &str, generation: Option<i64>) -> bool {
     r.plan_generation == generation && r.plan.as_deref() == Some(plan)
 }
 
+/// Whether every GPU of the node is a board of the catalog (`validate` reads only the others).
+fn catalogued<'a>(gn: &'a GpuNode, memo: &mut Memo<'a>) -> bool {
+    gn.status.iter().flat_map(|s| s.gpus.iter()).all(|g| memo.lookup(&g.product).is_some())
+}
+
+/// What a plan wants of a node it owns.
+enum Want<'a> {
+    /// A change to plan: the node's `GpuNode` and the intent.
+    Change(&'a Arc<GpuNode>, Rc<Vec<GpuIntent>>),
+    /// Nothing: an automatic plan's decision leaves the node as it is.
+    LeftAlone,
+    /// Nothing it can do (no report yet, no layout that fits): reported, and the node released.
+    Skipped,
+}
+
+fn want<'a>(
+    plan: &'a GpuPartitionPlan,
+    targets: &crate::FastMap<&str, &tessera_crds::plan::NodeTarget>,
+    node: &'a NodeInput<'_>,
+    actions: &mut Vec<Action>,
+    report: &mut PlanReport,
+    memo: &mut Memo<'a>,
+) -> Want<'a> {
+    let Some(gn) = node.gpunode.as_ref().filter(|g| g.status.as_ref().is_some_and(|s| !s.gpus.is_empty())) else {
+        report.skipped.insert(node.name.clone(), "waiting for the node agent to report its GPUs".into());
+        report.waiting_for_agents += 1;
+        return Want::Skipped;
+    };
+    let wanted = match &plan.spec.layouts_from {
+        None => memo.desired(&plan.spec, &gn.status.as_ref().expect("checked").gpus).map(Some),
+        Some(_) => match crate::auto::desired_from(targets, &node.name, gn) {
+            Ask::Target(d) | Ask::Finish(d) => Ok(Some(Rc::new(d))),
+            Ask::LeaveAlone => Ok(None),
+            Ask::Release => {
+                release(node, actions);
+                Ok(None)
+            }
+        },
+    };
+    match wanted {
+        Ok(Some(desired)) => Want::Change(gn, desired),
+        Ok(None) => Want::LeftAlone,
+        Err(reason) => {
+            if reason.contains("does not fit") {
+                report.invalid.push(format!("{}: {reason}", node.name));
+            }
+            report.skipped.insert(node.name.clone(), reason);
+            release(node, actions);
+            Want::Skipped
+        }
+    }
+}
+
 fn plan_one<'a>(
     plan: &'a GpuPartitionPlan,
-    nodes: &[&'a NodeInput<'_>],
+    nodes: &[Owned<'a, '_>],
     now: Timestamp,
     actions: &mut Vec<Action>,
     report: &mut PlanReport,
     memo: &mut Memo<'a>,
+    keep: Keep<'_>,
 ) {
+    let Keep { carry, plan: index } = keep;
     let name = plan.metadata.name.clone().unwrap_or_default();
     let generation = plan.metadata.generation;
     let policy = &plan.spec.rollout;
     let mut candidates = Vec::new();
+    let mut is_candidate = vec![true; nodes.len()];
     let mut untouched = 0;
     // Nodes whose cached objects lag our own last write: in flight until the caches catch up.
     let targets = crate::auto::targets_of(plan);
-    for node in nodes {
-        let Some(gn) = node.gpunode.as_ref().filter(|g| g.status.as_ref().is_some_and(|s| !s.gpus.is_empty())) else {
-            report.skipped.insert(node.name.clone(), "waiting for the node agent to report its GPUs".into());
-            report.waiting_for_agents += 1;
-            continue;
-        };
-        let wanted = match &plan.spec.layouts_from {
-            None => memo.desired(&plan.spec, &gn.status.as_ref().expect("checked").gpus).map(Some),
-            Some(_) => match crate::auto::desired_from(&targets, &node.name, gn) {
-                Ask::Target(d) | Ask::Finish(d) => Ok(Some(Rc::new(d))),
-                Ask::LeaveAlone => Ok(None),
-                Ask::Release => {
-                    release(node, actions);
-                    Ok(None)
-                }
-            },
-        };
-        match wanted {
-            Ok(Some(desired)) => candidates.push((*node, gn, desired)),
-            // An automatic plan leaves alone the nodes its decision does not change.
-            Ok(None) => untouched += 1,
-            Err(reason) => {
-                if reason.contains("does not fit") {
-                    report.invalid.push(format!("{}: {reason}", node.name));
-                }
-                report.skipped.insert(node.name.clone(), reason);
-                release(node, actions);
+    for (i, &(node, kept)) in nodes.iter().enumerate() {
+        match kept {
+            Some(Verdict::Updated(_)) => {
+                candidates.push(Candidate::Updated);
+                continue;
             }
+            Some(Verdict::Waiting(_)) => {
+                candidates.push(Candidate::Waiting(node));
+                continue;
+            }
+            Some(Verdict::Unowned) | None => {}
         }
+        let want = want(plan, &targets, node, actions, report, memo);
+        if let Want::Change(gn, desired) = want {
+            candidates.push(Candidate::Full(node, gn, desired));
+            continue;
+        }
+        // An automatic plan leaves alone the nodes its decision does not change.
+        untouched += usize::from(matches!(want, Want::LeftAlone));
+        is_candidate[i] = false;
+        carry.planned += 1;
+        carry.remember(node, None);
     }
     report.matched = (candidates.len() + untouched) as i32;
     report.updated += untouched as i32;
@@ -515,273 +628,321 @@ fn plan_one<'a>(
     let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched).unwrap_or(1);
     // Owned nodes that are not candidates (no report, no layout that fits any more) still count
     // while in flight: they are still cordoned.
-    let candidate_names: crate::FastSet<&str> = candidates.iter().map(|(n, _, _)| n.name.as_str()).collect();
     let others_in_flight = nodes
         .iter()
-        .filter(|n| !candidate_names.contains(n.name.as_str()))
-        .filter(|n| {
+        .zip(&is_candidate)
+        .filter(|(_, candidate)| !**candidate)
+        .filter(|((n, _), _)| {
             n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).is_some_and(|r| in_flight(r.phase))
         })
         .count();
-    // A node whose cache lags our last write counts as in flight whatever the cache shows.
+    // A node whose cache lags our last write counts as in flight whatever the cache shows. A
+    // kept verdict is of a node at rest, which does not count.
     let mut busy = others_in_flight
         + candidates
             .iter()
-            .filter(|(node, gn, desired)| node.cache_behind || unavailable(node, gn, desired, &name, generation))
+            .filter(|c| match c {
+                Candidate::Full(node, gn, desired) => {
+                    node.cache_behind || unavailable(node, gn, desired, &name, generation)
+                }
+                Candidate::Updated | Candidate::Waiting(_) => false,
+            })
             .count();
     report.budget = budget as i32;
     let drain_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
     let apply_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.apply_timeout_seconds.max(0));
-    for (node, gn, desired) in candidates {
-        // A node whose cache lags our last write is planned and reported as its cache shows
-        // (so the plan's conditions do not flap), but what it would do is thrown away: it is
-        // decided again once the caches show the write.
-        let mut discarded = Vec::new();
-        let actions: &mut Vec<Action> = if node.cache_behind { &mut discarded } else { &mut *actions };
-        let current = gn.status.as_ref().and_then(|s| s.rollout.as_ref());
-        if current.is_some_and(|c| {
-            c.phase == NodePhase::Idle && c.plan.as_deref() == Some(name.as_str()) && c.plan_generation == generation
-        }) && applied(gn, &desired)
-        {
-            // At rest with this plan's layout, and its record says so: nothing to do or copy.
-            report.updated += 1;
-            continue;
-        }
-        let n = node.name.clone();
-        let mut r = current.cloned().unwrap_or_default();
-        let event = |reason: &'static str, message: String, warning: bool| Action::Event {
-            plan: name.clone(),
-            node: n.clone(),
-            reason,
-            message,
-            warning,
-        };
-        match r.phase {
-            NodePhase::Idle | NodePhase::Pending | NodePhase::Failed => {
-                if r.phase == NodePhase::Failed && r.cordoned_by_us {
-                    if node.unschedulable {
-                        actions.push(Action::Uncordon { node: n.clone() });
-                    }
-                    r.cordoned_by_us = false;
-                    actions.push(Action::Rollout { node: n.clone(), rollout: Some(r.clone()) });
-                    if node.unschedulable {
-                        // Decide on this node again once the uncordon is seen: starting it now
-                        // would read the stale `unschedulable` and never cordon it.
-                        if failed_here(&r, &name, generation) {
-                            report.failed.push((n.clone(), r.message.clone()));
-                        } else {
-                            report.pending += 1;
-                        }
-                        continue;
-                    }
-                }
-                // Built after the flag above is cleared: a stale `cordonedByUs` must never be
-                // written back (it could later uncordon a node an admin cordoned).
-                let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
-                if applied(gn, &desired) {
-                    report.updated += 1;
-                    if r.phase != NodePhase::Idle || r.plan.as_deref() != Some(&name) || r.plan_generation != generation
-                    {
-                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(idle(base)) });
-                    }
-                    continue;
-                }
-                if r.phase == NodePhase::Failed && failed_here(&r, &name, generation) {
-                    report.failed.push((n.clone(), r.message.clone()));
-                    continue;
-                }
-                if node.agent != AgentHealth::Alive {
-                    // Never start a node whose agent cannot take the hand-over.
-                    report.unresponsive.push(format!("{n}: {} (not started)", node.agent.describe()));
-                    continue;
-                }
-                if busy < budget && !plan.spec.paused {
-                    busy += 1;
-                    report.in_progress += 1;
-                    let rollout = NodeRollout {
-                        phase: NodePhase::Draining,
-                        cordoned_by_us: !node.unschedulable,
-                        drain_started_at: Some(Time(now)),
-                        apply_started_at: None,
-                        message: String::new(),
-                        ..base
-                    };
-                    actions.push(Action::Rollout { node: n.clone(), rollout: Some(rollout) });
-                    let message = if node.unschedulable {
-                        format!("draining GPU pods from {n} (already cordoned)")
-                    } else {
-                        actions.push(Action::Cordon { node: n.clone() });
-                        format!("cordoned {n} and draining its GPU pods to change its MIG layout")
-                    };
-                    actions.push(event("DrainStarted", message, false));
-                } else if node.cache_behind {
-                    // Most likely just started by the write the cache has not shown yet.
-                    report.in_progress += 1;
-                } else {
-                    report.pending += 1;
-                    // A node at rest waits without a write: at 5,000 nodes one `Pending` record
-                    // per waiting node was a tenth of a rollout's requests, all in its first
-                    // pass. The plan's status counts the waiting nodes. A `Failed` record of an
-                    // earlier generation is still replaced, so it is not read as this one's.
-                    if r.phase == NodePhase::Failed {
-                        let pending = NodeRollout { phase: NodePhase::Pending, message: String::new(), ..base };
-                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(pending) });
-                    }
-                }
-            }
-            NodePhase::Draining => {
-                let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
-                report.in_progress += 1;
-                let pods = match &node.pods {
-                    Ok(pods) => pods,
-                    Err(e) => {
-                        report.drain_blocked.push(format!("{n}: could not list its pods: {e}"));
-                        continue;
-                    }
-                };
-                let (mut evict, mut waiting, mut refused) = (Vec::new(), Vec::new(), Vec::new());
-                for p in pods {
-                    let ns = p.metadata.namespace.clone().unwrap_or_default();
-                    let pod = p.metadata.name.clone().unwrap_or_default();
-                    match verdict(p, policy, &node.daemonsets) {
-                        PodVerdict::Evict => evict.push((ns, pod)),
-                        PodVerdict::Wait => waiting.push((ns, pod)),
-                        PodVerdict::Refuse(why) => refused.push(why),
-                        PodVerdict::Skip(_) => {}
-                    }
-                }
-                if !node.unschedulable {
-                    // Never hand over a schedulable node: someone uncordoned it mid-drain (or our
-                    // view is stale). Cordon it (again) as ours and decide next pass.
-                    let ours = NodeRollout { cordoned_by_us: true, ..base };
-                    actions.push(Action::Rollout { node: n.clone(), rollout: Some(ours) });
-                    actions.push(Action::Cordon { node: n.clone() });
-                    continue;
-                }
-                if evict.is_empty() && waiting.is_empty() && refused.is_empty() {
-                    actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.to_vec() });
-                    let applying = NodeRollout {
-                        phase: NodePhase::Applying,
-                        apply_started_at: Some(Time(now)),
-                        message: String::new(),
-                        ..base
-                    };
-                    actions.push(Action::Rollout { node: n.clone(), rollout: Some(applying) });
-                    actions.push(event("Applying", format!("{n} drained; handed to its node agent"), false));
-                    continue;
-                }
-                let started = r.drain_started_at.as_ref().map(|t| t.0).unwrap_or(now);
-                let timed_out = policy.drain_timeout_seconds > 0 && now.duration_since(started) > drain_timeout;
-                if !r.message.is_empty() {
-                    report.drain_blocked.push(format!("{n}: {}", r.message));
-                }
-                for why in &refused {
-                    report.drain_blocked.push(format!("{n}: {why}"));
-                }
-                if !refused.is_empty() {
-                    // Like kubectl drain: evict nothing while a pod refuses, since the drain
-                    // cannot finish (and force must not break other pods' budgets for nothing).
-                    if timed_out {
-                        report.drain_timeouts.push(format!(
-                            "{n}: drain exceeded {}s with {} pod(s) left ({})",
-                            policy.drain_timeout_seconds,
-                            evict.len() + waiting.len() + refused.len(),
-                            refused.join("; ")
-                        ));
-                    }
-                    continue;
-                }
-                let force = timed_out && policy.force_after_timeout;
-                if timed_out && !force {
-                    report.drain_timeouts.push(format!(
-                        "{n}: drain exceeded {}s with {} pod(s) left{}",
-                        policy.drain_timeout_seconds,
-                        evict.len() + waiting.len(),
-                        if r.message.is_empty() { String::new() } else { format!(" ({})", r.message) }
-                    ));
-                }
-                if force {
-                    // Terminating pods too: a long grace period or a dead kubelet must not hold
-                    // a drain the plan asked to force.
-                    for (namespace, pod) in evict.into_iter().chain(waiting) {
-                        actions.push(Action::ForceDelete { node: n.clone(), namespace, pod });
-                    }
-                } else {
-                    for (namespace, pod) in evict {
-                        actions.push(Action::Evict { node: n.clone(), namespace, pod });
-                    }
-                }
-            }
-            NodePhase::Applying => {
-                let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
-                if applied(gn, &desired) {
-                    report.updated += 1;
-                    actions.push(Action::Rollout {
-                        node: n.clone(),
-                        rollout: Some(NodeRollout { phase: NodePhase::Uncordoning, ..base.clone() }),
-                    });
-                    if let Some(started) = &r.drain_started_at {
-                        let seconds = now.duration_since(started.0).as_secs_f64().max(0.0);
-                        actions.push(Action::Completed { node: n.clone(), seconds });
-                    }
-                    finish(&n, r.cordoned_by_us, base, actions);
-                    actions.push(event("Applied", format!("{n} has its new MIG layout"), false));
-                } else if let Some(why) =
-                    agent_stalled(gn).filter(|w| gn.spec.gpus == *desired && w.starts_with("ResetRequired"))
-                {
-                    // Mid-change GPUs: keep the node cordoned and ask for the reset; the agent
-                    // finishes by itself afterwards.
-                    report.in_progress += 1;
-                    report.reset_required.push(format!("{n}: {why}"));
-                } else if let Some(why) = agent_stalled(gn).filter(|_| gn.spec.gpus == *desired) {
-                    // Withdraw the hand-over (phase Failed) before the uncordon: from here the
-                    // agent changes nothing disruptive on this schedulable node.
-                    report.failed.push((n.clone(), why.clone()));
-                    let failed = NodeRollout { phase: NodePhase::Failed, message: why.clone(), ..base };
-                    actions.push(Action::Rollout { node: n.clone(), rollout: Some(failed.clone()) });
-                    if r.cordoned_by_us {
-                        actions.push(Action::Uncordon { node: n.clone() });
-                        let released = NodeRollout { cordoned_by_us: false, ..failed };
-                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(released) });
-                    }
-                    actions.push(event("Failed", format!("{n}: {why}"), true));
-                } else {
-                    report.in_progress += 1;
-                    if gn.spec.gpus != *desired {
-                        actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.to_vec() });
-                    }
-                    let since = match &r.apply_started_at {
-                        Some(t) => t.0,
-                        None => {
-                            let stamped = NodeRollout { apply_started_at: Some(Time(now)), ..base };
-                            actions.push(Action::Rollout { node: n.clone(), rollout: Some(stamped) });
-                            now
-                        }
-                    };
-                    // What the agent says while it works (a retried driver error, say).
-                    let progress = agent_condition(gn, RECONCILING);
-                    if node.agent != AgentHealth::Alive {
-                        report.unresponsive.push(format!(
-                            "{n}: {} (applying since {since}; the node stays cordoned until the agent is back)",
-                            node.agent.describe()
-                        ));
-                    } else if policy.apply_timeout_seconds > 0 && now.duration_since(since) > apply_timeout {
-                        report.apply_timeouts.push(format!(
-                            "{n}: applying since {since}, over {}s{}",
-                            policy.apply_timeout_seconds,
-                            progress.as_ref().map(|p| format!("; the agent says {p}")).unwrap_or_default()
-                        ));
-                    } else if let Some(p) = progress {
-                        report.agent_progress.push(format!("{n}: {p}"));
-                    }
-                }
-            }
-            NodePhase::Uncordoning => {
-                let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
+    for candidate in candidates {
+        let (node, gn, desired) = match candidate {
+            Candidate::Updated => {
                 report.updated += 1;
-                finish(&n, r.cordoned_by_us, base, actions);
+                carry.reused += 1;
+                continue;
+            }
+            Candidate::Waiting(_) if busy >= budget || plan.spec.paused => {
+                report.pending += 1;
+                carry.reused += 1;
+                continue;
+            }
+            // A slot is free: the waiting node is planned in full.
+            Candidate::Waiting(node) => match want(plan, &targets, node, actions, report, memo) {
+                Want::Change(gn, desired) => (node, gn, desired),
+                // Not expected (its inputs made it a candidate before); planned in full next pass.
+                Want::LeftAlone | Want::Skipped => {
+                    carry.remember(node, None);
+                    continue;
+                }
+            },
+            Candidate::Full(node, gn, desired) => (node, gn, desired),
+        };
+        carry.planned += 1;
+        let before = (actions.len(), report.updated, report.pending, report.in_progress);
+        'node: {
+            // A node whose cache lags our last write is planned and reported as its cache shows
+            // (so the plan's conditions do not flap), but what it would do is thrown away: it is
+            // decided again once the caches show the write.
+            let mut discarded = Vec::new();
+            let actions: &mut Vec<Action> = if node.cache_behind { &mut discarded } else { &mut *actions };
+            let current = gn.status.as_ref().and_then(|s| s.rollout.as_ref());
+            if current.is_some_and(|c| {
+                c.phase == NodePhase::Idle
+                    && c.plan.as_deref() == Some(name.as_str())
+                    && c.plan_generation == generation
+            }) && applied(gn, &desired)
+            {
+                // At rest with this plan's layout, and its record says so: nothing to do or copy.
+                report.updated += 1;
+                break 'node;
+            }
+            let n = node.name.clone();
+            let mut r = current.cloned().unwrap_or_default();
+            let event = |reason: &'static str, message: String, warning: bool| Action::Event {
+                plan: name.clone(),
+                node: n.clone(),
+                reason,
+                message,
+                warning,
+            };
+            match r.phase {
+                NodePhase::Idle | NodePhase::Pending | NodePhase::Failed => {
+                    if r.phase == NodePhase::Failed && r.cordoned_by_us {
+                        if node.unschedulable {
+                            actions.push(Action::Uncordon { node: n.clone() });
+                        }
+                        r.cordoned_by_us = false;
+                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(r.clone()) });
+                        if node.unschedulable {
+                            // Decide on this node again once the uncordon is seen: starting it now
+                            // would read the stale `unschedulable` and never cordon it.
+                            if failed_here(&r, &name, generation) {
+                                report.failed.push((n.clone(), r.message.clone()));
+                            } else {
+                                report.pending += 1;
+                            }
+                            break 'node;
+                        }
+                    }
+                    // Built after the flag above is cleared: a stale `cordonedByUs` must never be
+                    // written back (it could later uncordon a node an admin cordoned).
+                    let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
+                    if applied(gn, &desired) {
+                        report.updated += 1;
+                        if r.phase != NodePhase::Idle
+                            || r.plan.as_deref() != Some(&name)
+                            || r.plan_generation != generation
+                        {
+                            actions.push(Action::Rollout { node: n.clone(), rollout: Some(idle(base)) });
+                        }
+                        break 'node;
+                    }
+                    if r.phase == NodePhase::Failed && failed_here(&r, &name, generation) {
+                        report.failed.push((n.clone(), r.message.clone()));
+                        break 'node;
+                    }
+                    if node.agent != AgentHealth::Alive {
+                        // Never start a node whose agent cannot take the hand-over.
+                        report.unresponsive.push(format!("{n}: {} (not started)", node.agent.describe()));
+                        break 'node;
+                    }
+                    if busy < budget && !plan.spec.paused {
+                        busy += 1;
+                        report.in_progress += 1;
+                        let rollout = NodeRollout {
+                            phase: NodePhase::Draining,
+                            cordoned_by_us: !node.unschedulable,
+                            drain_started_at: Some(Time(now)),
+                            apply_started_at: None,
+                            message: String::new(),
+                            ..base
+                        };
+                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(rollout) });
+                        let message = if node.unschedulable {
+                            format!("draining GPU pods from {n} (already cordoned)")
+                        } else {
+                            actions.push(Action::Cordon { node: n.clone() });
+                            format!("cordoned {n} and draining its GPU pods to change its MIG layout")
+                        };
+                        actions.push(event("DrainStarted", message, false));
+                    } else if node.cache_behind {
+                        // Most likely just started by the write the cache has not shown yet.
+                        report.in_progress += 1;
+                    } else {
+                        report.pending += 1;
+                        // A node at rest waits without a write: at 5,000 nodes one `Pending` record
+                        // per waiting node was a tenth of a rollout's requests, all in its first
+                        // pass. The plan's status counts the waiting nodes. A `Failed` record of an
+                        // earlier generation is still replaced, so it is not read as this one's.
+                        if r.phase == NodePhase::Failed {
+                            let pending = NodeRollout { phase: NodePhase::Pending, message: String::new(), ..base };
+                            actions.push(Action::Rollout { node: n.clone(), rollout: Some(pending) });
+                        }
+                    }
+                }
+                NodePhase::Draining => {
+                    let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
+                    report.in_progress += 1;
+                    let pods = match &node.pods {
+                        Ok(pods) => pods,
+                        Err(e) => {
+                            report.drain_blocked.push(format!("{n}: could not list its pods: {e}"));
+                            break 'node;
+                        }
+                    };
+                    let (mut evict, mut waiting, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+                    for p in pods {
+                        let ns = p.metadata.namespace.clone().unwrap_or_default();
+                        let pod = p.metadata.name.clone().unwrap_or_default();
+                        match verdict(p, policy, &node.daemonsets) {
+                            PodVerdict::Evict => evict.push((ns, pod)),
+                            PodVerdict::Wait => waiting.push((ns, pod)),
+                            PodVerdict::Refuse(why) => refused.push(why),
+                            PodVerdict::Skip(_) => {}
+                        }
+                    }
+                    if !node.unschedulable {
+                        // Never hand over a schedulable node: someone uncordoned it mid-drain (or our
+                        // view is stale). Cordon it (again) as ours and decide next pass.
+                        let ours = NodeRollout { cordoned_by_us: true, ..base };
+                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(ours) });
+                        actions.push(Action::Cordon { node: n.clone() });
+                        break 'node;
+                    }
+                    if evict.is_empty() && waiting.is_empty() && refused.is_empty() {
+                        actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.to_vec() });
+                        let applying = NodeRollout {
+                            phase: NodePhase::Applying,
+                            apply_started_at: Some(Time(now)),
+                            message: String::new(),
+                            ..base
+                        };
+                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(applying) });
+                        actions.push(event("Applying", format!("{n} drained; handed to its node agent"), false));
+                        break 'node;
+                    }
+                    let started = r.drain_started_at.as_ref().map(|t| t.0).unwrap_or(now);
+                    let timed_out = policy.drain_timeout_seconds > 0 && now.duration_since(started) > drain_timeout;
+                    if !r.message.is_empty() {
+                        report.drain_blocked.push(format!("{n}: {}", r.message));
+                    }
+                    for why in &refused {
+                        report.drain_blocked.push(format!("{n}: {why}"));
+                    }
+                    if !refused.is_empty() {
+                        // Like kubectl drain: evict nothing while a pod refuses, since the drain
+                        // cannot finish (and force must not break other pods' budgets for nothing).
+                        if timed_out {
+                            report.drain_timeouts.push(format!(
+                                "{n}: drain exceeded {}s with {} pod(s) left ({})",
+                                policy.drain_timeout_seconds,
+                                evict.len() + waiting.len() + refused.len(),
+                                refused.join("; ")
+                            ));
+                        }
+                        break 'node;
+                    }
+                    let force = timed_out && policy.force_after_timeout;
+                    if timed_out && !force {
+                        report.drain_timeouts.push(format!(
+                            "{n}: drain exceeded {}s with {} pod(s) left{}",
+                            policy.drain_timeout_seconds,
+                            evict.len() + waiting.len(),
+                            if r.message.is_empty() { String::new() } else { format!(" ({})", r.message) }
+                        ));
+                    }
+                    if force {
+                        // Terminating pods too: a long grace period or a dead kubelet must not hold
+                        // a drain the plan asked to force.
+                        for (namespace, pod) in evict.into_iter().chain(waiting) {
+                            actions.push(Action::ForceDelete { node: n.clone(), namespace, pod });
+                        }
+                    } else {
+                        for (namespace, pod) in evict {
+                            actions.push(Action::Evict { node: n.clone(), namespace, pod });
+                        }
+                    }
+                }
+                NodePhase::Applying => {
+                    let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
+                    if applied(gn, &desired) {
+                        report.updated += 1;
+                        actions.push(Action::Rollout {
+                            node: n.clone(),
+                            rollout: Some(NodeRollout { phase: NodePhase::Uncordoning, ..base.clone() }),
+                        });
+                        if let Some(started) = &r.drain_started_at {
+                            let seconds = now.duration_since(started.0).as_secs_f64().max(0.0);
+                            actions.push(Action::Completed { node: n.clone(), seconds });
+                        }
+                        finish(&n, r.cordoned_by_us, base, actions);
+                        actions.push(event("Applied", format!("{n} has its new MIG layout"), false));
+                    } else if let Some(why) =
+                        agent_stalled(gn).filter(|w| gn.spec.gpus == *desired && w.starts_with("ResetRequired"))
+                    {
+                        // Mid-change GPUs: keep the node cordoned and ask for the reset; the agent
+                        // finishes by itself afterwards.
+                        report.in_progress += 1;
+                        report.reset_required.push(format!("{n}: {why}"));
+                    } else if let Some(why) = agent_stalled(gn).filter(|_| gn.spec.gpus == *desired) {
+                        // Withdraw the hand-over (phase Failed) before the uncordon: from here the
+                        // agent changes nothing disruptive on this schedulable node.
+                        report.failed.push((n.clone(), why.clone()));
+                        let failed = NodeRollout { phase: NodePhase::Failed, message: why.clone(), ..base };
+                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(failed.clone()) });
+                        if r.cordoned_by_us {
+                            actions.push(Action::Uncordon { node: n.clone() });
+                            let released = NodeRollout { cordoned_by_us: false, ..failed };
+                            actions.push(Action::Rollout { node: n.clone(), rollout: Some(released) });
+                        }
+                        actions.push(event("Failed", format!("{n}: {why}"), true));
+                    } else {
+                        report.in_progress += 1;
+                        if gn.spec.gpus != *desired {
+                            actions.push(Action::Intent {
+                                node: n.clone(),
+                                plan: name.clone(),
+                                gpus: desired.to_vec(),
+                            });
+                        }
+                        let since = match &r.apply_started_at {
+                            Some(t) => t.0,
+                            None => {
+                                let stamped = NodeRollout { apply_started_at: Some(Time(now)), ..base };
+                                actions.push(Action::Rollout { node: n.clone(), rollout: Some(stamped) });
+                                now
+                            }
+                        };
+                        // What the agent says while it works (a retried driver error, say).
+                        let progress = agent_condition(gn, RECONCILING);
+                        if node.agent != AgentHealth::Alive {
+                            report.unresponsive.push(format!(
+                                "{n}: {} (applying since {since}; the node stays cordoned until the agent is back)",
+                                node.agent.describe()
+                            ));
+                        } else if policy.apply_timeout_seconds > 0 && now.duration_since(since) > apply_timeout {
+                            report.apply_timeouts.push(format!(
+                                "{n}: applying since {since}, over {}s{}",
+                                policy.apply_timeout_seconds,
+                                progress.as_ref().map(|p| format!("; the agent says {p}")).unwrap_or_default()
+                            ));
+                        } else if let Some(p) = progress {
+                            report.agent_progress.push(format!("{n}: {p}"));
+                        }
+                    }
+                }
+                NodePhase::Uncordoning => {
+                    let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
+                    report.updated += 1;
+                    finish(&n, r.cordoned_by_us, base, actions);
+                }
             }
         }
+        // Kept for the next pass: a verdict with no action, at rest (updated) or waiting.
+        let quiet = actions.len() == before.0 && report.in_progress == before.3 && catalogued(gn, memo);
+        let verdict = match (report.updated - before.1, report.pending - before.2) {
+            (1, 0) if quiet => Some(Verdict::Updated(index)),
+            (0, 1) if quiet => Some(Verdict::Waiting(index)),
+            _ => None,
+        };
+        carry.remember(node, verdict);
     }
     report.unavailable = busy as i32;
 }

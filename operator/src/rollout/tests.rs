@@ -54,6 +54,20 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput<'static> {
         agent: AgentHealth::Alive,
         cordon_annotated: None,
         cache_behind: false,
+        versions: None,
+    }
+}
+
+mod kept;
+
+/// Versions that change with what the planner reads of a node (its content hashed), as
+/// resourceVersions change with every write.
+fn versions_of(x: &NodeInput<'_>) -> Versions {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let hash = |v: String| BuildHasherDefault::<DefaultHasher>::default().hash_one(v);
+    Versions {
+        node: hash(format!("{:?}{:?}{:?}", x.labels, x.unschedulable, x.cordon_annotated)),
+        gpunode: x.gpunode.as_ref().map(|g| hash(serde_json::to_string(&**g).unwrap())),
     }
 }
 
@@ -252,6 +266,10 @@ struct Sim {
     real_unschedulable: Vec<bool>,
     /// When set, each node's actions of a round may stop early (a failed call, a crash).
     rng: Option<u64>,
+    /// The verdicts kept between rounds: every round is planned both with them and afresh.
+    carry: Carry,
+    /// Node verdicts reused over all rounds.
+    reused: usize,
 }
 
 impl Sim {
@@ -265,6 +283,8 @@ impl Sim {
             pre_cordoned: nodes.iter().filter(|x| x.unschedulable).map(|x| x.name.clone()).collect(),
             real_unschedulable: nodes.iter().map(|x| x.unschedulable).collect(),
             rng: None,
+            carry: Carry::default(),
+            reused: 0,
             nodes,
             held: vec![vec![]; n],
             kinds,
@@ -299,7 +319,17 @@ impl Sim {
 
     fn round(&mut self) -> PlanReport {
         let before = self.unavailable();
+        for x in &mut self.nodes {
+            x.versions = Some(versions_of(x));
+        }
         let (actions, reports) = plan_fleet(&self.plans, &self.nodes, now());
+        let kept = plan_fleet_with(&self.plans, &self.nodes, now(), &mut self.carry);
+        assert_eq!(
+            (&kept.0, &kept.1),
+            (&actions, &reports),
+            "the verdicts kept from the round before changed the plan"
+        );
+        self.reused += self.carry.reused;
         let mut starts = 0;
         // Per node, a failed call or a crash may cut its ordered actions short.
         let mut cut: BTreeMap<String, usize> = BTreeMap::new();

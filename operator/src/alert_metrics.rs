@@ -47,7 +47,7 @@ pub fn cordons(
         let (true, Some(started)) = (ours, started) else { continue };
         let plan = rollout.and_then(|r| r.plan.clone()).unwrap_or_default();
         let policy = specs.get(plan.as_str()).map(|s| &s.rollout).unwrap_or(&default_policy);
-        let key = CordonedNode { node: n.name.clone(), plan };
+        let key = CordonedNode { node: n.name.to_string(), plan };
         if policy.apply_timeout_seconds > 0 {
             limit.insert(key.clone(), policy.drain_timeout_seconds.saturating_add(policy.apply_timeout_seconds));
         }
@@ -86,7 +86,7 @@ mod tests {
             .into()
         });
         NodeInput {
-            name: name.into(),
+            name: name.to_string().leak(),
             labels: &NO_LABELS,
             unschedulable,
             gpunode,

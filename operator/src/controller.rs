@@ -372,18 +372,23 @@ impl Context {
         {
             let mut liveness = self.liveness.lock().unwrap_or_else(|p| p.into_inner());
             let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
+            // Nodes and leases that are gone are forgotten: looked up from the few remembered
+            // (expectations are of recent writes), or only once the leases are fewer than the
+            // heartbeats remembered (a lease created again under a deleted one's name gets a new
+            // renewal time, and with it a fresh grace period, either way).
             if !expectations.is_empty() {
-                let present: crate::FastSet<&str> = nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
-                expectations.retain(|n| present.contains(n));
+                expectations.retain(|n| self.nodes.get(&reflector::ObjectRef::new(n)).is_some());
             }
-            liveness.retain_keys(&leases);
+            if liveness.len() > leases.len() {
+                liveness.retain_keys(&leases);
+            }
             for node in &nodes {
-                let name = node.name_any();
-                let agent = liveness.health(&name, leases.get(name.as_str()).copied(), now);
-                let gpunode = gpunodes.get(name.as_str()).map(|g| Arc::clone(g));
+                let name = node.metadata.name.as_deref().unwrap_or_default();
+                let agent = liveness.health(name, leases.get(name).copied(), now);
+                let gpunode = gpunodes.get(name).map(|g| Arc::clone(g));
                 let gpunode_rv = gpunode.as_ref().and_then(|g| g.metadata.resource_version.as_deref());
                 let caught_up =
-                    expectations.caught_up(&name, gpunode_rv, node.metadata.resource_version.as_deref(), progress);
+                    expectations.caught_up(name, gpunode_rv, node.metadata.resource_version.as_deref(), progress);
                 inputs.push(NodeInput {
                     labels: node.labels(),
                     unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
@@ -413,7 +418,7 @@ impl Context {
             .collect();
         let listed: Vec<(usize, _)> = futures::stream::iter(draining)
             .map(|i| {
-                let name = inputs[i].name.clone();
+                let name = inputs[i].name.to_string();
                 async move { (i, self.pods_on(&name).await) }
             })
             .buffer_unordered(NODES_IN_PARALLEL)
@@ -442,8 +447,10 @@ impl Context {
             self.metrics.nodes_planned(carry.planned, carry.reused);
             planned
         };
+        let fragmented = self.fragmented_slices(&plans, &reports, &inputs);
+        // The nodes by position (as the reports name them), borrowed from the cached Nodes.
+        let names: Vec<&str> = inputs.iter().map(|n| n.name).collect();
         drop(inputs);
-        let fragmented = self.fragmented_slices(&plans, &reports, &gpunodes);
         self.metrics.set_fragmented(&fragmented);
         for (name, report) in reports.iter_mut() {
             report.deciding = layouts.deciding.remove(name);
@@ -511,8 +518,11 @@ impl Context {
         }
         self.set_phase_metrics(&gpunodes);
         for report in reports.values_mut() {
-            for node in &report.nodes {
-                if let Some(e) = node_errors.get(node) {
+            if node_errors.is_empty() {
+                continue;
+            }
+            for node in report.nodes.iter().filter_map(|&i| names.get(i)) {
+                if let Some(e) = node_errors.get(*node) {
                     report.errors.push(format!("{node}: {e}"));
                 }
             }

@@ -80,6 +80,15 @@ impl Liveness {
         self.seen.retain(|k, _| present.contains(k));
     }
 
+    /// How many leases are remembered.
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
+
     /// Forgets leases that are not keys of `present` (the pass's leases by name).
     pub fn retain_keys<V, S: std::hash::BuildHasher>(&mut self, present: &HashMap<&str, V, S>) {
         self.seen.retain(|k, _| present.contains_key(k.as_str()));

@@ -35,7 +35,8 @@ pub use carry::{Carry, Versions};
 /// One Kubernetes node as the planner sees it.
 #[derive(Debug, Clone)]
 pub struct NodeInput<'a> {
-    pub name: String,
+    /// Borrowed from the cached Node, as its labels are.
+    pub name: &'a str,
     /// Borrowed from the cached Node: a pass copies no labels.
     pub labels: &'a BTreeMap<String, String>,
     pub unschedulable: bool,
@@ -149,8 +150,9 @@ pub struct PlanReport {
     /// the budget: when they meet, no new node starts.
     pub unavailable: i32,
     pub budget: i32,
-    /// The nodes this plan owns, to attribute API errors to it.
-    pub nodes: Vec<String>,
+    /// The nodes this plan owns (their positions among the pass's nodes), to attribute API
+    /// errors and stranded slices to it.
+    pub nodes: Vec<usize>,
     /// Automatic plans: whether the decision meets the quotas' demand (met, reason, message).
     pub demand: Option<(bool, &'static str, String)>,
     /// Automatic plans: a change seen but not decided on yet (filled in by the controller).
@@ -371,7 +373,7 @@ pub fn plan_fleet_with(
         if let (AgentHealth::NotResponding { .. }, Some(gn)) = (&node.agent, &node.gpunode) {
             let ready = gn.status.as_ref().and_then(|s| conditions::find(&s.conditions, READY));
             if ready.is_some_and(|c| c.status != "Unknown") {
-                actions.push(Action::AgentDown { node: node.name.clone(), message: node.agent.describe() });
+                actions.push(Action::AgentDown { node: node.name.to_string(), message: node.agent.describe() });
             }
         }
     }
@@ -381,7 +383,7 @@ pub fn plan_fleet_with(
         let old = now.duration_since(at).as_secs() > ORPHANED_CORDON_AFTER_SECS;
         if old && !record.is_some_and(|r| r.cordoned_by_us) {
             // Our cordon, but its record is gone (the GpuNode was deleted or re-registered).
-            actions.push(Action::Uncordon { node: node.name.clone() });
+            actions.push(Action::Uncordon { node: node.name.to_string() });
         }
     }
     // Ownership: highest priority wins; a tie at the top is a conflict and nobody acts.
@@ -390,7 +392,7 @@ pub fn plan_fleet_with(
     // with a kept verdict is left out: it reports only boards of the catalog, which `validate`
     // does not look at.
     let mut matched: BTreeMap<&str, Vec<&NodeInput<'_>>> = BTreeMap::new();
-    for node in nodes {
+    for (position, node) in nodes.iter().enumerate() {
         let kept = carry.verdict(node);
         match kept {
             Some(Verdict::Unowned) => {
@@ -399,7 +401,7 @@ pub fn plan_fleet_with(
             }
             Some(Verdict::Updated(p) | Verdict::Waiting(p)) => {
                 if let Some(plan) = live.get(p) {
-                    owned.entry(plan.metadata.name.as_deref().unwrap_or_default()).or_default().push((node, kept));
+                    owned.entry(plan.metadata.name.as_deref().unwrap_or_default()).or_default().push((position, node, kept));
                     continue;
                 }
             }
@@ -426,11 +428,11 @@ pub fn plan_fleet_with(
                 carry.planned += 1;
                 carry.remember(node, (actions.len() == before).then_some(Verdict::Unowned));
             }
-            [one] => owned.entry(*one).or_default().push((node, None)),
+            [one] => owned.entry(*one).or_default().push((position, node, None)),
             many => {
                 for p in many {
                     let others = many.iter().filter(|o| *o != p).map(|o| o.to_string()).collect();
-                    reports.get_mut(*p).expect("every plan has a report").conflicts.insert(node.name.clone(), others);
+                    reports.get_mut(*p).expect("every plan has a report").conflicts.insert(node.name.to_string(), others);
                 }
                 release(node, &mut actions);
                 carry.planned += 1;
@@ -443,12 +445,12 @@ pub fn plan_fleet_with(
         let name = plan.metadata.name.as_deref().unwrap_or_default();
         let owned = owned.remove(name).unwrap_or_default();
         let report = reports.get_mut(name).expect("every plan has a report");
-        report.nodes = owned.iter().map(|(n, _)| n.name.clone()).collect();
+        report.nodes = owned.iter().map(|(position, _, _)| *position).collect();
         report.invalid_spec = validate(plan, matched.get(name).map(Vec::as_slice).unwrap_or_default(), &mut memo);
         if !report.invalid_spec.is_empty() {
             // It still owns its nodes (a typo must not hand them to a lower-priority plan), but
             // acts on none: in-flight nodes are released once their agent is done.
-            for (node, _) in owned {
+            for (_, node, _) in owned {
                 release(node, &mut actions);
                 carry.planned += 1;
                 carry.remember(node, None);
@@ -460,8 +462,9 @@ pub fn plan_fleet_with(
     (actions, reports)
 }
 
-/// A node a plan owns, with the verdict kept for it from the pass before.
-type Owned<'n, 'a> = (&'n NodeInput<'a>, Option<Verdict>);
+/// A node a plan owns (its position among the pass's nodes, the node), with the verdict kept
+/// for it from the pass before.
+type Owned<'n, 'a> = (usize, &'n NodeInput<'a>, Option<Verdict>);
 
 /// Where a plan's pass keeps its nodes' verdicts: the carry, and the plan's index among the live.
 struct Keep<'c> {
@@ -506,11 +509,11 @@ fn release(node: &NodeInput<'_>, actions: &mut Vec<Action>) {
         if r.phase == NodePhase::Applying {
             // Withdraw the hand-over before the uncordon, so a late agent changes nothing.
             let withdrawn = NodeRollout { phase: NodePhase::Pending, ..r.clone() };
-            actions.push(Action::Rollout { node: node.name.clone(), rollout: Some(withdrawn) });
+            actions.push(Action::Rollout { node: node.name.to_string(), rollout: Some(withdrawn) });
         }
-        actions.push(Action::Uncordon { node: node.name.clone() });
+        actions.push(Action::Uncordon { node: node.name.to_string() });
     }
-    actions.push(Action::Rollout { node: node.name.clone(), rollout: None });
+    actions.push(Action::Rollout { node: node.name.to_string(), rollout: None });
 }
 
 /// Whether a node counts against `maxUnavailable` for `plan_generation`: in flight, failed for
@@ -552,13 +555,13 @@ fn want<'a>(
     memo: &mut Memo<'a>,
 ) -> Want<'a> {
     let Some(gn) = node.gpunode.as_ref().filter(|g| g.status.as_ref().is_some_and(|s| !s.gpus.is_empty())) else {
-        report.skipped.insert(node.name.clone(), "waiting for the node agent to report its GPUs".into());
+        report.skipped.insert(node.name.to_string(), "waiting for the node agent to report its GPUs".into());
         report.waiting_for_agents += 1;
         return Want::Skipped;
     };
     let wanted = match &plan.spec.layouts_from {
         None => memo.desired(&plan.spec, &gn.status.as_ref().expect("checked").gpus).map(Some),
-        Some(_) => match crate::auto::desired_from(targets, &node.name, gn) {
+        Some(_) => match crate::auto::desired_from(targets, node.name, gn) {
             Ask::Target(d) | Ask::Finish(d) => Ok(Some(Rc::new(d))),
             Ask::LeaveAlone => Ok(None),
             Ask::Release => {
@@ -574,7 +577,7 @@ fn want<'a>(
             if reason.contains("does not fit") {
                 report.invalid.push(format!("{}: {reason}", node.name));
             }
-            report.skipped.insert(node.name.clone(), reason);
+            report.skipped.insert(node.name.to_string(), reason);
             release(node, actions);
             Want::Skipped
         }
@@ -599,7 +602,7 @@ fn plan_one<'a>(
     let mut untouched = 0;
     // Nodes whose cached objects lag our own last write: in flight until the caches catch up.
     let targets = crate::auto::targets_of(plan);
-    for (i, &(node, kept)) in nodes.iter().enumerate() {
+    for (i, &(_, node, kept)) in nodes.iter().enumerate() {
         match kept {
             Some(Verdict::Updated(_)) => {
                 candidates.push(Candidate::Updated);
@@ -632,7 +635,7 @@ fn plan_one<'a>(
         .iter()
         .zip(&is_candidate)
         .filter(|(_, candidate)| !**candidate)
-        .filter(|((n, _), _)| {
+        .filter(|((_, n, _), _)| {
             n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).is_some_and(|r| in_flight(r.phase))
         })
         .count();
@@ -693,7 +696,7 @@ fn plan_one<'a>(
                 report.updated += 1;
                 break 'node;
             }
-            let n = node.name.clone();
+            let n = node.name.to_string();
             let mut r = current.cloned().unwrap_or_default();
             let event = |reason: &'static str, message: String, warning: bool| Action::Event {
                 plan: name.clone(),

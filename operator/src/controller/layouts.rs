@@ -85,7 +85,7 @@ impl Context {
         let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for n in nodes {
             if let [one] = contenders(&live_refs, n.labels).as_slice() {
-                owners.entry(one.clone()).or_default().insert(n.name.clone());
+                owners.entry(one.clone()).or_default().insert(n.name.to_string());
             }
         }
         for plan in plans.iter_mut().filter(|p| p.metadata.deletion_timestamp.is_none()) {
@@ -98,7 +98,7 @@ impl Context {
             // A node whose cache lags our last write may be mid-change already.
             let in_flight = nodes
                 .iter()
-                .filter(|n| owned.contains(&n.name) && (n.cache_behind || n.gpunode.as_deref().is_some_and(in_flight)))
+                .filter(|n| owned.contains(n.name) && (n.cache_behind || n.gpunode.as_deref().is_some_and(in_flight)))
                 .count();
             let blocked = blocked_targets(plan, nodes);
             let signature = format!("{:?}|{digest}|{:?}|{blocked}", demand, plan.metadata.generation);
@@ -140,7 +140,7 @@ impl Context {
         // Nodes that cannot take a change now: agent down, mid-change, or failed.
         let frozen: BTreeSet<String> = nodes
             .iter()
-            .filter(|n| owned.contains(&n.name))
+            .filter(|n| owned.contains(n.name))
             .filter(|n| {
                 let phase = n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).map(|r| r.phase);
                 n.agent != AgentHealth::Alive
@@ -149,7 +149,7 @@ impl Context {
                         Some(NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning | NodePhase::Failed)
                     )
             })
-            .map(|n| n.name.clone())
+            .map(|n| n.name.to_string())
             .collect();
         let (p, d, g, o, w) = (
             plan.clone(),
@@ -221,7 +221,7 @@ impl Context {
         &self,
         plans: &[GpuPartitionPlan],
         reports: &BTreeMap<String, crate::rollout::PlanReport>,
-        gpunodes: &super::GpuNodes<'_>,
+        nodes: &[NodeInput<'_>],
     ) -> BTreeMap<String, i64> {
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
         let everyone = auto::demand(quotas.iter(), 0);
@@ -230,7 +230,7 @@ impl Context {
         if by_gpu.len() > 10_000 {
             by_gpu.clear();
         }
-        if by_node.len() > 2 * gpunodes.len() + 1_000 {
+        if by_node.len() > 2 * nodes.len() + 1_000 {
             by_node.clear();
         }
         let mut out = BTreeMap::new();
@@ -242,8 +242,11 @@ impl Context {
             };
             let demanded: Vec<&String> = demand.iter().filter(|(_, n)| **n > 0).map(|(r, _)| r).collect();
             let demanded_key = hash_of(&demanded);
-            let mine =
-                reports.get(&name).into_iter().flat_map(|r| r.nodes.iter()).filter_map(|n| gpunodes.get(n.as_str()));
+            let mine = reports
+                .get(&name)
+                .into_iter()
+                .flat_map(|r| r.nodes.iter())
+                .filter_map(|&i| nodes.get(i)?.gpunode.as_ref());
             let mut total: i64 = 0;
             for gn in mine {
                 // A GpuNode not written since the last pass counts as it did then.
@@ -315,7 +318,7 @@ fn in_flight(gn: &GpuNode) -> bool {
 fn blocked_targets(plan: &GpuPartitionPlan, nodes: &[NodeInput<'_>]) -> usize {
     let Some(d) = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref()) else { return 0 };
     let name = plan.name_any();
-    let by_name: crate::FastMap<&str, &NodeInput<'_>> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let by_name: crate::FastMap<&str, &NodeInput<'_>> = nodes.iter().map(|n| (n.name, n)).collect();
     d.targets
         .iter()
         .filter_map(|t| by_name.get(t.node.as_str()).map(|n| (t, *n)))

@@ -100,7 +100,7 @@ impl Carry {
         if node.cache_behind || node.agent != crate::liveness::AgentHealth::Alive || node.cordon_annotated.is_some() {
             return None;
         }
-        self.nodes.get(&node.name).filter(|r| r.versions == versions).map(|r| r.verdict)
+        self.nodes.get(node.name).filter(|r| r.versions == versions).map(|r| r.verdict)
     }
 
     /// Keeps (or forgets) what a node planned in full came to.
@@ -111,15 +111,15 @@ impl Carry {
                     && node.agent == crate::liveness::AgentHealth::Alive
                     && node.cordon_annotated.is_none() =>
             {
-                match self.nodes.get_mut(&node.name) {
+                match self.nodes.get_mut(node.name) {
                     Some(r) => *r = Remembered { versions, verdict },
                     None => {
-                        self.nodes.insert(node.name.clone(), Remembered { versions, verdict });
+                        self.nodes.insert(node.name.to_string(), Remembered { versions, verdict });
                     }
                 }
             }
             _ => {
-                self.nodes.remove(&node.name);
+                self.nodes.remove(node.name);
             }
         }
     }

@@ -45,7 +45,8 @@ static POOL_A: std::sync::LazyLock<BTreeMap<String, String>> =
 
 fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput<'static> {
     NodeInput {
-        name: name.into(),
+        // Leaked: a test's few names live as long as the cached Nodes they stand for would.
+        name: name.to_string().leak(),
         labels: &POOL_A,
         unschedulable,
         gpunode: Some(std::sync::Arc::new(gn)),
@@ -280,7 +281,7 @@ impl Sim {
         let retries = kinds.iter().map(|k| if let AgentKind::Retries(r) = k { *r } else { 0 }).collect();
         Sim {
             plans: vec![plan("p", 0, budget, h100_layout())],
-            pre_cordoned: nodes.iter().filter(|x| x.unschedulable).map(|x| x.name.clone()).collect(),
+            pre_cordoned: nodes.iter().filter(|x| x.unschedulable).map(|x| x.name.to_string()).collect(),
             real_unschedulable: nodes.iter().map(|x| x.unschedulable).collect(),
             rng: None,
             carry: Carry::default(),
@@ -526,7 +527,7 @@ proptest! {
             prop_assert_eq!(&sim.held[i], &sim.desired(), "node {} has the plan's layout", i);
         }
         let still: BTreeSet<String> =
-            sim.nodes.iter().zip(&sim.real_unschedulable).filter(|(_, u)| **u).map(|(x, _)| x.name.clone()).collect();
+            sim.nodes.iter().zip(&sim.real_unschedulable).filter(|(_, u)| **u).map(|(x, _)| x.name.to_string()).collect();
         prop_assert_eq!(still, sim.pre_cordoned.clone(), "only the nodes cordoned before us stay cordoned");
     }
 }

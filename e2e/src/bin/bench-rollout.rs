@@ -201,6 +201,8 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     let req0 = metric(port, "tessera_operator_api_requests_total");
     let passes0 = metric(port, "tessera_operator_reconciles_total");
     let behind0 = metric(port, "tessera_operator_nodes_cache_behind_total");
+    let planned0 = metric(port, "tessera_operator_nodes_planned_total");
+    let reused0 = metric(port, "tessera_operator_nodes_reused_total");
     let started = Instant::now();
     let plan: GpuPartitionPlan =
         serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
@@ -223,6 +225,12 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     let passes1 = metric(port, "tessera_operator_reconciles_total");
     let behind1 = metric(port, "tessera_operator_nodes_cache_behind_total");
     eprintln!("{n} nodes: {} node-passes waited for the caches to show the operator's own writes", behind1 - behind0);
+    let planned = metric(port, "tessera_operator_nodes_planned_total") - planned0;
+    let reused = metric(port, "tessera_operator_nodes_reused_total") - reused0;
+    eprintln!(
+        "{n} nodes: {planned} node-passes planned in full, {reused} reused from the pass before ({:.1} planned per node)",
+        planned / n as f64
+    );
     let _ = op.kill();
     let _ = op.wait();
     Ok(Row {

@@ -27,11 +27,14 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 mod layouts;
+mod slots;
+
+use slots::{Dirty, Slots};
 
 use crate::Error;
 use crate::events::NodeEvent;
 use crate::expectations::{Expectations, Progress, Written};
-use crate::liveness::Liveness;
+use crate::liveness::{AgentHealth, Liveness};
 use crate::metrics::Metrics;
 use crate::rollout::{self, Action, NodeInput};
 use crate::slim::{SlimGpuNode, SlimNode};
@@ -116,6 +119,9 @@ pub struct Context {
     pub liveness: std::sync::Mutex<Liveness>,
     /// Each node's verdict of the last pass, reused while its inputs stay the same.
     carry: std::sync::Mutex<rollout::Carry>,
+    /// The fleet as the last pass read it, and the nodes the watches saw change since.
+    slots: std::sync::Mutex<Slots>,
+    dirty: Arc<Dirty>,
     /// Our writes the caches have not shown yet: their nodes wait a pass.
     expectations: std::sync::Mutex<Expectations>,
     /// How far the GpuNode and Node caches have got (highest resourceVersion they hold).
@@ -141,6 +147,8 @@ pub async fn start(
     fleet_changed: Arc<Notify>,
 ) -> (Arc<Context>, Arc<Notify>) {
     let changed = Arc::new(Notify::new());
+    // Nodes, GpuNodes and Leases are named alike: their changes name the node to read again.
+    let dirty = Arc::new(Dirty::default());
     let all = watcher::Config::default;
     let plans = watch_into_store_waking(
         Api::<GpuPartitionPlan>::all(client.clone()),
@@ -148,6 +156,7 @@ pub async fn start(
         vec![Waker { notify: changed.clone(), differs: wake::plan_differs }],
         trim_metadata,
         Default::default(),
+        None,
     )
     .0;
     // The quota controller reads the same GpuNodes (their capacity): one cache, woken both.
@@ -159,6 +168,7 @@ pub async fn start(
         vec![Waker::always(changed.clone()), Waker { notify: fleet_changed, differs: wake::gpus_differ }],
         trim_metadata,
         gpunodes_written.clone(),
+        Some(dirty.clone()),
     );
     let (nodes, nodes_progress) = watch_into_store_waking(
         Api::<SlimNode>::all(client.clone()),
@@ -166,6 +176,7 @@ pub async fn start(
         vec![Waker { notify: changed.clone(), differs: wake::node_differs }],
         trim_node,
         nodes_written.clone(),
+        Some(dirty.clone()),
     );
     let leases = watch_into_store_waking(
         Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE),
@@ -173,6 +184,7 @@ pub async fn start(
         vec![Waker { notify: changed.clone(), differs: wake::lease_differs }],
         trim_metadata,
         Default::default(),
+        Some(dirty.clone()),
     )
     .0;
     let quotas = watch_into_store_waking(
@@ -181,6 +193,7 @@ pub async fn start(
         vec![Waker { notify: changed.clone(), differs: wake::quota_differs }],
         trim_metadata,
         Default::default(),
+        None,
     )
     .0;
     let recorder =
@@ -198,6 +211,8 @@ pub async fn start(
         quotas,
         liveness: Default::default(),
         carry: Default::default(),
+        slots: Default::default(),
+        dirty,
         expectations: Default::default(),
         gpunodes_progress,
         nodes_progress,
@@ -237,7 +252,7 @@ where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    watch_into_store_waking(api, config, vec![Waker::always(changed)], trim_metadata, Default::default()).0
+    watch_into_store_waking(api, config, vec![Waker::always(changed)], trim_metadata, Default::default(), None).0
 }
 
 /// [`watch_into_store`] of objects decoded as `W` (a lighter form, see `slim`) and cached as
@@ -246,13 +261,15 @@ where
 /// objects it holds or has seen deleted, raised only once the store has them (a re-list's
 /// objects count once the whole list is in). `written` is the newest version the operator has
 /// written to these objects: a re-list is read after it starts (the newest data, not a cache),
-/// so once in, it shows every write made before, even of objects deleted since.
+/// so once in, it shows every write made before, even of objects deleted since. `dirty`, if
+/// given, is told the name of every object that changed (before anyone is woken).
 pub fn watch_into_store_waking<W, K>(
     api: Api<W>,
     config: watcher::Config,
     wake: Vec<Waker<K>>,
     trim: fn(&mut K),
     written: Arc<AtomicU64>,
+    dirty: Option<Arc<Dirty>>,
 ) -> (Store<K>, Arc<AtomicU64>)
 where
     W: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static + Into<K>,
@@ -266,7 +283,15 @@ where
         let differs = wake.iter().map(|w| w.differs).collect();
         let events = watcher(api, config).default_backoff().map_ok(|event| event_into::<W, K>(event)).modify(trim);
         let mut tracker = crate::expectations::WatchProgress::default();
+        // Named as changed before the progress counts it: a pass that reads this progress (it does
+        // so before taking the names) finds the name and reads the node again; otherwise a
+        // node whose cached version passed our write could be planned from its old slot.
         let stream = store_deciding_wakes(events, writer, differs)
+            .inspect_ok(move |(ev, _)| {
+                if let Some(dirty) = &dirty {
+                    dirty.mark(ev);
+                }
+            })
             .inspect_ok(move |(ev, _)| tracker.observe(ev, &seen, &written));
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
@@ -347,9 +372,19 @@ impl Context {
 
     /// One pass over the fleet. A failing API call fails only its node's or its plan's part of
     /// the pass: the rest goes on, and the failure is reported in the plan's status and metrics.
-    /// The cached objects are borrowed (`Arc`), never copied: a pass costs time in the number of
-    /// nodes, not in the size of their objects.
+    /// The cached objects are borrowed (`Arc`), never copied, and read again only for the nodes
+    /// the watches saw change (see `slots`): a pass costs the nodes that changed, and a step of a
+    /// few nanoseconds for the rest.
     pub async fn reconcile(&self) -> Result<(), Error> {
+        // Owned by the pass while it runs: a pass dropped half-way leaves none, and the next one
+        // reads the whole fleet again.
+        let mut slots = std::mem::take(&mut *self.slots.lock().unwrap_or_else(|p| p.into_inner()));
+        let result = self.pass(&mut slots).await;
+        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = slots;
+        result
+    }
+
+    async fn pass(&self, slots: &mut Slots) -> Result<(), Error> {
         let mut plans: Vec<GpuPartitionPlan> = self.plans.state().iter().map(|p| (**p).clone()).collect();
         let mut plan_errors: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (plan, e) in self.ensure_finalizers(&plans).await {
@@ -360,61 +395,65 @@ impl Context {
             gpunodes: self.gpunodes_progress.load(Ordering::Acquire),
             nodes: self.nodes_progress.load(Ordering::Acquire),
         };
-        let gpunode_list = self.gpunodes.state();
-        let gpunodes: GpuNodes =
-            gpunode_list.iter().map(|g| (g.metadata.name.as_deref().unwrap_or_default(), g)).collect();
-        let lease_list = self.leases.state();
-        let leases: crate::FastMap<&str, &Lease> =
-            lease_list.iter().map(|l| (l.metadata.name.as_deref().unwrap_or_default(), &**l)).collect();
+        // What changed is taken before the caches are read: a change after this is read again
+        // next pass (and may already be read now).
+        let changed = self.dirty.take();
+        let gone = slots.refresh(changed, &self.nodes, &self.gpunodes, &self.leases);
         let now = k8s_openapi::jiff::Timestamp::now();
-        let nodes = self.nodes.state();
-        let mut inputs = Vec::with_capacity(nodes.len());
+        let mut behind = vec![false; slots.slots.len()];
+        let mut agents = Vec::with_capacity(slots.slots.len());
         {
             let mut liveness = self.liveness.lock().unwrap_or_else(|p| p.into_inner());
             let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
-            // Nodes and leases that are gone are forgotten: looked up from the few remembered
-            // (expectations are of recent writes), or only once the leases are fewer than the
-            // heartbeats remembered (a lease created again under a deleted one's name gets a new
-            // renewal time, and with it a fresh grace period, either way).
+            for name in &gone {
+                liveness.forget(name);
+            }
+            // Only the few nodes with a write not seen yet are looked at.
             if !expectations.is_empty() {
-                expectations.retain(|n| self.nodes.get(&reflector::ObjectRef::new(n)).is_some());
+                expectations.retain(|n| slots.position(n).is_some());
+                for name in expectations.nodes() {
+                    let Some(i) = slots.position(&name) else { continue };
+                    let slot = &slots.slots[i];
+                    let gpunode_rv = slot.gpunode.as_ref().and_then(|g| g.metadata.resource_version.as_deref());
+                    let node_rv = slot.node.metadata.resource_version.as_deref();
+                    behind[i] = !expectations.caught_up(&name, gpunode_rv, node_rv, progress);
+                }
             }
-            if liveness.len() > leases.len() {
-                liveness.retain_keys(&leases);
-            }
-            for node in &nodes {
-                let name = node.metadata.name.as_deref().unwrap_or_default();
-                let agent = liveness.health(name, leases.get(name).copied(), now);
-                let gpunode = gpunodes.get(name).map(|g| Arc::clone(g));
-                let gpunode_rv = gpunode.as_ref().and_then(|g| g.metadata.resource_version.as_deref());
-                let caught_up =
-                    expectations.caught_up(name, gpunode_rv, node.metadata.resource_version.as_deref(), progress);
-                inputs.push(NodeInput {
-                    labels: node.labels(),
-                    unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
-                    cache_behind: !caught_up,
-                    versions: rollout::Versions::of(node.metadata.resource_version.as_deref(), gpunode.as_deref()),
-                    gpunode,
-                    pods: Ok(vec![]),
-                    daemonsets: Default::default(),
-                    agent,
-                    cordon_annotated: node.annotations().get(rollout::CORDONED_ANNOTATION).and_then(|t| t.parse().ok()),
-                    name,
+            // An agent is judged again only once its unchanged lease may have run out.
+            for slot in &mut slots.slots {
+                agents.push(match slot.alive_until {
+                    Some(until) if now <= until => AgentHealth::Alive,
+                    _ => {
+                        let (health, until) = liveness.judge(&slot.name, slot.lease.as_deref(), now);
+                        slot.alive_until = until;
+                        health
+                    }
                 });
             }
         }
+        let mut inputs: Vec<NodeInput<'_>> = slots
+            .slots
+            .iter()
+            .zip(agents)
+            .zip(behind)
+            .map(|((slot, agent), cache_behind)| NodeInput {
+                name: &slot.name,
+                labels: slot.node.labels(),
+                unschedulable: slot.unschedulable,
+                gpunode: slot.gpunode.clone(),
+                pods: Ok(vec![]),
+                daemonsets: Default::default(),
+                agent,
+                cordon_annotated: slot.cordon_annotated,
+                cache_behind,
+                versions: slot.versions,
+            })
+            .collect();
         let behind = inputs.iter().filter(|n| n.cache_behind).count();
         self.metrics.nodes_cache_behind(behind);
         // The pods of draining nodes, listed concurrently (one request per draining node).
         let draining: Vec<usize> = (0..inputs.len())
-            .filter(|&i| {
-                !inputs[i].cache_behind
-                    && inputs[i]
-                        .gpunode
-                        .as_ref()
-                        .and_then(|g| g.status.as_ref()?.rollout.as_ref())
-                        .is_some_and(|r| r.phase == NodePhase::Draining)
-            })
+            .filter(|&i| !inputs[i].cache_behind && slots.slots[i].phase == NodePhase::Draining)
             .collect();
         let listed: Vec<(usize, _)> = futures::stream::iter(draining)
             .map(|i| {
@@ -513,10 +552,10 @@ impl Context {
             }
         }
         self.publish_events(reached, &plans).await;
-        for (node, e) in self.record_drain_messages(&gpunodes, &evicting, &blocked).await {
+        for (node, e) in self.record_drain_messages(&evicting, &blocked).await {
             node_errors.entry(node).or_insert(e);
         }
-        self.set_phase_metrics(&gpunodes);
+        self.set_phase_metrics(slots);
         for report in reports.values_mut() {
             if node_errors.is_empty() {
                 continue;
@@ -535,7 +574,7 @@ impl Context {
                 if self.expectations.lock().unwrap_or_else(|p| p.into_inner()).names(&name) {
                     continue; // a record naming the plan is newer than the cache shows
                 }
-                if let Err(e) = self.finish_deletion(plan, &gpunodes).await {
+                if let Err(e) = self.finish_deletion(plan).await {
                     self.metrics.error(e.kind());
                     warn!(plan = %name, error = %e, "could not release a deleted plan; retrying");
                     failed += 1;
@@ -572,11 +611,11 @@ impl Context {
         }
     }
 
-    fn set_phase_metrics(&self, gpunodes: &GpuNodes<'_>) {
+    /// Nodes with a `GpuNode`, by the phase of its rollout record.
+    fn set_phase_metrics(&self, slots: &Slots) {
         // A handful of phases: counted in a short list, named once each.
         let mut counts: Vec<(NodePhase, i64)> = Vec::new();
-        for gn in gpunodes.values() {
-            let phase = gn.status.as_ref().and_then(|s| s.rollout.as_ref()).map(|r| r.phase).unwrap_or_default();
+        for phase in slots.slots.iter().filter(|s| s.gpunode.is_some()).map(|s| s.phase) {
             match counts.iter_mut().find(|(p, _)| *p == phase) {
                 Some((_, n)) => *n += 1,
                 None => counts.push((phase, 1)),
@@ -752,13 +791,13 @@ impl Context {
     /// and emits an Event when the reason changes.
     async fn record_drain_messages(
         &self,
-        gpunodes: &GpuNodes<'_>,
         evicting: &BTreeMap<String, bool>,
         blocked: &BTreeMap<String, Vec<String>>,
     ) -> Vec<(String, String)> {
         let mut errors = Vec::new();
         for node in evicting.keys() {
-            let Some(mut r) = gpunodes.get(node.as_str()).and_then(|g| g.status.as_ref()?.rollout.clone()) else {
+            let cached = self.gpunodes.get(&reflector::ObjectRef::new(node));
+            let Some(mut r) = cached.as_ref().and_then(|g| g.status.as_ref()?.rollout.clone()) else {
                 continue;
             };
             let message = blocked.get(node).map(|m| m.join("; ")).unwrap_or_default();
@@ -860,8 +899,11 @@ impl Context {
 
     /// A deleted plan: once no node is mid-rollout for it any more, drop the finalizer. GPUs keep
     /// their layout; the nodes' intent simply stops naming the plan.
-    async fn finish_deletion(&self, plan: &GpuPartitionPlan, gpunodes: &GpuNodes<'_>) -> Result<(), Error> {
+    async fn finish_deletion(&self, plan: &GpuPartitionPlan) -> Result<(), Error> {
         let name = plan.name_any();
+        let gpunode_list = self.gpunodes.state();
+        let gpunodes: GpuNodes =
+            gpunode_list.iter().map(|g| (g.metadata.name.as_deref().unwrap_or_default(), g)).collect();
         // A GpuNode whose Node is gone cannot be released any more; it must not hold the plan.
         let nodes: std::collections::BTreeSet<String> = self.nodes.state().iter().map(|n| n.name_any()).collect();
         let busy = gpunodes

@@ -124,6 +124,11 @@ impl Expectations {
         self.pending.values().any(|e| e.plans.iter().any(|p| p == plan))
     }
 
+    /// The nodes with a write not seen yet.
+    pub fn nodes(&self) -> Vec<String> {
+        self.pending.keys().cloned().collect()
+    }
+
     /// Nodes with a write not seen yet.
     pub fn len(&self) -> usize {
         self.pending.len()

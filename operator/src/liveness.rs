@@ -54,10 +54,16 @@ pub struct Liveness {
 impl Liveness {
     /// Alive while the lease's `renewTime` changed within `leaseDurationSeconds` of `now`.
     pub fn health(&mut self, node: &str, lease: Option<&Lease>, now: Timestamp) -> AgentHealth {
+        self.judge(node, lease, now).0
+    }
+
+    /// [`Self::health`], and until when the agent stays alive if `lease` does not change: a pass
+    /// need not look at an unchanged lease again before then.
+    pub fn judge(&mut self, node: &str, lease: Option<&Lease>, now: Timestamp) -> (AgentHealth, Option<Timestamp>) {
         let spec = lease.and_then(|l| l.spec.as_ref());
         let Some(renewed) = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0) else {
             self.seen.remove(node);
-            return AgentHealth::NotResponding { since: None };
+            return (AgentHealth::NotResponding { since: None }, None);
         };
         let seen = match self.seen.get_mut(node) {
             Some(seen) => seen,
@@ -69,10 +75,15 @@ impl Liveness {
         let duration =
             SignedDuration::from_secs(i64::from(spec.and_then(|s| s.lease_duration_seconds).unwrap_or(40).max(1)));
         if now.duration_since(seen.at) <= duration {
-            AgentHealth::Alive
+            (AgentHealth::Alive, seen.at.checked_add(duration).ok())
         } else {
-            AgentHealth::NotResponding { since: Some(renewed) }
+            (AgentHealth::NotResponding { since: Some(renewed) }, None)
         }
+    }
+
+    /// Forgets a node's lease (its node left the fleet).
+    pub fn forget(&mut self, node: &str) {
+        self.seen.remove(node);
     }
 
     /// Forgets leases that are gone.
@@ -124,6 +135,21 @@ mod tests {
         // A renewal brings it back.
         let renewed = lease(Some("2026-06-01T00:00:50.000000Z"), 40);
         assert_eq!(l.health("n1", Some(&renewed), at("2026-06-01T00:00:51Z")), AgentHealth::Alive);
+    }
+
+    #[test]
+    fn alive_until_is_the_last_instant_an_unchanged_lease_keeps_the_agent_alive() {
+        let mut l = Liveness::default();
+        let first = lease(Some("2026-06-01T00:00:00.000000Z"), 40);
+        let (health, until) = l.judge("n1", Some(&first), at("2026-06-01T00:00:05Z"));
+        assert_eq!((health, until), (AgentHealth::Alive, Some(at("2026-06-01T00:00:45Z"))), "first seen at :05");
+        // Judged again later with the same lease: the same deadline, and it holds to the instant.
+        assert_eq!(l.judge("n1", Some(&first), at("2026-06-01T00:00:45Z")).1, Some(at("2026-06-01T00:00:45Z")));
+        assert!(matches!(
+            l.health("n1", Some(&first), at("2026-06-01T00:00:45.001Z")),
+            AgentHealth::NotResponding { .. }
+        ));
+        assert_eq!(l.judge("n1", None, at("2026-06-01T00:00:46Z")).1, None, "no lease: no deadline");
     }
 
     #[test]

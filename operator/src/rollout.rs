@@ -393,7 +393,7 @@ pub fn plan_fleet_with(
     // does not look at.
     let mut matched: BTreeMap<&str, Vec<&NodeInput<'_>>> = BTreeMap::new();
     for (position, node) in nodes.iter().enumerate() {
-        let kept = carry.verdict(node);
+        let kept = carry.verdict(position, node);
         match kept {
             Some(Verdict::Unowned) => {
                 carry.reused += 1;
@@ -401,7 +401,10 @@ pub fn plan_fleet_with(
             }
             Some(Verdict::Updated(p) | Verdict::Waiting(p)) => {
                 if let Some(plan) = live.get(p) {
-                    owned.entry(plan.metadata.name.as_deref().unwrap_or_default()).or_default().push((position, node, kept));
+                    owned
+                        .entry(plan.metadata.name.as_deref().unwrap_or_default())
+                        .or_default()
+                        .push((position, node, kept));
                     continue;
                 }
             }
@@ -426,17 +429,21 @@ pub fn plan_fleet_with(
                 let before = actions.len();
                 release(node, &mut actions);
                 carry.planned += 1;
-                carry.remember(node, (actions.len() == before).then_some(Verdict::Unowned));
+                carry.remember(position, node, (actions.len() == before).then_some(Verdict::Unowned));
             }
             [one] => owned.entry(*one).or_default().push((position, node, None)),
             many => {
                 for p in many {
                     let others = many.iter().filter(|o| *o != p).map(|o| o.to_string()).collect();
-                    reports.get_mut(*p).expect("every plan has a report").conflicts.insert(node.name.to_string(), others);
+                    reports
+                        .get_mut(*p)
+                        .expect("every plan has a report")
+                        .conflicts
+                        .insert(node.name.to_string(), others);
                 }
                 release(node, &mut actions);
                 carry.planned += 1;
-                carry.remember(node, None);
+                carry.remember(position, node, None);
             }
         }
     }
@@ -450,10 +457,10 @@ pub fn plan_fleet_with(
         if !report.invalid_spec.is_empty() {
             // It still owns its nodes (a typo must not hand them to a lower-priority plan), but
             // acts on none: in-flight nodes are released once their agent is done.
-            for (_, node, _) in owned {
+            for (position, node, _) in owned {
                 release(node, &mut actions);
                 carry.planned += 1;
-                carry.remember(node, None);
+                carry.remember(position, node, None);
             }
             continue;
         }
@@ -476,10 +483,10 @@ struct Keep<'c> {
 enum Candidate<'n, 'a> {
     /// Kept from the pass before: at rest with the plan's layout.
     Updated,
-    /// Kept from the pass before: waiting for a slot.
-    Waiting(&'n NodeInput<'a>),
-    /// Planned in full: the node, its `GpuNode`, the intent the plan asks for.
-    Full(&'n NodeInput<'a>, &'n Arc<GpuNode>, Rc<Vec<GpuIntent>>),
+    /// Kept from the pass before: waiting for a slot (its position, the node).
+    Waiting(usize, &'n NodeInput<'a>),
+    /// Planned in full: its position, the node, its `GpuNode`, the intent the plan asks for.
+    Full(usize, &'n NodeInput<'a>, &'n Arc<GpuNode>, Rc<Vec<GpuIntent>>),
 }
 
 /// The live plans of top priority that match a node: one owns it; several conflict.
@@ -602,28 +609,28 @@ fn plan_one<'a>(
     let mut untouched = 0;
     // Nodes whose cached objects lag our own last write: in flight until the caches catch up.
     let targets = crate::auto::targets_of(plan);
-    for (i, &(_, node, kept)) in nodes.iter().enumerate() {
+    for (i, &(position, node, kept)) in nodes.iter().enumerate() {
         match kept {
             Some(Verdict::Updated(_)) => {
                 candidates.push(Candidate::Updated);
                 continue;
             }
             Some(Verdict::Waiting(_)) => {
-                candidates.push(Candidate::Waiting(node));
+                candidates.push(Candidate::Waiting(position, node));
                 continue;
             }
             Some(Verdict::Unowned) | None => {}
         }
         let want = want(plan, &targets, node, actions, report, memo);
         if let Want::Change(gn, desired) = want {
-            candidates.push(Candidate::Full(node, gn, desired));
+            candidates.push(Candidate::Full(position, node, gn, desired));
             continue;
         }
         // An automatic plan leaves alone the nodes its decision does not change.
         untouched += usize::from(matches!(want, Want::LeftAlone));
         is_candidate[i] = false;
         carry.planned += 1;
-        carry.remember(node, None);
+        carry.remember(position, node, None);
     }
     report.matched = (candidates.len() + untouched) as i32;
     report.updated += untouched as i32;
@@ -645,37 +652,38 @@ fn plan_one<'a>(
         + candidates
             .iter()
             .filter(|c| match c {
-                Candidate::Full(node, gn, desired) => {
+                Candidate::Full(_, node, gn, desired) => {
                     node.cache_behind || unavailable(node, gn, desired, &name, generation)
                 }
-                Candidate::Updated | Candidate::Waiting(_) => false,
+                Candidate::Updated | Candidate::Waiting(..) => false,
             })
             .count();
     report.budget = budget as i32;
     let drain_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
     let apply_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.apply_timeout_seconds.max(0));
     for candidate in candidates {
-        let (node, gn, desired) = match candidate {
+        let (position, node, gn, desired) = match candidate {
             Candidate::Updated => {
                 report.updated += 1;
                 carry.reused += 1;
                 continue;
             }
-            Candidate::Waiting(_) if busy >= budget || plan.spec.paused => {
+            Candidate::Waiting(..) if busy >= budget || plan.spec.paused => {
                 report.pending += 1;
                 carry.reused += 1;
                 continue;
             }
             // A slot is free: the waiting node is planned in full.
-            Candidate::Waiting(node) => match want(plan, &targets, node, actions, report, memo) {
-                Want::Change(gn, desired) => (node, gn, desired),
+            Candidate::Waiting(position, node) => match want(plan, &targets, node, actions, report, memo) {
+                Want::Change(gn, desired) => (position, node, gn, desired),
                 // Not expected (its inputs made it a candidate before); planned in full next pass.
                 Want::LeftAlone | Want::Skipped => {
-                    carry.remember(node, None);
+                    carry.planned += 1;
+                    carry.remember(position, node, None);
                     continue;
                 }
             },
-            Candidate::Full(node, gn, desired) => (node, gn, desired),
+            Candidate::Full(position, node, gn, desired) => (position, node, gn, desired),
         };
         carry.planned += 1;
         let before = (actions.len(), report.updated, report.pending, report.in_progress);
@@ -945,7 +953,7 @@ fn plan_one<'a>(
             (0, 1) if quiet => Some(Verdict::Waiting(index)),
             _ => None,
         };
-        carry.remember(node, verdict);
+        carry.remember(position, node, verdict);
     }
     report.unavailable = busy as i32;
 }

@@ -230,9 +230,7 @@ impl Context {
         if by_gpu.len() > 10_000 {
             by_gpu.clear();
         }
-        if by_node.len() > 2 * nodes.len() + 1_000 {
-            by_node.clear();
-        }
+        by_node.resize(nodes.len(), None);
         let mut out = BTreeMap::new();
         for plan in plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
             let name = plan.name_any();
@@ -242,19 +240,15 @@ impl Context {
             };
             let demanded: Vec<&String> = demand.iter().filter(|(_, n)| **n > 0).map(|(r, _)| r).collect();
             let demanded_key = hash_of(&demanded);
-            let mine = reports
-                .get(&name)
-                .into_iter()
-                .flat_map(|r| r.nodes.iter())
-                .filter_map(|&i| nodes.get(i)?.gpunode.as_ref());
             let mut total: i64 = 0;
-            for gn in mine {
+            for &i in reports.get(&name).into_iter().flat_map(|r| r.nodes.iter()) {
+                let Some(node) = nodes.get(i) else { continue };
+                let Some(gn) = node.gpunode.as_ref() else { continue };
                 // A GpuNode not written since the last pass counts as it did then.
-                let version = gn.metadata.resource_version.as_deref().unwrap_or_default();
-                if let Some((v, d, n)) = by_node.get(gn.metadata.name.as_deref().unwrap_or_default())
-                    && !version.is_empty()
+                let version = node.versions.and_then(|v| v.gpunode);
+                if let (Some(version), Some((v, d, n))) = (version, by_node[i])
                     && v == version
-                    && *d == demanded_key
+                    && d == demanded_key
                 {
                     total += n;
                     continue;
@@ -268,7 +262,7 @@ impl Context {
                     });
                     node_total += i64::from(n);
                 }
-                by_node.insert(gn.name_any(), (version.to_string(), demanded_key, node_total));
+                by_node[i] = version.map(|v| (v, demanded_key, node_total));
                 total += node_total;
             }
             out.insert(name, total);
@@ -277,13 +271,14 @@ impl Context {
     }
 }
 
-/// Stranded slices remembered across passes: per (GPU, demanded profiles) hash, and per
-/// GpuNode (name -> resourceVersion, demanded profiles hash, its GPUs' total), so a pass only
-/// looks again at GpuNodes written since the last one.
+/// Stranded slices remembered across passes: per (GPU, demanded profiles) hash, and per node
+/// by its position in the pass (its GpuNode's resourceVersion, demanded profiles hash, its GPUs'
+/// total), so a pass only looks again at GpuNodes written since the last one. A version names
+/// one write of one object: a node that took over a position is never mistaken for another.
 #[derive(Default)]
 pub(super) struct StrandedMemo {
     by_gpu: crate::FastMap<(u64, u64), u32>,
-    by_node: crate::FastMap<String, (String, u64, i64)>,
+    by_node: Vec<Option<(u64, u64, i64)>>,
 }
 
 /// What of a reported GPU decides its stranded slices: board (product and, for a board outside

@@ -4,6 +4,7 @@
 //! second, that walk was a third of the operator's CPU. A node whose cached objects, agent
 //! health and plans are the same as when it was last planned gets the same verdict, so the pass
 //! reuses it; only a waiting node that a free slot may start is planned again in full.
+//! The cost left per unchanged node is a look-up by position and a comparison of versions.
 //! Pure; `plan_fleet_with` keeps it, and a property test checks every pass against a fresh one.
 
 use tessera_crds::GpuNode;
@@ -59,11 +60,13 @@ struct PlanKey {
     deleting: bool,
 }
 
-/// The verdicts of the last pass, by node name.
+/// The verdicts of the last pass, by the node's position among the pass's nodes (the
+/// controller keeps positions from pass to pass). Checked against the versions, which name one
+/// write of one object: a node that took over another's position is never mistaken for it.
 #[derive(Debug, Default)]
 pub struct Carry {
     plans: Vec<PlanKey>,
-    nodes: crate::FastMap<String, Remembered>,
+    nodes: Vec<Option<Remembered>>,
     /// Nodes planned in full / reused in the last pass (for the metrics and the tests).
     pub planned: usize,
     pub reused: usize,
@@ -86,41 +89,34 @@ impl Carry {
             self.nodes.clear();
             self.plans = keys;
         }
-        // Nodes that left the fleet: dropped once they could be a good part of the map.
-        if self.nodes.len() > 2 * nodes + 64 {
-            self.nodes.clear();
-        }
+        self.nodes.resize(nodes, None);
         self.planned = 0;
         self.reused = 0;
     }
 
-    /// The verdict kept for a node, if its inputs are those it was reached from.
-    pub(super) fn verdict(&self, node: &super::NodeInput<'_>) -> Option<Verdict> {
+    /// The verdict kept for the node at `position`, if its inputs are those it was reached from.
+    pub(super) fn verdict(&self, position: usize, node: &super::NodeInput<'_>) -> Option<Verdict> {
         let versions = node.versions?;
         if node.cache_behind || node.agent != crate::liveness::AgentHealth::Alive || node.cordon_annotated.is_some() {
             return None;
         }
-        self.nodes.get(node.name).filter(|r| r.versions == versions).map(|r| r.verdict)
+        self.nodes.get(position)?.as_ref().filter(|r| r.versions == versions).map(|r| r.verdict)
     }
 
-    /// Keeps (or forgets) what a node planned in full came to.
-    pub(super) fn remember(&mut self, node: &super::NodeInput<'_>, verdict: Option<Verdict>) {
-        match (node.versions, verdict) {
+    /// Keeps (or forgets) what the node at `position`, planned in full, came to.
+    pub(super) fn remember(&mut self, position: usize, node: &super::NodeInput<'_>, verdict: Option<Verdict>) {
+        let kept = match (node.versions, verdict) {
             (Some(versions), Some(verdict))
                 if !node.cache_behind
                     && node.agent == crate::liveness::AgentHealth::Alive
                     && node.cordon_annotated.is_none() =>
             {
-                match self.nodes.get_mut(node.name) {
-                    Some(r) => *r = Remembered { versions, verdict },
-                    None => {
-                        self.nodes.insert(node.name.to_string(), Remembered { versions, verdict });
-                    }
-                }
+                Some(Remembered { versions, verdict })
             }
-            _ => {
-                self.nodes.remove(node.name);
-            }
+            _ => None,
+        };
+        if let Some(slot) = self.nodes.get_mut(position) {
+            *slot = kept;
         }
     }
 }

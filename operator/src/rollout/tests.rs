@@ -67,7 +67,7 @@ fn versions_of(x: &NodeInput<'_>) -> Versions {
     use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
     let hash = |v: String| BuildHasherDefault::<DefaultHasher>::default().hash_one(v);
     Versions {
-        node: hash(format!("{:?}{:?}{:?}", x.labels, x.unschedulable, x.cordon_annotated)),
+        node: hash(format!("{}{:?}{:?}{:?}", x.name, x.labels, x.unschedulable, x.cordon_annotated)),
         gpunode: x.gpunode.as_ref().map(|g| hash(serde_json::to_string(&**g).unwrap())),
     }
 }

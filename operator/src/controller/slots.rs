@@ -1,0 +1,238 @@
+//! The fleet as the rollout reads it, kept between passes and refreshed only where a watch saw
+//! a change. Reading every node's Node, `GpuNode` and Lease from the caches in every pass (a
+//! name hashed and a few objects scattered over the heap touched per node) cost about 2 µs per
+//! node: at 5,000 nodes and a pass a second, a tenth of the operator's CPU for nothing changed.
+//! The watches name what changed ([`Dirty`]); a pass re-reads those nodes and walks the rest
+//! from one vector.
+
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use tessera_crds::GpuNode;
+use tessera_crds::gpunode::{AGENT_LEASE_NAMESPACE, NodePhase};
+
+use crate::rollout::{self, Versions};
+
+/// Names of nodes whose Node, `GpuNode` or Lease changed since the last pass took them.
+#[derive(Debug)]
+pub struct Dirty(Mutex<Changed>);
+
+#[derive(Debug, Default, PartialEq)]
+pub struct Changed {
+    pub names: crate::FastSet<String>,
+    /// Everything may have changed: a watch re-listed (and may have missed deletions).
+    pub all: bool,
+}
+
+impl Default for Dirty {
+    fn default() -> Self {
+        Dirty(Mutex::new(Changed { all: true, ..Default::default() }))
+    }
+}
+
+impl Dirty {
+    /// Called for every watch event once the cache holds it.
+    pub fn mark<K: Resource>(&self, event: &watcher::Event<K>) {
+        let mut changed = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match event {
+            watcher::Event::Apply(k) | watcher::Event::Delete(k) => {
+                if !changed.all {
+                    changed.names.insert(k.meta().name.clone().unwrap_or_default());
+                }
+            }
+            watcher::Event::InitDone => {
+                changed.all = true;
+                changed.names.clear();
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+    }
+
+    /// What changed since the last call; marks nothing changed.
+    pub fn take(&self) -> Changed {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// One node as the last refresh read it.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub name: String,
+    pub node: Arc<Node>,
+    pub gpunode: Option<Arc<GpuNode>>,
+    pub lease: Option<Arc<Lease>>,
+    pub versions: Option<Versions>,
+    pub unschedulable: bool,
+    pub cordon_annotated: Option<Timestamp>,
+    /// The phase of its rollout record (`Idle` without one).
+    pub phase: NodePhase,
+    /// Until when its agent counts as alive without looking at its heartbeat again (the lease
+    /// has not changed since; see `Liveness::alive_until`).
+    pub alive_until: Option<Timestamp>,
+}
+
+impl Slot {
+    fn read(node: Arc<Node>, gpunodes: &Store<GpuNode>, leases: &Store<Lease>) -> Self {
+        let name = node.name_any();
+        let gpunode = gpunodes.get(&ObjectRef::new(&name));
+        let lease = leases.get(&ObjectRef::new(&name).within(AGENT_LEASE_NAMESPACE));
+        Slot {
+            versions: Versions::of(node.metadata.resource_version.as_deref(), gpunode.as_deref()),
+            unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+            cordon_annotated: node.annotations().get(rollout::CORDONED_ANNOTATION).and_then(|t| t.parse().ok()),
+            phase: gpunode
+                .as_ref()
+                .and_then(|g| g.status.as_ref()?.rollout.as_ref())
+                .map(|r| r.phase)
+                .unwrap_or_default(),
+            alive_until: None,
+            name,
+            node,
+            gpunode,
+            lease,
+        }
+    }
+}
+
+/// Every node of the fleet, in a stable order (positions change only when nodes come or go).
+#[derive(Debug, Default)]
+pub struct Slots {
+    pub slots: Vec<Slot>,
+    index: crate::FastMap<String, usize>,
+}
+
+impl Slots {
+    /// Brings the slots up to the caches where `changed` says they may differ. Returns the names
+    /// of the nodes that left the fleet.
+    pub fn refresh(
+        &mut self,
+        changed: Changed,
+        nodes: &Store<Node>,
+        gpunodes: &Store<GpuNode>,
+        leases: &Store<Lease>,
+    ) -> Vec<String> {
+        if changed.all || self.slots.is_empty() {
+            let gone: Vec<String> = self.slots.iter().map(|s| s.name.clone()).collect();
+            self.slots = nodes.state().into_iter().map(|n| Slot::read(n, gpunodes, leases)).collect();
+            self.index = self.slots.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
+            return gone.into_iter().filter(|n| !self.index.contains_key(n)).collect();
+        }
+        let mut gone = Vec::new();
+        for name in changed.names {
+            match (nodes.get(&ObjectRef::new(&name)), self.index.get(&name).copied()) {
+                (Some(node), Some(i)) => self.slots[i] = Slot::read(node, gpunodes, leases),
+                (Some(node), None) => {
+                    self.index.insert(name, self.slots.len());
+                    self.slots.push(Slot::read(node, gpunodes, leases));
+                }
+                (None, Some(i)) => {
+                    self.slots.swap_remove(i);
+                    self.index.remove(&name);
+                    if let Some(moved) = self.slots.get(i) {
+                        self.index.insert(moved.name.clone(), i);
+                    }
+                    gone.push(name);
+                }
+                (None, None) => {}
+            }
+        }
+        gone
+    }
+
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::reflector;
+    use serde_json::json;
+
+    use super::*;
+
+    fn node(name: &str, rv: &str, unschedulable: bool) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name, "resourceVersion": rv},
+                                      "spec": {"unschedulable": unschedulable}}))
+        .unwrap()
+    }
+
+    fn gpunode(name: &str, rv: &str, phase: &str) -> GpuNode {
+        serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+            "metadata": {"name": name, "resourceVersion": rv}, "spec": {},
+            "status": {"rollout": {"phase": phase}}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_watches_name_what_changed_and_a_relist_means_everything() {
+        let dirty = Dirty::default();
+        assert!(dirty.take().all, "the first pass reads the whole fleet");
+        assert_eq!(dirty.take(), Changed::default(), "nothing changed since");
+        dirty.mark(&watcher::Event::Apply(node("a", "1", false)));
+        dirty.mark(&watcher::Event::Delete(node("b", "2", false)));
+        dirty.mark(&watcher::Event::<Node>::Init);
+        dirty.mark(&watcher::Event::InitApply(node("c", "3", false)));
+        let changed = dirty.take();
+        assert!(!changed.all);
+        assert_eq!(changed.names, ["a", "b"].map(String::from).into_iter().collect());
+        dirty.mark(&watcher::Event::<Node>::InitDone);
+        dirty.mark(&watcher::Event::Apply(node("d", "4", false)));
+        let changed = dirty.take();
+        assert!(changed.all && changed.names.is_empty(), "{changed:?}");
+    }
+
+    #[test]
+    fn a_refresh_reads_again_only_the_named_nodes_and_keeps_positions_of_the_rest() {
+        let (nodes, mut node_writer) = reflector::store::<Node>();
+        let (gpunodes, mut gpunode_writer) = reflector::store::<GpuNode>();
+        let (leases, _) = reflector::store::<Lease>();
+        for (n, rv) in [("a", "1"), ("b", "2"), ("c", "3")] {
+            node_writer.apply_watcher_event(&watcher::Event::Apply(node(n, rv, false)));
+        }
+        gpunode_writer.apply_watcher_event(&watcher::Event::Apply(gpunode("b", "4", "Draining")));
+        let mut slots = Slots::default();
+        let gone = slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        assert!(gone.is_empty());
+        assert_eq!(slots.slots.len(), 3);
+        let b = slots.position("b").unwrap();
+        assert_eq!(slots.slots[b].phase, NodePhase::Draining);
+        assert_eq!(slots.slots[b].versions, Some(Versions { node: 2, gpunode: Some(4) }));
+
+        // a is cordoned, c deleted, d created; b's GpuNode changed but b is not named: unread.
+        node_writer.apply_watcher_event(&watcher::Event::Apply(node("a", "5", true)));
+        node_writer.apply_watcher_event(&watcher::Event::Delete(node("c", "3", false)));
+        node_writer.apply_watcher_event(&watcher::Event::Apply(node("d", "6", false)));
+        gpunode_writer.apply_watcher_event(&watcher::Event::Apply(gpunode("b", "7", "Applying")));
+        let names = ["a", "c", "d", "gone-before"].map(String::from).into_iter().collect();
+        let gone = slots.refresh(Changed { names, all: false }, &nodes, &gpunodes, &leases);
+        assert_eq!(gone, ["c"]);
+        let mut seen: Vec<&str> = slots.slots.iter().map(|s| s.name.as_str()).collect();
+        seen.sort();
+        assert_eq!(seen, ["a", "b", "d"]);
+        for (i, s) in slots.slots.iter().enumerate() {
+            assert_eq!(slots.position(&s.name), Some(i), "the index follows a removal");
+        }
+        let a = &slots.slots[slots.position("a").unwrap()];
+        assert!(a.unschedulable && a.versions == Some(Versions { node: 5, gpunode: None }));
+        assert_eq!(slots.slots[slots.position("b").unwrap()].phase, NodePhase::Draining, "not named: not read");
+        assert_eq!(slots.position("c"), None);
+
+        // Named, it is read; with no slots at all everything is read again.
+        slots.refresh(
+            Changed { names: ["b".to_string()].into_iter().collect(), all: false },
+            &nodes,
+            &gpunodes,
+            &leases,
+        );
+        assert_eq!(slots.slots[slots.position("b").unwrap()].phase, NodePhase::Applying);
+        let mut empty = Slots::default();
+        empty.refresh(Changed::default(), &nodes, &gpunodes, &leases);
+        assert_eq!(empty.slots.len(), 3, "a pass that lost its slots reads the whole fleet");
+    }
+}

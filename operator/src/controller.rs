@@ -34,7 +34,7 @@ use slots::{Dirty, Slots};
 use crate::Error;
 use crate::events::NodeEvent;
 use crate::expectations::{Expectations, Progress, Written};
-use crate::liveness::{AgentHealth, Liveness};
+use crate::liveness::Liveness;
 use crate::metrics::Metrics;
 use crate::rollout::{self, Action, NodeInput};
 use crate::slim::{SlimGpuNode, SlimNode};
@@ -75,10 +75,6 @@ pub fn node_of(action: &Action) -> &str {
         | Action::AgentDown { node, .. } => node,
     }
 }
-
-/// The cached `GpuNode`s of a pass by name (looked up once per node per pass: hashed), borrowed
-/// from the pass's snapshot of the cache: no name is copied.
-pub type GpuNodes<'a> = crate::FastMap<&'a str, &'a Arc<GpuNode>>;
 
 /// Whether a node's rollout record keeps a deleted plan's finalizer: the plan has the node mid-
 /// change or holds its cordon. A record at rest (`Idle`, `Pending`, `Failed` and uncordoned)
@@ -286,13 +282,12 @@ where
         // Named as changed before the progress counts it: a pass that reads this progress (it does
         // so before taking the names) finds the name and reads the node again; otherwise a
         // node whose cached version passed our write could be planned from its old slot.
-        let stream = store_deciding_wakes(events, writer, differs)
-            .inspect_ok(move |(ev, _)| {
-                if let Some(dirty) = &dirty {
-                    dirty.mark(ev);
-                }
-            })
-            .inspect_ok(move |(ev, _)| tracker.observe(ev, &seen, &written));
+        let stream = store_deciding_wakes(events, writer, differs).inspect_ok(move |(ev, _)| {
+            if let Some(dirty) = &dirty {
+                dirty.mark(ev);
+            }
+            tracker.observe(ev, &seen, &written);
+        });
         futures::pin_mut!(stream);
         while let Some(ev) = stream.next().await {
             match ev {
@@ -351,6 +346,14 @@ impl Context {
         );
     }
 
+    /// Forgets what passes kept between them: the fleet's slots, verdicts and stranded slices.
+    /// The next pass reads the whole fleet from the caches.
+    pub fn forget_passes(&self) {
+        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = Slots::default();
+        *self.carry.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
+        *self.stranded_memo.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
+    }
+
     /// Runs passes until the future is dropped.
     pub async fn run(self: Arc<Self>, changed: Arc<Notify>) {
         self.wait_ready().await;
@@ -373,8 +376,9 @@ impl Context {
     /// One pass over the fleet. A failing API call fails only its node's or its plan's part of
     /// the pass: the rest goes on, and the failure is reported in the plan's status and metrics.
     /// The cached objects are borrowed (`Arc`), never copied, and read again only for the nodes
-    /// the watches saw change (see `slots`): a pass costs the nodes that changed, and a step of a
-    /// few nanoseconds for the rest.
+    /// the watches saw change (see `slots`): with fixed-layout plans a pass costs the nodes that
+    /// changed, and a step of a few nanoseconds for the rest (an automatic plan's decision still
+    /// reads every node it owns).
     pub async fn reconcile(&self) -> Result<(), Error> {
         // Owned by the pass while it runs: a pass dropped half-way leaves none, and the next one
         // reads the whole fleet again.
@@ -398,15 +402,18 @@ impl Context {
         // What changed is taken before the caches are read: a change after this is read again
         // next pass (and may already be read now).
         let changed = self.dirty.take();
-        let gone = slots.refresh(changed, &self.nodes, &self.gpunodes, &self.leases);
+        let refreshed = slots.refresh(changed, &self.nodes, &self.gpunodes, &self.leases);
         let now = k8s_openapi::jiff::Timestamp::now();
         let mut behind = vec![false; slots.slots.len()];
-        let mut agents = Vec::with_capacity(slots.slots.len());
+        let agents;
         {
             let mut liveness = self.liveness.lock().unwrap_or_else(|p| p.into_inner());
             let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
-            for name in &gone {
-                liveness.forget(name);
+            match refreshed {
+                slots::Refreshed::Named { gone } => gone.iter().for_each(|name| liveness.forget(name)),
+                // Read from scratch (after a re-list or a pass dropped half-way): whatever left
+                // the fleet meanwhile is forgotten.
+                slots::Refreshed::All => liveness.retain(|name| slots.position(name).is_some()),
             }
             // Only the few nodes with a write not seen yet are looked at.
             if !expectations.is_empty() {
@@ -419,17 +426,7 @@ impl Context {
                     behind[i] = !expectations.caught_up(&name, gpunode_rv, node_rv, progress);
                 }
             }
-            // An agent is judged again only once its unchanged lease may have run out.
-            for slot in &mut slots.slots {
-                agents.push(match slot.alive_until {
-                    Some(until) if now <= until => AgentHealth::Alive,
-                    _ => {
-                        let (health, until) = liveness.judge(&slot.name, slot.lease.as_deref(), now);
-                        slot.alive_until = until;
-                        health
-                    }
-                });
-            }
+            agents = slots.judge_agents(&mut liveness, now);
         }
         let mut inputs: Vec<NodeInput<'_>> = slots
             .slots
@@ -574,7 +571,7 @@ impl Context {
                 if self.expectations.lock().unwrap_or_else(|p| p.into_inner()).names(&name) {
                     continue; // a record naming the plan is newer than the cache shows
                 }
-                if let Err(e) = self.finish_deletion(plan).await {
+                if let Err(e) = self.finish_deletion(plan, slots).await {
                     self.metrics.error(e.kind());
                     warn!(plan = %name, error = %e, "could not release a deleted plan; retrying");
                     failed += 1;
@@ -611,7 +608,8 @@ impl Context {
         }
     }
 
-    /// Nodes with a `GpuNode`, by the phase of its rollout record.
+    /// Nodes with a `GpuNode`, by the phase of its rollout record (a `GpuNode` whose Node is gone
+    /// is no node of the fleet, and not counted).
     fn set_phase_metrics(&self, slots: &Slots) {
         // A handful of phases: counted in a short list, named once each.
         let mut counts: Vec<(NodePhase, i64)> = Vec::new();
@@ -899,17 +897,15 @@ impl Context {
 
     /// A deleted plan: once no node is mid-rollout for it any more, drop the finalizer. GPUs keep
     /// their layout; the nodes' intent simply stops naming the plan.
-    async fn finish_deletion(&self, plan: &GpuPartitionPlan) -> Result<(), Error> {
+    async fn finish_deletion(&self, plan: &GpuPartitionPlan, slots: &Slots) -> Result<(), Error> {
         let name = plan.name_any();
-        let gpunode_list = self.gpunodes.state();
-        let gpunodes: GpuNodes =
-            gpunode_list.iter().map(|g| (g.metadata.name.as_deref().unwrap_or_default(), g)).collect();
-        // A GpuNode whose Node is gone cannot be released any more; it must not hold the plan.
-        let nodes: std::collections::BTreeSet<String> = self.nodes.state().iter().map(|n| n.name_any()).collect();
-        let busy = gpunodes
-            .values()
-            .filter(|g| nodes.contains(&g.name_any()))
-            .any(|g| g.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| holds_deletion(r, &name)));
+        // The nodes of the pass: a GpuNode whose Node is gone cannot be released any more, and
+        // must not hold the plan.
+        let busy = slots
+            .slots
+            .iter()
+            .filter_map(|s| s.gpunode.as_ref()?.status.as_ref()?.rollout.as_ref())
+            .any(|r| holds_deletion(r, &name));
         if busy || !plan.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(());
         }

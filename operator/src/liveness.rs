@@ -3,8 +3,6 @@
 //! heartbeat, and a hung agent (stuck in a driver call) stops renewing because its one loop does
 //! both.
 
-use std::collections::HashMap;
-
 use crate::FastMap;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -86,23 +84,9 @@ impl Liveness {
         self.seen.remove(node);
     }
 
-    /// Forgets leases that are gone.
-    pub fn retain(&mut self, present: &std::collections::BTreeSet<String>) {
-        self.seen.retain(|k, _| present.contains(k));
-    }
-
-    /// How many leases are remembered.
-    pub fn len(&self) -> usize {
-        self.seen.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seen.is_empty()
-    }
-
-    /// Forgets leases that are not keys of `present` (the pass's leases by name).
-    pub fn retain_keys<V, S: std::hash::BuildHasher>(&mut self, present: &HashMap<&str, V, S>) {
-        self.seen.retain(|k, _| present.contains_key(k.as_str()));
+    /// Keeps only the nodes `present` says are still there.
+    pub fn retain(&mut self, present: impl Fn(&str) -> bool) {
+        self.seen.retain(|k, _| present(k));
     }
 }
 

@@ -70,6 +70,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                     b.abort();
                 }
                 metrics.forget_leader_state();
+                // What the passes kept (the fleet's objects among it) goes too: a follower would
+                // hold it for nothing, and a leader again starts from the caches.
+                ctx.forget_passes();
             }
             _ => {}
         }

@@ -16,6 +16,7 @@ use kube::{Resource, ResourceExt};
 use tessera_crds::GpuNode;
 use tessera_crds::gpunode::{AGENT_LEASE_NAMESPACE, NodePhase};
 
+use crate::liveness::{AgentHealth, Liveness};
 use crate::rollout::{self, Versions};
 
 /// Names of nodes whose Node, `GpuNode` or Lease changed since the last pass took them.
@@ -99,7 +100,15 @@ impl Slot {
     }
 }
 
-/// Every node of the fleet, in a stable order (positions change only when nodes come or go).
+/// How a refresh went: the named nodes read again (and those gone), or everything read anew.
+#[derive(Debug, PartialEq)]
+pub enum Refreshed {
+    Named { gone: Vec<String> },
+    All,
+}
+
+/// Every node of the fleet, in a stable order (positions change only when nodes come or go, or
+/// when everything is read anew).
 #[derive(Debug, Default)]
 pub struct Slots {
     pub slots: Vec<Slot>,
@@ -107,25 +116,39 @@ pub struct Slots {
 }
 
 impl Slots {
-    /// Brings the slots up to the caches where `changed` says they may differ. Returns the names
-    /// of the nodes that left the fleet.
+    /// Brings the slots up to the caches where `changed` says they may differ.
     pub fn refresh(
         &mut self,
         changed: Changed,
         nodes: &Store<Node>,
         gpunodes: &Store<GpuNode>,
         leases: &Store<Lease>,
-    ) -> Vec<String> {
+    ) -> Refreshed {
         if changed.all || self.slots.is_empty() {
-            let gone: Vec<String> = self.slots.iter().map(|s| s.name.clone()).collect();
             self.slots = nodes.state().into_iter().map(|n| Slot::read(n, gpunodes, leases)).collect();
             self.index = self.slots.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
-            return gone.into_iter().filter(|n| !self.index.contains_key(n)).collect();
+            return Refreshed::All;
         }
         let mut gone = Vec::new();
         for name in changed.names {
             match (nodes.get(&ObjectRef::new(&name)), self.index.get(&name).copied()) {
-                (Some(node), Some(i)) => self.slots[i] = Slot::read(node, gpunodes, leases),
+                (Some(node), Some(i)) => {
+                    let slot = &mut self.slots[i];
+                    let gpunode = gpunodes.get(&ObjectRef::new(&name));
+                    let same = |a: &Option<Arc<GpuNode>>, b: &Option<Arc<GpuNode>>| match (a, b) {
+                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                        (None, None) => true,
+                        _ => false,
+                    };
+                    if Arc::ptr_eq(&node, &slot.node) && same(&gpunode, &slot.gpunode) {
+                        // Only its lease changed (an agent's heartbeat, every few seconds): the
+                        // rest of the slot stands; the agent is judged again.
+                        slot.lease = leases.get(&ObjectRef::new(&name).within(AGENT_LEASE_NAMESPACE));
+                        slot.alive_until = None;
+                    } else {
+                        *slot = Slot::read(node, gpunodes, leases);
+                    }
+                }
                 (Some(node), None) => {
                     self.index.insert(name, self.slots.len());
                     self.slots.push(Slot::read(node, gpunodes, leases));
@@ -141,7 +164,23 @@ impl Slots {
                 (None, None) => {}
             }
         }
-        gone
+        Refreshed::Named { gone }
+    }
+
+    /// Each node's agent health, by position. An agent is judged again (its lease looked at) only
+    /// once its unchanged lease may have run out, or when its slot was read again.
+    pub fn judge_agents(&mut self, liveness: &mut Liveness, now: Timestamp) -> Vec<AgentHealth> {
+        self.slots
+            .iter_mut()
+            .map(|slot| match slot.alive_until {
+                Some(until) if now <= until => AgentHealth::Alive,
+                _ => {
+                    let (health, until) = liveness.judge(&slot.name, slot.lease.as_deref(), now);
+                    slot.alive_until = until;
+                    health
+                }
+            })
+            .collect()
     }
 
     pub fn position(&self, name: &str) -> Option<usize> {
@@ -197,8 +236,8 @@ mod tests {
         }
         gpunode_writer.apply_watcher_event(&watcher::Event::Apply(gpunode("b", "4", "Draining")));
         let mut slots = Slots::default();
-        let gone = slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
-        assert!(gone.is_empty());
+        let all = slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        assert_eq!(all, Refreshed::All);
         assert_eq!(slots.slots.len(), 3);
         let b = slots.position("b").unwrap();
         assert_eq!(slots.slots[b].phase, NodePhase::Draining);
@@ -210,8 +249,8 @@ mod tests {
         node_writer.apply_watcher_event(&watcher::Event::Apply(node("d", "6", false)));
         gpunode_writer.apply_watcher_event(&watcher::Event::Apply(gpunode("b", "7", "Applying")));
         let names = ["a", "c", "d", "gone-before"].map(String::from).into_iter().collect();
-        let gone = slots.refresh(Changed { names, all: false }, &nodes, &gpunodes, &leases);
-        assert_eq!(gone, ["c"]);
+        let refreshed = slots.refresh(Changed { names, all: false }, &nodes, &gpunodes, &leases);
+        assert_eq!(refreshed, Refreshed::Named { gone: vec!["c".to_string()] });
         let mut seen: Vec<&str> = slots.slots.iter().map(|s| s.name.as_str()).collect();
         seen.sort();
         assert_eq!(seen, ["a", "b", "d"]);
@@ -234,5 +273,66 @@ mod tests {
         let mut empty = Slots::default();
         empty.refresh(Changed::default(), &nodes, &gpunodes, &leases);
         assert_eq!(empty.slots.len(), 3, "a pass that lost its slots reads the whole fleet");
+    }
+
+    fn lease(name: &str, renewed: &str) -> Lease {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": AGENT_LEASE_NAMESPACE},
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": renewed}}))
+        .unwrap()
+    }
+
+    fn at(t: &str) -> Timestamp {
+        t.parse().unwrap()
+    }
+
+    #[test]
+    fn an_agent_is_judged_again_when_its_lease_changes_or_may_have_run_out() {
+        let (nodes, mut node_writer) = reflector::store::<Node>();
+        let (gpunodes, _) = reflector::store::<GpuNode>();
+        let (leases, mut lease_writer) = reflector::store::<Lease>();
+        node_writer.apply_watcher_event(&watcher::Event::Apply(node("a", "1", false)));
+        lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-06-01T00:00:00.000000Z")));
+        let mut slots = Slots::default();
+        let mut liveness = Liveness::default();
+        slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        assert_eq!(slots.judge_agents(&mut liveness, at("2026-06-01T00:00:00Z")), [AgentHealth::Alive]);
+        assert_eq!(slots.slots[0].alive_until, Some(at("2026-06-01T00:00:40Z")));
+        // Unchanged: alive to the deadline, then judged again and found silent.
+        assert_eq!(slots.judge_agents(&mut liveness, at("2026-06-01T00:00:40Z")), [AgentHealth::Alive]);
+        let silent = slots.judge_agents(&mut liveness, at("2026-06-01T00:00:41Z"));
+        assert!(matches!(silent[..], [AgentHealth::NotResponding { .. }]), "{silent:?}");
+        // A renewal alone (the Node and GpuNode as they were) reaches the slot: alive again, and
+        // the slot's Node is the same object (not read again).
+        let before = Arc::clone(&slots.slots[0].node);
+        lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-06-01T00:00:50.000000Z")));
+        let named = Changed { names: ["a".to_string()].into_iter().collect(), all: false };
+        slots.refresh(named, &nodes, &gpunodes, &leases);
+        assert!(Arc::ptr_eq(&before, &slots.slots[0].node));
+        assert_eq!(slots.judge_agents(&mut liveness, at("2026-06-01T00:00:51Z")), [AgentHealth::Alive]);
+        // The lease deleted: judged again at once, not alive.
+        lease_writer.apply_watcher_event(&watcher::Event::Delete(lease("a", "2026-06-01T00:00:50.000000Z")));
+        let named = Changed { names: ["a".to_string()].into_iter().collect(), all: false };
+        slots.refresh(named, &nodes, &gpunodes, &leases);
+        let gone = slots.judge_agents(&mut liveness, at("2026-06-01T00:00:52Z"));
+        assert_eq!(gone, [AgentHealth::NotResponding { since: None }]);
+    }
+
+    #[test]
+    fn the_last_node_leaving_empties_the_slots_and_a_rebuild_drops_the_gone() {
+        let (nodes, mut node_writer) = reflector::store::<Node>();
+        let (gpunodes, _) = reflector::store::<GpuNode>();
+        let (leases, _) = reflector::store::<Lease>();
+        node_writer.apply_watcher_event(&watcher::Event::Apply(node("a", "1", false)));
+        node_writer.apply_watcher_event(&watcher::Event::Apply(node("b", "2", false)));
+        let mut slots = Slots::default();
+        slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        node_writer.apply_watcher_event(&watcher::Event::Delete(node("b", "2", false)));
+        slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        assert_eq!((slots.slots.len(), slots.position("b")), (1, None));
+        node_writer.apply_watcher_event(&watcher::Event::Delete(node("a", "1", false)));
+        let named = Changed { names: ["a".to_string()].into_iter().collect(), all: false };
+        let refreshed = slots.refresh(named, &nodes, &gpunodes, &leases);
+        assert_eq!(refreshed, Refreshed::Named { gone: vec!["a".to_string()] });
+        assert!(slots.slots.is_empty() && slots.position("a").is_none());
     }
 }

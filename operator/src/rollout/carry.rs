@@ -61,8 +61,9 @@ struct PlanKey {
 }
 
 /// The verdicts of the last pass, by the node's position among the pass's nodes (the
-/// controller keeps positions from pass to pass, except when nodes leave or after a re-list). Checked against the versions, which name one
-/// write of one object: a node that took over another's position is never mistaken for it.
+/// controller keeps positions from pass to pass, except when nodes leave or after a re-list).
+/// Checked against the versions, which name one write of one object: a node that took over
+/// another's position is never mistaken for it.
 #[derive(Debug, Default)]
 pub struct Carry {
     plans: Vec<PlanKey>,

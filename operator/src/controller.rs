@@ -1,8 +1,10 @@
-//! The operator's control loop: observe (reflector caches plus the pods of draining nodes),
-//! plan (`rollout::plan_fleet`, pure), act (the small executor below), then one status write per
-//! plan. Level-triggered: a pass runs on every change it reads (see `wake`) and at least every two
-//! seconds, and every decision is re-derived from the API objects, so a restarted operator
-//! resumes where it stopped.
+//! The operator's control loop: observe (reflector caches, read again only for the nodes the
+//! watches saw change (`slots`), plus the pods of draining nodes), plan (`rollout::plan_fleet_with`,
+//! pure, reusing the verdicts of unchanged nodes), act (the small executor below), then one status
+//! write per plan. Level-triggered: a pass runs on every change it reads (see `wake`) and at least
+//! every two seconds, and every decision is re-derived from the API objects (what passes keep
+//! between them is an exact shortcut, checked by version), so a restarted operator resumes where
+//! it stopped.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

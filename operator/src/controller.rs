@@ -349,7 +349,8 @@ impl Context {
     }
 
     /// Forgets what passes kept between them: the fleet's slots, verdicts and stranded slices.
-    /// The next pass reads the whole fleet from the caches.
+    /// The next pass reads the whole fleet from the caches. Agents' heartbeats stay as observed
+    /// (an agent silent all along is still judged silent, not given a new grace period).
     pub fn forget_passes(&self) {
         *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = Slots::default();
         *self.carry.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
@@ -411,12 +412,7 @@ impl Context {
         {
             let mut liveness = self.liveness.lock().unwrap_or_else(|p| p.into_inner());
             let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
-            match refreshed {
-                slots::Refreshed::Named { gone } => gone.iter().for_each(|name| liveness.forget(name)),
-                // Read from scratch (after a re-list or a pass dropped half-way): whatever left
-                // the fleet meanwhile is forgotten.
-                slots::Refreshed::All => liveness.retain(|name| slots.position(name).is_some()),
-            }
+            slots.forget_gone(&refreshed, &mut liveness);
             // Only the few nodes with a write not seen yet are looked at.
             if !expectations.is_empty() {
                 expectations.retain(|n| slots.position(n).is_some());

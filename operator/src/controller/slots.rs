@@ -167,6 +167,16 @@ impl Slots {
         Refreshed::Named { gone }
     }
 
+    /// Forgets the heartbeats of nodes that left the fleet: those a refresh found gone, or, after
+    /// everything was read from scratch (a re-list, a pass dropped half-way, a new leader, a fleet
+    /// without nodes), every node not read.
+    pub fn forget_gone(&self, refreshed: &Refreshed, liveness: &mut Liveness) {
+        match refreshed {
+            Refreshed::Named { gone } => gone.iter().for_each(|name| liveness.forget(name)),
+            Refreshed::All => liveness.retain(|name| self.position(name).is_some()),
+        }
+    }
+
     /// Each node's agent health, by position. An agent is judged again (its lease looked at) only
     /// once its unchanged lease may have run out, or when its slot was read again.
     pub fn judge_agents(&mut self, liveness: &mut Liveness, now: Timestamp) -> Vec<AgentHealth> {
@@ -302,12 +312,12 @@ mod tests {
         let silent = slots.judge_agents(&mut liveness, at("2026-06-01T00:00:41Z"));
         assert!(matches!(silent[..], [AgentHealth::NotResponding { .. }]), "{silent:?}");
         // A renewal alone (the Node and GpuNode as they were) reaches the slot: alive again, and
-        // the slot's Node is the same object (not read again).
-        let before = Arc::clone(&slots.slots[0].node);
+        // the rest of the slot is not read again (a mark set by hand survives).
+        slots.slots[0].phase = NodePhase::Failed;
         lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-06-01T00:00:50.000000Z")));
         let named = Changed { names: ["a".to_string()].into_iter().collect(), all: false };
         slots.refresh(named, &nodes, &gpunodes, &leases);
-        assert!(Arc::ptr_eq(&before, &slots.slots[0].node));
+        assert_eq!(slots.slots[0].phase, NodePhase::Failed, "a heartbeat alone does not read the node again");
         assert_eq!(slots.judge_agents(&mut liveness, at("2026-06-01T00:00:51Z")), [AgentHealth::Alive]);
         // The lease deleted: judged again at once, not alive.
         lease_writer.apply_watcher_event(&watcher::Event::Delete(lease("a", "2026-06-01T00:00:50.000000Z")));
@@ -318,21 +328,47 @@ mod tests {
     }
 
     #[test]
-    fn the_last_node_leaving_empties_the_slots_and_a_rebuild_drops_the_gone() {
+    fn the_last_node_leaving_empties_the_slots_and_a_rebuild_forgets_the_gone() {
         let (nodes, mut node_writer) = reflector::store::<Node>();
-        let (gpunodes, _) = reflector::store::<GpuNode>();
-        let (leases, _) = reflector::store::<Lease>();
-        node_writer.apply_watcher_event(&watcher::Event::Apply(node("a", "1", false)));
-        node_writer.apply_watcher_event(&watcher::Event::Apply(node("b", "2", false)));
+        let (gpunodes, mut gpunode_writer) = reflector::store::<GpuNode>();
+        let (leases, mut lease_writer) = reflector::store::<Lease>();
+        let mut liveness = Liveness::default();
+        for (n, rv) in [("a", "1"), ("b", "2")] {
+            node_writer.apply_watcher_event(&watcher::Event::Apply(node(n, rv, false)));
+            lease_writer.apply_watcher_event(&watcher::Event::Apply(lease(n, "2026-06-01T00:00:00.000000Z")));
+        }
         let mut slots = Slots::default();
         slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        slots.judge_agents(&mut liveness, at("2026-06-01T00:00:10Z"));
+        // b leaves while no pass runs; the next reads everything and forgets b's heartbeat.
         node_writer.apply_watcher_event(&watcher::Event::Delete(node("b", "2", false)));
-        slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        let refreshed = slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        assert_eq!(refreshed, Refreshed::All);
         assert_eq!((slots.slots.len(), slots.position("b")), (1, None));
+        slots.forget_gone(&refreshed, &mut liveness);
+        // Forgotten: b back with the very same lease gets a fresh grace period from 01:00.
+        node_writer.apply_watcher_event(&watcher::Event::Apply(node("b", "3", false)));
+        let named = Changed { names: ["b".to_string()].into_iter().collect(), all: false };
+        slots.refresh(named, &nodes, &gpunodes, &leases);
+        let health = slots.judge_agents(&mut liveness, at("2026-06-01T00:01:00Z"));
+        assert_eq!(health[slots.position("b").unwrap()], AgentHealth::Alive, "b's old heartbeat was forgotten");
+        assert!(matches!(health[slots.position("a").unwrap()], AgentHealth::NotResponding { .. }), "a's was kept");
+        // A GpuNode created, then deleted, for a node that stays: read each time.
+        let named = || Changed { names: ["a".to_string()].into_iter().collect(), all: false };
+        gpunode_writer.apply_watcher_event(&watcher::Event::Apply(gpunode("a", "4", "Draining")));
+        slots.refresh(named(), &nodes, &gpunodes, &leases);
+        assert_eq!(slots.slots[slots.position("a").unwrap()].phase, NodePhase::Draining);
+        gpunode_writer.apply_watcher_event(&watcher::Event::Delete(gpunode("a", "4", "Draining")));
+        slots.refresh(named(), &nodes, &gpunodes, &leases);
+        let a = &slots.slots[slots.position("a").unwrap()];
+        assert!(a.gpunode.is_none() && a.phase == NodePhase::Idle);
+        node_writer.apply_watcher_event(&watcher::Event::Delete(node("b", "3", false)));
         node_writer.apply_watcher_event(&watcher::Event::Delete(node("a", "1", false)));
-        let named = Changed { names: ["a".to_string()].into_iter().collect(), all: false };
-        let refreshed = slots.refresh(named, &nodes, &gpunodes, &leases);
-        assert_eq!(refreshed, Refreshed::Named { gone: vec!["a".to_string()] });
+        let names = ["a", "b"].map(String::from).into_iter().collect();
+        let refreshed = slots.refresh(Changed { names, all: false }, &nodes, &gpunodes, &leases);
+        let Refreshed::Named { mut gone } = refreshed else { panic!("{refreshed:?}") };
+        gone.sort();
+        assert_eq!(gone, ["a", "b"]);
         assert!(slots.slots.is_empty() && slots.position("a").is_none());
     }
 }

@@ -428,7 +428,6 @@ pub fn plan_fleet_with(
             [] => {
                 let before = actions.len();
                 release(node, &mut actions);
-                carry.planned += 1;
                 carry.remember(position, node, (actions.len() == before).then_some(Verdict::Unowned));
             }
             [one] => owned.entry(*one).or_default().push((position, node, None)),
@@ -442,7 +441,6 @@ pub fn plan_fleet_with(
                         .insert(node.name.to_string(), others);
                 }
                 release(node, &mut actions);
-                carry.planned += 1;
                 carry.remember(position, node, None);
             }
         }
@@ -459,7 +457,6 @@ pub fn plan_fleet_with(
             // acts on none: in-flight nodes are released once their agent is done.
             for (position, node, _) in owned {
                 release(node, &mut actions);
-                carry.planned += 1;
                 carry.remember(position, node, None);
             }
             continue;
@@ -629,7 +626,6 @@ fn plan_one<'a>(
         // An automatic plan leaves alone the nodes its decision does not change.
         untouched += usize::from(matches!(want, Want::LeftAlone));
         is_candidate[i] = false;
-        carry.planned += 1;
         carry.remember(position, node, None);
     }
     report.matched = (candidates.len() + untouched) as i32;
@@ -678,14 +674,12 @@ fn plan_one<'a>(
                 Want::Change(gn, desired) => (position, node, gn, desired),
                 // Not expected (its inputs made it a candidate before); planned in full next pass.
                 Want::LeftAlone | Want::Skipped => {
-                    carry.planned += 1;
                     carry.remember(position, node, None);
                     continue;
                 }
             },
             Candidate::Full(position, node, gn, desired) => (position, node, gn, desired),
         };
-        carry.planned += 1;
         let before = (actions.len(), report.updated, report.pending, report.in_progress);
         'node: {
             // A node whose cache lags our last write is planned and reported as its cache shows

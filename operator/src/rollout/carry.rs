@@ -97,27 +97,26 @@ impl Carry {
 
     /// The verdict kept for the node at `position`, if its inputs are those it was reached from.
     pub(super) fn verdict(&self, position: usize, node: &super::NodeInput<'_>) -> Option<Verdict> {
-        let versions = node.versions?;
-        if node.cache_behind || node.agent != crate::liveness::AgentHealth::Alive || node.cordon_annotated.is_some() {
-            return None;
-        }
+        let versions = node.versions.filter(|_| keepable(node))?;
         self.nodes.get(position)?.as_ref().filter(|r| r.versions == versions).map(|r| r.verdict)
     }
 
-    /// Keeps (or forgets) what the node at `position`, planned in full, came to.
+    /// The node at `position` was planned in full: counts it, and keeps (or forgets) its verdict.
     pub(super) fn remember(&mut self, position: usize, node: &super::NodeInput<'_>, verdict: Option<Verdict>) {
+        self.planned += 1;
         let kept = match (node.versions, verdict) {
-            (Some(versions), Some(verdict))
-                if !node.cache_behind
-                    && node.agent == crate::liveness::AgentHealth::Alive
-                    && node.cordon_annotated.is_none() =>
-            {
-                Some(Remembered { versions, verdict })
-            }
+            (Some(versions), Some(verdict)) if keepable(node) => Some(Remembered { versions, verdict }),
             _ => None,
         };
         if let Some(slot) = self.nodes.get_mut(position) {
             *slot = kept;
         }
     }
+}
+
+/// Whether a node's verdict may be kept at all: its agent alive, its cache caught up, and no
+/// Tessera cordon on it (whose orphan check reads the time). Versions aside, these are the
+/// inputs that change without a write to the node's objects.
+fn keepable(node: &super::NodeInput<'_>) -> bool {
+    !node.cache_behind && node.agent == crate::liveness::AgentHealth::Alive && node.cordon_annotated.is_none()
 }

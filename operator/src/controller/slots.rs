@@ -77,11 +77,16 @@ pub struct Slot {
     pub alive_until: Option<Timestamp>,
 }
 
+/// A node's agent Lease in the cache.
+fn lease_of(leases: &Store<Lease>, name: &str) -> Option<Arc<Lease>> {
+    leases.get(&ObjectRef::new(name).within(AGENT_LEASE_NAMESPACE))
+}
+
 impl Slot {
-    fn read(node: Arc<Node>, gpunodes: &Store<GpuNode>, leases: &Store<Lease>) -> Self {
+    /// The slot of `node`, with its `GpuNode` as already looked up, and its Lease.
+    fn read(node: Arc<Node>, gpunode: Option<Arc<GpuNode>>, leases: &Store<Lease>) -> Self {
         let name = node.name_any();
-        let gpunode = gpunodes.get(&ObjectRef::new(&name));
-        let lease = leases.get(&ObjectRef::new(&name).within(AGENT_LEASE_NAMESPACE));
+        let lease = lease_of(leases, &name);
         Slot {
             versions: Versions::of(node.metadata.resource_version.as_deref(), gpunode.as_deref()),
             unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
@@ -125,16 +130,24 @@ impl Slots {
         leases: &Store<Lease>,
     ) -> Refreshed {
         if changed.all || self.slots.is_empty() {
-            self.slots = nodes.state().into_iter().map(|n| Slot::read(n, gpunodes, leases)).collect();
+            self.slots = nodes
+                .state()
+                .into_iter()
+                .map(|n| {
+                    let gpunode = gpunodes.get(&ObjectRef::new(n.metadata.name.as_deref().unwrap_or_default()));
+                    Slot::read(n, gpunode, leases)
+                })
+                .collect();
             self.index = self.slots.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
             return Refreshed::All;
         }
         let mut gone = Vec::new();
         for name in changed.names {
+            let gpunode = || gpunodes.get(&ObjectRef::new(&name));
             match (nodes.get(&ObjectRef::new(&name)), self.index.get(&name).copied()) {
                 (Some(node), Some(i)) => {
                     let slot = &mut self.slots[i];
-                    let gpunode = gpunodes.get(&ObjectRef::new(&name));
+                    let gpunode = gpunode();
                     let same = |a: &Option<Arc<GpuNode>>, b: &Option<Arc<GpuNode>>| match (a, b) {
                         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                         (None, None) => true,
@@ -143,15 +156,16 @@ impl Slots {
                     if Arc::ptr_eq(&node, &slot.node) && same(&gpunode, &slot.gpunode) {
                         // Only its lease changed (an agent's heartbeat, every few seconds): the
                         // rest of the slot stands; the agent is judged again.
-                        slot.lease = leases.get(&ObjectRef::new(&name).within(AGENT_LEASE_NAMESPACE));
+                        slot.lease = lease_of(leases, &name);
                         slot.alive_until = None;
                     } else {
-                        *slot = Slot::read(node, gpunodes, leases);
+                        *slot = Slot::read(node, gpunode, leases);
                     }
                 }
                 (Some(node), None) => {
+                    let slot = Slot::read(node, gpunode(), leases);
                     self.index.insert(name, self.slots.len());
-                    self.slots.push(Slot::read(node, gpunodes, leases));
+                    self.slots.push(slot);
                 }
                 (None, Some(i)) => {
                     self.slots.swap_remove(i);

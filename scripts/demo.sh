@@ -20,6 +20,17 @@ down() {
     done
     while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done < "$DEMO/pids"
   fi
+  # The control plane's directory (etcd data, keys, the admin kubeconfig, logs: ~66 MB) goes too,
+  # unless TESSERA_DEMO_KEEP=1 asks to keep it for debugging.
+  local dir=
+  [ -f "$DEMO/dir" ] && dir=$(cat "$DEMO/dir")
+  if [ -n "$dir" ] && [ -d "$dir" ]; then
+    if [ "${TESSERA_DEMO_KEEP:-0}" = 1 ]; then
+      echo "kept the control plane's directory: $dir"
+    else
+      rm -rf "$dir"
+    fi
+  fi
   rm -rf "$DEMO"
   echo "demo stopped"
 }
@@ -150,6 +161,11 @@ if [ "$mode" = ci ]; then
   status=0
   [ "$ready" = "True True " ] || { echo "demo: the plans did not become Ready" >&2; tail -20 "$DEMO/operator.log" >&2; status=1; }
   down
+  # `make demo-down` must leave nothing behind (issue 28: the control plane's directory stayed).
+  if [ "${TESSERA_DEMO_KEEP:-0}" != 1 ] && [ -e "$DIR" ]; then
+    echo "demo: $DIR is still there after 'down'" >&2
+    status=1
+  fi
   exit $status
 fi
 cat <<TXT
@@ -161,4 +177,5 @@ The cluster stays up. Look around:
   $K get nodes -o custom-columns=NODE:.metadata.name,MIG:'.status.allocatable'
   curl -s 127.0.0.1:18080/metrics | grep tessera_
 Logs: $DEMO/*.log, control plane: $DIR/logs. Stop it with: make demo-down
+(which removes $DIR too; TESSERA_DEMO_KEEP=1 make demo-down keeps it)
 TXT

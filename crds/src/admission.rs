@@ -120,12 +120,16 @@ fn fit_message(model: &GpuModel) -> String {
         .filter(|n| model.profile(n).is_none())
         .map(|f| format!("({} in self.profiles ? {} : '')", cel_str(f), cel_str(&format!(", {f}"))))
         .collect();
+    // A name no catalog board has (a typo: `3g.40b`) is named too: the first one in key order,
+    // taken from a filter and indexed, so only one key of unknown length is concatenated.
+    let everywhere_list = cel_list(everywhere.iter().map(|n| cel_str(n)));
+    let strangers = format!("self.profiles.filter(k, self.profiles[k] > 0 && !(k in {everywhere_list}))");
     let unknown = format!(
-        "{} + ({} + (self.profiles.exists(k, self.profiles[k] > 0 && !(k in {})) ? {} : '')).substring(2) + {}",
+        "{} + ({} + ({strangers}.size() > 0 ? ', ' + {strangers}[0] + ({strangers}.size() > 1 ? {} : {}) : '')).substring(2) + {}",
         cel_str(&format!("profiles that do not exist on {name}: ")),
         named.join(" + "),
-        cel_list(everywhere.iter().map(|n| cel_str(n))),
-        cel_str(", profiles that no catalog GPU has"),
+        cel_str(" and more that no catalog GPU has"),
+        cel_str(" (no catalog GPU has it)"),
         cel_str(&format!("; valid profiles: {}", model.profile_names().join(", "))),
     );
     // The first profile over its maximum in name order, as the solver reports it.

@@ -45,7 +45,7 @@ async fn the_api_server_refuses_layouts_that_cannot_fit_their_catalog_product() 
     let admin = cp.client(Identity::Admin).await.unwrap();
     install_crds(&admin).await.unwrap();
     let plans: Api<GpuPartitionPlan> = Api::all(admin.clone());
-    let refused: [(Vec<Value>, &str); 9] = [
+    let refused: [(Vec<Value>, &str); 10] = [
         (
             vec![layout("H100-80GB", json!({"3g.40gb": 3}))],
             "spec.layouts[0].profiles: Invalid value: does not fit H100-80GB: 3 x 3g.40gb requested, \
@@ -87,7 +87,12 @@ async fn the_api_server_refuses_layouts_that_cannot_fit_their_catalog_product() 
         ),
         (
             vec![layout("B200-180GB", json!({"9g.99gb": 1}))],
-            "profiles that do not exist on B200-180GB: profiles that no catalog GPU has",
+            "profiles that do not exist on B200-180GB: 9g.99gb (no catalog GPU has it)",
+        ),
+        (
+            // A typo names itself (issue 28), also beside a second unknown name.
+            vec![layout("H100-80GB", json!({"3g.40b": 1, "zz.typo": 2}))],
+            "profiles that do not exist on H100-80GB: 3g.40b and more that no catalog GPU has; valid profiles:",
         ),
     ];
     for (i, (layouts, want)) in refused.into_iter().enumerate() {

@@ -24,6 +24,11 @@ impl Error {
         2
     }
 
+    /// Every label `kind` can return, plus `kube` (failed watches and list calls outside a pass'
+    /// error type): the metrics start each at zero, so dashboards and `rate()` see the series
+    /// before the first error.
+    pub const KINDS: [&'static str; 5] = ["api", "client", "usage", "partial", "kube"];
+
     /// A short, low-cardinality label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -117,6 +117,9 @@ impl Default for Metrics {
             node_cordon_limit: GaugeSet::new(),
             quota_shortfall: GaugeSet::new(),
         };
+        for kind in crate::Error::KINDS {
+            let _ = m.errors.get_or_create(&KindLabel { kind: kind.into() });
+        }
         registry.register("reconciles", "Fleet reconcile passes", m.reconciles.clone());
         registry.register("reconcile_errors", "Failed passes by error kind", m.errors.clone());
         registry.register("nodes", "GPU nodes by rollout phase", m.nodes.clone());
@@ -293,6 +296,20 @@ mod tests {
         assert!(text.contains("tessera_operator_nodes{phase=\"Draining\"} 2"), "{text}");
         assert!(text.contains("tessera_operator_plan_fragmented_slices{plan=\"p\"} 3"), "{text}");
         assert!(!text.contains("plan=\"gone\""), "a plan that is gone is dropped:\n{text}");
+    }
+
+    /// `reconcile_errors_total` is exported at zero for every kind before the first error (the
+    /// README and the dashboard query it; a missing series reads as "no data", not as 0).
+    #[test]
+    fn error_counters_start_at_zero_for_every_kind() {
+        let text = Metrics::default().render();
+        for kind in crate::Error::KINDS {
+            let series = format!("tessera_operator_reconcile_errors_total{{kind=\"{kind}\"}} 0");
+            assert!(text.contains(&series), "{series} missing:\n{text}");
+        }
+        let m = Metrics::default();
+        m.error("api");
+        assert!(m.render().contains("tessera_operator_reconcile_errors_total{kind=\"api\"} 1"));
     }
 
     fn repo_yaml(path: &str) -> serde_json::Value {

@@ -72,6 +72,7 @@ pub fn node_of(action: &Action) -> &str {
         | Action::Evict { node, .. }
         | Action::ForceDelete { node, .. }
         | Action::Intent { node, .. }
+        | Action::ClearIntent { node }
         | Action::Event { node, .. }
         | Action::Completed { node, .. }
         | Action::AgentDown { node, .. } => node,
@@ -737,6 +738,13 @@ impl Context {
             Action::Intent { node, plan, gpus } => {
                 let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
                                   "spec": {"plan": plan, "gpus": gpus}});
+                let written = gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await;
+                self.recorded(&node, Written::GpuNode, written).await?;
+            }
+            Action::ClearIntent { node } => {
+                // Server-side apply by the same manager: `plan` (owned, now left out) is removed.
+                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
+                                  "spec": {"gpus": []}});
                 let written = gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await;
                 self.recorded(&node, Written::GpuNode, written).await?;
             }

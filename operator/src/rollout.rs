@@ -98,6 +98,11 @@ pub enum Action {
         plan: String,
         gpus: Vec<GpuIntent>,
     },
+    /// Empty the intent of a node no plan owns (no `spec.plan`, no `spec.gpus`): its GPUs are left
+    /// as they are, and nothing names a plan that no longer has it.
+    ClearIntent {
+        node: String,
+    },
     Event {
         plan: String,
         node: String,
@@ -428,6 +433,9 @@ pub fn plan_fleet_with(
             [] => {
                 let before = actions.len();
                 release(node, &mut actions);
+                if actions.len() == before {
+                    clear_intent(node, &mut actions);
+                }
                 carry.remember(position, node, (actions.len() == before).then_some(Verdict::Unowned));
             }
             [one] => owned.entry(*one).or_default().push((position, node, None)),
@@ -518,6 +526,22 @@ fn release(node: &NodeInput<'_>, actions: &mut Vec<Action>) {
         actions.push(Action::Uncordon { node: node.name.to_string() });
     }
     actions.push(Action::Rollout { node: node.name.to_string(), rollout: None });
+}
+
+/// A node that no plan matches, released (no rollout record left): its intent is emptied, once.
+/// What it held came from a plan that was deleted or no longer selects it; kept, it named that
+/// plan (`kubectl get gpunodes`, `kubectl tessera status`) and had the agent re-create, in free
+/// space, instances an admin removed by hand. Empty, the agent leaves the GPUs as they are.
+/// Nodes of an invalid plan, or claimed by plans in conflict, keep theirs: a plan still owns them.
+fn clear_intent(node: &NodeInput<'_>, actions: &mut Vec<Action>) {
+    if node.cache_behind {
+        return;
+    }
+    let Some(gn) = &node.gpunode else { return };
+    let released = gn.status.as_ref().and_then(|s| s.rollout.as_ref()).is_none();
+    if released && (gn.spec.plan.is_some() || !gn.spec.gpus.is_empty()) {
+        actions.push(Action::ClearIntent { node: node.name.to_string() });
+    }
 }
 
 /// Whether a node counts against `maxUnavailable` for `plan_generation`: in flight, failed for

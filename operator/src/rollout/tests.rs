@@ -192,6 +192,30 @@ fn a_deleted_plan_releases_its_nodes_without_reconfiguring() {
     );
 }
 
+/// Issue 28 (9) and 27 (7): a released node keeps no intent of a plan that no longer has it.
+/// The first pass uncordons and forgets the record; the next empties the intent, once.
+#[test]
+fn a_node_no_plan_owns_any_more_is_released_then_its_intent_emptied() {
+    let r = json!({"phase": "Idle", "plan": "p", "cordonedByUs": false});
+    let mut gn = gpunode("n1", wanted(), true, Some(r));
+    gn.spec.plan = Some("p".into());
+    let (actions, _) = plan_fleet(&[], &[node("n1", false, gn.clone())], now());
+    assert_eq!(actions, vec![Action::Rollout { node: "n1".into(), rollout: None }], "the record first");
+    gn.status.as_mut().unwrap().rollout = None;
+    let (actions, _) = plan_fleet(&[], &[node("n1", false, gn.clone())], now());
+    assert_eq!(actions, vec![Action::ClearIntent { node: "n1".into() }]);
+    let mut lagging = node("n1", false, gn.clone());
+    lagging.cache_behind = true;
+    assert_eq!(plan_fleet(&[], &[lagging], now()).0, vec![], "not on a cache behind our writes");
+    gn.spec = Default::default();
+    assert_eq!(plan_fleet(&[], &[node("n1", false, gn.clone())], now()).0, vec![], "once empty, nothing more");
+    // A node an invalid plan or conflicting plans still claim keeps its intent.
+    gn.spec.gpus = serde_json::from_value(wanted()).unwrap();
+    let twins = [plan("p", 0, json!(1), h100_layout()), plan("q", 0, json!(1), h100_layout())];
+    let (actions, _) = plan_fleet(&twins, &[node("n1", false, gn)], now());
+    assert!(!actions.iter().any(|a| matches!(a, Action::ClearIntent { .. })), "{actions:?}");
+}
+
 #[test]
 fn an_agent_failure_uncordons_and_reports() {
     let r = json!({"phase": "Applying", "plan": "p", "planGeneration": 1, "cordonedByUs": true});
@@ -383,6 +407,14 @@ impl Sim {
                     let gn = std::sync::Arc::make_mut(self.nodes[i].gpunode.as_mut().unwrap());
                     if gn.spec.gpus != gpus {
                         gn.spec.gpus = gpus;
+                        gn.metadata.generation = Some(gn.metadata.generation.unwrap() + 1);
+                    }
+                }
+                Action::ClearIntent { node } => {
+                    let i = i(&node);
+                    let gn = std::sync::Arc::make_mut(self.nodes[i].gpunode.as_mut().unwrap());
+                    if !gn.spec.gpus.is_empty() || gn.spec.plan.is_some() {
+                        gn.spec = Default::default();
                         gn.metadata.generation = Some(gn.metadata.generation.unwrap() + 1);
                     }
                 }

@@ -51,6 +51,28 @@ pub struct TenantGpuQuotaSpec {
     /// Optional limits in physical units over all profiles, checked and reported by the operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub physical: Option<PhysicalLimits>,
+    /// GPU resources `hard` does not list: `Unlimited` (Kubernetes' own rule for a ResourceQuota)
+    /// or `Zero` (each namespace's ResourceQuota holds 0 of them, so a tenant gets only what
+    /// `hard` grants).
+    #[serde(default, skip_serializing_if = "UnlistedPolicy::is_unlimited")]
+    pub unlisted: UnlistedPolicy,
+}
+
+/// What a quota grants of the GPU resources its `hard` does not name.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UnlistedPolicy {
+    /// Not limited by this quota (a ResourceQuota limits only what it lists).
+    #[default]
+    Unlimited,
+    /// 0 in every namespace: `nvidia.com/gpu` and every `nvidia.com/mig-<profile>` of the catalog
+    /// and of the fleet's reported profiles.
+    Zero,
+}
+
+impl UnlistedPolicy {
+    pub fn is_unlimited(&self) -> bool {
+        *self == UnlistedPolicy::Unlimited
+    }
 }
 
 /// How a tenant-wide limit becomes per-namespace `ResourceQuota`s.

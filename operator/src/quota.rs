@@ -10,7 +10,9 @@ use tessera_crds::conditions::{
     CAPACITY_AVAILABLE, CONFLICT, READY, RECONCILING, STALLED, remove_condition, set_condition,
 };
 use tessera_crds::gpunode::GpuState;
-use tessera_crds::quota::{NamespaceUsage, ResourceUsage, SplitPolicy, TenantGpuQuotaSpec, TenantGpuQuotaStatus};
+use tessera_crds::quota::{
+    NamespaceUsage, ResourceUsage, SplitPolicy, TenantGpuQuotaSpec, TenantGpuQuotaStatus, UnlistedPolicy,
+};
 use tessera_crds::validate::{GPU_RESOURCE, validate_quota};
 use tessera_crds::{GpuNode, TenantGpuQuota, catalog};
 
@@ -94,6 +96,18 @@ pub fn shares(spec: &TenantGpuQuotaSpec) -> BTreeMap<String, BTreeMap<String, i6
         out.insert(ns.clone(), mine);
     }
     out
+}
+
+/// The GPU resources a quota's `hard` does not list (for `unlisted: Zero`): `nvidia.com/gpu`,
+/// every MIG resource of the catalog's boards, and every resource the fleet supplies (boards
+/// outside the catalog report their own profiles).
+pub fn unlisted_gpu_resources(spec: &TenantGpuQuotaSpec, supply: &BTreeMap<String, i64>) -> BTreeSet<String> {
+    let catalog = catalog::MODELS.iter().flat_map(|m| m.profiles.iter().map(|p| catalog::mig_resource_name(p.name)));
+    std::iter::once(GPU_RESOURCE.to_string())
+        .chain(catalog)
+        .chain(supply.keys().cloned())
+        .filter(|r| !spec.hard.contains_key(r))
+        .collect()
 }
 
 /// What one GPU supplies per resource name: its MIG instances, or itself as a whole GPU.
@@ -318,8 +332,13 @@ pub fn plan_quotas_with(
                     quota_label_value(&name)
                 ));
             }
-            let hard: BTreeMap<String, String> =
+            let mut hard: BTreeMap<String, String> =
                 share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
+            if q.spec.unlisted == UnlistedPolicy::Zero {
+                for r in unlisted_gpu_resources(&q.spec, supply) {
+                    hard.insert(format!("requests.{r}"), "0".into());
+                }
+            }
             let used = used_in(resource_quotas, &ns, &rq_name);
             plan.apply.push(Apply { namespace: ns.clone(), quota: name.clone(), name: rq_name.clone(), hard });
             wanted.insert((ns.clone(), rq_name));

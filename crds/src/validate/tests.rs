@@ -113,6 +113,7 @@ fn quota(namespaces: &[&str], hard: &[(&str, i64)]) -> TenantGpuQuotaSpec {
         namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
         hard: hard.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         split: SplitPolicy::Even,
+        unlisted: Default::default(),
         namespace_hard: BTreeMap::new(),
         physical: None,
     }

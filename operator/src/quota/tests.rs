@@ -61,6 +61,36 @@ fn even_split_gives_the_remainder_to_the_first_namespaces() {
     }
 }
 
+/// Issue 28 (12): by default a resource `hard` does not list is unlimited (a ResourceQuota limits
+/// only what it names); `unlisted: Zero` writes 0 for every other GPU resource, the catalog's and
+/// the fleet's (a board outside the catalog), so a tenant gets only what `hard` grants.
+#[test]
+fn unlisted_gpu_resources_are_unlimited_by_default_and_zero_on_request() {
+    let spec = json!({"namespaces": ["b"], "hard": {"nvidia.com/mig-2g.20gb": 2}});
+    let fleet = [gpunode(json!([{"index": 0, "uuid": "u", "product": "NVIDIA RTX PRO 6000 Blackwell",
+        "migEnabled": true, "instances": [{"profile": "1g.24gb", "start": 0, "size": 1}]}]))];
+    let plain = plan_quotas(&[quota("team-b", spec.clone())], &ns(&["b"]), &[], &fleet, now());
+    assert_eq!(plain.apply[0].hard.keys().collect::<Vec<_>>(), ["requests.nvidia.com/mig-2g.20gb"]);
+
+    let mut strict = spec;
+    strict["unlisted"] = json!("Zero");
+    let p = plan_quotas(&[quota("team-b", strict)], &ns(&["b"]), &[], &fleet, now());
+    let hard = &p.apply[0].hard;
+    assert_eq!(hard["requests.nvidia.com/mig-2g.20gb"], "2", "what hard lists keeps its share");
+    for r in [
+        "nvidia.com/gpu",
+        "nvidia.com/mig-1g.10gb",
+        "nvidia.com/mig-1g.10gb.me",
+        "nvidia.com/mig-1g.5gb",
+        "nvidia.com/mig-1g.24gb",
+    ] {
+        assert_eq!(hard.get(&format!("requests.{r}")).map(String::as_str), Some("0"), "{r} in {hard:?}");
+    }
+    assert!(hard.keys().all(|k| k.starts_with("requests.nvidia.com/")), "{hard:?}");
+    let st = &p.statuses["team-b"];
+    assert_eq!(st.resources.len(), 1, "status reports what hard lists: {:?}", st.resources);
+}
+
 #[test]
 fn explicit_split_uses_namespace_hard_and_zero_elsewhere() {
     let q = quota(

@@ -226,6 +226,28 @@ async fn a_forced_drain_deletes_a_pod_stuck_terminating_and_an_unmanaged_pod_blo
     plans.patch("p", &PatchParams::default(), &Patch::Merge(&relayout)).await.unwrap();
     let msg = stalled(&admin, "p", "DrainTimeout").await;
     assert!(msg.contains("pod ml/notebook has no controller") && msg.contains("evictUnmanagedPods"), "{msg}");
+    // Said on the node as well: its record (which `kubectl tessera status` shows) and a Warning.
+    let refused = "pod ml/notebook has no controller";
+    let gns: Api<GpuNode> = Api::all(admin.clone());
+    wait_for("gpu-dead's record names the refused pod", T, || async {
+        gns.get("gpu-dead").await.ok()?.status?.rollout?.message.contains(refused).then_some(())
+    })
+    .await
+    .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), "default");
+    wait_for("an EvictionBlocked Warning on gpu-dead names the refused pod", T, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("EvictionBlocked")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gpu-dead")
+                    && e.note.as_deref().is_some_and(|n| n.contains(refused))
+            })
+            .then_some(())
+    })
+    .await
+    .unwrap();
     for name in ["notebook", "managed"] {
         let pod = pods.get(name).await.unwrap();
         assert!(pod.metadata.deletion_timestamp.is_none(), "{name} was evicted while the drain could not finish");

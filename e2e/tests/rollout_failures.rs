@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -224,6 +226,28 @@ async fn a_forced_drain_deletes_a_pod_stuck_terminating_and_an_unmanaged_pod_blo
     plans.patch("p", &PatchParams::default(), &Patch::Merge(&relayout)).await.unwrap();
     let msg = stalled(&admin, "p", "DrainTimeout").await;
     assert!(msg.contains("pod ml/notebook has no controller") && msg.contains("evictUnmanagedPods"), "{msg}");
+    // Said on the node as well: its record (which `kubectl tessera status` shows) and a Warning.
+    let refused = "pod ml/notebook has no controller";
+    let gns: Api<GpuNode> = Api::all(admin.clone());
+    wait_for("gpu-dead's record names the refused pod", T, || async {
+        gns.get("gpu-dead").await.ok()?.status?.rollout?.message.contains(refused).then_some(())
+    })
+    .await
+    .unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), "default");
+    wait_for("an EvictionBlocked Warning on gpu-dead names the refused pod", T, || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("EvictionBlocked")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gpu-dead")
+                    && e.note.as_deref().is_some_and(|n| n.contains(refused))
+            })
+            .then_some(())
+    })
+    .await
+    .unwrap();
     for name in ["notebook", "managed"] {
         let pod = pods.get(name).await.unwrap();
         assert!(pod.metadata.deletion_timestamp.is_none(), "{name} was evicted while the drain could not finish");
@@ -236,6 +260,73 @@ async fn a_forced_drain_deletes_a_pod_stuck_terminating_and_an_unmanaged_pod_blo
     ready(&admin, "p").await;
     assert!(pods.get_opt("notebook").await.unwrap().is_none() && pods.get_opt("managed").await.unwrap().is_none());
     assert!(!cordoned(&admin).await["gpu-dead"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_held_by_a_pdb_names_it_on_the_node_and_in_drain_timeout() {
+    let (cp, admin) = cluster().await;
+    nodes(&admin, &["gpu-0"]).await;
+    let _agent = agent(&cp, "gpu-0", &[]).await;
+    registered(&admin, "gpu-0").await;
+    let node_api: Api<Node> = Api::all(admin.clone());
+    wait_for("gpu-0 advertises its GPU", T, || async {
+        let a = node_api.get("gpu-0").await.ok()?.status?.allocatable?;
+        (a.get("nvidia.com/gpu").map(|q| q.0.as_str()) == Some("1")).then_some(())
+    })
+    .await
+    .unwrap();
+    create_namespace(&admin, "serve").await.unwrap();
+    // One GPU pod, and a budget that allows no disruption of it.
+    let deploy: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+          "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{
+            "name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}))
+    .unwrap();
+    Api::<Deployment>::namespaced(admin.clone(), "serve").create(&PostParams::default(), &deploy).await.unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "serve");
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}}))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    wait_for("PDB allows no disruption", T, || async {
+        let s = pdbs.get("web").await.ok()?.status?;
+        (s.current_healthy == Some(1) && s.disruptions_allowed == Some(0)).then_some(())
+    })
+    .await
+    .unwrap();
+
+    let _op = spawn_operator(&cp, "op").unwrap();
+    let plans: Api<GpuPartitionPlan> = Api::all(admin.clone());
+    plans.create(&PostParams::default(), &plan("p", json!({"drainTimeoutSeconds": 5}))).await.unwrap();
+    // The budget is named (namespace/name) in every place a user looks.
+    let named = "blocked by PodDisruptionBudget serve/web";
+    let msg = stalled(&admin, "p", "DrainTimeout").await;
+    assert!(msg.contains(named), "{msg}");
+    let gns: Api<GpuNode> = Api::all(admin.clone());
+    let record = gns.get("gpu-0").await.unwrap().status.unwrap().rollout.unwrap();
+    assert_eq!(record.phase, NodePhase::Draining);
+    assert!(record.message.contains(named), "{}", record.message);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let blocked: Vec<(String, String)> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("EvictionBlocked"))
+        .map(|e| (e.regarding.and_then(|r| r.kind).unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect();
+    for kind in ["Node", "GpuPartitionPlan"] {
+        assert!(blocked.iter().any(|(k, note)| k == kind && note.contains(named)), "{kind}: {blocked:?}");
+    }
+
+    // The budget relaxed: the drain finishes, and the node's record no longer says it is held.
+    pdbs.patch("web", &PatchParams::default(), &Patch::Merge(json!({"spec": {"minAvailable": 0}}))).await.unwrap();
+    ready(&admin, "p").await;
+    let record = gns.get("gpu-0").await.unwrap().status.unwrap().rollout.unwrap();
+    assert!(record.message.is_empty(), "{}", record.message);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -92,6 +92,7 @@ mod tests {
             gpunode,
             pods: Ok(vec![]),
             daemonsets: BTreeSet::new(),
+            returns: Default::default(),
             agent: AgentHealth::NotResponding { since: None },
             cordon_annotated: annotated.map(ts),
             cache_behind: false,

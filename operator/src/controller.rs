@@ -75,6 +75,7 @@ pub fn node_of(action: &Action) -> &str {
         | Action::ClearIntent { node }
         | Action::Event { node, .. }
         | Action::Completed { node, .. }
+        | Action::Blockers { node, .. }
         | Action::AgentDown { node, .. } => node,
     }
 }
@@ -94,6 +95,8 @@ struct GroupResult {
     node: String,
     /// Why evictions were refused.
     refused: Vec<String>,
+    /// What the planner found holding its drain (`Action::Blockers`), if it is draining.
+    blockers: Option<Vec<String>>,
     /// The Events its actions reached (published aggregated after the pass).
     events: Vec<NodeEvent>,
     /// The failure that stopped its actions.
@@ -118,6 +121,8 @@ pub struct Context {
     pub liveness: std::sync::Mutex<Liveness>,
     /// Each node's verdict of the last pass, reused while its inputs stay the same.
     carry: std::sync::Mutex<rollout::Carry>,
+    /// Per draining node, the evictions of pods that came back to it (in memory only).
+    returns: std::sync::Mutex<crate::drain::Returns>,
     /// The fleet as the last pass read it, and the nodes the watches saw change since.
     slots: std::sync::Mutex<Slots>,
     dirty: Arc<Dirty>,
@@ -210,6 +215,7 @@ pub async fn start(
         quotas,
         liveness: Default::default(),
         carry: Default::default(),
+        returns: Default::default(),
         slots: Default::default(),
         dirty,
         expectations: Default::default(),
@@ -439,6 +445,7 @@ impl Context {
                 gpunode: slot.gpunode.clone(),
                 pods: Ok(vec![]),
                 daemonsets: Default::default(),
+                returns: Default::default(),
                 agent,
                 cordon_annotated: slot.cordon_annotated,
                 cache_behind,
@@ -459,9 +466,14 @@ impl Context {
             .buffer_unordered(NODES_IN_PARALLEL)
             .collect()
             .await;
-        for (i, (pods, daemonsets)) in listed {
-            inputs[i].pods = pods;
-            inputs[i].daemonsets = daemonsets;
+        {
+            let mut returns = self.returns.lock().unwrap_or_else(|p| p.into_inner());
+            returns.retain(|node| slots.position(node).is_some_and(|i| slots.slots[i].phase == NodePhase::Draining));
+            for (i, (pods, daemonsets)) in listed {
+                inputs[i].pods = pods;
+                inputs[i].daemonsets = daemonsets;
+                inputs[i].returns = returns.of(inputs[i].name);
+            }
         }
         let mut layouts = self.decide_layouts(&mut plans, &inputs).await;
         let (cordoned_since, cordon_limit) = crate::alert_metrics::cordons(&inputs, &plans);
@@ -492,11 +504,6 @@ impl Context {
             report.fragmented_slices = fragmented.get(name).copied().unwrap_or(0).clamp(0, i64::from(i32::MAX)) as i32;
             plan_errors.entry(name.clone()).or_default().extend(layouts.errors.remove(name).unwrap_or_default());
         }
-        let evicting: BTreeMap<String, bool> = actions
-            .iter()
-            .filter(|a| matches!(a, Action::Evict { .. }))
-            .map(|a| (node_of(a).to_string(), true))
-            .collect();
         // One node's actions run in order (intent before act) and stop at its first failure;
         // different nodes run concurrently, and one node's failure does not stop the others.
         let mut groups: Vec<(String, Vec<Action>)> = Vec::new();
@@ -513,11 +520,16 @@ impl Context {
         }
         let results: Vec<GroupResult> = futures::stream::iter(groups)
             .map(|(node, list)| async move {
-                let mut done = GroupResult { node, refused: Vec::new(), events: Vec::new(), error: None };
+                let mut done =
+                    GroupResult { node, refused: Vec::new(), blockers: None, events: Vec::new(), error: None };
                 for action in list {
                     if let Action::Event { plan, node, reason, message, warning } = action {
                         // Reached: every action before it succeeded. Published after the pass.
                         done.events.push(NodeEvent { plan, node, reason, message, warning });
+                        continue;
+                    }
+                    if let Action::Blockers { reasons, .. } = action {
+                        done.blockers = Some(reasons); // recorded after the pass, with the refusals
                         continue;
                     }
                     match self.act(action).await {
@@ -533,11 +545,14 @@ impl Context {
             .buffer_unordered(NODES_IN_PARALLEL)
             .collect()
             .await;
-        let mut blocked: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let (mut found, mut blocked) = (BTreeMap::new(), BTreeMap::new());
         let mut node_errors: BTreeMap<String, String> = BTreeMap::new();
         let mut reached = Vec::new();
-        for GroupResult { node, refused, events, error } in results {
+        for GroupResult { node, refused, blockers, events, error } in results {
             reached.extend(events);
+            if let Some(b) = blockers {
+                found.insert(node.clone(), b);
+            }
             if !refused.is_empty() {
                 blocked.insert(node.clone(), refused);
             }
@@ -548,7 +563,7 @@ impl Context {
             }
         }
         self.publish_events(reached, &plans).await;
-        for (node, e) in self.record_drain_messages(&evicting, &blocked).await {
+        for (node, e) in self.record_drain_messages(&found, &blocked).await {
             node_errors.entry(node).or_insert(e);
         }
         self.set_phase_metrics(slots);
@@ -723,8 +738,8 @@ impl Context {
                     .await;
                 self.recorded(&node, Written::Node, written).await?;
             }
-            Action::Evict { node, namespace, pod } => {
-                return Ok(self.evict(&node, &namespace, &pod).await?.map(|why| (node, why)));
+            Action::Evict { node, namespace, pod, came_back } => {
+                return Ok(self.evict(&node, &namespace, &pod, came_back.as_deref()).await?.map(|why| (node, why)));
             }
             Action::ForceDelete { node, namespace, pod } => {
                 warn!(%node, %namespace, %pod, "drain timed out; deleting as the plan's forceAfterTimeout asks");
@@ -757,14 +772,22 @@ impl Context {
                                   "status": {"conditions": [condition]}});
                 gns.patch_status(&node, &PatchParams::apply(LIVENESS_MANAGER).force(), &Patch::Apply(&body)).await?;
             }
-            // Collected by the pass and published aggregated (`publish_events`).
-            Action::Event { .. } => {}
+            // Collected by the pass: Events published aggregated (`publish_events`), blockers
+            // recorded with the refused evictions (`record_drain_messages`).
+            Action::Event { .. } | Action::Blockers { .. } => {}
         }
         Ok(None)
     }
 
     /// One eviction through a typed policy/v1 Eviction, bounded in time. `Some(reason)` if refused.
-    async fn evict(&self, node: &str, namespace: &str, pod: &str) -> Result<Option<String>, Error> {
+    /// `came_back`: the owner of a pod that came back to the cordoned node, counted once evicted.
+    async fn evict(
+        &self,
+        node: &str,
+        namespace: &str,
+        pod: &str,
+        came_back: Option<&str>,
+    ) -> Result<Option<String>, Error> {
         let api: Api<Pod> = Api::namespaced(self.evict_client.clone(), namespace);
         let eviction: Eviction = serde_json::from_value(json!({
             "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}
@@ -776,13 +799,15 @@ impl Context {
             Ok(Ok(_)) => {
                 info!(%node, %namespace, %pod, "evicted");
                 self.metrics.evicted();
+                if let Some(owner) = came_back {
+                    self.returns.lock().unwrap_or_else(|p| p.into_inner()).evicted(node, owner);
+                }
                 Ok(None)
             }
             Ok(Err(kube::Error::Api(s))) if s.code == 404 => Ok(None),
             Ok(Err(kube::Error::Api(s))) if s.code == 429 => {
                 self.metrics.eviction_blocked();
-                let why = format!("eviction of {namespace}/{pod} blocked: {}", s.message);
-                Ok(Some(why))
+                Ok(Some(crate::drain::eviction_refused(namespace, pod, &s)))
             }
             Ok(Err(e)) => Err(e.into()),
             Err(_) => {
@@ -791,35 +816,32 @@ impl Context {
         }
     }
 
-    /// Writes why a drain is blocked into the node's rollout message (the plan status shows it),
-    /// and emits an Event when the reason changes.
+    /// Records why each draining node's drain waits (its blockers, then the refused evictions)
+    /// in its rollout message, which the plan's status and `kubectl tessera status` show, with an
+    /// `EvictionBlocked` Event on the Node and the plan when it changes (see `drain::records`).
     async fn record_drain_messages(
         &self,
-        evicting: &BTreeMap<String, bool>,
-        blocked: &BTreeMap<String, Vec<String>>,
+        found: &BTreeMap<String, Vec<String>>,
+        refused: &BTreeMap<String, Vec<String>>,
     ) -> Vec<(String, String)> {
-        let mut errors = Vec::new();
-        for node in evicting.keys() {
+        let current = |node: &str| {
             let cached = self.gpunodes.get(&reflector::ObjectRef::new(node));
-            let Some(mut r) = cached.as_ref().and_then(|g| g.status.as_ref()?.rollout.clone()) else {
-                continue;
-            };
-            let message = blocked.get(node).map(|m| m.join("; ")).unwrap_or_default();
-            if r.message == message {
-                continue;
-            }
-            if !message.is_empty() {
-                self.event_on_node(node, "EvictionBlocked", &message, true).await;
+            cached.as_ref().and_then(|g| g.status.as_ref()?.rollout.clone())
+        };
+        let mut errors = Vec::new();
+        for (node, r) in crate::drain::records(found, refused, current) {
+            if !r.message.is_empty() {
+                self.event_on_node(&node, "EvictionBlocked", &r.message, true).await;
                 if let Some(plan) =
                     r.plan.as_deref().and_then(|p| self.plans.state().into_iter().find(|x| x.name_any() == p))
                 {
-                    self.publish(&plan.object_ref(&()), "EvictionBlocked", &format!("{node}: {message}"), true).await;
+                    let note = format!("{node}: {}", r.message);
+                    self.publish(&plan.object_ref(&()), "EvictionBlocked", &note, true).await;
                 }
             }
-            r.message = message;
-            if let Err(e) = self.write_rollout(node, Some(&r)).await {
+            if let Err(e) = self.write_rollout(&node, Some(&r)).await {
                 self.metrics.error(e.kind());
-                errors.push((node.clone(), e.to_string()));
+                errors.push((node, e.to_string()));
             }
         }
         errors

@@ -8,6 +8,11 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Pod;
 use tessera_crds::plan::{DrainScope, RolloutPolicy};
 
+mod blockers;
+pub use blockers::{
+    RETURNS_REPORTED, Returns, came_back, eviction_refused, keeps_coming_back, message, records, stuck_terminating,
+};
+
 /// What to do with one pod on a node being drained.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodVerdict {

@@ -24,7 +24,7 @@ use tessera_crds::validate::{max_unavailable, validate_plan_with};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog, solver};
 
 use crate::auto::Ask;
-use crate::drain::{PodVerdict, verdict};
+use crate::drain::{self, PodVerdict, verdict};
 use crate::liveness::AgentHealth;
 use crate::selector::matches;
 
@@ -47,6 +47,9 @@ pub struct NodeInput<'a> {
     pub pods: Result<Vec<Pod>, String>,
     /// DaemonSets (namespace, name) known to exist, for the DaemonSet pods among `pods`.
     pub daemonsets: BTreeSet<(String, String)>,
+    /// Draining nodes: per owner (`Kind namespace/name`), how many of its pods that came back
+    /// to the cordoned node were evicted (kept in memory: see [`crate::drain::Returns`]).
+    pub returns: BTreeMap<String, u32>,
     /// The node agent's heartbeat.
     pub agent: AgentHealth,
     /// When Tessera cordoned the Node, from its [`CORDONED_ANNOTATION`].
@@ -85,6 +88,16 @@ pub enum Action {
         node: String,
         namespace: String,
         pod: String,
+        /// The pod's owner when the pod came to the node after its drain started: evicting it
+        /// counts as one more return of that owner ([`crate::drain::came_back`]).
+        came_back: Option<String>,
+    },
+    /// Why the node's drain waits, as its pods show it this pass (empty: nothing holds it). The
+    /// controller adds the evictions the API refused and records the whole once on the node
+    /// (`status.rollout.message`, an `EvictionBlocked` Event when it changes).
+    Blockers {
+        node: String,
+        reasons: Vec<String>,
     },
     /// Only after the drain timeout, and only when the plan sets `forceAfterTimeout`.
     ForceDelete {
@@ -816,13 +829,18 @@ fn plan_one<'a>(
                             break 'node;
                         }
                     };
-                    let (mut evict, mut waiting, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+                    let (mut evict, mut waiting, mut refused, mut stuck) =
+                        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                    let started = r.drain_started_at.as_ref().map(|t| t.0);
                     for p in pods {
                         let ns = p.metadata.namespace.clone().unwrap_or_default();
                         let pod = p.metadata.name.clone().unwrap_or_default();
                         match verdict(p, policy, &node.daemonsets) {
-                            PodVerdict::Evict => evict.push((ns, pod)),
-                            PodVerdict::Wait => waiting.push((ns, pod)),
+                            PodVerdict::Evict => evict.push((ns, pod, started.and_then(|s| drain::came_back(p, s)))),
+                            PodVerdict::Wait => {
+                                stuck.extend(drain::stuck_terminating(p, now));
+                                waiting.push((ns, pod));
+                            }
                             PodVerdict::Refuse(why) => refused.push(why),
                             PodVerdict::Skip(_) => {}
                         }
@@ -847,14 +865,20 @@ fn plan_one<'a>(
                         actions.push(event("Applying", format!("{n} drained; handed to its node agent"), false));
                         break 'node;
                     }
-                    let started = r.drain_started_at.as_ref().map(|t| t.0).unwrap_or(now);
-                    let timed_out = policy.drain_timeout_seconds > 0 && now.duration_since(started) > drain_timeout;
+                    let timed_out =
+                        policy.drain_timeout_seconds > 0 && now.duration_since(started.unwrap_or(now)) > drain_timeout;
+                    // What holds the drain, as the pods show it: recorded on the node by the
+                    // controller (with the evictions the API refuses), so it reads the same there.
+                    let returning = node.returns.iter().filter_map(|(owner, n)| drain::keeps_coming_back(owner, *n));
+                    let blockers: Vec<String> = refused.iter().cloned().chain(stuck).chain(returning).collect();
+                    // The plan says what the node's record says, and what the record does not say yet.
                     if !r.message.is_empty() {
                         report.drain_blocked.push(format!("{n}: {}", r.message));
                     }
-                    for why in &refused {
+                    for why in blockers.iter().filter(|b| !r.message.contains(b.as_str())) {
                         report.drain_blocked.push(format!("{n}: {why}"));
                     }
+                    actions.push(Action::Blockers { node: n.clone(), reasons: blockers });
                     if !refused.is_empty() {
                         // Like kubectl drain: evict nothing while a pod refuses, since the drain
                         // cannot finish (and force must not break other pods' budgets for nothing).
@@ -880,12 +904,12 @@ fn plan_one<'a>(
                     if force {
                         // Terminating pods too: a long grace period or a dead kubelet must not hold
                         // a drain the plan asked to force.
-                        for (namespace, pod) in evict.into_iter().chain(waiting) {
+                        for (namespace, pod) in evict.into_iter().map(|(ns, pod, _)| (ns, pod)).chain(waiting) {
                             actions.push(Action::ForceDelete { node: n.clone(), namespace, pod });
                         }
                     } else {
-                        for (namespace, pod) in evict {
-                            actions.push(Action::Evict { node: n.clone(), namespace, pod });
+                        for (namespace, pod, came_back) in evict {
+                            actions.push(Action::Evict { node: n.clone(), namespace, pod, came_back });
                         }
                     }
                 }

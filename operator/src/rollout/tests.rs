@@ -52,6 +52,7 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput<'static> {
         gpunode: Some(std::sync::Arc::new(gn)),
         pods: Ok(vec![]),
         daemonsets: BTreeSet::new(),
+        returns: BTreeMap::new(),
         agent: AgentHealth::Alive,
         cordon_annotated: None,
         cache_behind: false,
@@ -59,6 +60,7 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput<'static> {
     }
 }
 
+mod blockers;
 mod kept;
 
 /// Versions that change with what the planner reads of a node (its content hashed), as
@@ -130,7 +132,9 @@ fn gpu_pods_are_evicted_and_a_timeout_stalls_without_force() {
     };
     n.pods = Ok(vec![pod("a", true), pod("b", false)]);
     let (actions, reports) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[n], now());
-    assert_eq!(actions, vec![Action::Evict { node: "n1".into(), namespace: "ml".into(), pod: "a".into() }]);
+    let evicted: Vec<&Action> = actions.iter().filter(|a| !matches!(a, Action::Blockers { .. })).collect();
+    let want = Action::Evict { node: "n1".into(), namespace: "ml".into(), pod: "a".into(), came_back: None };
+    assert_eq!(evicted, vec![&want]);
     assert_eq!(reports["p"].drain_timeouts.len(), 1);
     assert!(reports["p"].drain_timeouts[0].contains("disruption budget web"), "{:?}", reports["p"]);
 }
@@ -424,8 +428,11 @@ impl Sim {
                     st.conditions.retain(|c| c.type_ != READY);
                     st.conditions.push(cond(READY, "Unknown", "AgentNotResponding", None));
                 }
-                Action::Evict { .. } | Action::ForceDelete { .. } | Action::Event { .. } | Action::Completed { .. } => {
-                }
+                Action::Evict { .. }
+                | Action::ForceDelete { .. }
+                | Action::Event { .. }
+                | Action::Completed { .. }
+                | Action::Blockers { .. } => {}
             }
         }
         assert!(

@@ -196,8 +196,8 @@ fn plan_preview_markdown_on_the_examples() {
     let (code, md) = run(&args);
     assert_eq!(code, 0, "{md}");
     assert!(md.starts_with("<!-- tessera-plan-preview -->\n### Tessera plan preview"), "{md}");
-    assert!(md.contains("| training | 1 | 1 | 0 | 1 | 0 |"), "{md}");
-    assert!(md.contains("| inference | 1 | 1 | 1 | 0 | 1 |"), "{md}");
+    assert!(md.contains("| training | 1 | 1 | 0 | 0 | 1 | 0 |"), "{md}");
+    assert!(md.contains("| inference | 1 | 1 | 1 | 0 | 0 | 1 |"), "{md}");
     assert!(md.contains("| nvidia.com/gpu | 15 | 14 | -1 |"), "{md}");
     assert!(md.contains("| nvidia.com/mig-1g.10gb | 7 | 14 | +7 |"), "{md}");
     assert!(md.contains("| train-1 | gpu0-6=whole gpu7=7x1g.10gb | team-b/trainer-0 | - |"), "{md}");
@@ -221,6 +221,41 @@ fn plan_preview_text_and_json_from_files() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v[0]["changes"][0]["evict"], serde_json::json!(["team-a/chat-0"]));
     assert_eq!(v[0]["capacity_after"]["nvidia.com/mig-3g.40gb"], 2);
+}
+
+/// Issue 28 #8: budgets, DaemonSets and quotas read with `--from` reach the preview: a budget
+/// that allows no disruption and a pod of a deleted DaemonSet block the drain, and the quotas
+/// the inference layouts leave short are named.
+#[test]
+fn plan_preview_names_budget_blockers_and_quotas_left_short_from_files() {
+    let dir = std::env::temp_dir().join(format!("tessera-cli-pdb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let extra = dir.join("more.yaml");
+    std::fs::write(
+        &extra,
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: trainers, namespace: team-b}\n\
+         spec: {minAvailable: 1, selector: {}}\n\
+         status: {disruptionsAllowed: 0, currentHealthy: 1, desiredHealthy: 1, expectedPods: 1}\n---\n\
+         apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: other, namespace: kube-system}\n---\n\
+         apiVersion: tessera.dev/v1alpha1\nkind: TenantGpuQuota\nmetadata: {name: team-c}\n\
+         spec: {namespaces: [team-c], hard: {nvidia.com/mig-1g.10gb: 6}}\n",
+    )
+    .unwrap();
+    let extra = extra.to_string_lossy().into_owned();
+    let mut args = vec!["plan", "preview", "-o", "markdown", "--from", FLEET, "--from", &extra];
+    args.extend(SAMPLE_PLANS);
+    let (code, md) = run(&args);
+    assert_eq!(code, 0, "{md}");
+    assert!(md.contains("| training | 1 | 1 | 2 | 0 | 1 | 0 |"), "{md}");
+    assert!(md.contains("| inference | 1 | 1 | 1 | 3 | 0 | 1 |"), "{md}");
+    assert!(md.contains("pod team-b/trainer-0: PodDisruptionBudget team-b/trainers allows 0 disruptions"), "{md}");
+    assert!(md.contains("pod kube-system/dcgm-exporter-x1 belongs to DaemonSet dcgm-exporter"), "{md}");
+    assert!(md.contains("| team-c | nvidia.com/mig-1g.10gb | 10 | 14 -> 7 | 3 |"), "{md}");
+    let (code, out) = run(&["plan", "preview", "-o", "json", "--from", FLEET, "--from", &extra, SAMPLE_PLANS[1]]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["quotas_short"][2]["quota"], "team-c", "{out}");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

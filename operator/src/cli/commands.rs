@@ -47,8 +47,8 @@ pub struct PreviewArgs {
     /// YAML files holding the GpuPartitionPlans to preview (other kinds are ignored).
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<String>,
-    /// Read Nodes, GpuNodes, Pods and the other plans from these files (e.g. `kubectl get ... -o
-    /// yaml`) instead of the cluster.
+    /// Read Nodes, GpuNodes, Pods, the other plans, TenantGpuQuotas, PodDisruptionBudgets and
+    /// DaemonSets from these files (e.g. `kubectl get ... -o yaml`) instead of the cluster.
     #[arg(long = "from", value_name = "FILE")]
     pub from: Vec<String>,
 }

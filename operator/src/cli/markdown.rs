@@ -77,16 +77,20 @@ fn char_boundary_at_or_before(s: &str, at: usize) -> usize {
 fn render(previews: &[Preview], details: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{MARKER}\n### Tessera plan preview\n");
-    let _ = writeln!(out, "| Plan | Nodes that change | Pods evicted | Drain blockers | Unchanged | Skipped |");
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "| Plan | Nodes that change | Pods evicted | Drain blockers | Quotas left short | Unchanged | Skipped |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
     for p in previews {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             cell(&p.plan),
             p.changes.len(),
             evicted(p),
             blockers(p),
+            p.quotas_short.len(),
             p.unchanged.len(),
             p.skipped.len()
         );
@@ -101,8 +105,9 @@ fn evicted(p: &Preview) -> usize {
     p.changes.iter().map(|c| c.evict.len()).sum()
 }
 
+/// Refused pods and budget refusals: what holds the drains.
 fn blockers(p: &Preview) -> usize {
-    p.changes.iter().map(|c| c.refused.len()).sum()
+    p.changes.iter().map(|c| c.refused.len() + c.budget_blocked.len()).sum()
 }
 
 fn plan(out: &mut String, p: &Preview, details: bool) {
@@ -110,9 +115,18 @@ fn plan(out: &mut String, p: &Preview, details: bool) {
     if blockers(p) > 0 {
         let _ = writeln!(
             out,
-            "**Warning:** {} pod(s) would block the drain until the plan opts in to evicting them \
-             (see the Drain blockers column).\n",
+            "**Warning:** {} pod(s) would block the drain until the plan opts in to evicting them or a \
+             PodDisruptionBudget allows it (see the Drain blockers column).\n",
             blockers(p)
+        );
+    }
+    if !p.quotas_short.is_empty() {
+        let names: Vec<String> = p.quotas_short.iter().map(|q| q.quota.clone()).collect();
+        let _ = writeln!(
+            out,
+            "**Warning:** {} tenant quota(s) would go CapacityAvailable=False: {} (see Quota shortfalls).\n",
+            names.len(),
+            list(&names, MAX_PODS)
         );
     }
     let _ = writeln!(out, "| Resource | Before | After | Change |\n|---|---:|---:|---:|");
@@ -141,7 +155,7 @@ fn plan(out: &mut String, p: &Preview, details: bool) {
                     cell(&c.node),
                     cell(&layout_summary(&c.gpus)),
                     list(&c.evict, MAX_PODS),
-                    list(&c.refused, 3)
+                    list(&c.blockers(), 3)
                 )
             })
             .collect();
@@ -149,6 +163,31 @@ fn plan(out: &mut String, p: &Preview, details: bool) {
             out,
             "Nodes that change",
             "| Node | New layout | Pods evicted | Drain blockers |\n|---|---|---|---|",
+            &rows,
+        );
+    }
+    if !p.quotas_short.is_empty() {
+        let rows: Vec<String> = p
+            .quotas_short
+            .iter()
+            .flat_map(|q| {
+                q.resources.iter().map(|r| {
+                    format!(
+                        "| {} | {} | {} | {} -> {} | {} |",
+                        cell(&q.quota),
+                        cell(&r.resource),
+                        r.quotas,
+                        r.fleet_before,
+                        r.fleet_after,
+                        r.short
+                    )
+                })
+            })
+            .collect();
+        table(
+            out,
+            "Quota shortfalls",
+            "| Quota | Resource | Quotas ask | Fleet (before -> after) | Short |\n|---|---|---:|---:|---:|",
             &rows,
         );
     }

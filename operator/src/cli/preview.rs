@@ -3,15 +3,21 @@
 //! capacity before and after, per resource name. `-o markdown` writes it as a pull-request
 //! comment (`cli::markdown`); `--from` reads the cluster's objects from files instead.
 
-use std::collections::BTreeMap;
+mod budgets;
+mod quotas;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
 use tessera_crds::gpunode::{GpuIntent, GpuState};
-use tessera_crds::{GpuNode, GpuPartitionPlan, catalog};
+use tessera_crds::validate::max_unavailable;
+use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
 
 use super::Format;
 use super::commands::PreviewArgs;
@@ -19,9 +25,11 @@ use super::connect::{self, list_all};
 use super::snapshot::Snapshot;
 use crate::Error;
 use crate::drain::{PodVerdict, verdict};
-use crate::quota::gpu_supply;
+use crate::quota::{Capacity, gpu_supply};
 use crate::rollout::desired_intent;
 use crate::selector::matches;
+pub use budgets::BudgetBlock;
+pub use quotas::{QuotaShort, ResourceShort};
 
 #[derive(Debug, Default, Serialize, PartialEq)]
 pub struct Preview {
@@ -31,6 +39,9 @@ pub struct Preview {
     pub skipped: BTreeMap<String, String>,
     pub capacity_before: BTreeMap<String, i64>,
     pub capacity_after: BTreeMap<String, i64>,
+    /// Tenant quotas the fleet would no longer supply once this plan's layouts are applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quotas_short: Vec<QuotaShort>,
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -38,9 +49,35 @@ pub struct NodeChange {
     pub node: String,
     pub gpus: Vec<GpuIntent>,
     pub evict: Vec<String>,
-    /// Pods the drain would refuse to evict without an opt-in (no controller, emptyDir data).
+    /// Pods the drain would refuse to evict without an opt-in (no controller, emptyDir data, a
+    /// DaemonSet that no longer exists).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refused: Vec<String>,
+    /// Evictions (of pods in `evict`) a PodDisruptionBudget would refuse.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budget_blocked: Vec<BudgetBlock>,
+}
+
+impl NodeChange {
+    /// What holds this node's drain: refused pods and budget refusals, one line each.
+    pub fn blockers(&self) -> Vec<String> {
+        self.refused.iter().cloned().chain(self.budget_blocked.iter().map(ToString::to_string)).collect()
+    }
+}
+
+/// The cluster a preview reads, besides the plan itself.
+pub struct Fleet<'a> {
+    /// Every plan, the previewed ones included (they compete with each other).
+    pub plans: &'a [GpuPartitionPlan],
+    pub nodes: &'a [(Node, Option<GpuNode>)],
+    pub pods: &'a [Pod],
+    pub budgets: &'a [PodDisruptionBudget],
+    /// The DaemonSets (namespace, name) that exist; `None` when they were not read (`--from`
+    /// files without any): then every DaemonSet pod counts as managed.
+    pub daemonsets: Option<&'a BTreeSet<(String, String)>>,
+    pub quotas: &'a [TenantGpuQuota],
+    /// What every GpuNode supplies now, as the quota controller reads it.
+    pub capacity: &'a Capacity,
 }
 
 fn supply_after(gpus: &[GpuState], intent: &[GpuIntent], out: &mut BTreeMap<String, i64>) {
@@ -57,21 +94,28 @@ fn supply_after(gpus: &[GpuState], intent: &[GpuIntent], out: &mut BTreeMap<Stri
     }
 }
 
-/// Pure: the preview of `plan` given the other plans and the cluster's nodes and pods.
-pub fn preview(
-    plan: &GpuPartitionPlan,
-    others: &[GpuPartitionPlan],
-    nodes: &[(Node, Option<GpuNode>)],
-    pods: &[Pod],
-) -> Preview {
+/// Pure: the preview of `plan` against `fleet`.
+pub fn preview(plan: &GpuPartitionPlan, fleet: &Fleet) -> Preview {
     let mut p = Preview { plan: plan.name_any(), ..Default::default() };
-    for (node, gn) in nodes {
+    // Without the DaemonSets read, their pods count as managed, as they usually are.
+    let seen: BTreeSet<(String, String)>;
+    let daemonsets = match fleet.daemonsets {
+        Some(d) => d,
+        None => {
+            seen = fleet.pods.iter().filter_map(crate::drain::daemonset_of).collect();
+            &seen
+        }
+    };
+    let mut evicted: Vec<(String, Vec<&Pod>)> = Vec::new();
+    for (node, gn) in fleet.nodes {
         let name = node.name_any();
         if !matches(&plan.spec.node_selector, node.labels()) {
             continue;
         }
-        let rival =
-            others.iter().filter(|o| o.name_any() != plan.name_any() && matches(&o.spec.node_selector, node.labels()));
+        let rival = fleet
+            .plans
+            .iter()
+            .filter(|o| o.name_any() != plan.name_any() && matches(&o.spec.node_selector, node.labels()));
         if let Some(o) = rival.clone().find(|o| o.spec.priority > plan.spec.priority) {
             p.skipped.insert(name, format!("owned by plan {} (priority {})", o.name_any(), o.spec.priority));
             continue;
@@ -96,9 +140,6 @@ pub fn preview(
             gpus.iter().for_each(|g| gpu_supply(g, &mut p.capacity_after));
             continue;
         }
-        // A preview does not look DaemonSets up: their pods count as managed, as usual.
-        let daemonsets: std::collections::BTreeSet<(String, String)> =
-            pods.iter().filter_map(crate::drain::daemonset_of).collect();
         match desired_intent(&plan.spec, &gpus) {
             Err(reason) => {
                 p.skipped.insert(name, reason);
@@ -111,23 +152,41 @@ pub fn preview(
                     p.unchanged.push(name);
                     continue;
                 }
-                let (mut evict, mut refused) = (Vec::new(), Vec::new());
-                for pod in pods
+                let (mut evict, mut refused, mut pods) = (Vec::new(), Vec::new(), Vec::new());
+                for pod in fleet
+                    .pods
                     .iter()
                     .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
                 {
-                    match verdict(pod, &plan.spec.rollout, &daemonsets) {
+                    match verdict(pod, &plan.spec.rollout, daemonsets) {
                         PodVerdict::Evict => {
-                            evict.push(format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
+                            evict.push(format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()));
+                            pods.push(pod);
                         }
                         PodVerdict::Refuse(why) => refused.push(why),
                         PodVerdict::Wait | PodVerdict::Skip(_) => {}
                     }
                 }
-                p.changes.push(NodeChange { node: name, gpus: intent, evict, refused });
+                evicted.push((name.clone(), pods));
+                p.changes.push(NodeChange { node: name, gpus: intent, evict, refused, budget_blocked: Vec::new() });
             }
         }
     }
+    // The rollout's own slot count: `maxUnavailable` of the nodes it owns.
+    let owned = p.changes.len() + p.unchanged.len();
+    let wave = max_unavailable(&plan.spec.rollout.max_unavailable, owned).unwrap_or(1);
+    let mut blocked = budgets::blocks(&evicted, fleet.budgets, wave);
+    for c in &mut p.changes {
+        c.budget_blocked = blocked.remove(&c.node).unwrap_or_default();
+    }
+    let mut after = fleet.capacity.clone();
+    for (r, n) in &p.capacity_before {
+        *after.supply.entry(r.clone()).or_default() -= n;
+    }
+    for (r, n) in &p.capacity_after {
+        *after.supply.entry(r.clone()).or_default() += n;
+    }
+    p.quotas_short = quotas::short(fleet.quotas, fleet.capacity, &after);
     p
 }
 
@@ -152,16 +211,18 @@ fn read_plans(file: &str, plans: &mut Vec<GpuPartitionPlan>) -> Result<bool, Err
     Ok(valid)
 }
 
-/// The cluster's Nodes, GpuNodes, Pods and plans; every list must succeed (a preview of part of
-/// the fleet would understate what changes).
+/// The cluster's Nodes, GpuNodes, Pods, plans, PodDisruptionBudgets, DaemonSets and quotas;
+/// every list must succeed (a preview of part of the fleet would understate what changes).
 async fn from_cluster(client: Client, limit: Option<Duration>) -> Result<Snapshot, Error> {
     let all = ListParams::default();
     Ok(Snapshot {
         plans: list_all(&Api::<GpuPartitionPlan>::all(client.clone()), &all, limit).await?,
         gpunodes: list_all(&Api::<GpuNode>::all(client.clone()), &all, limit).await?,
         nodes: list_all(&Api::<Node>::all(client.clone()), &all, limit).await?,
-        pods: list_all(&Api::<Pod>::all(client), &all, limit).await?,
-        quotas: Vec::new(),
+        pods: list_all(&Api::<Pod>::all(client.clone()), &all, limit).await?,
+        budgets: list_all(&Api::<PodDisruptionBudget>::all(client.clone()), &all, limit).await?,
+        daemonsets: Some(list_all(&Api::<DaemonSet>::all(client.clone()), &all, limit).await?),
+        quotas: list_all(&Api::<TenantGpuQuota>::all(client), &all, limit).await?,
     })
 }
 
@@ -188,6 +249,7 @@ pub async fn run(args: &PreviewArgs, cluster: &connect::ClusterArgs, format: For
     let mut others: Vec<GpuPartitionPlan> =
         world.plans.into_iter().filter(|o| !plans.iter().any(|p| p.name_any() == o.name_any())).collect();
     others.extend(plans.iter().cloned());
+    let capacity = Capacity::of(&world.gpunodes);
     let gns: BTreeMap<String, GpuNode> = world.gpunodes.into_iter().map(|g| (g.name_any(), g)).collect();
     let nodes: Vec<(Node, Option<GpuNode>)> = world
         .nodes
@@ -197,7 +259,18 @@ pub async fn run(args: &PreviewArgs, cluster: &connect::ClusterArgs, format: For
             (n, g)
         })
         .collect();
-    let previews: Vec<Preview> = plans.iter().map(|p| preview(p, &others, &nodes, &world.pods)).collect();
+    let daemonsets: Option<BTreeSet<(String, String)>> =
+        world.daemonsets.map(|d| d.iter().map(|d| (d.namespace().unwrap_or_default(), d.name_any())).collect());
+    let fleet = Fleet {
+        plans: &others,
+        nodes: &nodes,
+        pods: &world.pods,
+        budgets: &world.budgets,
+        daemonsets: daemonsets.as_ref(),
+        quotas: &world.quotas,
+        capacity: &capacity,
+    };
+    let previews: Vec<Preview> = plans.iter().map(|p| preview(p, &fleet)).collect();
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&previews)?),
         Format::Markdown => print!("{}", super::markdown::preview(&previews)),
@@ -239,7 +312,7 @@ fn print_text(previews: &[Preview]) {
         );
         for c in &p.changes {
             println!("  change {}: {}", c.node, layout_summary(&c.gpus));
-            for why in &c.refused {
+            for why in c.blockers() {
                 println!("    blocks the drain: {why}");
             }
             for pod in &c.evict {
@@ -248,6 +321,9 @@ fn print_text(previews: &[Preview]) {
         }
         for (n, why) in &p.skipped {
             println!("  skip {n}: {why}");
+        }
+        for q in &p.quotas_short {
+            println!("  leaves short {q}");
         }
         println!("  capacity (before -> after):");
         for (k, b, a) in p.capacity_rows() {
@@ -272,37 +348,4 @@ impl Preview {
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    #[test]
-    fn preview_lists_changes_evictions_and_capacity() {
-        let plan: GpuPartitionPlan =
-            serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
-            "metadata": {"name": "p"}, "spec": {"nodeSelector": {"matchLabels": {"pool": "a"}},
-            "layouts": [{"gpuProduct": "H100-80GB", "profiles": {"3g.40gb": 2}}]}}))
-            .unwrap();
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1", "labels": {"pool": "a"}}})).unwrap();
-        let other: Node = serde_json::from_value(json!({"metadata": {"name": "n2", "labels": {"pool": "b"}}})).unwrap();
-        let gn: GpuNode = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": "n1"},
-            "spec": {}, "status": {"gpus": [{"index": 0, "uuid": "u", "product": "NVIDIA H100 80GB HBM3", "migCapable": true}]}})).unwrap();
-        let pod = |name: &str, node: &str, gpu: bool| -> Pod {
-            let res = if gpu { json!({"limits": {"nvidia.com/gpu": "1"}}) } else { json!({}) };
-            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml", "ownerReferences": [
-                {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u", "controller": true}]},
-                "spec": {"nodeName": node, "containers": [{"name": "c", "resources": res}]}, "status": {"phase": "Running"}})).unwrap()
-        };
-        let mut notebook = pod("notebook", "n1", true);
-        notebook.metadata.owner_references = None;
-        let pods = [pod("train", "n1", true), pod("web", "n1", false), pod("far", "n2", true), notebook];
-        let p = preview(&plan, &[], &[(node, Some(gn)), (other, None)], &pods);
-        assert_eq!(p.changes.len(), 1);
-        assert_eq!(p.changes[0].evict, vec!["ml/train"]);
-        assert_eq!(p.changes[0].refused.len(), 1);
-        assert!(p.changes[0].refused[0].contains("pod ml/notebook has no controller"), "{:?}", p.changes[0].refused);
-        assert_eq!(p.capacity_before, [("nvidia.com/gpu".to_string(), 1)].into());
-        assert_eq!(p.capacity_after, [("nvidia.com/mig-3g.40gb".to_string(), 2)].into());
-    }
-}
+mod tests;

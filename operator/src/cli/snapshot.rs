@@ -1,8 +1,11 @@
 //! Cluster objects read from YAML files instead of the API (`--from`), for CI jobs without
 //! cluster access and for tests: what `kubectl get nodes,pods,gpunodes,gpupartitionplans,
-//! tenantgpuquotas -A -o yaml` prints (a `List`) or plain multi-document YAML.
+//! tenantgpuquotas,poddisruptionbudgets,daemonsets -A -o yaml` prints (a `List`) or plain
+//! multi-document YAML.
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::de::DeserializeOwned;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 
@@ -17,6 +20,9 @@ pub struct Snapshot {
     pub plans: Vec<GpuPartitionPlan>,
     pub quotas: Vec<TenantGpuQuota>,
     pub pods: Vec<Pod>,
+    pub budgets: Vec<PodDisruptionBudget>,
+    /// `None` when not read (files holding no DaemonSet): unknown, not "none exist".
+    pub daemonsets: Option<Vec<DaemonSet>>,
 }
 
 impl Snapshot {
@@ -49,6 +55,8 @@ impl Snapshot {
             "GpuPartitionPlan" => self.plans.push(parse(v, at)?),
             "TenantGpuQuota" => self.quotas.push(parse(v, at)?),
             "Pod" => self.pods.push(parse(v, at)?),
+            "PodDisruptionBudget" => self.budgets.push(parse(v, at)?),
+            "DaemonSet" => self.daemonsets.get_or_insert_default().push(parse(v, at)?),
             _ => {}
         }
         Ok(())
@@ -57,4 +65,37 @@ impl Snapshot {
 
 fn parse<K: DeserializeOwned>(v: serde_json::Value, at: &str) -> Result<K, Error> {
     serde_path_to_error::deserialize(v).map_err(|e| Error::Usage(format!("{at}: {}: {}", e.path(), e.inner())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(text: &str) -> Result<Snapshot, Error> {
+        let dir = std::env::temp_dir().join(format!("tessera-snapshot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("{}.yaml", text.len()));
+        std::fs::write(&file, text).unwrap();
+        Snapshot::read(&[file.to_string_lossy().into_owned()])
+    }
+
+    #[test]
+    fn budgets_and_daemonsets_are_read_and_daemonsets_unread_stay_unknown() {
+        let s = read(
+            "kind: List\nitems:\n- {apiVersion: policy/v1, kind: PodDisruptionBudget, metadata: {name: web, namespace: ml},\n   \
+             spec: {maxUnavailable: 0, selector: {matchLabels: {app: web}}}, status: {disruptionsAllowed: 0, \
+             currentHealthy: 2, desiredHealthy: 2, expectedPods: 2}}\n- {apiVersion: apps/v1, kind: DaemonSet, \
+             metadata: {name: agent, namespace: kube-system}}\n",
+        )
+        .unwrap();
+        assert_eq!(s.budgets.len(), 1);
+        assert_eq!(s.budgets[0].status.as_ref().and_then(|st| st.disruptions_allowed), Some(0));
+        assert_eq!(s.daemonsets.as_ref().map(Vec::len), Some(1));
+        let s = read("apiVersion: v1\nkind: Node\nmetadata: {name: n1}\n").unwrap();
+        assert!(s.daemonsets.is_none(), "no DaemonSet in the files: unknown, not none");
+        let err = read("kind: PodDisruptionBudget\nmetadata: {name: web}\nstatus: {disruptionsAllowed: many}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("doc 1: status.disruptionsAllowed"), "{err}");
+    }
 }

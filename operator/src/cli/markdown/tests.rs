@@ -9,6 +9,7 @@ fn change(node: &str, evict: usize, refused: &[&str]) -> NodeChange {
         gpus: vec![GpuIntent { index: 0, mig_enabled: true, profiles: [("3g.40gb".to_string(), 2)].into() }],
         evict: (0..evict).map(|i| format!("ml/pod-{i}")).collect(),
         refused: refused.iter().map(|s| s.to_string()).collect(),
+        budget_blocked: Vec::new(),
     }
 }
 
@@ -20,6 +21,7 @@ fn plan(name: &str, changes: Vec<NodeChange>) -> Preview {
         skipped: [("new-1".to_string(), "no GPU inventory reported by a node agent".to_string())].into(),
         capacity_before: [("nvidia.com/gpu".to_string(), 4)].into(),
         capacity_after: [("nvidia.com/gpu".to_string(), 2), ("nvidia.com/mig-3g.40gb".to_string(), 4)].into(),
+        quotas_short: Vec::new(),
     }
 }
 
@@ -52,7 +54,7 @@ fn the_comment_leads_with_counts_and_capacity() {
         vec![change("gpu-1", 2, &[]), change("gpu-2", 0, &["pod ml/nb has no controller"])],
     )]);
     assert!(md.starts_with(MARKER), "{md}");
-    assert!(md.contains("| inference | 2 | 2 | 1 | 1 | 1 |"), "{md}");
+    assert!(md.contains("| inference | 2 | 2 | 1 | 0 | 1 | 1 |"), "{md}");
     assert!(md.contains("| nvidia.com/gpu | 4 | 2 | -2 |"), "{md}");
     assert!(md.contains("| nvidia.com/mig-3g.40gb | 0 | 4 | +4 |"), "{md}");
     assert!(md.contains("**Warning:** 1 pod(s) would block the drain"), "{md}");
@@ -81,7 +83,7 @@ fn a_comment_that_would_pass_githubs_limit_keeps_only_the_summary() {
         .collect();
     let md = preview(&plans);
     assert!(md.len() <= MAX_COMMENT, "{} characters", md.len());
-    assert!(md.contains("| p19 | 100 | 500 | 100 | 1 | 1 |"), "the counts stay");
+    assert!(md.contains("| p19 | 100 | 500 | 100 | 0 | 1 | 1 |"), "the counts stay");
     assert!(md.contains("#### Plan p19"), "and each plan's capacity");
     assert!(md.contains("too long for a comment"), "and it says what was left out");
     assert!(!md.contains("<details>"));

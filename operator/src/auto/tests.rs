@@ -358,3 +358,28 @@ fn the_plan_and_the_quotas_agree_on_the_same_fleet() {
         }
     }
 }
+
+/// Issue 28: while it waits, the plan says what changed, what the fleet supplies of the demand
+/// now (the quota controller's shortfall) and when it will decide.
+#[test]
+fn the_stabilizing_message_names_the_shortfall_and_when_it_decides() {
+    let demand: BTreeMap<String, i64> = [(MIG1G.to_string(), 20), (MIG3G.to_string(), 1)].into();
+    let supply: BTreeMap<String, i64> = [(MIG1G.to_string(), 18), (MIG3G.to_string(), 1)].into();
+    let at = Time("2026-06-01T00:00:30Z".parse().unwrap());
+    let m =
+        stabilizing_message("the quotas' demand changed: nvidia.com/mig-1g.10gb 18 -> 20", &demand, &supply, 30, &at);
+    assert_eq!(
+        m,
+        "waiting 30s (stabilizationSeconds) for the change to hold still: the quotas' demand changed: \
+         nvidia.com/mig-1g.10gb 18 -> 20; the fleet supplies nvidia.com/mig-1g.10gb 18 of 20 (short 2); deciding at \
+         2026-06-01T00:00:30Z unless it changes again"
+    );
+    let m = stabilizing_message(
+        "the plan changed",
+        &demand,
+        &[(MIG1G.to_string(), 20), (MIG3G.to_string(), 1)].into(),
+        0,
+        &at,
+    );
+    assert!(m.contains("the fleet's current layouts cover the demand"), "{m}");
+}

@@ -101,7 +101,8 @@ const LAYOUTS_XOR_MESSAGE: &str =
 #[serde(rename_all = "camelCase")]
 pub struct LayoutsFrom {
     /// The TenantGpuQuotas to satisfy (by label); empty selects every quota. Their `hard` limits
-    /// are summed per resource.
+    /// are summed per resource. The other quotas' limits count too, without headroom: the supply
+    /// they are guaranteed is not counted as this plan's.
     #[serde(default)]
     pub quota_selector: LabelSelector,
     /// Extra supply on top of the quotas, in percent of each resource (rounded up).
@@ -237,7 +238,8 @@ pub struct LayoutDecision {
     pub plan_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
-    /// The demand it was worked out for (quotas plus headroom), per resource.
+    /// The demand it was worked out for, per resource: the selected quotas plus headroom, and
+    /// the other quotas' limits.
     #[serde(default)]
     pub demand: BTreeMap<String, i64>,
     /// Fleet supply per resource when decided, and once the targets are applied.

@@ -1,6 +1,7 @@
-//! Automatic mode (`spec.layoutsFrom`), pure: the demand a plan serves, when to work its layouts
-//! out again, the decision itself (`fleet::solve` over the plan's idle GPUs), and what the
-//! rollout planner should ask of each node. The controller stores the decision in the plan's
+//! Automatic mode (`spec.layoutsFrom`), pure: the demand a plan serves (its quotas' and the
+//! others' guarantees, `coverage`), when to work its layouts out again, the decision itself
+//! (`fleet::solve` over the plan's idle GPUs), and what the rollout planner should ask of each
+//! node. The controller stores the decision in the plan's
 //! `status.layoutDecision` and the rollout takes it from there, with the plan's policy.
 //!
 //! Never flapping: a decision is only worked out again when the demand, the plan or the plan's
@@ -17,32 +18,15 @@ use tessera_crds::plan::{GpuTarget, LayoutDecision, LayoutsFrom, NodeTarget};
 use tessera_crds::solver::Placement;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
 
+use crate::coverage;
+pub use crate::coverage::Demand;
 use crate::fleet::{self, FleetAnswer, GpuSlot, Layout};
 use crate::selector::matches;
 
-/// The tenants' demand per resource: the `hard` limits of the quotas `selected` (deleted ones
-/// left out) summed, plus `headroom_percent`, rounded up.
-pub fn demand<'a>(
-    quotas: impl IntoIterator<Item = &'a TenantGpuQuota>,
-    headroom_percent: i64,
-) -> BTreeMap<String, i64> {
-    let mut out: BTreeMap<String, i64> = BTreeMap::new();
-    for q in quotas.into_iter().filter(|q| q.metadata.deletion_timestamp.is_none()) {
-        for (r, n) in &q.spec.hard {
-            let e = out.entry(r.clone()).or_default();
-            *e = e.saturating_add((*n).max(0));
-        }
-    }
-    let headroom = headroom_percent.clamp(0, 1000);
-    for v in out.values_mut() {
-        *v = v.saturating_add(v.saturating_mul(headroom).saturating_add(99) / 100);
-    }
-    out
-}
-
-/// The quotas an automatic plan serves.
-pub fn selected<'a>(from: &'a LayoutsFrom, quotas: &'a [TenantGpuQuota]) -> impl Iterator<Item = &'a TenantGpuQuota> {
-    quotas.iter().filter(|q| matches(&from.quota_selector, q.labels()))
+/// The demand an automatic plan serves: the quotas it selects plus its headroom, and every other
+/// quota's guarantee (`coverage`: the supply those are guaranteed is not the plan's to count).
+pub fn plan_demand(from: &LayoutsFrom, quotas: &[TenantGpuQuota]) -> Demand {
+    Demand::of(quotas, |q| matches(&from.quota_selector, q.labels()), i64::from(from.headroom_percent))
 }
 
 /// The solver's view of the reported GPUs; `changeable(node)` says which nodes may change. GPUs
@@ -112,8 +96,10 @@ pub fn fleet_digest<'a>(gpunodes: impl IntoIterator<Item = &'a GpuNode>) -> Stri
 pub enum Next {
     /// The stored decision stands.
     Keep,
-    /// Something changed; decide once it has held still (or the nodes in flight are done).
+    /// Something changed; decide once the nodes in flight are done.
     Wait(String),
+    /// Something changed (`why`); decide if it holds still `left` more seconds.
+    Stabilize { why: String, left: i64 },
     /// Work the layouts out now, for this reason.
     Decide(String),
 }
@@ -145,9 +131,35 @@ pub fn next(
     }
     let wait = from.stabilization_seconds.max(0) - stable_for;
     if decision.is_some() && wait > 0 {
-        return Next::Wait(format!("{why}; deciding again if it holds for {wait} more second(s)"));
+        return Next::Stabilize { why, left: wait };
     }
     Next::Decide(why)
+}
+
+/// The plan's message while it waits out `stabilizationSeconds`: what changed, what the fleet
+/// supplies of the demand now (the quota controller's figures, `coverage`), and when it decides.
+pub fn stabilizing_message(
+    why: &str,
+    demand: &BTreeMap<String, i64>,
+    supply: &BTreeMap<String, i64>,
+    stabilization_seconds: i64,
+    decide_at: &Time,
+) -> String {
+    let short = coverage::shortfall(demand, supply);
+    let now = if short.is_empty() {
+        "the fleet's current layouts cover the demand".to_string()
+    } else {
+        let parts: Vec<String> = short
+            .iter()
+            .map(|(r, n)| format!("{r} {} of {} (short {n})", supply.get(r).copied().unwrap_or(0), demand[r]))
+            .collect();
+        format!("the fleet supplies {}", parts.join(", "))
+    };
+    format!(
+        "waiting {stabilization_seconds}s (stabilizationSeconds) for the change to hold still: {why}; {now}; deciding \
+         at {} unless it changes again",
+        decide_at.0
+    )
 }
 
 fn demand_change(old: &BTreeMap<String, i64>, new: &BTreeMap<String, i64>) -> String {
@@ -165,7 +177,7 @@ fn demand_change(old: &BTreeMap<String, i64>, new: &BTreeMap<String, i64>) -> St
 /// The decision for an answer of the solver.
 pub fn decision(
     plan: &GpuPartitionPlan,
-    demand: &BTreeMap<String, i64>,
+    demand: &Demand,
     answer: &FleetAnswer,
     digest: String,
     kept_busy: &BTreeSet<String>,
@@ -208,11 +220,14 @@ pub fn decision(
             kept_busy.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
         ));
     }
+    if let Some(note) = demand.others_note() {
+        message.push_str(&format!("; {note}"));
+    }
     message.push_str(&format!(" (decided because {why})"));
     LayoutDecision {
         plan_generation: plan.metadata.generation,
         decided_at: Some(now),
-        demand: demand.clone(),
+        demand: demand.total(),
         supply_before: answer.supply_before.clone(),
         supply_after: answer.supply_after.clone(),
         shortfall: answer.shortfall.clone(),
@@ -225,13 +240,56 @@ pub fn decision(
     }
 }
 
+/// What the GPUs the solver cannot carve supply (not MIG capable, or a board the catalog lacks
+/// without a valid reported table), as the quota controller counts them.
+pub fn unseen_supply<'a>(gpunodes: impl IntoIterator<Item = &'a GpuNode>) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    for g in gpunodes.into_iter().flat_map(|gn| gn.status.iter().flat_map(|s| s.gpus.iter())) {
+        if gpu_slot("", g, false).is_none() {
+            crate::quota::gpu_supply(g, &mut out);
+        }
+    }
+    out
+}
+
+/// The solver over the whole fleet for `demand`, GPUs changeable where `changeable(node)`: the
+/// one computation behind an automatic plan's decision and `plan suggest`. Supply and shortfall
+/// are the whole fleet's (GPUs the solver cannot carve included), against the total demand, so
+/// they are the quota controller's figures for the same layouts (`coverage::shortfall`).
+pub fn solve_for<'a>(
+    demand: &Demand,
+    gpunodes: impl IntoIterator<Item = &'a GpuNode> + Clone,
+    changeable: &dyn Fn(&str) -> bool,
+) -> Result<FleetAnswer, fleet::SolveError> {
+    let total = demand.total();
+    let slots = gpu_slots(gpunodes.clone(), changeable);
+    let unseen = unseen_supply(gpunodes);
+    // No GPU holds more than 8 instances: a demand beyond 8 per GPU (an "unlimited" quota) is
+    // capped for the solver, whose objective would otherwise lose the small terms, and the
+    // shortfall is reported against the real demand.
+    let cap = (slots.len() as i64).saturating_mul(8);
+    let capped: BTreeMap<String, i64> = total
+        .iter()
+        .map(|(r, n)| (r.clone(), n.saturating_sub(unseen.get(r).copied().unwrap_or(0)).clamp(0, cap)))
+        .collect();
+    let mut answer = fleet::solve(&slots, &capped)?;
+    for (r, n) in &unseen {
+        for supply in [&mut answer.supply_before, &mut answer.supply_after] {
+            let e = supply.entry(r.clone()).or_default();
+            *e = e.saturating_add(*n);
+        }
+    }
+    answer.shortfall = coverage::shortfall(&total, &answer.supply_after);
+    Ok(answer)
+}
+
 /// Works out an automatic plan's layouts: the fleet's GPUs, of which the plan's `owned` nodes
 /// may change unless `busy` (running GPU pods) or `frozen` (mid-change, failed, or whose agent
 /// is down).
 #[allow(clippy::too_many_arguments)]
 pub fn decide(
     plan: &GpuPartitionPlan,
-    demand: &BTreeMap<String, i64>,
+    demand: &Demand,
     gpunodes: &[&GpuNode],
     owned: &BTreeSet<String>,
     busy: &BTreeSet<String>,
@@ -240,24 +298,17 @@ pub fn decide(
     now: Time,
 ) -> Result<LayoutDecision, fleet::SolveError> {
     let changeable = |n: &str| owned.contains(n) && !busy.contains(n) && !frozen.contains(n);
-    let slots = gpu_slots(gpunodes.iter().copied(), &changeable);
-    // No GPU holds more than 8 instances: a demand beyond 8 per GPU (an "unlimited" quota) is
-    // capped for the solver, whose objective would otherwise lose the small terms, and the
-    // shortfall is reported against the real demand.
-    let cap = (slots.len() as i64).saturating_mul(8);
-    let capped: BTreeMap<String, i64> = demand.iter().map(|(r, n)| (r.clone(), (*n).min(cap))).collect();
-    let mut answer = fleet::solve(&slots, &capped)?;
-    answer.shortfall = demand
-        .iter()
-        .filter_map(|(r, d)| {
-            let short = d.saturating_sub(answer.supply_after.get(r).copied().unwrap_or(0));
-            (short > 0).then(|| (r.clone(), short))
-        })
-        .collect();
+    let answer = solve_for(demand, gpunodes.iter().copied(), &changeable)?;
     let kept_busy: BTreeSet<String> = busy.intersection(owned).cloned().collect();
     let mine = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any()));
     let digest = fleet_digest(mine);
     Ok(decision(plan, demand, &answer, digest, &kept_busy, why, now))
+}
+
+/// A node whose rollout record says it cannot take a new layout now: mid-change or failed.
+pub fn frozen_by_rollout(gn: &GpuNode) -> bool {
+    let phase = gn.status.as_ref().and_then(|s| s.rollout.as_ref()).map(|r| r.phase);
+    matches!(phase, Some(NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning | NodePhase::Failed))
 }
 
 /// What an automatic plan asks of one of its nodes.

@@ -39,6 +39,7 @@ pub struct GpuSlot {
 
 /// What a GPU should hold.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub enum Layout {
     /// MIG off: the whole GPU is one `nvidia.com/gpu`.
     Whole,
@@ -68,6 +69,7 @@ impl Layout {
 
 /// The answer for one GPU.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct GpuAnswer {
     pub node: String,
     pub index: i32,
@@ -79,6 +81,7 @@ pub struct GpuAnswer {
 
 /// The solver's answer for the fleet.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct FleetAnswer {
     pub gpus: Vec<GpuAnswer>,
     pub changed: u32,

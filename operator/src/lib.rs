@@ -5,6 +5,7 @@ pub mod alert_metrics;
 pub mod auto;
 pub mod cli;
 pub mod controller;
+pub mod coverage;
 pub mod drain;
 pub mod error;
 pub mod events;

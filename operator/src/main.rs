@@ -70,6 +70,10 @@ enum PlanCommand {
         /// Extra supply to aim for, in percent of the demand (rounded up).
         #[arg(long, default_value_t = 0)]
         headroom_percent: u32,
+        /// Suggest what this automatic plan (spec.layoutsFrom) would decide now: its quotas,
+        /// headroom and nodes, and the other quotas' guarantees.
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["selector", "headroom_percent"])]
+        plan: Option<String>,
     },
 }
 
@@ -101,9 +105,15 @@ fn main() {
     let result = match args.command {
         Command::Run { .. } => unreachable!("handled above"),
         Command::Plan { command: PlanCommand::Preview { args, cluster } } => args.run(&cluster, output),
-        Command::Plan { command: PlanCommand::Suggest { from, selector, headroom_percent } } => {
+        Command::Plan { command: PlanCommand::Suggest { from, selector, headroom_percent, plan } } => {
             output.plain("plan suggest").and_then(|output| {
-                runtime().block_on(cli::suggest::run(&from, selector.as_deref(), headroom_percent, output))
+                runtime().block_on(cli::suggest::run(
+                    &from,
+                    selector.as_deref(),
+                    headroom_percent,
+                    plan.as_deref(),
+                    output,
+                ))
             })
         }
         Command::Validate { files } => output.plain("validate").and_then(|output| cli::validate::run(&files, output)),

@@ -16,6 +16,8 @@ use tessera_crds::quota::{
 use tessera_crds::validate::{GPU_RESOURCE, validate_quota};
 use tessera_crds::{GpuNode, TenantGpuQuota, catalog};
 
+use crate::coverage::{self, Demand};
+
 /// Label on every ResourceQuota Tessera writes: the owning quota's name ([`quota_label_value`]).
 pub const QUOTA_LABEL: &str = "tessera.dev/quota";
 /// Annotation with the owning quota's full name (a label value holds at most 63 characters).
@@ -236,7 +238,9 @@ pub fn plan_quotas_with(
         }
     }
     let (supply, whole_gpu_gb) = (&capacity.supply, capacity.whole_gpu_gb);
-    let mut demand: BTreeMap<String, i64> = BTreeMap::new();
+    // The one rule an automatic plan's `DemandMet` also follows (`coverage`).
+    let demand = Demand::every(quotas).total();
+    let short = coverage::shortfall(&demand, supply);
     let mut plan = QuotaPlan::default();
     let mut wanted: BTreeSet<(String, String)> = BTreeSet::new();
     let mut valid: Vec<&TenantGpuQuota> = Vec::new();
@@ -261,12 +265,8 @@ pub fn plan_quotas_with(
             continue;
         }
         valid.push(q);
-        for (res, n) in &q.spec.hard {
-            *demand.entry(res.clone()).or_default() += n;
-        }
     }
-    plan.shortfall =
-        demand.iter().map(|(r, d)| (r.clone(), d.saturating_sub(supply.get(r).copied().unwrap_or(0)).max(0))).collect();
+    plan.shortfall = demand.keys().map(|r| (r.clone(), short.get(r).copied().unwrap_or(0))).collect();
     for q in valid {
         let name = q.metadata.name.clone().unwrap_or_default();
         let g = q.metadata.generation;
@@ -377,11 +377,10 @@ pub fn plan_quotas_with(
             let reason = if conflicts.is_empty() { "ResourceQuotaNameTaken" } else { "Conflict" };
             set_condition(&mut st.conditions, STALLED, true, reason, stalled.join("; "), g, t());
         }
-        let shortfalls: Vec<String> = demand
+        let shortfalls: Vec<String> = short
             .iter()
-            .filter_map(|(r, d)| {
-                let s = supply.get(r).copied().unwrap_or(0);
-                (*d > s).then(|| format!("{r}: quotas {d}, fleet {s}, short {}", d - s))
+            .map(|(r, n)| {
+                format!("{r}: quotas {}, fleet {}, short {n}", demand[r], supply.get(r).copied().unwrap_or(0))
             })
             .collect();
         if shortfalls.is_empty() {

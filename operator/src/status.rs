@@ -108,6 +108,9 @@ pub fn plan_status(
         None => remove_condition(&mut c, DEMAND_MET),
     }
     let deciding = report.deciding.is_some() || report.demand.as_ref().is_some_and(|(_, r, _)| *r == "Deciding");
+    // An automatic plan waiting to decide, with no node of it mid-change: nothing rolls out, so
+    // say that it waits and why (its layout step's message) rather than "RollingOut".
+    let stabilizing = report.deciding.as_ref().filter(|_| report.in_progress == 0);
     let remaining = report.in_progress
         + report.pending
         + report.waiting_for_agents
@@ -137,7 +140,12 @@ pub fn plan_status(
         if !report.errors.is_empty() {
             msg.push_str(&format!("; API errors, retried: {}", report.errors.join("; ")));
         }
-        set_condition(&mut c, RECONCILING, true, if paused { "Paused" } else { "RollingOut" }, msg, g, t());
+        let reason = match (paused, stabilizing) {
+            (true, _) => "Paused",
+            (false, Some(_)) => "Stabilizing",
+            (false, None) => "RollingOut",
+        };
+        set_condition(&mut c, RECONCILING, true, reason, msg, g, t());
     } else {
         remove_condition(&mut c, RECONCILING);
     }
@@ -152,6 +160,7 @@ pub fn plan_status(
             ("Applied", format!("all {} matched node(s) have the layouts decided for the quotas", report.matched))
         }
         (None, true) => ("Applied", format!("all {} matched node(s) have the plan's layout", report.matched)),
+        (None, false) if stabilizing.is_some() => ("Stabilizing", stabilizing.cloned().unwrap_or_default()),
         (None, false) => ("RollingOut", format!("{} of {} node(s) updated", report.updated, report.matched)),
     };
     set_condition(&mut c, READY, ready, reason, msg, g, t());
@@ -198,6 +207,32 @@ mod tests {
         let ready = cond(&st, READY).unwrap();
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "NoNodes"));
         assert!(cond(&st, RECONCILING).is_none() && cond(&st, STALLED).is_none());
+    }
+
+    /// Issue 28: an automatic plan waiting out `stabilizationSeconds` says so, not `RollingOut`.
+    #[test]
+    fn a_plan_waiting_to_decide_says_it_is_stabilizing_and_why() {
+        let waiting = "waiting 30s (stabilizationSeconds) for the change to hold still: the quotas' demand changed: \
+                       nvidia.com/mig-1g.10gb 18 -> 20; the fleet supplies nvidia.com/mig-1g.10gb 18 of 20 (short 2); \
+                       deciding at 2026-06-01T00:00:30Z unless it changes again";
+        let report = PlanReport { matched: 1, updated: 1, deciding: Some(waiting.into()), ..Default::default() };
+        let st = plan_status(&[], &report, Some(1), false, now());
+        let ready = cond(&st, READY).unwrap();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Stabilizing"));
+        assert_eq!(ready.message, waiting);
+        let reconciling = cond(&st, RECONCILING).unwrap();
+        assert_eq!(reconciling.reason, "Stabilizing");
+        assert!(reconciling.message.contains("short 2"), "{}", reconciling.message);
+        // Waiting for nodes mid-change is a rollout in progress.
+        let report = PlanReport {
+            matched: 2,
+            updated: 1,
+            in_progress: 1,
+            deciding: Some("deciding again once the 1 node(s) in flight are done".into()),
+            ..Default::default()
+        };
+        let st = plan_status(&[], &report, Some(1), false, now());
+        assert_eq!(cond(&st, READY).unwrap().reason, "RollingOut");
     }
 
     #[test]

@@ -59,8 +59,13 @@ fn set(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
 
+/// A demand of the plan's own quotas only.
+fn mine(selected: &BTreeMap<String, i64>) -> Demand {
+    Demand { selected: selected.clone(), ..Default::default() }
+}
+
 #[test]
-fn demand_sums_the_selected_live_quotas_plus_rounded_up_headroom() {
+fn a_plans_demand_is_its_quotas_plus_headroom_and_every_other_live_quotas_guarantee() {
     let mut deleted = quota("gone", json!({"team": "ml"}), json!({MIG1G: 100}));
     deleted.metadata.deletion_timestamp = Some(now());
     let quotas = vec![
@@ -69,11 +74,12 @@ fn demand_sums_the_selected_live_quotas_plus_rounded_up_headroom() {
         quota("other", json!({"team": "web"}), json!({MIG1G: 50})),
         deleted,
     ];
-    let from = auto_plan(None).spec.layouts_from.unwrap();
-    let d = demand(selected(&from, &quotas), 10);
-    assert_eq!(d, [(MIG1G.to_string(), 8), (MIG3G.to_string(), 2)].into(), "7 + 10% -> 8, 1 + 10% -> 2");
-    let huge = quota("huge", json!({}), json!({MIG1G: i64::MAX}));
-    assert_eq!(demand([&huge], 1000)[MIG1G], i64::MAX, "saturates instead of overflowing");
+    let mut from = auto_plan(None).spec.layouts_from.unwrap();
+    from.headroom_percent = 10;
+    let d = plan_demand(&from, &quotas);
+    assert_eq!(d.selected, [(MIG1G.to_string(), 8), (MIG3G.to_string(), 2)].into(), "7 + 10% -> 8, 1 + 10% -> 2");
+    assert_eq!(d.others, [(MIG1G.to_string(), 50)].into(), "no headroom on quotas the plan does not select");
+    assert_eq!(d.total(), [(MIG1G.to_string(), 58), (MIG3G.to_string(), 2)].into());
 }
 
 #[test]
@@ -89,7 +95,9 @@ fn when_to_decide_again() {
     );
     assert_eq!(next(&decided(&d, "f", 1), &d, "f", 0, 0, 0), Next::Keep, "nothing changed");
     let more: BTreeMap<String, i64> = [(MIG1G.to_string(), 9)].into();
-    assert!(matches!(next(&decided(&d, "f", 1), &more, "f", 10, 0, 0), Next::Wait(m) if m.contains("20 more second")));
+    assert!(
+        matches!(next(&decided(&d, "f", 1), &more, "f", 10, 0, 0), Next::Stabilize { why, left: 20 } if why.contains("7 -> 9"))
+    );
     assert!(
         matches!(next(&decided(&d, "f", 1), &more, "f", 30, 0, 0), Next::Decide(m) if m.contains("nvidia.com/mig-1g.10gb 7 -> 9"))
     );
@@ -117,8 +125,9 @@ fn a_decision_changes_only_idle_owned_nodes_and_says_why() {
     let refs: Vec<&GpuNode> = nodes.iter().collect();
     let demand: BTreeMap<String, i64> = [(MIG1G.to_string(), 7)].into();
     let owned = set(&["idle", "busy", "dead-agent"]);
-    let d = decide(&auto_plan(None), &demand, &refs, &owned, &set(&["busy"]), &set(&["dead-agent"]), "test", now())
-        .unwrap();
+    let d =
+        decide(&auto_plan(None), &mine(&demand), &refs, &owned, &set(&["busy"]), &set(&["dead-agent"]), "test", now())
+            .unwrap();
     assert_eq!(d.targets.len(), 1, "{d:#?}");
     assert_eq!(d.targets[0].node, "idle");
     assert_eq!(d.targets[0].gpus[0].profiles, [("1g.10gb".to_string(), 7)].into());
@@ -129,7 +138,8 @@ fn a_decision_changes_only_idle_owned_nodes_and_says_why() {
     assert_eq!((d.supply_before.get(MIG1G), d.supply_after.get(MIG1G)), (None, Some(&7)));
 
     let more: BTreeMap<String, i64> = [(MIG1G.to_string(), 30)].into();
-    let d = decide(&auto_plan(None), &more, &refs, &owned, &set(&["busy"]), &set(&["dead-agent"]), "t", now()).unwrap();
+    let d = decide(&auto_plan(None), &mine(&more), &refs, &owned, &set(&["busy"]), &set(&["dead-agent"]), "t", now())
+        .unwrap();
     assert_eq!(d.shortfall, [(MIG1G.to_string(), 23)].into(), "only the idle node can change");
     assert!(d.message.contains("still short of nvidia.com/mig-1g.10gb by 23"), "{}", d.message);
 }
@@ -139,7 +149,7 @@ fn layouts_that_already_meet_the_demand_change_nothing() {
     let nodes = [gpunode("a", &[&[("3g.40gb", 0), ("3g.40gb", 4)]], None)];
     let refs: Vec<&GpuNode> = nodes.iter().collect();
     let demand: BTreeMap<String, i64> = [(MIG3G.to_string(), 2)].into();
-    let d = decide(&auto_plan(None), &demand, &refs, &set(&["a"]), &set(&[]), &set(&[]), "t", now()).unwrap();
+    let d = decide(&auto_plan(None), &mine(&demand), &refs, &set(&["a"]), &set(&[]), &set(&[]), "t", now()).unwrap();
     assert!(d.targets.is_empty());
     assert!(d.message.starts_with("the current layouts meet the demand; nothing changes"), "{}", d.message);
 }
@@ -181,7 +191,8 @@ fn an_unlimited_quota_still_gets_the_most_the_fleet_can_give() {
     let nodes = [gpunode("a", &[&[("7g.80gb", 0)]], None), gpunode("b", &[&[("7g.80gb", 0)]], None)];
     let refs: Vec<&GpuNode> = nodes.iter().collect();
     let demand: BTreeMap<String, i64> = [(MIG1G.to_string(), i64::MAX / 2)].into();
-    let d = decide(&auto_plan(None), &demand, &refs, &set(&["a", "b"]), &set(&[]), &set(&[]), "t", now()).unwrap();
+    let d =
+        decide(&auto_plan(None), &mine(&demand), &refs, &set(&["a", "b"]), &set(&[]), &set(&[]), "t", now()).unwrap();
     assert_eq!((d.changed_gpus, d.supply_after.get(MIG1G)), (2, Some(&14)), "{d:?}");
     assert_eq!(d.shortfall[MIG1G], i64::MAX / 2 - 14, "the shortfall is against the real demand");
 }
@@ -224,7 +235,7 @@ proptest! {
         let refs: Vec<&GpuNode> = nodes.iter().collect();
         let owned: BTreeSet<String> = nodes.iter().map(|n| n.name_any()).collect();
         let busy: BTreeSet<String> = owned.iter().enumerate().filter(|(i, _)| busy[*i]).map(|(_, n)| n.clone()).collect();
-        let first = decide(&auto_plan(None), &demand, &refs, &owned, &busy, &BTreeSet::new(), "t", now()).unwrap();
+        let first = decide(&auto_plan(None), &mine(&demand), &refs, &owned, &busy, &BTreeSet::new(), "t", now()).unwrap();
         let mut after = fleet.clone();
         for t in &first.targets {
             prop_assert!(!busy.contains(&t.node), "a busy node is a target: {first:?}");
@@ -235,8 +246,140 @@ proptest! {
         }
         let nodes2 = nodes_of(&after);
         let refs2: Vec<&GpuNode> = nodes2.iter().collect();
-        let again = decide(&auto_plan(None), &demand, &refs2, &owned, &busy, &BTreeSet::new(), "t", now()).unwrap();
+        let again = decide(&auto_plan(None), &mine(&demand), &refs2, &owned, &busy, &BTreeSet::new(), "t", now()).unwrap();
         prop_assert!(again.targets.is_empty(), "decided again: {again:?} after {first:?}");
         prop_assert_eq!(again.shortfall, first.shortfall);
     }
+}
+
+/// A node with one GPU that is not MIG capable (the solver cannot see it; it supplies one
+/// `nvidia.com/gpu` all the same).
+fn whole_gpu_node(name: &str) -> GpuNode {
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+        "metadata": {"name": name}, "spec": {},
+        "status": {"gpus": [{"index": 0, "uuid": format!("GPU-{name}"), "product": "NVIDIA A10",
+                             "migCapable": false, "migEnabled": false}]}}))
+    .unwrap()
+}
+
+/// Issue 28: an automatic plan and the quota controller give the same answer for the same fleet.
+/// Each row: the quotas (the plan selects `team: ml`), the fleet, and the plan's nodes (all
+/// changeable, but already as full as the demand can make them, so the decision's supply is
+/// the fleet's as it is).
+#[test]
+fn the_plan_and_the_quotas_agree_on_the_same_fleet() {
+    use crate::quota::{Capacity, plan_quotas};
+    use tessera_crds::conditions::CAPACITY_AVAILABLE;
+    let seven_1g: Vec<(&str, i32)> = (0..7).map(|s| ("1g.10gb", s)).collect();
+    let four_1g_one_3g: Vec<(&str, i32)> =
+        vec![("1g.10gb", 0), ("1g.10gb", 1), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4)];
+    let ml = || json!({"team": "ml"});
+    // Selected, but invalid (no namespace): the quota controller enforces nothing new for it.
+    let mut invalid = quota("broken", ml(), json!({MIG1G: 50}));
+    invalid.spec.namespaces.clear();
+    struct Row {
+        name: &'static str,
+        quotas: Vec<TenantGpuQuota>,
+        nodes: Vec<GpuNode>,
+        owned: &'static [&'static str],
+        short: BTreeMap<String, i64>,
+    }
+    let rows = vec![
+        Row {
+            name: "team-c is not selected and needs slices on GPUs outside the plan (the issue's fleet)",
+            quotas: vec![
+                quota("team-a", ml(), json!({MIG1G: 9})),
+                quota("team-b", ml(), json!({MIG1G: 9})),
+                quota("team-c", json!({"team": "web"}), json!({MIG1G: 2})),
+            ],
+            nodes: vec![
+                gpunode("p1", &[&seven_1g], None),
+                gpunode("p2", &[&seven_1g], None),
+                gpunode("outside", &[&four_1g_one_3g], None),
+            ],
+            owned: &["p1", "p2"],
+            short: [(MIG1G.to_string(), 2)].into(),
+        },
+        Row {
+            name: "the fleet covers every quota, the unselected one on GPUs outside the plan",
+            quotas: vec![
+                quota("team-a", ml(), json!({MIG1G: 14})),
+                quota("team-c", json!({"team": "web"}), json!({MIG1G: 4, MIG3G: 1})),
+            ],
+            nodes: vec![gpunode("p1", &[&seven_1g, &seven_1g], None), gpunode("outside", &[&four_1g_one_3g], None)],
+            owned: &["p1"],
+            short: BTreeMap::new(),
+        },
+        Row {
+            name: "a GPU the solver cannot carve (not MIG capable) still supplies a whole GPU",
+            quotas: vec![quota("team-a", ml(), json!({"nvidia.com/gpu": 1, MIG1G: 7}))],
+            nodes: vec![gpunode("p1", &[&seven_1g], None), whole_gpu_node("a10")],
+            owned: &["p1"],
+            short: BTreeMap::new(),
+        },
+        Row {
+            name: "an invalid or deleted quota counts for neither",
+            quotas: vec![quota("team-a", ml(), json!({MIG1G: 7})), invalid.clone(), {
+                let mut gone = quota("gone", ml(), json!({MIG1G: 50}));
+                gone.metadata.deletion_timestamp = Some(now());
+                gone
+            }],
+            nodes: vec![gpunode("p1", &[&seven_1g], None)],
+            owned: &["p1"],
+            short: BTreeMap::new(),
+        },
+    ];
+    for row in rows {
+        let plan = auto_plan(None);
+        let from = plan.spec.layouts_from.clone().unwrap();
+        let namespaces: BTreeSet<String> = row.quotas.iter().flat_map(|q| q.spec.namespaces.clone()).collect();
+        let quotas = plan_quotas(&row.quotas, &namespaces, &[], &row.nodes, now());
+        let refs: Vec<&GpuNode> = row.nodes.iter().collect();
+        let demand = plan_demand(&from, &row.quotas);
+        let d = decide(&plan, &demand, &refs, &set(row.owned), &set(&[]), &set(&[]), "t", now()).unwrap();
+        let over: BTreeMap<String, i64> =
+            quotas.shortfall.iter().filter(|(_, n)| **n > 0).map(|(r, n)| (r.clone(), *n)).collect();
+        assert_eq!(over, row.short, "{}: the quota controller", row.name);
+        assert_eq!(d.shortfall, row.short, "{}: the plan's decision {d:#?}", row.name);
+        assert_eq!(d.supply_before, Capacity::of(&row.nodes).supply, "{}: the same fleet supply", row.name);
+        let mut with_decision = plan.clone();
+        with_decision.status =
+            Some(tessera_crds::GpuPartitionPlanStatus { layout_decision: Some(d), ..Default::default() });
+        let (met, _, msg) = demand_condition(&with_decision).unwrap();
+        for (name, st) in &quotas.statuses {
+            let Some(c) = st.conditions.iter().find(|c| c.type_ == CAPACITY_AVAILABLE) else { continue };
+            assert_eq!(
+                c.status == "True",
+                met,
+                "{}: quota {name} says {:?}, the plan says {msg:?}",
+                row.name,
+                c.message
+            );
+        }
+    }
+}
+
+/// Issue 28: while it waits, the plan says what changed, what the fleet supplies of the demand
+/// now (the quota controller's shortfall) and when it will decide.
+#[test]
+fn the_stabilizing_message_names_the_shortfall_and_when_it_decides() {
+    let demand: BTreeMap<String, i64> = [(MIG1G.to_string(), 20), (MIG3G.to_string(), 1)].into();
+    let supply: BTreeMap<String, i64> = [(MIG1G.to_string(), 18), (MIG3G.to_string(), 1)].into();
+    let at = Time("2026-06-01T00:00:30Z".parse().unwrap());
+    let m =
+        stabilizing_message("the quotas' demand changed: nvidia.com/mig-1g.10gb 18 -> 20", &demand, &supply, 30, &at);
+    assert_eq!(
+        m,
+        "waiting 30s (stabilizationSeconds) for the change to hold still: the quotas' demand changed: \
+         nvidia.com/mig-1g.10gb 18 -> 20; the fleet supplies nvidia.com/mig-1g.10gb 18 of 20 (short 2); deciding at \
+         2026-06-01T00:00:30Z unless it changes again"
+    );
+    let m = stabilizing_message(
+        "the plan changed",
+        &demand,
+        &[(MIG1G.to_string(), 20), (MIG3G.to_string(), 1)].into(),
+        0,
+        &at,
+    );
+    assert!(m.contains("the fleet's current layouts cover the demand"), "{m}");
 }

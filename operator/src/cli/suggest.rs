@@ -7,7 +7,7 @@
 //! Which instances are busy is not in the API (the device plugin assigns them), so a node with a
 //! running GPU pod is never changed: the suggestion evicts nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -19,8 +19,10 @@ use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 
 use super::Output;
 use crate::Error;
+use crate::coverage::{self, Demand};
 use crate::drain::uses_gpu;
-use crate::fleet::{self, FleetAnswer, GpuSlot, Layout};
+use crate::fleet::{FleetAnswer, Layout};
+use crate::rollout::contenders;
 use crate::selector::matches;
 
 /// What the suggestion is computed from.
@@ -28,36 +30,122 @@ use crate::selector::matches;
 pub struct Inputs {
     pub quotas: Vec<TenantGpuQuota>,
     pub gpunodes: Vec<GpuNode>,
-    /// Node labels by name (for `--selector`); nodes absent here have none.
+    /// Node labels by name (for `--selector` and a plan's nodeSelector); nodes absent here have none.
     pub labels: BTreeMap<String, BTreeMap<String, String>>,
     /// Nodes running a GPU pod: never changed.
     pub busy_nodes: BTreeMap<String, Vec<String>>,
-    /// Priority of the existing plans (the suggestion must win over them).
-    pub max_priority: i32,
+    /// The existing plans: `--plan` names one, and the suggestion must win over them all.
+    pub plans: Vec<GpuPartitionPlan>,
+}
+
+/// What to suggest for.
+#[derive(Debug, Clone)]
+pub enum Scope {
+    /// Every quota, plus `headroom` percent on each; GPUs of nodes `selector` matches may change.
+    Fleet { selector: LabelSelector, headroom: u32 },
+    /// What the automatic plan of this name would decide now: the quotas it selects plus its
+    /// headroom and the other quotas' guarantees; GPUs of the nodes it owns may change.
+    Plan(String),
 }
 
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Suggestion {
+    /// The automatic plan suggested for (`--plan`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// What the fleet must supply in all, per resource.
     pub demand: BTreeMap<String, i64>,
+    /// Of `demand`, what quotas the plan does not select are guaranteed (`--plan` only).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub not_selected: BTreeMap<String, i64>,
     pub answer: FleetAnswer,
     pub plans: Vec<serde_json::Value>,
     /// Nodes left alone because GPU pods run there, with the pods.
     pub kept_busy: BTreeMap<String, Vec<String>>,
 }
 
-/// The tenants' demand per resource: every quota's `hard`, plus `headroom_percent`, rounded up.
-pub fn demand(quotas: &[TenantGpuQuota], headroom_percent: u32) -> BTreeMap<String, i64> {
-    crate::auto::demand(quotas, i64::from(headroom_percent))
+/// Refuses inputs without a quota to plan for (an export without its TenantGpuQuotas would
+/// otherwise print an empty table); `source` names where they were read from.
+pub fn check_quotas(inputs: &Inputs, source: &str) -> Result<(), Error> {
+    if inputs.quotas.is_empty() {
+        return Err(Error::Usage(format!(
+            "no TenantGpuQuota in {source}: there is no demand to plan for (export the quotas too: kubectl get \
+             tenantgpuquotas -o yaml)"
+        )));
+    }
+    if !inputs.quotas.iter().any(coverage::guaranteed) {
+        return Err(Error::Usage(format!(
+            "none of the {} TenantGpuQuota(s) in {source} is valid and not being deleted: there is no demand to plan \
+             for (tessera-operator validate names what is wrong)",
+            inputs.quotas.len()
+        )));
+    }
+    Ok(())
 }
 
-/// The solver's view of the reported GPUs: those of nodes the selector matches and that run no
-/// GPU pod may change.
-pub fn slots(inputs: &Inputs, selector: &LabelSelector) -> Vec<GpuSlot> {
+/// The nodes plan `name` owns: those it matches at the top priority alone (as the controller
+/// decides ownership).
+fn owned_by(inputs: &Inputs, name: &str) -> BTreeSet<String> {
+    let live: Vec<&GpuPartitionPlan> =
+        inputs.plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
     let empty = BTreeMap::new();
-    let changeable = |node: &str| {
-        matches(selector, inputs.labels.get(node).unwrap_or(&empty)) && !inputs.busy_nodes.contains_key(node)
-    };
-    crate::auto::gpu_slots(&inputs.gpunodes, &changeable)
+    inputs
+        .gpunodes
+        .iter()
+        .map(|g| g.name_any())
+        .filter(|n| contenders(&live, inputs.labels.get(n).unwrap_or(&empty)) == [name])
+        .collect()
+}
+
+/// The demand and which nodes may change, for `scope`.
+fn scoped(inputs: &Inputs, scope: &Scope) -> Result<(Demand, BTreeSet<String>), Error> {
+    let empty = BTreeMap::new();
+    match scope {
+        Scope::Fleet { selector, headroom } => {
+            let demand = Demand::of(&inputs.quotas, |_| true, i64::from(*headroom));
+            let nodes = inputs.gpunodes.iter().map(|g| g.name_any());
+            Ok((demand, nodes.filter(|n| matches(selector, inputs.labels.get(n).unwrap_or(&empty))).collect()))
+        }
+        Scope::Plan(name) => {
+            let plan = inputs
+                .plans
+                .iter()
+                .find(|p| p.name_any() == *name && p.metadata.deletion_timestamp.is_none())
+                .ok_or_else(|| Error::Usage(format!("--plan {name}: no GpuPartitionPlan of that name")))?;
+            let from = plan.spec.layouts_from.as_ref().ok_or_else(|| {
+                Error::Usage(format!(
+                    "--plan {name}: the plan has fixed layouts (spec.layouts); --plan takes an automatic plan \
+                     (spec.layoutsFrom)"
+                ))
+            })?;
+            Ok((crate::auto::plan_demand(from, &inputs.quotas), owned_by(inputs, name)))
+        }
+    }
+}
+
+/// Pure: the whole suggestion. For a plan, the same computation as the controller's decision
+/// (`auto::solve_for`): nodes running GPU pods, mid-change or failed are left alone.
+pub fn suggest(inputs: &Inputs, scope: &Scope) -> Result<Suggestion, Error> {
+    let (demand, may_change) = scoped(inputs, scope)?;
+    let frozen: BTreeSet<String> =
+        inputs.gpunodes.iter().filter(|g| crate::auto::frozen_by_rollout(g)).map(|g| g.name_any()).collect();
+    let changeable = |n: &str| may_change.contains(n) && !inputs.busy_nodes.contains_key(n) && !frozen.contains(n);
+    let answer =
+        crate::auto::solve_for(&demand, &inputs.gpunodes, &changeable).map_err(|e| Error::Usage(e.to_string()))?;
+    let max_priority = inputs.plans.iter().map(|p| p.spec.priority).max().unwrap_or(0);
+    let plans = plans(&answer, max_priority.saturating_add(10));
+    Ok(Suggestion {
+        plan: match scope {
+            Scope::Plan(name) => Some(name.clone()),
+            Scope::Fleet { .. } => None,
+        },
+        demand: demand.total(),
+        not_selected: demand.others.into_iter().filter(|(_, n)| *n > 0).collect(),
+        answer,
+        plans,
+        kept_busy: inputs.busy_nodes.clone(),
+    })
 }
 
 /// Plans that realise the answer: nodes that change the same way share one plan, selected by
@@ -99,14 +187,6 @@ pub fn plans(answer: &FleetAnswer, priority: i32) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Pure: the whole suggestion.
-pub fn suggest(inputs: &Inputs, selector: &LabelSelector, headroom: u32) -> Result<Suggestion, Error> {
-    let demand = demand(&inputs.quotas, headroom);
-    let answer = fleet::solve(&slots(inputs, selector), &demand).map_err(|e| Error::Usage(e.to_string()))?;
-    let plans = plans(&answer, inputs.max_priority.saturating_add(10));
-    Ok(Suggestion { demand, answer, plans, kept_busy: inputs.busy_nodes.clone() })
-}
-
 /// Reads TenantGpuQuotas, GpuNodes and Nodes from YAML files.
 fn from_files(files: &[String]) -> Result<Inputs, Error> {
     let mut inputs = Inputs::default();
@@ -123,10 +203,7 @@ fn from_files(files: &[String]) -> Result<Inputs, Error> {
                     let n: Node = serde_json::from_value(v).map_err(bad)?;
                     inputs.labels.insert(n.name_any(), n.labels().clone());
                 }
-                Some("GpuPartitionPlan") => {
-                    let p: GpuPartitionPlan = serde_json::from_value(v).map_err(bad)?;
-                    inputs.max_priority = inputs.max_priority.max(p.spec.priority);
-                }
+                Some("GpuPartitionPlan") => inputs.plans.push(serde_json::from_value(v).map_err(bad)?),
                 _ => {}
             }
         }
@@ -145,9 +222,7 @@ async fn from_cluster() -> Result<Inputs, Error> {
     for n in Api::<Node>::all(client.clone()).list(&lp).await?.items {
         inputs.labels.insert(n.name_any(), n.labels().clone());
     }
-    for p in Api::<GpuPartitionPlan>::all(client.clone()).list(&lp).await?.items {
-        inputs.max_priority = inputs.max_priority.max(p.spec.priority);
-    }
+    inputs.plans = Api::<GpuPartitionPlan>::all(client.clone()).list(&lp).await?.items;
     for pod in Api::<Pod>::all(client).list(&lp).await?.items {
         let running = !matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
@@ -162,10 +237,24 @@ async fn from_cluster() -> Result<Inputs, Error> {
     Ok(inputs)
 }
 
-pub async fn run(files: &[String], selector: Option<&str>, headroom: u32, output: Output) -> Result<i32, Error> {
-    let selector = parse_selector(selector)?;
-    let inputs = if files.is_empty() { from_cluster().await? } else { from_files(files)? };
-    let s = suggest(&inputs, &selector, headroom)?;
+pub async fn run(
+    files: &[String],
+    selector: Option<&str>,
+    headroom: u32,
+    plan: Option<&str>,
+    output: Output,
+) -> Result<i32, Error> {
+    let scope = match plan {
+        Some(name) => Scope::Plan(name.to_string()),
+        None => Scope::Fleet { selector: parse_selector(selector)?, headroom },
+    };
+    let (inputs, source) = if files.is_empty() {
+        (from_cluster().await?, "the cluster".to_string())
+    } else {
+        (from_files(files)?, format!("--from {}", files.join(", ")))
+    };
+    check_quotas(&inputs, &source)?;
+    let s = suggest(&inputs, &scope)?;
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&s)?),
         Output::Text => print_text(&s),
@@ -187,6 +276,12 @@ fn parse_selector(s: Option<&str>) -> Result<LabelSelector, Error> {
 fn print_text(s: &Suggestion) {
     let a = &s.answer;
     println!("# tessera-operator plan suggest");
+    match &s.plan {
+        Some(plan) => println!(
+            "# as plan {plan} would decide now: the quotas it selects plus its headroom, and every other quota's guarantee"
+        ),
+        None => println!("# for every quota"),
+    }
     println!(
         "# GPUs that change: {}; instances destroyed: {}; fragmentation after: {} compute slice(s)",
         a.changed, a.destroyed, a.fragmentation
@@ -206,6 +301,10 @@ fn print_text(s: &Suggestion) {
         let get = |m: &BTreeMap<String, i64>| m.get(r).copied().unwrap_or(0);
         println!("# {:<28} {:>7} {:>7} {:>7}", r, get(&s.demand), get(&a.supply_before), get(&a.supply_after));
     }
+    if !s.not_selected.is_empty() {
+        let parts: Vec<String> = s.not_selected.iter().map(|(r, n)| format!("{n} {r}")).collect();
+        println!("# the demand includes {} guaranteed to quotas the plan does not select", parts.join(", "));
+    }
     for (r, n) in &a.shortfall {
         println!("# SHORT: {r} by {n}: no layout of the changeable GPUs covers it; this is the closest answer");
     }
@@ -216,43 +315,4 @@ fn print_text(s: &Suggestion) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn suggested_plans_validate_and_cover_the_quotas() {
-        let gn = |name: &str, instances: serde_json::Value| -> GpuNode {
-            serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-                "metadata": {"name": name}, "spec": {}, "status": {"gpus": [
-                    {"index": 0, "uuid": "a", "product": "NVIDIA H100 80GB HBM3", "migCapable": true, "migEnabled": true, "instances": instances},
-                    {"index": 1, "uuid": "b", "product": "NVIDIA H100 80GB HBM3", "migCapable": true, "migEnabled": false}]}}))
-            .unwrap()
-        };
-        let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
-            "metadata": {"name": "t"}, "spec": {"namespaces": ["t"], "hard": {"nvidia.com/mig-1g.10gb": 10, "nvidia.com/gpu": 1}}}))
-        .unwrap();
-        let seven = json!([{"profile": "7g.80gb", "start": 0, "size": 8}]);
-        let inputs = Inputs {
-            quotas: vec![q],
-            gpunodes: vec![gn("n1", seven.clone()), gn("n2", seven.clone()), gn("busy", seven)],
-            busy_nodes: [("busy".to_string(), vec!["t/p".to_string()])].into(),
-            max_priority: 5,
-            ..Default::default()
-        };
-        let s = suggest(&inputs, &LabelSelector::default(), 0).unwrap();
-        assert!(s.answer.shortfall.is_empty(), "{:?}", s.answer);
-        // Ten 1g need two GPUs; the whole GPUs already give nvidia.com/gpu.
-        assert_eq!(s.answer.changed, 2);
-        assert!(
-            s.answer.gpus.iter().filter(|g| g.node == "busy").all(|g| !g.changed),
-            "a node with GPU pods is left alone"
-        );
-        for p in &s.plans {
-            let plan: GpuPartitionPlan = serde_json::from_value(p.clone()).unwrap();
-            assert_eq!(plan.spec.priority, 15);
-            let errs = tessera_crds::validate::validate_plan(&plan.spec);
-            assert!(errs.is_empty(), "{errs:?}");
-        }
-        assert_eq!(demand(&inputs.quotas, 25)["nvidia.com/mig-1g.10gb"], 13, "headroom rounds up");
-    }
-}
+mod tests;

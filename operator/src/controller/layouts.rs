@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp, Unit};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -22,6 +23,7 @@ use crate::auto::{self, Next};
 use crate::drain::uses_gpu;
 use crate::fleet;
 use crate::liveness::AgentHealth;
+use crate::quota::Capacity;
 use crate::rollout::{NodeInput, contenders};
 
 /// Field manager of `status.layoutDecision`: separate from the rest of the status, so the
@@ -38,19 +40,21 @@ pub struct LayoutsPass {
     pub errors: BTreeMap<String, Vec<String>>,
 }
 
-/// When each plan's current (demand, fleet, generation) was first seen, for stabilization.
+/// When each plan's current (demand, fleet, generation) was first seen, for stabilization: as
+/// an instant (to measure) and as a time (to say when the plan decides, the same every pass).
 #[derive(Default)]
-pub struct Stability(HashMap<String, (String, Instant)>);
+pub struct Stability(HashMap<String, (String, Instant, Timestamp)>);
 
 impl Stability {
-    /// Seconds `signature` has held for `plan`.
-    fn held(&mut self, plan: &str, signature: String) -> i64 {
+    /// Seconds `signature` has held for `plan`, and since when.
+    fn held(&mut self, plan: &str, signature: String) -> (i64, Timestamp) {
         let now = Instant::now();
-        let entry = self.0.entry(plan.to_string()).or_insert_with(|| (signature.clone(), now));
+        let fresh = |signature| (signature, now, Timestamp::now());
+        let entry = self.0.entry(plan.to_string()).or_insert_with(|| fresh(signature.clone()));
         if entry.0 != signature {
-            *entry = (signature, now);
+            *entry = fresh(signature);
         }
-        now.duration_since(entry.1).as_secs() as i64
+        (now.duration_since(entry.1).as_secs() as i64, entry.2)
     }
 
     fn retain(&mut self, plans: &BTreeSet<String>) {
@@ -88,11 +92,14 @@ impl Context {
                 owners.entry(one.clone()).or_default().insert(n.name.to_string());
             }
         }
+        // The fleet's supply as the quota controller counts it, read once if a plan waits.
+        let mut supply: Option<BTreeMap<String, i64>> = None;
         for plan in plans.iter_mut().filter(|p| p.metadata.deletion_timestamp.is_none()) {
             let Some(from) = plan.spec.layouts_from.clone() else { continue };
             let name = plan.name_any();
             let owned = owners.remove(&name).unwrap_or_default();
-            let demand = auto::demand(auto::selected(&from, &quotas), i64::from(from.headroom_percent));
+            let demand = auto::plan_demand(&from, &quotas);
+            let total = demand.total();
             let mine: Vec<&GpuNode> = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any())).collect();
             let digest = auto::fleet_digest(mine.iter().copied());
             // A node whose cache lags our last write may be mid-change already.
@@ -101,15 +108,22 @@ impl Context {
                 .filter(|n| owned.contains(n.name) && (n.cache_behind || n.gpunode.as_deref().is_some_and(in_flight)))
                 .count();
             let blocked = blocked_targets(plan, nodes);
-            let signature = format!("{:?}|{digest}|{:?}|{blocked}", demand, plan.metadata.generation);
-            let held = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&name, signature);
-            let why = match auto::next(plan, &demand, &digest, held, in_flight, blocked) {
+            let signature = format!("{:?}|{digest}|{:?}|{blocked}", total, plan.metadata.generation);
+            let (held, since) = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&name, signature);
+            let why = match auto::next(plan, &total, &digest, held, in_flight, blocked) {
                 Next::Keep => match unmet_and_stale(plan) {
                     Some(why) if in_flight == 0 => why,
                     _ => continue,
                 },
                 Next::Wait(msg) => {
                     pass.deciding.insert(name, msg);
+                    continue;
+                }
+                Next::Stabilize { why, .. } => {
+                    let supply = &*supply.get_or_insert_with(|| Capacity::of(gpunodes.iter().copied()).supply);
+                    let seconds = from.stabilization_seconds.max(0);
+                    let at = Time(since.round(Unit::Second).unwrap_or(since) + SignedDuration::from_secs(seconds));
+                    pass.deciding.insert(name, auto::stabilizing_message(&why, &total, supply, seconds, &at));
                     continue;
                 }
                 Next::Decide(why) => why,
@@ -129,7 +143,7 @@ impl Context {
     async fn decide_one(
         &self,
         plan: &mut GpuPartitionPlan,
-        demand: &BTreeMap<String, i64>,
+        demand: &auto::Demand,
         gpunodes: &[&GpuNode],
         owned: &BTreeSet<String>,
         nodes: &[NodeInput<'_>],
@@ -141,14 +155,7 @@ impl Context {
         let frozen: BTreeSet<String> = nodes
             .iter()
             .filter(|n| owned.contains(n.name))
-            .filter(|n| {
-                let phase = n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).map(|r| r.phase);
-                n.agent != AgentHealth::Alive
-                    || matches!(
-                        phase,
-                        Some(NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning | NodePhase::Failed)
-                    )
-            })
+            .filter(|n| n.agent != AgentHealth::Alive || n.gpunode.as_deref().is_some_and(auto::frozen_by_rollout))
             .map(|n| n.name.to_string())
             .collect();
         let (p, d, g, o, w) = (
@@ -224,7 +231,7 @@ impl Context {
         nodes: &[NodeInput<'_>],
     ) -> BTreeMap<String, i64> {
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
-        let everyone = auto::demand(quotas.iter(), 0);
+        let everyone = crate::coverage::Demand::every(&quotas).total();
         let mut memo = self.stranded_memo.lock().unwrap_or_else(|p| p.into_inner());
         let StrandedMemo { by_gpu, by_node } = &mut *memo;
         if by_gpu.len() > 10_000 {
@@ -235,7 +242,7 @@ impl Context {
         for plan in plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
             let name = plan.name_any();
             let demand = match &plan.spec.layouts_from {
-                Some(from) => auto::demand(auto::selected(from, &quotas), i64::from(from.headroom_percent)),
+                Some(from) => auto::plan_demand(from, &quotas).total(),
                 None => everyone.clone(),
             };
             let demanded: Vec<&String> = demand.iter().filter(|(_, n)| **n > 0).map(|(r, _)| r).collect();

@@ -44,10 +44,10 @@ fn console_commands(readme: &str) -> Vec<ReadmeCommand> {
             if !text.is_empty() {
                 out.push(ReadmeCommand { line: i + 1, block, text, exit: 0 });
             }
-        } else if let (Some(last), Some(code)) = (out.last_mut(), line.split("# exit ").nth(1)) {
-            if last.block == block {
-                last.exit = code.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("0").parse().unwrap_or(0);
-            }
+        } else if let (Some(last), Some(code)) = (out.last_mut(), line.split("# exit ").nth(1))
+            && last.block == block
+        {
+            last.exit = code.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("0").parse().unwrap_or(0);
         }
     }
     out

@@ -60,6 +60,7 @@ fn the_command_line_is_consistent() {
 
 fn main() {
     let args = Cli::parse();
+    cli::die_on_closed_stdout();
     let output = args.output;
     let result = match args.command {
         Command::Status { from } => output.plain("status").and_then(|output| {

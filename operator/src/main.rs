@@ -97,6 +97,7 @@ fn main() {
         }
         return;
     }
+    cli::die_on_closed_stdout();
     let output = args.output;
     let result = match args.command {
         Command::Run { .. } => unreachable!("handled above"),

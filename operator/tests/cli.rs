@@ -276,3 +276,55 @@ fn the_ci_examples_are_valid_yaml_run_the_checks_and_are_in_the_readme() {
         assert!(readme.contains(&format!("```yaml\n{text}```")), "README must show {f} verbatim");
     }
 }
+
+/// Runs `bin` with its stdout a pipe whose reader is already gone (`cmd | head -0`): every write
+/// fails with EPIPE. Returns the exit status and stderr.
+fn run_into_closed_pipe(bin: &str, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(bin)
+        .args(args)
+        .current_dir(repo())
+        .env("RUST_BACKTRACE", "1")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// SIGPIPE's number on Linux and macOS.
+const SIGPIPE: i32 = 13;
+
+/// `tessera-operator mig layouts | head -1` must end like `cat` does (killed by SIGPIPE, as
+/// kubectl is), not with a panic, exit 101 and a backtrace.
+#[test]
+fn a_closed_stdout_ends_every_command_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let op = env!("CARGO_BIN_EXE_tessera-operator");
+    let kt = env!("CARGO_BIN_EXE_kubectl-tessera");
+    let preview = ["plan", "preview", "--from", FLEET, SAMPLE_PLANS[0]];
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        (op, vec!["mig", "layouts", "--gpu", "H100-80GB"]),
+        (op, vec!["mig", "profiles", "--gpu", "A30", "-o", "json"]),
+        (op, vec!["validate", "config/samples"]),
+        (op, vec!["validate", "config/samples-invalid/plan-bad-fields.yaml"]),
+        (op, preview.to_vec()),
+        (op, vec!["plan", "preview", "-o", "markdown", "--from", FLEET, SAMPLE_PLANS[1]]),
+        (op, vec!["plan", "suggest", "-o", "json", "--from", FLEET]),
+        (op, vec!["--help"]),
+        (kt, vec!["mig", "layouts", "--gpu", "H100-80GB"]),
+        (kt, vec!["status", "--from", FLEET]),
+        (kt, vec!["preview", "--from", FLEET, SAMPLE_PLANS[0]]),
+        (kt, vec!["validate", SAMPLE_PLANS[0]]),
+    ];
+    for (bin, args) in cases {
+        let (status, stderr) = run_into_closed_pipe(bin, &args);
+        assert_ne!(status.code(), Some(101), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{args:?}: {stderr}");
+        assert!(
+            status.signal() == Some(SIGPIPE) || status.code().is_some_and(|c| c < 100),
+            "{args:?}: {status:?} {stderr}"
+        );
+    }
+}

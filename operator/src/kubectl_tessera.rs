@@ -60,7 +60,11 @@ fn the_command_line_is_consistent() {
 
 fn main() {
     let args = Cli::parse();
-    cli::die_on_closed_stdout();
+    // `status` writes its report in one piece and handles a closed pipe itself: it still exits 1
+    // when part of the fleet was unreadable (and says which part).
+    if !matches!(args.command, Command::Status { .. }) {
+        cli::die_on_closed_stdout();
+    }
     let output = args.output;
     let result = match args.command {
         Command::Status { from } => output.plain("status").and_then(|output| {

@@ -39,9 +39,10 @@ enum Command {
     },
     /// What applying plans would change, against the cluster (`-o markdown` for a pull request).
     Preview(PreviewArgs),
-    /// Validate YAML files of GpuPartitionPlans and TenantGpuQuotas offline (exit 1 on any error).
+    /// Validate YAML files (or the YAML files in directories) of GpuPartitionPlans and
+    /// TenantGpuQuotas offline (exit 1 on any error).
     Validate {
-        #[arg(required = true)]
+        #[arg(required = true, value_name = "FILE|DIR")]
         files: Vec<String>,
     },
     /// MIG geometry from the built-in catalog.

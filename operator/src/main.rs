@@ -17,9 +17,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Validate YAML files of GpuPartitionPlans and TenantGpuQuotas offline (exit 1 on any error).
+    /// Validate YAML files (or the YAML files in directories) of GpuPartitionPlans and
+    /// TenantGpuQuotas offline (exit 1 on any error).
     Validate {
-        #[arg(required = true)]
+        #[arg(required = true, value_name = "FILE|DIR")]
         files: Vec<String>,
     },
     /// Run the controllers (in a cluster, or with KUBECONFIG).

@@ -13,6 +13,8 @@ use crate::plan::{GpuLayout, GpuPartitionPlanSpec, MAX_GPUS_PER_NODE, MAX_PROFIL
 use crate::quota::{SplitPolicy, TenantGpuQuotaSpec};
 use crate::solver::{self, ProfileCounts};
 
+pub mod strict;
+
 /// One problem with one field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FieldError {

@@ -14,6 +14,28 @@ pub use identity::Identity;
 
 use std::path::PathBuf;
 
+/// `println!` for the harness's binaries: a reader that went away (`bench-fleet | head -3`) ends
+/// nothing, where `println!` would panic. The run goes on: its files are still written and its
+/// control plane is still stopped, not left running by a panic or a SIGPIPE.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::write_line(format_args!($($arg)*))
+    };
+}
+
+/// One line to stdout; a closed pipe is not an error (see [`say!`]), any other failure is told
+/// on stderr.
+pub fn write_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(line).and_then(|()| out.write_all(b"\n"))
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        eprintln!("cannot write to stdout: {e}");
+    }
+}
+
 /// Errors of the harness.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

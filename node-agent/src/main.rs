@@ -188,7 +188,11 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    if !matches!(command, Command::Run { .. }) {
+        die_on_closed_stdout();
+    }
+    match command {
         Command::Run {
             node_name,
             backend,
@@ -233,6 +237,15 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// `node-agent probe | head` ends as `cat` does, killed by SIGPIPE, not with a panic on the
+/// failed write (Rust ignores SIGPIPE). Not for `run`: the agent keeps Rust's default.
+fn die_on_closed_stdout() {
+    // SAFETY: SIG_DFL is a valid disposition, and signal(2) has no other precondition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

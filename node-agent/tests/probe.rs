@@ -43,3 +43,25 @@ fn probe_json_over_the_library_matches_the_real_h100_record() {
     got[0]["gpu"]["uuid"] = real[0]["gpu"]["uuid"].clone();
     assert_eq!(got, real);
 }
+
+/// `node-agent probe | head -0`: killed by SIGPIPE like `cat`, not a panic with exit 101.
+#[test]
+fn probe_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let (lib, _) = nvml_sim(&["H100-80GB"]);
+    for json in [false, true] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_node-agent"))
+            .args(["probe", "--backend", "nvml", "--nvml-library"])
+            .arg(&lib)
+            .args(json.then_some("--json"))
+            .env("RUST_BACKTRACE", "1")
+            .stdout(writer)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.signal(), Some(13), "json {json}: {:?} {stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

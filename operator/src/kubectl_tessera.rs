@@ -39,9 +39,10 @@ enum Command {
     },
     /// What applying plans would change, against the cluster (`-o markdown` for a pull request).
     Preview(PreviewArgs),
-    /// Validate YAML files of GpuPartitionPlans and TenantGpuQuotas offline (exit 1 on any error).
+    /// Validate YAML files (or the YAML files in directories) of GpuPartitionPlans and
+    /// TenantGpuQuotas offline (exit 1 on any error).
     Validate {
-        #[arg(required = true)]
+        #[arg(required = true, value_name = "FILE|DIR")]
         files: Vec<String>,
     },
     /// MIG geometry from the built-in catalog.
@@ -60,6 +61,11 @@ fn the_command_line_is_consistent() {
 
 fn main() {
     let args = Cli::parse();
+    // `status` writes its report in one piece and handles a closed pipe itself: it still exits 1
+    // when part of the fleet was unreadable (and says which part).
+    if !matches!(args.command, Command::Status { .. }) {
+        cli::die_on_closed_stdout();
+    }
     let output = args.output;
     let result = match args.command {
         Command::Status { from } => output.plain("status").and_then(|output| {

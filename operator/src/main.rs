@@ -17,9 +17,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Validate YAML files of GpuPartitionPlans and TenantGpuQuotas offline (exit 1 on any error).
+    /// Validate YAML files (or the YAML files in directories) of GpuPartitionPlans and
+    /// TenantGpuQuotas offline (exit 1 on any error).
     Validate {
-        #[arg(required = true)]
+        #[arg(required = true, value_name = "FILE|DIR")]
         files: Vec<String>,
     },
     /// Run the controllers (in a cluster, or with KUBECONFIG).
@@ -101,6 +102,7 @@ fn main() {
         }
         return;
     }
+    cli::die_on_closed_stdout();
     let output = args.output;
     let result = match args.command {
         Command::Run { .. } => unreachable!("handled above"),

@@ -211,6 +211,21 @@ pub struct QuotaPlan {
     pub shortfall: BTreeMap<String, i64>,
 }
 
+/// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
+/// conflict: none of them is enforced there. The controller decides by this rule, and `validate`
+/// reports such a conflict before the quotas are applied.
+pub fn namespace_claims<'a>(
+    quotas: impl IntoIterator<Item = (&'a str, &'a [String])>,
+) -> BTreeMap<&'a str, BTreeSet<&'a str>> {
+    let mut claims: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (name, namespaces) in quotas {
+        for ns in namespaces {
+            claims.entry(ns.as_str()).or_default().insert(name);
+        }
+    }
+    claims
+}
+
 /// Plans every quota at once (conflicts and capacity are fleet-wide properties).
 pub fn plan_quotas(
     quotas: &[TenantGpuQuota],
@@ -231,12 +246,8 @@ pub fn plan_quotas_with(
     now: Time,
 ) -> QuotaPlan {
     let live: Vec<&TenantGpuQuota> = quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none()).collect();
-    let mut claims: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for q in &live {
-        for ns in q.spec.namespaces.iter().collect::<BTreeSet<_>>() {
-            claims.entry(ns.as_str()).or_default().push(q.metadata.name.clone().unwrap_or_default());
-        }
-    }
+    let claims =
+        namespace_claims(live.iter().map(|q| (q.metadata.name.as_deref().unwrap_or_default(), &q.spec.namespaces[..])));
     let (supply, whole_gpu_gb) = (&capacity.supply, capacity.whole_gpu_gb);
     // The one rule an automatic plan's `DemandMet` also follows (`coverage`).
     let demand = Demand::every(quotas).total();

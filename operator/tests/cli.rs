@@ -100,7 +100,7 @@ fn junk_and_documents_that_are_not_objects_fail_the_check() {
     let (code, out) = run(&["validate", f.to_str().unwrap()]);
     assert_eq!(code, 1, "{}", &out[..out.len().min(500)]);
     assert!(out.contains("junk.yaml:doc 1: (document): a YAML string is not a Kubernetes object"), "{out}");
-    assert!(out.contains("1 documents, 0 valid, 1 errors"), "{out}");
+    assert!(out.contains("\n1 document, 0 valid, 1 error\n"), "{out}");
 
     let f = dir.join("list.yaml");
     std::fs::write(
@@ -116,6 +116,47 @@ fn junk_and_documents_that_are_not_objects_fail_the_check() {
         "{out}"
     );
     assert!(out.contains("3 documents, 1 valid, 3 errors"), "{out}");
+}
+
+/// `validate DIR` reads the YAML files in it (as `kubectl apply -f DIR`), and over a set of
+/// files two quotas claiming one namespace are an error, as they conflict once applied.
+#[test]
+fn validate_reads_directories_and_finds_quota_conflicts_across_files() {
+    let (code, out) = run(&["validate", "config/samples/"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "4 documents, 4 valid, 0 errors\n");
+
+    let dir = std::env::temp_dir().join(format!("tessera-cli-dir-{}", std::process::id()));
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(empty.join("sub.yaml")).unwrap();
+    std::fs::write(empty.join("notes.txt"), "not YAML").unwrap();
+    let (code, out) = run(&["validate", empty.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("empty is a directory without YAML files"), "{out}");
+
+    let quotas = dir.join("quotas");
+    std::fs::create_dir_all(&quotas).unwrap();
+    let quota = |name: &str| {
+        format!(
+            "apiVersion: tessera.dev/v1alpha1\nkind: TenantGpuQuota\nmetadata: {{name: {name}}}\n\
+             spec: {{namespaces: [ml], hard: {{nvidia.com/gpu: 1}}}}\n"
+        )
+    };
+    std::fs::write(quotas.join("a.yaml"), quota("team-a")).unwrap();
+    std::fs::write(quotas.join("b.yml"), quota("team-b")).unwrap();
+    let (code, out) = run(&["validate", quotas.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(r#"a.yaml:doc 1: spec.namespaces[0]: namespace "ml" is also claimed by TenantGpuQuota "team-b""#),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#"b.yml:doc 1: spec.namespaces[0]: namespace "ml" is also claimed by TenantGpuQuota "team-a""#)
+    );
+    assert!(out.ends_with("2 documents, 0 valid, 2 errors\n"), "{out}");
+    // Each file alone is valid: the conflict is between them.
+    let (code, out) = run(&["validate", quotas.join("a.yaml").to_str().unwrap()]);
+    assert_eq!((code, out.as_str()), (0, "1 document, 1 valid, 0 errors\n"));
 }
 
 #[test]
@@ -273,6 +314,25 @@ fn plan_preview_refuses_an_invalid_plan_before_reading_the_cluster() {
     assert!(!out.contains("tessera-plan-preview"), "no comment for an invalid plan: {out}");
 }
 
+/// A typo'd selector must not preview as a plan that matches every node (the missing selector
+/// matches all): the preview refuses the file as `validate` does.
+#[test]
+fn plan_preview_refuses_unknown_fields() {
+    let dir = std::env::temp_dir().join(format!("tessera-cli-typo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("typo.yaml");
+    let plan = std::fs::read_to_string(repo().join(SAMPLE_PLANS[0])).unwrap();
+    std::fs::write(&f, plan.replace("nodeSelector:", "nodeSelectr:")).unwrap();
+    assert!(std::fs::read_to_string(&f).unwrap().contains("nodeSelectr:"), "the sample has a nodeSelector");
+    let (code, out) = run(&["plan", "preview", "--from", FLEET, f.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("typo.yaml: training: spec.nodeSelectr: unknown field"), "{out}");
+    assert!(!out.contains("node(s) change"), "nothing is previewed: {out}");
+    let (code, out) = run(&["validate", f.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("typo.yaml:doc 1: spec.nodeSelectr: unknown field"), "{out}");
+}
+
 #[test]
 fn plan_preview_without_a_cluster_is_a_usage_error() {
     let (code, out) = run(&["plan", "preview", "--kubeconfig", "does/not/exist", SAMPLE_PLANS[0]]);
@@ -309,5 +369,56 @@ fn the_ci_examples_are_valid_yaml_run_the_checks_and_are_in_the_readme() {
         assert!(text.contains("set -o pipefail"), "{f}: a failing API call in a pipe fails the job");
         assert!(text.contains("validated only"), "{f}: a fork's pull request (no secrets) is validated only");
         assert!(readme.contains(&format!("```yaml\n{text}```")), "README must show {f} verbatim");
+    }
+}
+
+/// Runs `bin` with its stdout a pipe whose reader is already gone (`cmd | head -0`): every write
+/// fails with EPIPE. Returns the exit status and stderr.
+fn run_into_closed_pipe(bin: &str, args: &[&str]) -> (std::process::ExitStatus, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(bin)
+        .args(args)
+        .current_dir(repo())
+        .env("RUST_BACKTRACE", "1")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// SIGPIPE's number on Linux and macOS.
+const SIGPIPE: i32 = 13;
+
+/// `tessera-operator mig layouts | head -1` must end like `cat` does (killed by SIGPIPE, as
+/// kubectl is), not with a panic, exit 101 and a backtrace. (`kubectl tessera status` exits 0
+/// or 1 instead: tests/kubectl_plugin.rs.)
+#[test]
+fn a_closed_stdout_ends_every_command_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let op = env!("CARGO_BIN_EXE_tessera-operator");
+    let kt = env!("CARGO_BIN_EXE_kubectl-tessera");
+    let preview = ["plan", "preview", "--from", FLEET, SAMPLE_PLANS[0]];
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        (op, vec!["mig", "layouts", "--gpu", "H100-80GB"]),
+        (op, vec!["mig", "profiles", "--gpu", "A30", "-o", "json"]),
+        (op, vec!["validate", "config/samples"]),
+        (op, vec!["validate", "config/samples-invalid/plan-bad-fields.yaml"]),
+        (op, preview.to_vec()),
+        (op, vec!["plan", "preview", "-o", "markdown", "--from", FLEET, SAMPLE_PLANS[1]]),
+        (op, vec!["plan", "suggest", "-o", "json", "--from", FLEET]),
+        (op, vec!["--help"]),
+        (kt, vec!["mig", "layouts", "--gpu", "H100-80GB"]),
+        (kt, vec!["preview", "--from", FLEET, SAMPLE_PLANS[0]]),
+        (kt, vec!["validate", SAMPLE_PLANS[0]]),
+    ];
+    for (bin, args) in cases {
+        let (status, stderr) = run_into_closed_pipe(bin, &args);
+        assert_ne!(status.code(), Some(101), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{args:?}: {stderr}");
+        // clap writes `--help` itself, ignoring a failed write, and exits 0.
+        let want = if args == ["--help"] { None } else { Some(SIGPIPE) };
+        assert_eq!(status.signal(), want, "{args:?}: {status:?} {stderr}");
     }
 }

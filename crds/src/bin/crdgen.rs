@@ -1,5 +1,6 @@
 //! Writes Tessera's CRDs to a directory (default `config/crd`).
 
+use std::io::Write as _;
 use std::path::PathBuf;
 
 fn main() -> std::io::Result<()> {
@@ -7,7 +8,11 @@ fn main() -> std::io::Result<()> {
     std::fs::create_dir_all(&dir)?;
     for (name, yaml) in tessera_crds::crdgen::rendered_crds() {
         std::fs::write(dir.join(&name), yaml)?;
-        println!("wrote {}", dir.join(name).display());
+        // `crdgen | head -1`: a reader that went away is no reason to stop writing files.
+        match writeln!(std::io::stdout(), "wrote {}", dir.join(name).display()) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e),
+            _ => {}
+        }
     }
     Ok(())
 }

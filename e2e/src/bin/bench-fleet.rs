@@ -23,10 +23,10 @@ impl Lcg {
 fn main() {
     let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() { vec![100, 1000, 10_000] } else { sizes };
-    println!(
+    tessera_e2e::say!(
         "| GPUs | tenants | solve s | proven optimal | GPUs changed | destroyed | naive: changed | naive: destroyed | shortfall |"
     );
-    println!("|---:|---:|---:|---|---:|---:|---:|---:|---|");
+    tessera_e2e::say!("|---:|---:|---:|---|---:|---:|---:|---:|---|");
     for n in sizes {
         bench(n);
     }
@@ -77,8 +77,11 @@ fn bench(n: usize) {
     let answer = solve(&gpus, &demand).expect("the solver answers");
     let seconds = started.elapsed().as_secs_f64();
     let naive_destroyed: usize = gpus.iter().map(|g| g.instances.len()).sum();
-    println!(
+    tessera_e2e::say!(
         "| {n} | 30 | {seconds:.2} | {} | {} | {} | {n} | {naive_destroyed} | {:?} |",
-        answer.optimal, answer.changed, answer.destroyed, answer.shortfall
+        answer.optimal,
+        answer.changed,
+        answer.destroyed,
+        answer.shortfall
     );
 }

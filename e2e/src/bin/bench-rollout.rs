@@ -277,14 +277,14 @@ async fn main() -> anyhow::Result<()> {
         operator.display()
     );
     let out = std::path::PathBuf::from(std::env::var("BENCH_OUT").unwrap_or_else(|_| "docs/bench".into()));
-    println!("{HEADER}");
+    tessera_e2e::say!("{HEADER}");
     let mut rows = Vec::new();
     for n in sizes {
         let row = bench(n, &operator).await?;
-        println!("{}", row.markdown());
+        tessera_e2e::say!("{}", row.markdown());
         rows.push(row);
     }
     write_results(&out, &rows)?;
-    println!("table and plot written to {}/rollout-cost.{{md,svg}}", out.display());
+    tessera_e2e::say!("table and plot written to {}/rollout-cost.{{md,svg}}", out.display());
     Ok(())
 }

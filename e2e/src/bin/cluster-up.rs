@@ -6,10 +6,10 @@ async fn main() -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut cp = tessera_e2e::ControlPlane::start().await?;
     cp.keep_logs();
-    println!("admin kubeconfig: {}", cp.kubeconfig(tessera_e2e::Identity::Admin).display());
-    println!("dir: {}", cp.dir.display());
+    tessera_e2e::say!("admin kubeconfig: {}", cp.kubeconfig(tessera_e2e::Identity::Admin).display());
+    tessera_e2e::say!("dir: {}", cp.dir.display());
     let pids: Vec<String> = cp.pids().iter().map(ToString::to_string).collect();
-    println!("pids: {}", pids.join(" "));
+    tessera_e2e::say!("pids: {}", pids.join(" "));
     let mut term = signal(SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

@@ -15,6 +15,18 @@ use clap::ValueEnum;
 
 use crate::Error;
 
+/// Lets a closed stdout end the process as it ends `cat` and kubectl: killed by SIGPIPE, with
+/// nothing on stderr. Rust ignores SIGPIPE, so after `cmd | head` closes the pipe a write fails
+/// and `println!` panics (exit 101, a backtrace). For the short-lived commands only: the
+/// controllers keep Rust's default, so a peer that goes away is an error they handle, never a kill.
+pub fn die_on_closed_stdout() {
+    #[cfg(unix)]
+    // SAFETY: SIG_DFL is a valid disposition, and signal(2) has no other precondition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// `--output`: text for people, JSON for machines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum Output {

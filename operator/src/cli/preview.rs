@@ -199,8 +199,10 @@ fn read_plans(file: &str, plans: &mut Vec<GpuPartitionPlan>) -> Result<bool, Err
     let mut valid = true;
     for v in docs {
         if v.get("kind").and_then(|k| k.as_str()) == Some("GpuPartitionPlan") {
+            // Unknown fields first: serde drops them, and the plan previewed would not be the one meant.
+            let mut errs = tessera_crds::validate::strict::unknown_fields("GpuPartitionPlan", &v);
             let p: GpuPartitionPlan = serde_json::from_value(v).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
-            let errs = tessera_crds::validate::validate_plan(&p.spec);
+            errs.extend(tessera_crds::validate::validate_plan(&p.spec));
             for e in &errs {
                 println!("{file}: {}: {e}", p.name_any());
             }

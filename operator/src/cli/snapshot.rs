@@ -9,7 +9,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::de::DeserializeOwned;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 
-use super::validate::documents;
+use super::validate::{documents, field_of};
 use crate::Error;
 
 /// The objects of the kinds Tessera's commands read; other kinds are ignored.
@@ -50,21 +50,22 @@ impl Snapshot {
                     self.add(item, &format!("{at}: items[{n}]"))?;
                 }
             }
-            "Node" => self.nodes.push(parse(v, at)?),
-            "GpuNode" => self.gpunodes.push(parse(v, at)?),
-            "GpuPartitionPlan" => self.plans.push(parse(v, at)?),
-            "TenantGpuQuota" => self.quotas.push(parse(v, at)?),
-            "Pod" => self.pods.push(parse(v, at)?),
-            "PodDisruptionBudget" => self.budgets.push(parse(v, at)?),
-            "DaemonSet" => self.daemonsets.get_or_insert_default().push(parse(v, at)?),
+            "Node" => self.nodes.push(parse(&kind, v, at)?),
+            "GpuNode" => self.gpunodes.push(parse(&kind, v, at)?),
+            "GpuPartitionPlan" => self.plans.push(parse(&kind, v, at)?),
+            "TenantGpuQuota" => self.quotas.push(parse(&kind, v, at)?),
+            "Pod" => self.pods.push(parse(&kind, v, at)?),
+            "PodDisruptionBudget" => self.budgets.push(parse(&kind, v, at)?),
+            "DaemonSet" => self.daemonsets.get_or_insert_default().push(parse(&kind, v, at)?),
             _ => {}
         }
         Ok(())
     }
 }
 
-fn parse<K: DeserializeOwned>(v: serde_json::Value, at: &str) -> Result<K, Error> {
-    serde_path_to_error::deserialize(v).map_err(|e| Error::Usage(format!("{at}: {}: {}", e.path(), e.inner())))
+fn parse<K: DeserializeOwned>(kind: &str, v: serde_json::Value, at: &str) -> Result<K, Error> {
+    serde_path_to_error::deserialize(v)
+        .map_err(|e| Error::Usage(format!("{at}: {}: {}", field_of(kind, None, e.path()), e.inner())))
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
-//! `tessera-operator validate FILE...`: checks multi-document YAML of Tessera objects with the
-//! same code the operator uses, and prints `file:doc N: field: reason` for every problem.
+//! `tessera-operator validate FILE|DIR...`: checks multi-document YAML of Tessera objects with
+//! the same code the operator uses, and prints `file:doc N: field: reason` for every problem.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tessera_crds::validate::strict::{self, Step};
 use tessera_crds::validate::{FieldError, validate_plan, validate_quota};
 use tessera_crds::{GpuPartitionPlanSpec, TenantGpuQuotaSpec};
 
@@ -38,6 +39,9 @@ pub struct DocSummary {
 pub struct Report {
     pub documents: Vec<DocSummary>,
     pub errors: Vec<DocError>,
+    /// The namespaces each TenantGpuQuota claims, for [`Report::finish`].
+    #[serde(skip)]
+    claims: Vec<conflicts::Claim>,
 }
 
 /// The documents of YAML text, empty ones left out, each parsed or with why not. After a syntax
@@ -78,6 +82,11 @@ pub fn validate_text(file: &str, text: &str, report: &mut Report) {
         };
         let (summary, errs) = check_document(&value);
         let (kind, name) = summary.unwrap_or_else(|| ("(not a Kubernetes object)".into(), String::new()));
+        if kind == "TenantGpuQuota" && !name.is_empty() {
+            let namespaces = value.pointer("/spec/namespaces").and_then(|n| n.as_array());
+            let namespaces = namespaces.into_iter().flatten().filter_map(|n| n.as_str().map(String::from)).collect();
+            report.claims.push(conflicts::Claim { file: file.into(), doc, name: name.clone(), namespaces });
+        }
         report.documents.push(DocSummary { file: file.into(), doc, kind, name, valid: errs.is_empty() });
         report.errors.extend(errs.into_iter().map(|e| DocError {
             file: file.into(),
@@ -128,8 +137,12 @@ fn check_document(json: &serde_json::Value) -> (Option<(String, String)>, Vec<Fi
     }
     errs.extend(check_metadata(json));
     match kind.as_str() {
-        "GpuPartitionPlan" => errs.extend(check_spec::<GpuPartitionPlanSpec>(json, validate_plan)),
-        "TenantGpuQuota" => errs.extend(check_spec::<TenantGpuQuotaSpec>(json, validate_quota)),
+        "GpuPartitionPlan" | "TenantGpuQuota" => errs.extend(strict::unknown_fields(&kind, json)),
+        _ => {}
+    }
+    match kind.as_str() {
+        "GpuPartitionPlan" => errs.extend(check_spec::<GpuPartitionPlanSpec>(&kind, json, validate_plan)),
+        "TenantGpuQuota" => errs.extend(check_spec::<TenantGpuQuotaSpec>(&kind, json, validate_quota)),
         "GpuNode" => errs.push(FieldError::new(
             "kind",
             "GpuNode objects are written by the operator and node agents; do not commit them",
@@ -160,15 +173,31 @@ fn check_metadata(json: &serde_json::Value) -> Vec<FieldError> {
 }
 
 /// Deserialises `spec` with the exact path of any type error, then runs the semantic checks.
-fn check_spec<T: DeserializeOwned>(json: &serde_json::Value, semantic: fn(&T) -> Vec<FieldError>) -> Vec<FieldError> {
+fn check_spec<T: DeserializeOwned>(
+    kind: &str,
+    json: &serde_json::Value,
+    semantic: fn(&T) -> Vec<FieldError>,
+) -> Vec<FieldError> {
     let Some(spec) = json.get("spec") else { return vec![FieldError::new("spec", "is required")] };
     match serde_path_to_error::deserialize::<_, T>(spec) {
         Ok(typed) => semantic(&typed),
-        Err(e) => {
-            let path = e.path().to_string();
-            let field = if path == "." { "spec".to_string() } else { format!("spec.{path}") };
-            vec![FieldError::new(field, e.into_inner().to_string())]
-        }
+        Err(e) => vec![FieldError::new(field_of(kind, Some("spec"), e.path()), e.inner().to_string())],
+    }
+}
+
+/// A serde error's path (below `root`, when given) in the style of every other message:
+/// `spec.layouts[0].profiles["1g.10gb"]`, not serde's `layouts[0].profiles.1g.10gb`.
+pub(crate) fn field_of(kind: &str, root: Option<&str>, path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut steps: Vec<Step> = root.map(Step::Key).into_iter().collect();
+    steps.extend(path.iter().filter_map(|s| match s {
+        Segment::Seq { index } => Some(Step::Index(*index)),
+        Segment::Map { key } | Segment::Enum { variant: key } => Some(Step::Key(key)),
+        Segment::Unknown => None,
+    }));
+    match strict::field_path(kind, &steps) {
+        p if p.is_empty() => "(document)".into(),
+        p => p,
     }
 }
 
@@ -180,13 +209,47 @@ fn is_dns1123_subdomain(s: &str) -> bool {
         && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
 }
 
-/// Runs the subcommand over files; returns the exit status.
-pub fn run(files: &[String], output: Output) -> Result<i32, Error> {
+/// The files to read: each path, or for a directory the YAML files in it (`.yaml`, `.yml`,
+/// `.json`; not its subdirectories), sorted, as `kubectl apply -f DIR` takes them. A directory
+/// without any is an error: a CI gate over the wrong path must not pass on nothing.
+pub fn expand(paths: &[String]) -> Result<Vec<String>, Error> {
+    let mut files = Vec::new();
+    for path in paths {
+        if !std::path::Path::new(path).is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        let read_error = |source| Error::ReadFile { path: path.clone(), source };
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(path).map_err(read_error)? {
+            let p = entry.map_err(read_error)?.path();
+            let yaml = p.extension().and_then(|e| e.to_str()).is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
+            if yaml && p.is_file() {
+                found.push(p.to_string_lossy().into_owned());
+            }
+        }
+        if found.is_empty() {
+            return Err(Error::Usage(format!("{path} is a directory without YAML files (.yaml, .yml, .json)")));
+        }
+        found.sort();
+        files.extend(found);
+    }
+    Ok(files)
+}
+
+/// `1 document`, `2 documents`.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}
+
+/// Runs the subcommand over files and directories; returns the exit status.
+pub fn run(paths: &[String], output: Output) -> Result<i32, Error> {
     let mut report = Report::default();
-    for f in files {
+    for f in &expand(paths)? {
         let text = std::fs::read_to_string(f).map_err(|source| Error::ReadFile { path: f.clone(), source })?;
         validate_text(f, &text, &mut report);
     }
+    report.finish();
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         Output::Text => {
@@ -194,11 +257,13 @@ pub fn run(files: &[String], output: Output) -> Result<i32, Error> {
                 println!("{e}");
             }
             let valid = report.documents.iter().filter(|d| d.valid).count();
-            println!("{} documents, {} valid, {} errors", report.documents.len(), valid, report.errors.len());
+            let (docs, errors) = (count(report.documents.len(), "document"), count(report.errors.len(), "error"));
+            println!("{docs}, {valid} valid, {errors}");
         }
     }
     Ok(if report.errors.is_empty() { 0 } else { 1 })
 }
 
+mod conflicts;
 #[cfg(test)]
 mod tests;

@@ -54,6 +54,49 @@ fn every_unknown_profile_is_named() {
     }
 }
 
+/// `kubectl apply` refuses unknown fields (strict decoding); the offline gate must too: a plan
+/// whose `nodeSelectr` typo passed would take over every node of the product.
+#[test]
+fn unknown_fields_are_errors_naming_their_path() {
+    let r = report(
+        "apiVersion: tessera.dev/v1alpha1\nkind: GpuPartitionPlan\nmetadata: {name: p, labls: {a: b}}\n\
+         spec: {nodeSelectr: {matchLabels: {pool: h100}}, rollout: {maxUnavailble: 1},\n\
+         \x20 layouts: [{gpuProduct: H100-80GB, profiles: {1g.10gb: 7}}]}\n---\n\
+         apiVersion: tessera.dev/v1alpha1\nkind: TenantGpuQuota\nmetadata: {name: q}\n\
+         spec: {namespaces: [a], namespacs: [b], hard: {nvidia.com/gpu: 1}, physical: {computeSlice: 2}}\n",
+    );
+    let got = lines(&r);
+    for want in [
+        "f.yaml:doc 1: metadata.labls: unknown field",
+        "f.yaml:doc 1: spec.nodeSelectr: unknown field",
+        "f.yaml:doc 1: spec.rollout.maxUnavailble: unknown field",
+        "f.yaml:doc 2: spec.namespacs: unknown field",
+        "f.yaml:doc 2: spec.physical.computeSlice: unknown field",
+    ] {
+        assert!(got.iter().any(|l| l.starts_with(want)), "expected {want:?} in {got:#?}");
+    }
+    assert_eq!(got.len(), 5, "{got:#?}");
+    assert!(r.documents.iter().all(|d| !d.valid), "{:?}", r.documents);
+}
+
+/// Type errors name their field as every other message does: map keys quoted in brackets.
+#[test]
+fn type_errors_use_the_one_path_style() {
+    let r = report(
+        "apiVersion: tessera.dev/v1alpha1\nkind: GpuPartitionPlan\nmetadata: {name: p}\n\
+         spec: {layouts: [{gpuProduct: H100-80GB, profiles: {1g.10gb: seven}}]}\n---\n\
+         apiVersion: tessera.dev/v1alpha1\nkind: TenantGpuQuota\nmetadata: {name: q}\n\
+         spec: {namespaces: [a], hard: {nvidia.com/gpu: 1}, split: Explicit, namespaceHard: {a: {nvidia.com/gpu: x}}}\n",
+    );
+    let got = lines(&r);
+    for want in [
+        r#"f.yaml:doc 1: spec.layouts[0].profiles["1g.10gb"]: invalid type: string "seven""#,
+        r#"f.yaml:doc 2: spec.namespaceHard["a"]["nvidia.com/gpu"]: invalid type: string "x""#,
+    ] {
+        assert!(got.iter().any(|l| l.starts_with(want)), "expected {want:?} in {got:#?}");
+    }
+}
+
 /// A count of 2^31 must be refused by the counting rules before the solver expands the request
 /// into one entry per instance; spellings of one profile add up without overflowing.
 #[test]
@@ -269,4 +312,50 @@ proptest! {
             prop_assert!(!e.field.is_empty() && !e.reason.is_empty(), "{:?}", e);
         }
     }
+}
+
+fn quota_doc(name: &str, namespaces: &str) -> String {
+    format!(
+        "apiVersion: tessera.dev/v1alpha1\nkind: TenantGpuQuota\nmetadata: {{name: {name}}}\n\
+         spec: {{namespaces: {namespaces}, hard: {{nvidia.com/gpu: 1}}}}\n"
+    )
+}
+
+/// Two quotas claiming one namespace each validate on their own, but once applied neither is
+/// enforced there (the controller's rule): over a set of files the claim is an error on both.
+#[test]
+fn a_namespace_claimed_by_two_quotas_is_an_error_on_both() {
+    let mut r = Report::default();
+    validate_text("a.yaml", &quota_doc("a", "[own-a, shared]"), &mut r);
+    validate_text(
+        "b.yaml",
+        &format!("{}---\n{}", quota_doc("b", "[shared, shared]"), quota_doc("c", "[own-c]")),
+        &mut r,
+    );
+    assert!(r.errors.iter().all(|e| e.field == "spec.namespaces[1]" && e.doc == 1), "{:?}", r.errors);
+    assert_eq!(r.errors.len(), 1, "b lists shared twice: its own error, before any conflict: {:?}", r.errors);
+    r.finish();
+    let got = lines(&r);
+    for want in [
+        r#"a.yaml:doc 1: spec.namespaces[1]: namespace "shared" is also claimed by TenantGpuQuota "b" (b.yaml:doc 1)"#,
+        r#"b.yaml:doc 1: spec.namespaces[0]: namespace "shared" is also claimed by TenantGpuQuota "a" (a.yaml:doc 1)"#,
+    ] {
+        assert!(got.iter().any(|l| l.starts_with(want)), "expected {want:?} in {got:#?}");
+    }
+    assert_eq!(got.len(), 3, "one conflict error per quota, not per listing: {got:#?}");
+    let valid: Vec<(&str, bool)> = r.documents.iter().map(|d| (d.name.as_str(), d.valid)).collect();
+    assert_eq!(valid, [("a", false), ("b", false), ("c", true)]);
+}
+
+/// The same quota in two documents is one object applied twice, not two claims; quotas of
+/// other API groups claim nothing.
+#[test]
+fn one_quota_twice_or_a_foreign_kind_is_no_conflict() {
+    let mut r = Report::default();
+    validate_text("a.yaml", &quota_doc("a", "[shared]"), &mut r);
+    validate_text("a-copy.yaml", &quota_doc("a", "[shared]"), &mut r);
+    let foreign = quota_doc("x", "[shared]").replace("tessera.dev/v1alpha1", "example.com/v1");
+    validate_text("x.yaml", &foreign, &mut r);
+    r.finish();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
 }

@@ -341,6 +341,12 @@ pub fn check_resource_name(res: &str) -> Result<(), String> {
     let Some(profile) = profile_of_resource(res) else {
         return Err(format!("{res:?} is not {GPU_RESOURCE} or nvidia.com/mig-<profile> (e.g. nvidia.com/mig-1g.10gb)"));
     };
+    // The CRD's CEL rule takes only the device plugin's spelling (lower case, `.me`), so the
+    // offline check must too: `nvidia.com/mig-1G.10GB` or `...+me` is refused by `kubectl apply`.
+    let canonical = catalog::mig_resource_name(&profile);
+    if res != canonical {
+        return Err(format!("{res:?} is not how the device plugin names it: write {canonical:?}"));
+    }
     if catalog::MODELS.iter().any(|m| m.profile(&profile).is_some()) {
         Ok(())
     } else {

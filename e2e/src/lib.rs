@@ -24,6 +24,15 @@ macro_rules! say {
     };
 }
 
+/// `eprintln!` that never panics: a closed stderr (`bench 2>&1 | head`) loses the line, nothing more.
+#[macro_export]
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// One line to stdout; a closed pipe is not an error (see [`say!`]), any other failure is told
 /// on stderr.
 pub fn write_line(line: std::fmt::Arguments<'_>) {
@@ -32,7 +41,7 @@ pub fn write_line(line: std::fmt::Arguments<'_>) {
     if let Err(e) = out.write_fmt(line).and_then(|()| out.write_all(b"\n"))
         && e.kind() != std::io::ErrorKind::BrokenPipe
     {
-        eprintln!("cannot write to stdout: {e}");
+        let _ = writeln!(std::io::stderr(), "cannot write to stdout: {e}");
     }
 }
 

@@ -51,6 +51,8 @@ pub const LIVENESS_MANAGER: &str = "tessera-operator-liveness";
 /// Finalizer that releases a deleted plan's nodes (uncordon, forget) without touching their GPUs.
 pub const FINALIZER: &str = "tessera.dev/release-nodes";
 /// How long one eviction call may take before it counts as blocked (never block a pass).
+/// Marks an eviction that got no answer in time (see `evict`).
+const EVICTION_TIMED_OUT: &str = "timed out after";
 const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
 /// Changes are batched for this long before a pass. A pass plans the whole fleet, but borrows
 /// its objects and memoises its look-ups, so it costs little next to its API requests; each
@@ -550,11 +552,22 @@ impl Context {
         let mut reached = Vec::new();
         for GroupResult { node, refused, blockers, events, error } in results {
             reached.extend(events);
-            if let Some(b) = blockers {
-                found.insert(node.clone(), b);
+            // A node whose actions stopped at an error saw only part of its refusals: its record
+            // keeps what it said until a whole pass says otherwise (no flapping message, no
+            // Warning per swing). An eviction that timed out is the API's latency, not a blocker:
+            // it is not persisted on the node, but reported like a failed call (the plan's message).
+            let (timed_out, refused): (Vec<String>, Vec<String>) =
+                refused.into_iter().partition(|r| r.contains(EVICTION_TIMED_OUT));
+            if let Some(first) = timed_out.into_iter().next() {
+                node_errors.entry(node.clone()).or_insert(first);
             }
-            if !refused.is_empty() {
-                blocked.insert(node.clone(), refused);
+            if error.is_none() {
+                if let Some(b) = blockers {
+                    found.insert(node.clone(), b);
+                }
+                if !refused.is_empty() {
+                    blocked.insert(node.clone(), refused);
+                }
             }
             if let Some(e) = error {
                 self.metrics.error(e.kind());
@@ -757,10 +770,11 @@ impl Context {
                 self.recorded(&node, Written::GpuNode, written).await?;
             }
             Action::ClearIntent { node } => {
-                // Server-side apply by the same manager: `plan` (owned, now left out) is removed.
-                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
-                                  "spec": {"gpus": []}});
-                let written = gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await;
+                // A merge patch, not an apply: it clears `plan` whoever else also set it (an apply
+                // by our manager leaves a field another manager co-owns, and the pass would retry
+                // forever), and it answers 404 instead of re-creating a GpuNode just deleted.
+                let body = json!({"spec": {"plan": null, "gpus": []}});
+                let written = gns.patch(&node, &PatchParams::default(), &Patch::Merge(&body)).await;
                 self.recorded(&node, Written::GpuNode, written).await?;
             }
             Action::Completed { seconds, .. } => self.metrics.node_rolled_out(seconds),
@@ -811,7 +825,7 @@ impl Context {
             }
             Ok(Err(e)) => Err(e.into()),
             Err(_) => {
-                Ok(Some(format!("eviction of {namespace}/{pod} timed out after {}s", EVICTION_TIMEOUT.as_secs())))
+                Ok(Some(format!("eviction of {namespace}/{pod} {EVICTION_TIMED_OUT} {}s", EVICTION_TIMEOUT.as_secs())))
             }
         }
     }

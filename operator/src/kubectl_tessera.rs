@@ -3,6 +3,7 @@
 //! (`--kubeconfig`, `--context`, `KUBECONFIG`, the current context).
 
 use clap::{Parser, Subcommand};
+use std::io::Write as _;
 use tessera_operator::cli::commands::{MigCommand, PreviewArgs, runtime};
 use tessera_operator::cli::connect::ClusterArgs;
 use tessera_operator::cli::status::Colour;
@@ -78,7 +79,7 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("error: {e}");
+            let _ = writeln!(std::io::stderr(), "error: {e}"); // a closed stderr is no reason to panic
             std::process::exit(e.exit_code());
         }
     }

@@ -1,6 +1,7 @@
 //! `tessera-operator`: offline checks for GitOps pipelines (`validate`, `mig ...`).
 
 use clap::{Parser, Subcommand};
+use std::io::Write as _;
 use tessera_operator::cli::commands::{MigCommand, PreviewArgs, runtime};
 use tessera_operator::cli::connect::ClusterArgs;
 use tessera_operator::cli::{self, Format};
@@ -97,7 +98,7 @@ fn main() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         let opts = tessera_operator::run::RunOptions { listen, leader_elect, lease_namespace, identity };
         if let Err(e) = rt.block_on(tessera_operator::run::run(opts)) {
-            eprintln!("error: {e:#}");
+            let _ = writeln!(std::io::stderr(), "error: {e:#}");
             std::process::exit(1);
         }
         return;
@@ -124,7 +125,7 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("error: {e}");
+            let _ = writeln!(std::io::stderr(), "error: {e}");
             std::process::exit(e.exit_code());
         }
     }

@@ -337,6 +337,33 @@ fn applied(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
         && conditions::is_true(&st.conditions, READY)
 }
 
+/// Whether the agent's last report shows every GPU of `desired` already holding it: MIG mode as
+/// asked (no change pending) and exactly the asked instances. A node taken back by a plan after
+/// its intent was emptied, or a plan changed back before anything was applied, needs no drain.
+/// A stale report is safe: without the hand-over the agent only creates instances in free space,
+/// reports what it really found, and the node is then drained as usual.
+fn reported_holds(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
+    let Some(st) = &gn.status else { return false };
+    !desired.is_empty()
+        && desired.iter().all(|want| {
+            let Some(g) = st.gpus.iter().find(|g| g.index == want.index) else { return false };
+            if g.mig_enabled != want.mig_enabled || g.mig_pending {
+                return false;
+            }
+            let mut have: BTreeMap<String, i32> = BTreeMap::new();
+            for i in &g.instances {
+                *have.entry(catalog::normalize_profile(&i.profile)).or_default() += 1;
+            }
+            let wanted: BTreeMap<String, i32> = want
+                .profiles
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(p, n)| (catalog::normalize_profile(p), *n))
+                .collect();
+            !want.mig_enabled && g.instances.is_empty() || want.mig_enabled && have == wanted
+        })
+}
+
 /// "reason: message" of the agent's condition `type_` when it is true for the current generation.
 fn agent_condition(gn: &GpuNode, type_: &str) -> Option<String> {
     let st = gn.status.as_ref()?;
@@ -778,6 +805,29 @@ fn plan_one<'a>(
                     }
                     if r.phase == NodePhase::Failed && failed_here(&r, &name, generation) {
                         report.failed.push((n.clone(), r.message.clone()));
+                        break 'node;
+                    }
+                    // Once the agent has seen the intent and still does not say applied, it has a
+                    // reason (a leak, a reset): the node goes the usual way, drained and handed over.
+                    let intent_seen = gn.spec.gpus == *desired
+                        && gn.status.as_ref().and_then(|s| s.observed_generation) == gn.metadata.generation;
+                    if !intent_seen && reported_holds(gn, &desired) && node.agent == AgentHealth::Alive {
+                        // Taken back with the layout already in place: the intent and an `Idle`
+                        // record, no cordon, no drain; updated once the agent reports it applied.
+                        report.in_progress += 1;
+                        if gn.spec.gpus != *desired {
+                            actions.push(Action::Intent {
+                                node: n.clone(),
+                                plan: name.clone(),
+                                gpus: desired.to_vec(),
+                            });
+                        }
+                        if r.phase != NodePhase::Idle
+                            || r.plan.as_deref() != Some(&name)
+                            || r.plan_generation != generation
+                        {
+                            actions.push(Action::Rollout { node: n.clone(), rollout: Some(idle(base)) });
+                        }
                         break 'node;
                     }
                     if node.agent != AgentHealth::Alive {

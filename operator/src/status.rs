@@ -104,6 +104,14 @@ pub fn plan_status(
         None => remove_condition(&mut c, STALLED),
     }
     match &report.demand {
+        // The decision covers the demand once applied; the quotas' `CapacityAvailable` reads the
+        // fleet as it is. Until every node is done (or while one failed), say not yet, so the two
+        // never disagree on what the fleet supplies now.
+        Some((true, _, msg)) if report.in_progress + report.pending > 0 || !report.failed.is_empty() => {
+            let waiting = report.in_progress + report.pending + report.failed.len() as i32;
+            let msg = format!("met once applied ({waiting} node(s) not done yet): {msg}");
+            set_condition(&mut c, DEMAND_MET, false, "NotYetApplied", msg, g, t())
+        }
         Some((met, reason, msg)) => set_condition(&mut c, DEMAND_MET, *met, reason, msg.clone(), g, t()),
         None => remove_condition(&mut c, DEMAND_MET),
     }
@@ -233,6 +241,32 @@ mod tests {
         };
         let st = plan_status(&[], &report, Some(1), false, now());
         assert_eq!(cond(&st, READY).unwrap().reason, "RollingOut");
+    }
+
+    /// Review of issue 28: a decision that covers the demand is `DemandMet=True` only once its
+    /// nodes hold it (the quotas read the fleet as it is); a paused, failed or running rollout
+    /// says `NotYetApplied`.
+    #[test]
+    fn demand_is_met_only_once_the_decision_is_applied() {
+        let demand = Some((true, "DemandMet", "covers nvidia.com/mig-1g.10gb 20".to_string()));
+        let applied = PlanReport { matched: 2, updated: 2, demand: demand.clone(), ..Default::default() };
+        let met = cond(&plan_status(&[], &applied, Some(1), false, now()), DEMAND_MET).unwrap().clone();
+        assert_eq!((met.status.as_str(), met.reason.as_str()), ("True", "DemandMet"));
+        for report in [
+            PlanReport { matched: 2, updated: 1, in_progress: 1, demand: demand.clone(), ..Default::default() },
+            PlanReport { matched: 2, updated: 1, pending: 1, demand: demand.clone(), ..Default::default() },
+            PlanReport {
+                matched: 2,
+                updated: 1,
+                failed: vec![("n".into(), "leak".into())],
+                demand: demand.clone(),
+                ..Default::default()
+            },
+        ] {
+            let c = cond(&plan_status(&[], &report, Some(1), false, now()), DEMAND_MET).unwrap().clone();
+            assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "NotYetApplied"), "{report:?}");
+            assert!(c.message.contains("1 node(s) not done yet") && c.message.contains("covers"), "{}", c.message);
+        }
     }
 
     #[test]

@@ -422,3 +422,30 @@ fn a_closed_stdout_ends_every_command_quietly() {
         assert_eq!(status.signal(), want, "{args:?}: {status:?} {stderr}");
     }
 }
+
+/// `kubectl tessera status 2>&1 | true`: its errors go to a closed stderr. It keeps SIGPIPE
+/// ignored (its exit status is documented), so a write must not panic (review of issue 28: exit
+/// 101). The other binaries' error paths too, with both streams closed.
+#[test]
+fn a_closed_stderr_ends_error_paths_quietly() {
+    let op = env!("CARGO_BIN_EXE_tessera-operator");
+    let kt = env!("CARGO_BIN_EXE_kubectl-tessera");
+    let cases: [(&str, &[&str]); 3] = [
+        (kt, &["status", "--from", "/nonexistent/cluster.yaml"]),
+        (kt, &["validate", "/nonexistent/plan.yaml"]),
+        (op, &["validate", "/nonexistent/plan.yaml"]),
+    ];
+    for (bin, args) in cases {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let status = Command::new(bin)
+            .args(args)
+            .current_dir(repo())
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer)
+            .status()
+            .unwrap();
+        assert_ne!(status.code(), Some(101), "{args:?}: {status:?}");
+        assert!(status.code().is_some_and(|c| c > 0) || status.code().is_none(), "{args:?} failed: {status:?}");
+    }
+}

@@ -137,6 +137,8 @@ fn quota_errors_name_the_field_and_reason() {
             ("nvidia.com/mig-3g", 1),
             ("nvidia.com/gpu", -1),
             ("nvidia.com/mig-1g.10gb", 2),
+            ("nvidia.com/mig-1G.20GB", 1),
+            ("nvidia.com/mig-1g.10gb+me", 1),
         ],
     );
     q.split = SplitPolicy::Explicit;
@@ -155,6 +157,9 @@ fn quota_errors_name_the_field_and_reason() {
     has("spec.hard[\"nvidia.com/mig-1g.11gb\"]", "exists on no known GPU");
     has("spec.hard[\"nvidia.com/mig-3g\"]", "is not nvidia.com/gpu or nvidia.com/mig-<profile>");
     has("spec.hard[\"nvidia.com/gpu\"]", "must be >= 0");
+    // The CRD's CEL rule refuses other spellings; so does the offline check (review of issue 28).
+    has("spec.hard[\"nvidia.com/mig-1G.20GB\"]", "write \"nvidia.com/mig-1g.20gb\"");
+    has("spec.hard[\"nvidia.com/mig-1g.10gb+me\"]", "write \"nvidia.com/mig-1g.10gb.me\"");
     has("spec.namespaceHard[\"team-c\"]", "not in spec.namespaces");
     has("spec.namespaceHard", "add up to 3, more than spec.hard allows (2)");
     has("spec.physical.computeSlices", "must be >= 0");

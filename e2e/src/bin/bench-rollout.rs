@@ -171,7 +171,7 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
         (list.len() == n && tainted.count() == 0).then_some(())
     })
     .await?;
-    eprintln!("{n} nodes: the cluster settled in {:.0} s", settled.elapsed().as_secs_f64());
+    tessera_e2e::tell!("{n} nodes: the cluster settled in {:.0} s", settled.elapsed().as_secs_f64());
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let log = std::fs::File::create(cp.dir.join("logs/operator-bench.log"))?;
@@ -194,7 +194,7 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (cpu0, _) = proc_stat(op.id());
     let idle_passes = metric(port, "tessera_operator_reconciles_total") - idle_passes;
-    eprintln!(
+    tessera_e2e::tell!(
         "{n} nodes at rest: {:.1} ms of operator CPU per second, {idle_passes} passes in 5 s",
         (cpu0 - idle0) * 1000.0 / 5.0
     );
@@ -224,10 +224,13 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     let req1 = metric(port, "tessera_operator_api_requests_total");
     let passes1 = metric(port, "tessera_operator_reconciles_total");
     let behind1 = metric(port, "tessera_operator_nodes_cache_behind_total");
-    eprintln!("{n} nodes: {} node-passes waited for the caches to show the operator's own writes", behind1 - behind0);
+    tessera_e2e::tell!(
+        "{n} nodes: {} node-passes waited for the caches to show the operator's own writes",
+        behind1 - behind0
+    );
     let planned = metric(port, "tessera_operator_nodes_planned_total") - planned0;
     let reused = metric(port, "tessera_operator_nodes_reused_total") - reused0;
-    eprintln!(
+    tessera_e2e::tell!(
         "{n} nodes: {planned} node-passes planned in full, {reused} reused from the pass before ({:.1} planned per node)",
         planned / n as f64
     );

@@ -220,6 +220,42 @@ fn a_node_no_plan_owns_any_more_is_released_then_its_intent_emptied() {
     assert!(!actions.iter().any(|a| matches!(a, Action::ClearIntent { .. })), "{actions:?}");
 }
 
+/// Review of issue 28: a node whose intent was emptied (its plan deleted and re-created, a
+/// selector edited and reverted) and whose GPUs still hold the layout is taken back without a
+/// cordon or a drain; GPUs that differ are drained as usual, and so is a node whose agent saw the
+/// intent and still does not say applied.
+#[test]
+fn a_node_taken_back_with_its_layout_in_place_is_not_drained() {
+    let holding = |profiles: &[&str]| {
+        let mut gn = gpunode("n1", json!([]), false, None);
+        let g = &mut gn.status.as_mut().unwrap().gpus[0];
+        g.mig_enabled = true;
+        g.instances = profiles
+            .iter()
+            .enumerate()
+            .map(|(i, p)| serde_json::from_value(json!({"profile": p, "start": i * 4, "size": 4})).unwrap())
+            .collect();
+        gn
+    };
+    let p = [plan("p", 0, json!(1), h100_layout())];
+    let (actions, reports) = plan_fleet(&p, &[node("n1", false, holding(&["3g.40gb", "3g.40gb"]))], now());
+    assert!(matches!(&actions[0], Action::Intent { gpus, .. } if gpus.len() == 1), "{actions:?}");
+    assert!(
+        matches!(&actions[1], Action::Rollout { rollout: Some(r), .. } if r.phase == NodePhase::Idle && !r.cordoned_by_us)
+    );
+    assert_eq!(actions.len(), 2, "no cordon, no drain: {actions:?}");
+    assert_eq!(reports["p"].in_progress, 1);
+
+    let (actions, _) = plan_fleet(&p, &[node("n1", false, holding(&["3g.40gb", "1g.10gb"]))], now());
+    assert!(actions.iter().any(|a| matches!(a, Action::Cordon { .. })), "another layout is drained: {actions:?}");
+
+    let mut seen = holding(&["3g.40gb", "3g.40gb"]);
+    seen.spec.gpus = serde_json::from_value(wanted()).unwrap();
+    seen.status.as_mut().unwrap().observed_generation = seen.metadata.generation;
+    let (actions, _) = plan_fleet(&p, &[node("n1", false, seen)], now());
+    assert!(actions.iter().any(|a| matches!(a, Action::Cordon { .. })), "seen and not applied: {actions:?}");
+}
+
 #[test]
 fn an_agent_failure_uncordons_and_reports() {
     let r = json!({"phase": "Applying", "plan": "p", "planGeneration": 1, "cordonedByUs": true});

@@ -110,7 +110,7 @@ pub async fn run(cluster: &ClusterArgs, from: &[String], output: Output, colour:
     };
     write_stdout(&text)?;
     for u in &report.unreadable {
-        eprintln!("error: cannot read {}: {}", u.resource, render::clean(&u.error));
+        let _ = writeln!(std::io::stderr(), "error: cannot read {}: {}", u.resource, render::clean(&u.error));
     }
     Ok(if report.unreadable.is_empty() { 0 } else { 1 })
 }

@@ -60,6 +60,7 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput<'static> {
     }
 }
 
+mod agents;
 mod blockers;
 mod kept;
 

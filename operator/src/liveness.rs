@@ -293,7 +293,8 @@ mod tests {
     fn the_lease_watch_is_caught_up_only_once_a_relist_after_its_last_failure_is_in() {
         use kube::runtime::watcher::Event;
         let t = |s: &str| at(&format!("2026-06-01T{s}Z"));
-        let (init, done, apply) = (Event::<Lease>::Init, Event::<Lease>::InitDone, Event::Apply(renewed_at("00:00:00")));
+        let (init, done, apply) =
+            (Event::<Lease>::Init, Event::<Lease>::InitDone, Event::Apply(renewed_at("00:00:00")));
         let mut w = LeaseWatch::default();
         assert_eq!(w, LeaseWatch::Down, "not listed yet");
         w = w.after_event(&init, t("00:00:01"));

@@ -527,8 +527,7 @@ fn release(node: &NodeInput<'_>, actions: &mut Vec<Action>) {
     let Some(gn) = &node.gpunode else { return };
     let Some(r) = gn.status.as_ref().and_then(|s| s.rollout.as_ref()) else { return };
     // An agent not proven yet (the operator just started) may be mid-change: wait to know.
-    let agent_working =
-        !node.agent.is_not_responding() && !applied(gn, &gn.spec.gpus) && agent_stalled(gn).is_none();
+    let agent_working = !node.agent.is_not_responding() && !applied(gn, &gn.spec.gpus) && agent_stalled(gn).is_none();
     if r.phase == NodePhase::Applying && agent_working {
         return; // the agent is reconfiguring a drained node: let it finish first
     }

@@ -328,7 +328,12 @@ mod tests {
         assert_eq!(judge(&mut slots, &mut liveness, "2026-05-31T23:59:55Z"), [AgentHealth::Unproven]);
         assert_eq!(slots.slots[0].alive_until, None);
         lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-06-01T00:00:00.000000Z")));
-        slots.refresh(Changed { names: ["a".to_string()].into_iter().collect(), all: false }, &nodes, &gpunodes, &leases);
+        slots.refresh(
+            Changed { names: ["a".to_string()].into_iter().collect(), all: false },
+            &nodes,
+            &gpunodes,
+            &leases,
+        );
         assert_eq!(judge(&mut slots, &mut liveness, "2026-06-01T00:00:00Z"), [AgentHealth::Alive]);
         assert_eq!(slots.slots[0].alive_until, Some(at("2026-06-01T00:00:40Z")));
         // Unchanged: alive to the deadline, then judged again and found silent.

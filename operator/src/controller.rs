@@ -29,6 +29,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 mod layouts;
+mod leases;
 mod slots;
 
 use slots::{Dirty, Slots};
@@ -117,6 +118,8 @@ pub struct Context {
     pub gpunodes: Store<GpuNode>,
     pub nodes: Store<Node>,
     pub leases: Store<Lease>,
+    /// Whether the lease watch is caught up (no agent is judged dead through one that is not).
+    lease_watch: Arc<std::sync::Mutex<crate::liveness::LeaseWatch>>,
     /// The quotas automatic plans serve (and `fragmentedSlices` is measured against).
     pub quotas: Store<TenantGpuQuota>,
     /// Agents' heartbeats as observed pass after pass.
@@ -184,15 +187,11 @@ pub async fn start(
         nodes_written.clone(),
         Some(dirty.clone()),
     );
-    let leases = watch_into_store_waking(
+    let (leases, lease_watch) = leases::watch_leases(
         Api::<Lease>::namespaced(client.clone(), AGENT_LEASE_NAMESPACE),
-        all(),
-        vec![Waker { notify: changed.clone(), differs: wake::lease_differs }],
-        trim_metadata,
-        Default::default(),
-        Some(dirty.clone()),
-    )
-    .0;
+        Waker { notify: changed.clone(), differs: wake::lease_differs },
+        dirty.clone(),
+    );
     let quotas = watch_into_store_waking(
         Api::<TenantGpuQuota>::all(client.clone()),
         all(),
@@ -214,6 +213,7 @@ pub async fn start(
         gpunodes,
         nodes,
         leases,
+        lease_watch,
         quotas,
         liveness: Default::default(),
         carry: Default::default(),
@@ -411,6 +411,8 @@ impl Context {
             gpunodes: self.gpunodes_progress.load(Ordering::Acquire),
             nodes: self.nodes_progress.load(Ordering::Acquire),
         };
+        // Read before the names are taken: a re-list it counts has named every lease.
+        let lease_watch = *self.lease_watch.lock().unwrap_or_else(|p| p.into_inner());
         // What changed is taken before the caches are read: a change after this is read again
         // next pass (and may already be read now).
         let changed = self.dirty.take();
@@ -433,7 +435,7 @@ impl Context {
                     behind[i] = !expectations.caught_up(&name, gpunode_rv, node_rv, progress);
                 }
             }
-            agents = slots.judge_agents(&mut liveness, now);
+            agents = slots.judge_agents(&mut liveness, now, lease_watch);
         }
         let mut inputs: Vec<NodeInput<'_>> = slots
             .slots

@@ -553,7 +553,8 @@ fn release(node: &NodeInput<'_>, actions: &mut Vec<Action>) {
     }
     let Some(gn) = &node.gpunode else { return };
     let Some(r) = gn.status.as_ref().and_then(|s| s.rollout.as_ref()) else { return };
-    let agent_working = node.agent == AgentHealth::Alive && !applied(gn, &gn.spec.gpus) && agent_stalled(gn).is_none();
+    // An agent not proven yet (the operator just started) may be mid-change: wait to know.
+    let agent_working = !node.agent.is_not_responding() && !applied(gn, &gn.spec.gpus) && agent_stalled(gn).is_none();
     if r.phase == NodePhase::Applying && agent_working {
         return; // the agent is reconfiguring a drained node: let it finish first
     }
@@ -830,9 +831,14 @@ fn plan_one<'a>(
                         }
                         break 'node;
                     }
-                    if node.agent != AgentHealth::Alive {
+                    if node.agent.is_not_responding() {
                         // Never start a node whose agent cannot take the hand-over.
                         report.unresponsive.push(format!("{n}: {} (not started)", node.agent.describe()));
+                        break 'node;
+                    }
+                    if node.agent != AgentHealth::Alive {
+                        // Not seen renewing yet: it waits, and is judged within a lease duration.
+                        report.pending += 1;
                         break 'node;
                     }
                     if busy < budget && !plan.spec.paused {
@@ -904,6 +910,17 @@ fn plan_one<'a>(
                         break 'node;
                     }
                     if evict.is_empty() && waiting.is_empty() && refused.is_empty() {
+                        if node.agent != AgentHealth::Alive {
+                            // Handed over only to an agent alive now: a dead one would leave the
+                            // node `Applying`, cordoned, with nobody to apply. It stays drained.
+                            if node.agent.is_not_responding() {
+                                report.unresponsive.push(format!(
+                                    "{n}: {} (drained; not handed over until the agent is back)",
+                                    node.agent.describe()
+                                ));
+                            }
+                            break 'node;
+                        }
                         actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.to_vec() });
                         let applying = NodeRollout {
                             phase: NodePhase::Applying,
@@ -1015,7 +1032,7 @@ fn plan_one<'a>(
                         };
                         // What the agent says while it works (a retried driver error, say).
                         let progress = agent_condition(gn, RECONCILING);
-                        if node.agent != AgentHealth::Alive {
+                        if node.agent.is_not_responding() {
                             report.unresponsive.push(format!(
                                 "{n}: {} (applying since {since}; the node stays cordoned until the agent is back)",
                                 node.agent.describe()

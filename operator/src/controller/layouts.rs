@@ -331,7 +331,8 @@ fn blocked_targets(plan: &GpuPartitionPlan, nodes: &[NodeInput<'_>]) -> usize {
                 let want: Vec<tessera_crds::gpunode::GpuIntent> = t.gpus.iter().map(Into::into).collect();
                 g.spec.gpus == want && g.status.as_ref().and_then(|s| s.observed_generation) == g.metadata.generation
             });
-            failed || (n.agent != AgentHealth::Alive && !applied)
+            // Dead, not merely unproven (after an operator start or a lease watch outage).
+            failed || (n.agent.is_not_responding() && !applied)
         })
         .count()
 }

@@ -16,7 +16,7 @@ use kube::{Resource, ResourceExt};
 use tessera_crds::GpuNode;
 use tessera_crds::gpunode::{AGENT_LEASE_NAMESPACE, NodePhase};
 
-use crate::liveness::{AgentHealth, Liveness};
+use crate::liveness::{AgentHealth, LeaseWatch, Liveness};
 use crate::rollout::{self, Versions};
 
 /// Names of nodes whose Node, `GpuNode` or Lease changed since the last pass took them.
@@ -193,13 +193,13 @@ impl Slots {
 
     /// Each node's agent health, by position. An agent is judged again (its lease looked at) only
     /// once its unchanged lease may have run out, or when its slot was read again.
-    pub fn judge_agents(&mut self, liveness: &mut Liveness, now: Timestamp) -> Vec<AgentHealth> {
+    pub fn judge_agents(&mut self, liveness: &mut Liveness, now: Timestamp, watch: LeaseWatch) -> Vec<AgentHealth> {
         self.slots
             .iter_mut()
             .map(|slot| match slot.alive_until {
                 Some(until) if now <= until => AgentHealth::Alive,
                 _ => {
-                    let (health, until) = liveness.judge(&slot.name, slot.lease.as_deref(), now);
+                    let (health, until) = liveness.judge(&slot.name, slot.lease.as_deref(), now, watch);
                     slot.alive_until = until;
                     health
                 }
@@ -309,21 +309,36 @@ mod tests {
         t.parse().unwrap()
     }
 
+    /// Judged through a lease watch caught up long before.
+    fn judge(slots: &mut Slots, liveness: &mut Liveness, t: &str) -> Vec<AgentHealth> {
+        slots.judge_agents(liveness, at(t), LeaseWatch::CaughtUp(at("2026-05-01T00:00:00Z")))
+    }
+
     #[test]
     fn an_agent_is_judged_again_when_its_lease_changes_or_may_have_run_out() {
         let (nodes, mut node_writer) = reflector::store::<Node>();
         let (gpunodes, _) = reflector::store::<GpuNode>();
         let (leases, mut lease_writer) = reflector::store::<Lease>();
         node_writer.apply_watcher_event(&watcher::Event::Apply(node("a", "1", false)));
-        lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-06-01T00:00:00.000000Z")));
+        lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-05-31T23:59:50.000000Z")));
         let mut slots = Slots::default();
         let mut liveness = Liveness::default();
         slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
-        assert_eq!(slots.judge_agents(&mut liveness, at("2026-06-01T00:00:00Z")), [AgentHealth::Alive]);
+        // First seen: not proven, and judged again every pass until it is.
+        assert_eq!(judge(&mut slots, &mut liveness, "2026-05-31T23:59:55Z"), [AgentHealth::Unproven]);
+        assert_eq!(slots.slots[0].alive_until, None);
+        lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-06-01T00:00:00.000000Z")));
+        slots.refresh(
+            Changed { names: ["a".to_string()].into_iter().collect(), all: false },
+            &nodes,
+            &gpunodes,
+            &leases,
+        );
+        assert_eq!(judge(&mut slots, &mut liveness, "2026-06-01T00:00:00Z"), [AgentHealth::Alive]);
         assert_eq!(slots.slots[0].alive_until, Some(at("2026-06-01T00:00:40Z")));
         // Unchanged: alive to the deadline, then judged again and found silent.
-        assert_eq!(slots.judge_agents(&mut liveness, at("2026-06-01T00:00:40Z")), [AgentHealth::Alive]);
-        let silent = slots.judge_agents(&mut liveness, at("2026-06-01T00:00:41Z"));
+        assert_eq!(judge(&mut slots, &mut liveness, "2026-06-01T00:00:40Z"), [AgentHealth::Alive]);
+        let silent = judge(&mut slots, &mut liveness, "2026-06-01T00:00:41Z");
         assert!(matches!(silent[..], [AgentHealth::NotResponding { .. }]), "{silent:?}");
         // A renewal alone (the Node and GpuNode as they were) reaches the slot: alive again, and
         // the rest of the slot is not read again (a mark set by hand survives).
@@ -332,12 +347,12 @@ mod tests {
         let named = Changed { names: ["a".to_string()].into_iter().collect(), all: false };
         slots.refresh(named, &nodes, &gpunodes, &leases);
         assert_eq!(slots.slots[0].phase, NodePhase::Failed, "a heartbeat alone does not read the node again");
-        assert_eq!(slots.judge_agents(&mut liveness, at("2026-06-01T00:00:51Z")), [AgentHealth::Alive]);
+        assert_eq!(judge(&mut slots, &mut liveness, "2026-06-01T00:00:51Z"), [AgentHealth::Alive]);
         // The lease deleted: judged again at once, not alive.
         lease_writer.apply_watcher_event(&watcher::Event::Delete(lease("a", "2026-06-01T00:00:50.000000Z")));
         let named = Changed { names: ["a".to_string()].into_iter().collect(), all: false };
         slots.refresh(named, &nodes, &gpunodes, &leases);
-        let gone = slots.judge_agents(&mut liveness, at("2026-06-01T00:00:52Z"));
+        let gone = judge(&mut slots, &mut liveness, "2026-06-01T00:00:52Z");
         assert_eq!(gone, [AgentHealth::NotResponding { since: None }]);
     }
 
@@ -353,19 +368,19 @@ mod tests {
         }
         let mut slots = Slots::default();
         slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
-        slots.judge_agents(&mut liveness, at("2026-06-01T00:00:10Z"));
+        judge(&mut slots, &mut liveness, "2026-06-01T00:00:10Z");
         // b leaves while no pass runs; the next reads everything and forgets b's heartbeat.
         node_writer.apply_watcher_event(&watcher::Event::Delete(node("b", "2", false)));
         let refreshed = slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
         assert_eq!(refreshed, Refreshed::All);
         assert_eq!((slots.slots.len(), slots.position("b")), (1, None));
         slots.forget_gone(&refreshed, &mut liveness);
-        // Forgotten: b back with the very same lease gets a fresh grace period from 01:00.
+        // Forgotten: b back with the very same lease is first seen again at 01:00 (not dead).
         node_writer.apply_watcher_event(&watcher::Event::Apply(node("b", "3", false)));
         let named = Changed { names: ["b".to_string()].into_iter().collect(), all: false };
         slots.refresh(named, &nodes, &gpunodes, &leases);
-        let health = slots.judge_agents(&mut liveness, at("2026-06-01T00:01:00Z"));
-        assert_eq!(health[slots.position("b").unwrap()], AgentHealth::Alive, "b's old heartbeat was forgotten");
+        let health = judge(&mut slots, &mut liveness, "2026-06-01T00:01:00Z");
+        assert_eq!(health[slots.position("b").unwrap()], AgentHealth::Unproven, "b's old heartbeat was forgotten");
         assert!(matches!(health[slots.position("a").unwrap()], AgentHealth::NotResponding { .. }), "a's was kept");
         // A GpuNode created, then deleted, for a node that stays: read each time.
         let named = || Changed { names: ["a".to_string()].into_iter().collect(), all: false };

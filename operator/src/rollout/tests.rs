@@ -60,6 +60,7 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput<'static> {
     }
 }
 
+mod agents;
 mod blockers;
 mod kept;
 
@@ -305,6 +306,9 @@ enum AgentKind {
     Retries(u32),
     /// Dies when handed the node, for this many rounds, then comes back and succeeds.
     DiesFor(u32),
+    /// Crash-loops: the operator sees it alive, not proven yet, and dead, in turn; it works
+    /// (succeeds) in the rounds it is up.
+    Flaps,
 }
 
 fn cond(t: &str, status: &str, reason: &str, generation: Option<i64>) -> Condition {
@@ -335,6 +339,8 @@ struct Sim {
     carry: Carry,
     /// Node verdicts reused over all rounds.
     reused: usize,
+    /// Rounds so far (the phase of flapping agents).
+    rounds: usize,
 }
 
 impl Sim {
@@ -350,7 +356,9 @@ impl Sim {
             rng: None,
             carry: Carry::default(),
             reused: 0,
-            nodes,
+            rounds: 0,
+            // The operator just started: no agent is proven yet.
+            nodes: nodes.into_iter().map(|x| NodeInput { agent: AgentHealth::Unproven, ..x }).collect(),
             held: vec![vec![]; n],
             kinds,
             dead_for: vec![0; n],
@@ -395,6 +403,34 @@ impl Sim {
             "the verdicts kept from the round before changed the plan"
         );
         self.reused += self.carry.reused;
+        // A node is started, or handed over, only with its agent alive; only a dead agent's
+        // `GpuNode` is marked `Ready=Unknown`.
+        for a in &actions {
+            let i = self.nodes.iter().position(|x| x.name == crate::controller_node_of(a)).unwrap();
+            let was = self.rollout(i).map(|r| r.phase).unwrap_or_default();
+            let agent = &self.nodes[i].agent;
+            match a {
+                Action::Rollout { rollout: Some(r), node } => {
+                    let started = r.phase == NodePhase::Draining && was != NodePhase::Draining;
+                    let handed = r.phase == NodePhase::Applying && was == NodePhase::Draining;
+                    assert!(
+                        !(started || handed) || *agent == AgentHealth::Alive,
+                        "{node} moved to {:?} with {agent:?}",
+                        r.phase
+                    );
+                }
+                Action::Intent { node, .. } => {
+                    assert!(
+                        *agent == AgentHealth::Alive || was == NodePhase::Applying,
+                        "{node}: intent with {agent:?}"
+                    );
+                }
+                Action::AgentDown { node, .. } => {
+                    assert!(agent.is_not_responding(), "{node} reported down with {agent:?}")
+                }
+                _ => {}
+            }
+        }
         let mut starts = 0;
         // Per node, a failed call or a crash may cut its ordered actions short.
         let mut cut: BTreeMap<String, usize> = BTreeMap::new();
@@ -489,6 +525,7 @@ impl Sim {
         for i in 0..self.nodes.len() {
             self.agent_pass(i);
         }
+        self.rounds += 1;
         for i in 0..self.nodes.len() {
             self.nodes[i].unschedulable = self.real_unschedulable[i];
         }
@@ -501,6 +538,19 @@ impl Sim {
             self.nodes[i].agent =
                 if self.dead_for[i] == 0 { AgentHealth::Alive } else { AgentHealth::NotResponding { since: None } };
             return;
+        }
+        if let AgentKind::Flaps = self.kinds[i] {
+            self.nodes[i].agent = match (self.rounds + i) % 3 {
+                0 => AgentHealth::Alive,
+                1 => AgentHealth::Unproven,
+                _ => AgentHealth::NotResponding { since: None },
+            };
+            if self.nodes[i].agent.is_not_responding() {
+                return;
+            }
+        } else {
+            // Seen renewing (or back after a crash that `dead_for` no longer counts).
+            self.nodes[i].agent = AgentHealth::Alive;
         }
         let handed_over = self.rollout(i).is_some_and(|r| r.phase == NodePhase::Applying);
         let gn = self.nodes[i].gpunode.as_ref().unwrap();
@@ -555,6 +605,7 @@ fn agent_kind() -> impl Strategy<Value = AgentKind> {
         1 => Just(AgentKind::Stalls),
         1 => (1u32..4).prop_map(AgentKind::Retries),
         1 => (1u32..6).prop_map(AgentKind::DiesFor),
+        1 => Just(AgentKind::Flaps),
     ]
 }
 

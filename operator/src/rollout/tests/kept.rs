@@ -168,7 +168,8 @@ fn drawn(
     }
     x.cordon_annotated = annotated.then(|| "2026-05-31T00:00:00Z".parse().unwrap());
     if dead {
-        x.agent = AgentHealth::NotResponding { since: None };
+        // Dead, or not proven yet (first seen, or the lease watch just back).
+        x.agent = if state >= 128 { AgentHealth::Unproven } else { AgentHealth::NotResponding { since: None } };
     }
     x.cache_behind = behind;
     x.versions = (!unversioned).then(|| versions_of(&x));
@@ -266,7 +267,8 @@ proptest! {
                 if agent {
                     x.agent = match x.agent {
                         AgentHealth::Alive => AgentHealth::NotResponding { since: None },
-                        _ => AgentHealth::Alive,
+                        AgentHealth::NotResponding { .. } => AgentHealth::Unproven,
+                        AgentHealth::Unproven => AgentHealth::Alive,
                     };
                 } else {
                     x.cache_behind = !x.cache_behind;

@@ -112,6 +112,7 @@ fn suggest_for_a_plan_decides_what_the_plan_does_and_the_quotas_agree() {
         &owned,
         &BTreeSet::new(),
         &BTreeSet::new(),
+        &[],
         "t",
         now(),
     )

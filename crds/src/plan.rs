@@ -264,8 +264,30 @@ pub struct LayoutDecision {
     /// Nodes left alone because GPU pods run there.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kept_busy: Vec<String>,
+    /// Nodes left out because their agent could not apply a layout this plan asked of them.
+    /// Kept out (and carried from decision to decision) until the agent's report changes, the
+    /// plan's generation changes, or the `GpuNode`'s `tessera.dev/retry` annotation changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded: Vec<ExcludedNode>,
     #[serde(default)]
     pub message: String,
+}
+
+/// A node an automatic plan leaves out: its agent said it cannot apply what the plan asked.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ExcludedNode {
+    pub node: String,
+    /// The reason of the agent's `Stalled` condition (`LeakedMemory`, `InstanceInUse`...): the
+    /// node stays out while the agent reports it.
+    pub reason: String,
+    /// What the agent said.
+    #[serde(default)]
+    pub message: String,
+    /// The `GpuNode`'s `tessera.dev/retry` annotation when the node was left out: another value
+    /// is an admin asking for the node to be tried again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
 }
 
 /// The new state of the GPUs of one node that an automatic plan changes.

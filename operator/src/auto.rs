@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use tessera_crds::gpunode::{GpuIntent, GpuState, NodePhase};
-use tessera_crds::plan::{GpuTarget, LayoutDecision, LayoutsFrom, NodeTarget};
+use tessera_crds::plan::{ExcludedNode, GpuTarget, LayoutDecision, LayoutsFrom, NodeTarget};
 use tessera_crds::solver::Placement;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
 
@@ -22,6 +22,7 @@ use crate::coverage;
 pub use crate::coverage::Demand;
 use crate::fleet::{self, FleetAnswer, GpuSlot, Layout};
 use crate::selector::matches;
+pub use excluded::{Exclusions, RETRY_ANNOTATION, exclusions};
 
 /// The demand an automatic plan serves: the quotas it selects plus its headroom, and every other
 /// quota's guarantee (`coverage`: the supply those are guaranteed is not the plan's to count).
@@ -107,7 +108,8 @@ pub enum Next {
 /// Whether to decide again. `stable_for` is how long (seconds) the current demand and fleet
 /// have been seen unchanged; `in_flight` is how many of the plan's nodes are mid-change;
 /// `blocked` how many of the decision's targets cannot be changed any more (failed, or their
-/// agent stopped responding).
+/// agent stopped responding); `lifted` the nodes it left out that may be tried again
+/// ([`Exclusions`]).
 pub fn next(
     plan: &GpuPartitionPlan,
     demand: &BTreeMap<String, i64>,
@@ -115,6 +117,7 @@ pub fn next(
     stable_for: i64,
     in_flight: usize,
     blocked: usize,
+    lifted: &[String],
 ) -> Next {
     let Some(from) = &plan.spec.layouts_from else { return Next::Keep };
     let decision = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref());
@@ -124,6 +127,7 @@ pub fn next(
         Some(d) if &d.demand != demand => format!("the quotas' demand changed: {}", demand_change(&d.demand, demand)),
         Some(d) if d.fleet != digest => "the plan's nodes or GPUs changed".to_string(),
         Some(_) if blocked > 0 => format!("{blocked} target node(s) failed or lost their agent"),
+        Some(_) if !lifted.is_empty() => format!("node(s) left out may be tried again: {}", lifted.join(", ")),
         Some(_) => return Next::Keep,
     };
     if in_flight > 0 {
@@ -175,12 +179,14 @@ fn demand_change(old: &BTreeMap<String, i64>, new: &BTreeMap<String, i64>) -> St
 }
 
 /// The decision for an answer of the solver.
+#[allow(clippy::too_many_arguments)]
 pub fn decision(
     plan: &GpuPartitionPlan,
     demand: &Demand,
     answer: &FleetAnswer,
     digest: String,
     kept_busy: &BTreeSet<String>,
+    excluded: &[ExcludedNode],
     why: &str,
     now: Time,
 ) -> LayoutDecision {
@@ -220,6 +226,16 @@ pub fn decision(
             kept_busy.iter().take(10).cloned().collect::<Vec<_>>().join(", ")
         ));
     }
+    if !excluded.is_empty() {
+        let list: Vec<String> =
+            excluded.iter().take(10).map(|e| format!("{} ({}: {})", e.node, e.reason, e.message)).collect();
+        message.push_str(&format!(
+            "; {} node(s) left out because their agent could not apply a layout asked of them (tried again when \
+             the agent's report or the plan changes, or on a new {RETRY_ANNOTATION} annotation value): {}",
+            excluded.len(),
+            list.join(", ")
+        ));
+    }
     if let Some(note) = demand.others_note() {
         message.push_str(&format!("; {note}"));
     }
@@ -236,6 +252,7 @@ pub fn decision(
         fleet: digest,
         targets,
         kept_busy: kept_busy.iter().cloned().collect(),
+        excluded: excluded.to_vec(),
         message,
     }
 }
@@ -284,8 +301,8 @@ pub fn solve_for<'a>(
 }
 
 /// Works out an automatic plan's layouts: the fleet's GPUs, of which the plan's `owned` nodes
-/// may change unless `busy` (running GPU pods) or `frozen` (mid-change, failed, or whose agent
-/// is down).
+/// may change unless `busy` (running GPU pods), `frozen` (mid-change, failed, or whose agent
+/// is down) or `excluded` (their agent could not apply what the plan asked, [`exclusions`]).
 #[allow(clippy::too_many_arguments)]
 pub fn decide(
     plan: &GpuPartitionPlan,
@@ -294,15 +311,18 @@ pub fn decide(
     owned: &BTreeSet<String>,
     busy: &BTreeSet<String>,
     frozen: &BTreeSet<String>,
+    excluded: &[ExcludedNode],
     why: &str,
     now: Time,
 ) -> Result<LayoutDecision, fleet::SolveError> {
-    let changeable = |n: &str| owned.contains(n) && !busy.contains(n) && !frozen.contains(n);
+    let excluded: Vec<ExcludedNode> = excluded.iter().filter(|e| owned.contains(&e.node)).cloned().collect();
+    let out: BTreeSet<&str> = excluded.iter().map(|e| e.node.as_str()).collect();
+    let changeable = |n: &str| owned.contains(n) && !busy.contains(n) && !frozen.contains(n) && !out.contains(n);
     let answer = solve_for(demand, gpunodes.iter().copied(), &changeable)?;
     let kept_busy: BTreeSet<String> = busy.intersection(owned).cloned().collect();
     let mine = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any()));
     let digest = fleet_digest(mine);
-    Ok(decision(plan, demand, &answer, digest, &kept_busy, why, now))
+    Ok(decision(plan, demand, &answer, digest, &kept_busy, &excluded, why, now))
 }
 
 /// A node whose rollout record says it cannot take a new layout now: mid-change or failed.
@@ -370,5 +390,7 @@ pub fn demand_condition(plan: &GpuPartitionPlan) -> Option<(bool, &'static str, 
     }
 }
 
+pub mod excluded;
 #[cfg(test)]
 mod tests;
+pub mod written;

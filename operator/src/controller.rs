@@ -141,6 +141,8 @@ pub struct Context {
     nodes_written: Arc<AtomicU64>,
     /// Automatic plans: since when their demand and fleet have held still.
     stability: std::sync::Mutex<layouts::Stability>,
+    /// Decision writes the plan cache has not shown yet.
+    decision_writes: std::sync::Mutex<crate::auto::written::DecisionWrites>,
     /// Stranded slices per (board, layout, demanded profiles), and per GpuNode version.
     stranded_memo: std::sync::Mutex<layouts::StrandedMemo>,
 }
@@ -226,6 +228,7 @@ pub async fn start(
         gpunodes_written,
         nodes_written,
         stability: Default::default(),
+        decision_writes: Default::default(),
         stranded_memo: Default::default(),
     };
     (Arc::new(ctx), changed)

@@ -88,27 +88,31 @@ fn when_to_decide_again() {
     let decided = |demand: &BTreeMap<String, i64>, fleet: &str, generation: i64| {
         auto_plan(Some(json!({"planGeneration": generation, "demand": demand, "fleet": fleet})))
     };
-    assert_eq!(next(&auto_plan(None), &d, "f", 0, 0, 0), Next::Decide("no decision yet".into()));
+    assert_eq!(next(&auto_plan(None), &d, "f", 0, 0, 0, &[]), Next::Decide("no decision yet".into()));
     assert!(
-        matches!(next(&auto_plan(None), &d, "f", 0, 1, 0), Next::Wait(m) if m.contains("1 node(s) in flight")),
+        matches!(next(&auto_plan(None), &d, "f", 0, 1, 0, &[]), Next::Wait(m) if m.contains("1 node(s) in flight")),
         "not even a first decision under a node mid-change (a plan switched from fixed layouts)"
     );
-    assert_eq!(next(&decided(&d, "f", 1), &d, "f", 0, 0, 0), Next::Keep, "nothing changed");
+    assert_eq!(next(&decided(&d, "f", 1), &d, "f", 0, 0, 0, &[]), Next::Keep, "nothing changed");
     let more: BTreeMap<String, i64> = [(MIG1G.to_string(), 9)].into();
     assert!(
-        matches!(next(&decided(&d, "f", 1), &more, "f", 10, 0, 0), Next::Stabilize { why, left: 20 } if why.contains("7 -> 9"))
+        matches!(next(&decided(&d, "f", 1), &more, "f", 10, 0, 0, &[]), Next::Stabilize { why, left: 20 } if why.contains("7 -> 9"))
     );
     assert!(
-        matches!(next(&decided(&d, "f", 1), &more, "f", 30, 0, 0), Next::Decide(m) if m.contains("nvidia.com/mig-1g.10gb 7 -> 9"))
+        matches!(next(&decided(&d, "f", 1), &more, "f", 30, 0, 0, &[]), Next::Decide(m) if m.contains("nvidia.com/mig-1g.10gb 7 -> 9"))
     );
     assert!(
-        matches!(next(&decided(&d, "f", 1), &more, "f", 30, 2, 0), Next::Wait(m) if m.contains("2 node(s) in flight")),
+        matches!(next(&decided(&d, "f", 1), &more, "f", 30, 2, 0, &[]), Next::Wait(m) if m.contains("2 node(s) in flight")),
         "never re-decided under nodes mid-change"
     );
-    assert!(matches!(next(&decided(&d, "old", 1), &d, "f", 30, 0, 0), Next::Decide(m) if m.contains("nodes or GPUs")));
-    assert!(matches!(next(&decided(&d, "f", 0), &d, "f", 30, 0, 0), Next::Decide(m) if m.contains("plan changed")));
     assert!(
-        matches!(next(&decided(&d, "f", 1), &d, "f", 30, 0, 1), Next::Decide(m) if m.contains("1 target node(s) failed")),
+        matches!(next(&decided(&d, "old", 1), &d, "f", 30, 0, 0, &[]), Next::Decide(m) if m.contains("nodes or GPUs"))
+    );
+    assert!(
+        matches!(next(&decided(&d, "f", 0), &d, "f", 30, 0, 0, &[]), Next::Decide(m) if m.contains("plan changed"))
+    );
+    assert!(
+        matches!(next(&decided(&d, "f", 1), &d, "f", 30, 0, 1, &[]), Next::Decide(m) if m.contains("1 target node(s) failed")),
         "a failed or unreachable target is decided around"
     );
 }
@@ -125,9 +129,18 @@ fn a_decision_changes_only_idle_owned_nodes_and_says_why() {
     let refs: Vec<&GpuNode> = nodes.iter().collect();
     let demand: BTreeMap<String, i64> = [(MIG1G.to_string(), 7)].into();
     let owned = set(&["idle", "busy", "dead-agent"]);
-    let d =
-        decide(&auto_plan(None), &mine(&demand), &refs, &owned, &set(&["busy"]), &set(&["dead-agent"]), "test", now())
-            .unwrap();
+    let d = decide(
+        &auto_plan(None),
+        &mine(&demand),
+        &refs,
+        &owned,
+        &set(&["busy"]),
+        &set(&["dead-agent"]),
+        &[],
+        "test",
+        now(),
+    )
+    .unwrap();
     assert_eq!(d.targets.len(), 1, "{d:#?}");
     assert_eq!(d.targets[0].node, "idle");
     assert_eq!(d.targets[0].gpus[0].profiles, [("1g.10gb".to_string(), 7)].into());
@@ -138,8 +151,9 @@ fn a_decision_changes_only_idle_owned_nodes_and_says_why() {
     assert_eq!((d.supply_before.get(MIG1G), d.supply_after.get(MIG1G)), (None, Some(&7)));
 
     let more: BTreeMap<String, i64> = [(MIG1G.to_string(), 30)].into();
-    let d = decide(&auto_plan(None), &mine(&more), &refs, &owned, &set(&["busy"]), &set(&["dead-agent"]), "t", now())
-        .unwrap();
+    let d =
+        decide(&auto_plan(None), &mine(&more), &refs, &owned, &set(&["busy"]), &set(&["dead-agent"]), &[], "t", now())
+            .unwrap();
     assert_eq!(d.shortfall, [(MIG1G.to_string(), 23)].into(), "only the idle node can change");
     assert!(d.message.contains("still short of nvidia.com/mig-1g.10gb by 23"), "{}", d.message);
 }
@@ -149,7 +163,8 @@ fn layouts_that_already_meet_the_demand_change_nothing() {
     let nodes = [gpunode("a", &[&[("3g.40gb", 0), ("3g.40gb", 4)]], None)];
     let refs: Vec<&GpuNode> = nodes.iter().collect();
     let demand: BTreeMap<String, i64> = [(MIG3G.to_string(), 2)].into();
-    let d = decide(&auto_plan(None), &mine(&demand), &refs, &set(&["a"]), &set(&[]), &set(&[]), "t", now()).unwrap();
+    let d =
+        decide(&auto_plan(None), &mine(&demand), &refs, &set(&["a"]), &set(&[]), &set(&[]), &[], "t", now()).unwrap();
     assert!(d.targets.is_empty());
     assert!(d.message.starts_with("the current layouts meet the demand; nothing changes"), "{}", d.message);
 }
@@ -191,8 +206,8 @@ fn an_unlimited_quota_still_gets_the_most_the_fleet_can_give() {
     let nodes = [gpunode("a", &[&[("7g.80gb", 0)]], None), gpunode("b", &[&[("7g.80gb", 0)]], None)];
     let refs: Vec<&GpuNode> = nodes.iter().collect();
     let demand: BTreeMap<String, i64> = [(MIG1G.to_string(), i64::MAX / 2)].into();
-    let d =
-        decide(&auto_plan(None), &mine(&demand), &refs, &set(&["a", "b"]), &set(&[]), &set(&[]), "t", now()).unwrap();
+    let d = decide(&auto_plan(None), &mine(&demand), &refs, &set(&["a", "b"]), &set(&[]), &set(&[]), &[], "t", now())
+        .unwrap();
     assert_eq!((d.changed_gpus, d.supply_after.get(MIG1G)), (2, Some(&14)), "{d:?}");
     assert_eq!(d.shortfall[MIG1G], i64::MAX / 2 - 14, "the shortfall is against the real demand");
 }
@@ -235,7 +250,7 @@ proptest! {
         let refs: Vec<&GpuNode> = nodes.iter().collect();
         let owned: BTreeSet<String> = nodes.iter().map(|n| n.name_any()).collect();
         let busy: BTreeSet<String> = owned.iter().enumerate().filter(|(i, _)| busy[*i]).map(|(_, n)| n.clone()).collect();
-        let first = decide(&auto_plan(None), &mine(&demand), &refs, &owned, &busy, &BTreeSet::new(), "t", now()).unwrap();
+        let first = decide(&auto_plan(None), &mine(&demand), &refs, &owned, &busy, &BTreeSet::new(), &[], "t", now()).unwrap();
         let mut after = fleet.clone();
         for t in &first.targets {
             prop_assert!(!busy.contains(&t.node), "a busy node is a target: {first:?}");
@@ -246,7 +261,7 @@ proptest! {
         }
         let nodes2 = nodes_of(&after);
         let refs2: Vec<&GpuNode> = nodes2.iter().collect();
-        let again = decide(&auto_plan(None), &mine(&demand), &refs2, &owned, &busy, &BTreeSet::new(), "t", now()).unwrap();
+        let again = decide(&auto_plan(None), &mine(&demand), &refs2, &owned, &busy, &BTreeSet::new(), &[], "t", now()).unwrap();
         prop_assert!(again.targets.is_empty(), "decided again: {again:?} after {first:?}");
         prop_assert_eq!(again.shortfall, first.shortfall);
     }
@@ -336,7 +351,7 @@ fn the_plan_and_the_quotas_agree_on_the_same_fleet() {
         let quotas = plan_quotas(&row.quotas, &namespaces, &[], &row.nodes, now());
         let refs: Vec<&GpuNode> = row.nodes.iter().collect();
         let demand = plan_demand(&from, &row.quotas);
-        let d = decide(&plan, &demand, &refs, &set(row.owned), &set(&[]), &set(&[]), "t", now()).unwrap();
+        let d = decide(&plan, &demand, &refs, &set(row.owned), &set(&[]), &set(&[]), &[], "t", now()).unwrap();
         let over: BTreeMap<String, i64> =
             quotas.shortfall.iter().filter(|(_, n)| **n > 0).map(|(r, n)| (r.clone(), *n)).collect();
         assert_eq!(over, row.short, "{}: the quota controller", row.name);
@@ -382,4 +397,119 @@ fn the_stabilizing_message_names_the_shortfall_and_when_it_decides() {
         &at,
     );
     assert!(m.contains("the fleet's current layouts cover the demand"), "{m}");
+}
+
+/// `node` failed as this plan's target: its agent reports `Stalled` `reason` for the intent it was
+/// given (its current generation), and (while `failed`) the rollout record says `Failed`.
+fn cannot_apply(node: &str, reason: &str, failed: bool, generation: i64) -> GpuNode {
+    let seven: &[(&str, i32)] = &[("7g.80gb", 0)];
+    let record = json!({"phase": "Failed", "plan": "auto", "planGeneration": generation,
+                        "message": format!("{reason}: instance 7g.80gb holds 900 MiB")});
+    let mut gn = gpunode(node, &[seven], failed.then_some(record));
+    gn.metadata.generation = Some(3);
+    gn.status.as_mut().unwrap().conditions = serde_json::from_value(json!([{"type": "Stalled", "status": "True",
+        "reason": reason, "message": "instance 7g.80gb holds 900 MiB", "observedGeneration": 3,
+        "lastTransitionTime": "2026-06-01T00:00:00Z"}]))
+    .unwrap();
+    gn
+}
+
+fn with_decision(mut plan: GpuPartitionPlan, d: &LayoutDecision) -> GpuPartitionPlan {
+    plan.status.get_or_insert_with(Default::default).layout_decision = Some(d.clone());
+    plan
+}
+
+/// One decision as the controller makes it: nodes failed or mid-change frozen, the exclusions
+/// the plan's nodes and stored decision give.
+fn decide_as_the_controller(plan: &GpuPartitionPlan, nodes: &[GpuNode], demand: &Demand) -> LayoutDecision {
+    let refs: Vec<&GpuNode> = nodes.iter().collect();
+    let owned: BTreeSet<String> = nodes.iter().map(|g| g.name_any()).collect();
+    let frozen: BTreeSet<String> = nodes.iter().filter(|g| frozen_by_rollout(g)).map(|g| g.name_any()).collect();
+    let ex = exclusions(plan, refs.iter().copied());
+    decide(plan, demand, &refs, &owned, &set(&[]), &frozen, &ex.kept, "t", now()).unwrap()
+}
+
+#[test]
+fn a_target_whose_agent_cannot_apply_is_not_chosen_again_until_something_changes() {
+    let seven: &[(&str, i32)] = &[("7g.80gb", 0)];
+    // Each node can give 7 1g slices; 14 asks for both, so the plan stays short without `n` and
+    // is re-checked every 5 minutes: the re-check must not pick `n` again.
+    let demand = mine(&[(MIG1G.to_string(), 14)].into());
+    let targets = |d: &LayoutDecision| d.targets.iter().map(|t| t.node.clone()).collect::<Vec<_>>();
+    let first = decide_as_the_controller(
+        &auto_plan(None),
+        &[gpunode("n", &[seven], None), gpunode("m", &[seven], None)],
+        &demand,
+    );
+    assert_eq!(targets(&first), ["m", "n"]);
+    // `n` fails (LeakedMemory); `m` is applied. The plan decides around `n`.
+    let plan = with_decision(auto_plan(None), &first);
+    let m_done = gpunode(
+        "m",
+        &[&[
+            ("1g.10gb", 0),
+            ("1g.10gb", 1),
+            ("1g.10gb", 2),
+            ("1g.10gb", 3),
+            ("1g.10gb", 4),
+            ("1g.10gb", 5),
+            ("1g.10gb", 6),
+        ]],
+        None,
+    );
+    let failed = [cannot_apply("n", "LeakedMemory", true, 1), m_done.clone()];
+    let second = decide_as_the_controller(&plan, &failed, &demand);
+    assert!(targets(&second).is_empty(), "{second:#?}");
+    let plan = with_decision(auto_plan(None), &second);
+    assert_eq!(desired(&plan, "n", &failed[0]), Ask::Release, "not a target any more: released");
+    // Released: no rollout record, nothing frozen; the agent still cannot apply. The 5-minute
+    // re-check of the unmet demand must leave `n` out, and the plan must say why.
+    let released = [cannot_apply("n", "LeakedMemory", false, 1), m_done.clone()];
+    let ex = exclusions(&plan, released.iter());
+    assert!(ex.lifted.is_empty(), "{ex:?}");
+    assert_eq!(next(&plan, &demand.total(), &second.fleet, 300, 0, 0, &ex.lifted), Next::Keep);
+    let third = decide_as_the_controller(&plan, &released, &demand);
+    assert!(targets(&third).is_empty(), "the node that failed is chosen again: {third:#?}");
+    assert_eq!(third.excluded.len(), 1);
+    assert_eq!((third.excluded[0].node.as_str(), third.excluded[0].reason.as_str()), ("n", "LeakedMemory"));
+    assert!(third.message.contains("n (LeakedMemory: instance 7g.80gb holds 900 MiB)"), "{}", third.message);
+    assert!(third.message.contains(RETRY_ANNOTATION), "{}", third.message);
+    assert_eq!(second.excluded, third.excluded, "the decision that released it says so too");
+    let plan = with_decision(auto_plan(None), &third);
+    assert_eq!(exclusions(&plan, released.iter()).kept, third.excluded, "and again after a restart: from the status");
+
+    // Something changes about it: each lifts the exclusion, the plan decides again, `n` is tried.
+    let mut reset = released.clone();
+    reset[0].status.as_mut().unwrap().conditions.clear(); // an admin reset the GPU
+    let mut other = released.clone();
+    other[0].status.as_mut().unwrap().conditions[0].reason = "InstanceInUse".into();
+    let mut retried = released.clone();
+    retried[0].metadata.annotations = Some([(RETRY_ANNOTATION.to_string(), "1".to_string())].into());
+    for (what, nodes) in [("report cleared", &reset), ("another reason", &other), ("retry annotation", &retried)] {
+        let ex = exclusions(&plan, nodes.iter());
+        assert!(ex.kept.is_empty() && ex.lifted.len() == 1 && ex.lifted[0].starts_with("n "), "{what}: {ex:?}");
+        assert!(
+            matches!(next(&plan, &demand.total(), &third.fleet, 30, 0, 0, &ex.lifted), Next::Decide(m) if m.contains("tried again: n ")),
+            "{what}"
+        );
+        assert_eq!(targets(&decide_as_the_controller(&plan, nodes, &demand)), ["n"], "{what}");
+    }
+    // An annotation already there when the node was left out is not a new request.
+    let annotated = with_decision(auto_plan(None), &decide_as_the_controller(&plan, &retried, &demand));
+    let mut failed_again = retried.clone();
+    failed_again[0] = cannot_apply("n", "LeakedMemory", true, 1);
+    failed_again[0].metadata.annotations = retried[0].metadata.annotations.clone();
+    let out = decide_as_the_controller(&annotated, &failed_again, &demand);
+    assert_eq!(out.excluded[0].retry.as_deref(), Some("1"));
+    let stays = [cannot_apply("n", "LeakedMemory", false, 1), m_done.clone()];
+    let mut stays = stays;
+    stays[0].metadata.annotations = retried[0].metadata.annotations.clone();
+    assert_eq!(exclusions(&with_decision(auto_plan(None), &out), stays.iter()).kept.len(), 1);
+    // The plan changes: a decision for the new generation starts afresh.
+    let mut edited = plan.clone();
+    edited.metadata.generation = Some(2);
+    assert!(exclusions(&edited, released.iter()).kept.is_empty());
+    assert_eq!(targets(&decide_as_the_controller(&edited, &released, &demand)), ["n"]);
+    // A node the plan no longer owns is dropped from the list.
+    assert!(exclusions(&plan, [&m_done]).kept.is_empty());
 }

@@ -125,11 +125,20 @@ fn scoped(inputs: &Inputs, scope: &Scope) -> Result<(Demand, BTreeSet<String>), 
 }
 
 /// Pure: the whole suggestion. For a plan, the same computation as the controller's decision
-/// (`auto::solve_for`): nodes running GPU pods, mid-change or failed are left alone.
+/// (`auto::solve_for`): nodes running GPU pods, mid-change, failed or left out by the plan
+/// (their agent cannot apply) are left alone.
 pub fn suggest(inputs: &Inputs, scope: &Scope) -> Result<Suggestion, Error> {
     let (demand, may_change) = scoped(inputs, scope)?;
-    let frozen: BTreeSet<String> =
+    let mut frozen: BTreeSet<String> =
         inputs.gpunodes.iter().filter(|g| crate::auto::frozen_by_rollout(g)).map(|g| g.name_any()).collect();
+    // The nodes the plan leaves out because their agent cannot apply (`auto::exclusions`).
+    if let Scope::Plan(name) = scope
+        && let Some(plan) =
+            inputs.plans.iter().find(|p| p.name_any() == *name && p.metadata.deletion_timestamp.is_none())
+    {
+        let owned = inputs.gpunodes.iter().filter(|g| may_change.contains(&g.name_any()));
+        frozen.extend(crate::auto::exclusions(plan, owned).kept.into_iter().map(|e| e.node));
+    }
     let changeable = |n: &str| may_change.contains(n) && !inputs.busy_nodes.contains_key(n) && !frozen.contains(n);
     let answer =
         crate::auto::solve_for(&demand, &inputs.gpunodes, &changeable).map_err(|e| Error::Usage(e.to_string()))?;

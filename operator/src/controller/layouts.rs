@@ -14,6 +14,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tessera_crds::gpunode::{GpuState, NodePhase};
+use tessera_crds::plan::{ExcludedNode, LayoutDecision};
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tracing::{info, warn};
 
@@ -67,6 +68,8 @@ impl Context {
     /// in place with any new decision, so this pass's rollout already follows it.
     pub(super) async fn decide_layouts(&self, plans: &mut [GpuPartitionPlan], nodes: &[NodeInput<'_>]) -> LayoutsPass {
         let mut pass = LayoutsPass::default();
+        // Where the plan cache lags our own decision write, the decision as written.
+        self.decision_writes.lock().unwrap_or_else(|p| p.into_inner()).overlay(plans);
         let live: Vec<GpuPartitionPlan> =
             plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect();
         let live_refs: Vec<&GpuPartitionPlan> = live.iter().collect();
@@ -108,9 +111,11 @@ impl Context {
                 .filter(|n| owned.contains(n.name) && (n.cache_behind || n.gpunode.as_deref().is_some_and(in_flight)))
                 .count();
             let blocked = blocked_targets(plan, nodes);
-            let signature = format!("{:?}|{digest}|{:?}|{blocked}", total, plan.metadata.generation);
+            let excluded = auto::exclusions(plan, mine.iter().copied());
+            let signature =
+                format!("{:?}|{digest}|{:?}|{blocked}|{:?}", total, plan.metadata.generation, excluded.lifted);
             let (held, since) = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&name, signature);
-            let why = match auto::next(plan, &total, &digest, held, in_flight, blocked) {
+            let why = match auto::next(plan, &total, &digest, held, in_flight, blocked, &excluded.lifted) {
                 Next::Keep => match unmet_and_stale(plan) {
                     Some(why) if in_flight == 0 => why,
                     _ => continue,
@@ -128,7 +133,7 @@ impl Context {
                 }
                 Next::Decide(why) => why,
             };
-            match self.decide_one(plan, &demand, &gpunodes, &owned, nodes, &why).await {
+            match self.decide_one(plan, &demand, &gpunodes, &owned, nodes, excluded.kept, &why).await {
                 Ok(()) => {}
                 Err(e) => {
                     self.metrics.error(e.kind());
@@ -140,6 +145,7 @@ impl Context {
         pass
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn decide_one(
         &self,
         plan: &mut GpuPartitionPlan,
@@ -147,6 +153,7 @@ impl Context {
         gpunodes: &[&GpuNode],
         owned: &BTreeSet<String>,
         nodes: &[NodeInput<'_>],
+        excluded: Vec<ExcludedNode>,
         why: &str,
     ) -> Result<(), Error> {
         let name = plan.name_any();
@@ -167,16 +174,18 @@ impl Context {
         );
         let decided = tokio::task::spawn_blocking(move || {
             let refs: Vec<&GpuNode> = g.iter().collect();
-            auto::decide(&p, &d, &refs, &o, &busy, &frozen, &w, Time(k8s_openapi::jiff::Timestamp::now()))
+            let now = Time(k8s_openapi::jiff::Timestamp::now());
+            auto::decide(&p, &d, &refs, &o, &busy, &frozen, &excluded, &w, now)
         })
         .await
         .map_err(|e| Error::Usage(format!("the layout solver stopped: {e}")))?
         .map_err(|e| Error::Usage(e.to_string()))?;
         let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
                           "status": {"layoutDecision": decided}});
-        Api::<GpuPartitionPlan>::all(self.client.clone())
+        let written = Api::<GpuPartitionPlan>::all(self.client.clone())
             .patch_status(&name, &PatchParams::apply(LAYOUTS_MANAGER).force(), &Patch::Apply(&body))
             .await?;
+        self.wrote_decision(&name, &written, Some(&decided));
         info!(plan = %name, changed = decided.changed_gpus, message = %decided.message, "layouts decided");
         let warning = !decided.shortfall.is_empty();
         self.publish(&plan.object_ref(&()), "LayoutsDecided", &decided.message, warning).await;
@@ -187,13 +196,20 @@ impl Context {
     /// Removes `status.layoutDecision` (an empty apply by its field manager drops its fields).
     async fn clear_decision(&self, plan: &mut GpuPartitionPlan) -> Result<(), Error> {
         let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": {}});
-        Api::<GpuPartitionPlan>::all(self.client.clone())
+        let written = Api::<GpuPartitionPlan>::all(self.client.clone())
             .patch_status(&plan.name_any(), &PatchParams::apply(LAYOUTS_MANAGER).force(), &Patch::Apply(&body))
             .await?;
+        self.wrote_decision(&plan.name_any(), &written, None);
         if let Some(st) = plan.status.as_mut() {
             st.layout_decision = None;
         }
         Ok(())
+    }
+
+    /// Remembers a decision write until the plan cache shows it (`auto::written`).
+    fn wrote_decision(&self, plan: &str, written: &GpuPartitionPlan, decision: Option<&LayoutDecision>) {
+        let rv = written.metadata.resource_version.as_deref();
+        self.decision_writes.lock().unwrap_or_else(|p| p.into_inner()).wrote(plan, rv, decision.cloned());
     }
 
     /// Nodes among `owned` with a GPU pod that has not finished. One paginated list of every

@@ -112,6 +112,7 @@ fn suggest_for_a_plan_decides_what_the_plan_does_and_the_quotas_agree() {
         &owned,
         &BTreeSet::new(),
         &BTreeSet::new(),
+        &[],
         "t",
         now(),
     )
@@ -136,6 +137,34 @@ fn suggest_for_a_plan_decides_what_the_plan_does_and_the_quotas_agree() {
     let quotas = plan_quotas(&inputs.quotas, &namespaces, &[], &after, now());
     assert_eq!(quotas.shortfall[MIG1G], d.shortfall[MIG1G]);
     assert_eq!(crate::quota::fleet_supply(&after), d.supply_after);
+}
+
+/// Issue 27: `plan suggest --plan` leaves out the nodes the plan leaves out (their agent cannot
+/// apply), as the controller does.
+#[test]
+fn suggest_for_a_plan_leaves_out_the_nodes_the_plan_excluded() {
+    let seven: &[(&str, i32)] = &[("7g.80gb", 0)];
+    let decision = json!({"planGeneration": 1, "excluded": [{"node": "p1", "reason": "LeakedMemory"}]});
+    let auto = plan(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
+        "metadata": {"name": "auto", "generation": 1},
+        "spec": {"layoutsFrom": {"quotaSelector": {"matchLabels": {"team": "ml"}}}},
+        "status": {"layoutDecision": decision}}));
+    let mut p1 = gpunode("p1", &[Some(seven)]);
+    p1.metadata.generation = Some(2);
+    p1.status.as_mut().unwrap().conditions = serde_json::from_value(json!([{"type": "Stalled", "status": "True",
+        "reason": "LeakedMemory", "message": "m", "observedGeneration": 2,
+        "lastTransitionTime": "2026-06-01T00:00:00Z"}]))
+    .unwrap();
+    let inputs = Inputs {
+        quotas: vec![quota("team-a", "ml", json!({MIG1G: 14}))],
+        gpunodes: vec![p1, gpunode("p2", &[Some(seven)])],
+        plans: vec![auto],
+        ..Default::default()
+    };
+    let s = suggest(&inputs, &Scope::Plan("auto".into())).unwrap();
+    let changed: Vec<&str> = s.answer.gpus.iter().filter(|g| g.changed).map(|g| g.node.as_str()).collect();
+    assert_eq!(changed, ["p2"], "{:?}", s.answer);
+    assert_eq!(s.answer.shortfall, [(MIG1G.to_string(), 7)].into());
 }
 
 #[test]

@@ -28,6 +28,7 @@ use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+mod fence;
 mod layouts;
 mod slots;
 
@@ -364,18 +365,25 @@ impl Context {
         *self.stranded_memo.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
     }
 
-    /// Runs passes until the future is dropped.
+    /// Runs passes until the future is dropped. Started when the lease is ours: the first pass
+    /// waits until the caches show the fleet as read after that (see `fence`).
     pub async fn run(self: Arc<Self>, changed: Arc<Notify>) {
         self.wait_ready().await;
+        let mut fence = Some(self.read_fence().await);
         loop {
-            let started = Instant::now();
-            if let Err(e) = self.reconcile().await {
-                if !matches!(e, Error::PartialPass(_)) {
-                    self.metrics.error(e.kind());
-                }
-                warn!(error = %e, "reconcile pass failed; retrying");
+            if fence.as_ref().is_some_and(|f| self.fence_shown(f)) {
+                fence = None;
             }
-            self.metrics.reconciled(started.elapsed());
+            if fence.is_none() {
+                let started = Instant::now();
+                if let Err(e) = self.reconcile().await {
+                    if !matches!(e, Error::PartialPass(_)) {
+                        self.metrics.error(e.kind());
+                    }
+                    warn!(error = %e, "reconcile pass failed; retrying");
+                }
+                self.metrics.reconciled(started.elapsed());
+            }
             tokio::select! {
                 _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}

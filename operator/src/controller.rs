@@ -135,6 +135,8 @@ pub struct Context {
     /// The newest version the operator wrote to each (see `watch_into_store_waking`).
     gpunodes_written: Arc<AtomicU64>,
     nodes_written: Arc<AtomicU64>,
+    /// Until when this replica may write as the leader (see `leader`): checked before each write.
+    pub tenure: Arc<crate::leader::Tenure>,
     /// Automatic plans: since when their demand and fleet have held still.
     stability: std::sync::Mutex<layouts::Stability>,
     /// Stranded slices per (board, layout, demanded profiles), and per GpuNode version.
@@ -224,6 +226,7 @@ pub async fn start(
         nodes_progress,
         gpunodes_written,
         nodes_written,
+        tenure: Default::default(),
         stability: Default::default(),
         stranded_memo: Default::default(),
     };
@@ -374,7 +377,8 @@ impl Context {
             if fence.as_ref().is_some_and(|f| self.fence_shown(f)) {
                 fence = None;
             }
-            if fence.is_none() {
+            // A leader that has not seen its lease renewed in time skips the pass (see `leader`).
+            if fence.is_none() && self.tenure.holds(std::time::SystemTime::now()) {
                 let started = Instant::now();
                 if let Err(e) = self.reconcile().await {
                     if !matches!(e, Error::PartialPass(_)) {
@@ -585,6 +589,8 @@ impl Context {
                 }
             }
         }
+        // The lease ran out mid-pass: what follows would be written after it (see `leader`).
+        self.may_write()?;
         let mut failed = 0;
         let mut statuses: BTreeMap<String, tessera_crds::GpuPartitionPlanStatus> = BTreeMap::new();
         for plan in &plans {
@@ -716,6 +722,7 @@ impl Context {
 
     /// Executes one action; returns `(node, reason)` when an eviction was refused.
     async fn act(&self, action: Action) -> Result<Option<(String, String)>, Error> {
+        self.may_write()?;
         // Written through the slim types: a response is decoded without what is never read.
         let nodes: Api<SlimNode> = Api::all(self.client.clone());
         let gns: Api<SlimGpuNode> = Api::all(self.client.clone());
@@ -860,6 +867,7 @@ impl Context {
     /// a server-side apply of the record, at a fraction of the API server's CPU, and this write
     /// is four of a node's eight requests.
     async fn write_rollout(&self, node: &str, rollout: Option<&NodeRollout>) -> Result<(), Error> {
+        self.may_write()?;
         let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
         let written = Api::<SlimGpuNode>::all(self.client.clone())
             .patch_status(node, &pp, &Patch::Merge(rollout_patch(rollout)))
@@ -869,6 +877,15 @@ impl Context {
             self.expectations.lock().unwrap_or_else(|p| p.into_inner()).named(node, plan);
         }
         Ok(())
+    }
+
+    /// Refuses a write once the leader lease may have passed to another replica: the pass that
+    /// planned it may have started under the lease, the write would land after (see `leader`).
+    fn may_write(&self) -> Result<(), Error> {
+        match self.tenure.holds(std::time::SystemTime::now()) {
+            true => Ok(()),
+            false => Err(Error::NotLeader),
+        }
     }
 
     /// Remembers the version a write returned, so the node waits until the caches show it. A

@@ -4,7 +4,11 @@
 //! again (a second record with `cordonedByUs: false`, whose orphan check then uncordons it
 //! mid-drain) or starts more nodes than `maxUnavailable` allows. Our own expectations know only
 //! this process's writes, so the GpuNodes and Nodes are read once after the lease is ours, and
-//! no pass runs until the caches are that new (`expectations::Listed`).
+//! no pass runs until the caches are that new (`expectations::Listed`). Deciding from the API
+//! objects read fresh on every pass would be correct too, but costs a read of the whole fleet
+//! per pass; after this one read the caches are as good (and our own writes are followed by
+//! `expectations`). The old leader writes nothing after its lease can have passed (`leader`), so
+//! the read shows everything it will ever write.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -66,7 +70,8 @@ fn name_and_version<K: Resource>(k: &std::sync::Arc<K>) -> (&str, Option<&str>) 
     (meta.name.as_deref().unwrap_or_default(), meta.resource_version.as_deref())
 }
 
-/// Every object's name and resourceVersion, and the list's revision: a list without a
+/// Every object's name and resourceVersion, and the list's revision. No selector, as the
+/// watches have none: an object listed but never cached would hold the fence for ever.: a list without a
 /// resourceVersion is a consistent (quorum) read, so it shows every write acknowledged before.
 async fn versions<K>(api: Api<K>) -> Result<Listed, kube::Error>
 where

@@ -369,3 +369,77 @@ async fn kube_apiserver_down_for_20s_mid_rollout_converges() {
         assert_eq!(got, ["3g.40gb", "3g.40gb"], "{n}");
     }
 }
+
+/// Each node's rollout record and cordon: what only the operator writes.
+async fn operator_state(admin: &Client) -> BTreeMap<String, (Option<serde_json::Value>, bool)> {
+    let gns: Api<GpuNode> = Api::all(admin.clone());
+    let cordons = cordoned(admin).await;
+    let mut state = BTreeMap::new();
+    for g in gns.list(&Default::default()).await.unwrap().items {
+        let record = g.status.as_ref().and_then(|s| s.rollout.as_ref()).map(|r| serde_json::to_value(r).unwrap());
+        let cordon = cordons.get(&g.name_any()).copied().unwrap_or(false);
+        state.insert(g.name_any(), (record, cordon));
+    }
+    state
+}
+
+/// The leader's Lease is taken from it mid-rollout (another holder, just renewed, as a replica
+/// that took over writes it): the old leader writes nothing more from then on, without waiting
+/// for its lease manager's next read of the Lease, and whoever leads next (the old replica or a
+/// new one, once the taker never renews) decides from a read made after taking the lease: the
+/// rollout converges and no node is left cordoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_is_taken_writes_nothing_more_and_the_next_leader_converges() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let (cp, admin) = cluster().await;
+    let names = ["gpu-0", "gpu-1", "gpu-2"];
+    nodes(&admin, &names).await;
+    let mut agents = Vec::new();
+    for n in names {
+        agents.push(agent(&cp, n, &["--sim-latency-ms", "300"]).await);
+        registered(&admin, n).await;
+    }
+    let _a = spawn_operator(&cp, "op-a").unwrap();
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "tessera-system");
+    wait_for("op-a leads", T, || async {
+        leases.get("tessera-operator").await.ok()?.spec?.holder_identity.filter(|h| h == "op-a").map(|_| ())
+    })
+    .await
+    .unwrap();
+    let plans: Api<GpuPartitionPlan> = Api::all(admin.clone());
+    plans.create(&PostParams::default(), &plan("p", json!({"maxUnavailable": 1}))).await.unwrap();
+    let gns: Api<GpuNode> = Api::all(admin.clone());
+    wait_for("a node in flight", T, || async {
+        let list = gns.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|g| {
+                g.status
+                    .as_ref()
+                    .and_then(|s| s.rollout.as_ref())
+                    .is_some_and(|r| matches!(r.phase, NodePhase::Draining | NodePhase::Applying))
+            })
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let taken = json!({"spec": {"holderIdentity": "taker", "acquireTime": now, "renewTime": now,
+                                "leaseDurationSeconds": 30}});
+    leases.patch("tessera-operator", &PatchParams::default(), &Patch::Merge(&taken)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await; // a write already sent lands
+    let before = operator_state(&admin).await;
+    // The agent finishes its change meanwhile: a leader would move the record on.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(operator_state(&admin).await, before, "the old leader wrote after its lease was taken");
+    let _b = spawn_operator(&cp, "op-b").unwrap();
+    ready(&admin, "p").await;
+    let c = cordoned(&admin).await;
+    assert!(c.values().all(|v| !v), "no node left cordoned: {c:?}");
+    for n in names {
+        let st = gns.get(n).await.unwrap().status.unwrap();
+        let got: Vec<&str> = st.gpus[0].instances.iter().map(|i| i.profile.as_str()).collect();
+        assert_eq!(got, ["3g.40gb", "3g.40gb"], "{n}");
+    }
+}

@@ -28,6 +28,7 @@ use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+mod fence;
 mod layouts;
 mod leases;
 mod slots;
@@ -139,6 +140,8 @@ pub struct Context {
     /// The newest version the operator wrote to each (see `watch_into_store_waking`).
     gpunodes_written: Arc<AtomicU64>,
     nodes_written: Arc<AtomicU64>,
+    /// Until when this replica may write as the leader (see `leader`): checked before each write.
+    pub tenure: Arc<crate::leader::Tenure>,
     /// Automatic plans: since when their demand and fleet have held still.
     stability: std::sync::Mutex<layouts::Stability>,
     /// Decision writes the plan cache has not shown yet.
@@ -227,6 +230,7 @@ pub async fn start(
         nodes_progress,
         gpunodes_written,
         nodes_written,
+        tenure: Default::default(),
         stability: Default::default(),
         decision_writes: Default::default(),
         stranded_memo: Default::default(),
@@ -369,18 +373,26 @@ impl Context {
         *self.stranded_memo.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
     }
 
-    /// Runs passes until the future is dropped.
+    /// Runs passes until the future is dropped. Started when the lease is ours: the first pass
+    /// waits until the caches show the fleet as read after that (see `fence`).
     pub async fn run(self: Arc<Self>, changed: Arc<Notify>) {
         self.wait_ready().await;
+        let mut fence = Some(self.read_fence().await);
         loop {
-            let started = Instant::now();
-            if let Err(e) = self.reconcile().await {
-                if !matches!(e, Error::PartialPass(_)) {
-                    self.metrics.error(e.kind());
-                }
-                warn!(error = %e, "reconcile pass failed; retrying");
+            if fence.as_ref().is_some_and(|f| self.fence_shown(f)) {
+                fence = None;
             }
-            self.metrics.reconciled(started.elapsed());
+            // A leader that has not seen its lease renewed in time skips the pass (see `leader`).
+            if fence.is_none() && self.tenure.holds(std::time::SystemTime::now()) {
+                let started = Instant::now();
+                if let Err(e) = self.reconcile().await {
+                    if !matches!(e, Error::PartialPass(_)) {
+                        self.metrics.error(e.kind());
+                    }
+                    warn!(error = %e, "reconcile pass failed; retrying");
+                }
+                self.metrics.reconciled(started.elapsed());
+            }
             tokio::select! {
                 _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}
@@ -595,6 +607,8 @@ impl Context {
                 }
             }
         }
+        // The lease ran out mid-pass: what follows would be written after it (see `leader`).
+        self.may_write()?;
         let mut failed = 0;
         let mut statuses: BTreeMap<String, tessera_crds::GpuPartitionPlanStatus> = BTreeMap::new();
         for plan in &plans {
@@ -726,6 +740,7 @@ impl Context {
 
     /// Executes one action; returns `(node, reason)` when an eviction was refused.
     async fn act(&self, action: Action) -> Result<Option<(String, String)>, Error> {
+        self.may_write()?;
         // Written through the slim types: a response is decoded without what is never read.
         let nodes: Api<SlimNode> = Api::all(self.client.clone());
         let gns: Api<SlimGpuNode> = Api::all(self.client.clone());
@@ -871,6 +886,7 @@ impl Context {
     /// a server-side apply of the record, at a fraction of the API server's CPU, and this write
     /// is four of a node's eight requests.
     async fn write_rollout(&self, node: &str, rollout: Option<&NodeRollout>) -> Result<(), Error> {
+        self.may_write()?;
         let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
         let written = Api::<SlimGpuNode>::all(self.client.clone())
             .patch_status(node, &pp, &Patch::Merge(rollout_patch(rollout)))
@@ -880,6 +896,15 @@ impl Context {
             self.expectations.lock().unwrap_or_else(|p| p.into_inner()).named(node, plan);
         }
         Ok(())
+    }
+
+    /// Refuses a write once the leader lease may have passed to another replica: the pass that
+    /// planned it may have started under the lease, the write would land after (see `leader`).
+    fn may_write(&self) -> Result<(), Error> {
+        match self.tenure.holds(std::time::SystemTime::now()) {
+            true => Ok(()),
+            false => Err(Error::NotLeader),
+        }
     }
 
     /// Remembers the version a write returned, so the node waits until the caches show it. A

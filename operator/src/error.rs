@@ -16,6 +16,9 @@ pub enum Error {
     /// Some API calls of a pass failed (each already logged, counted and reported on its plan).
     #[error("{0} part(s) of the pass failed; the rest went on")]
     PartialPass(usize),
+    /// The leader lease may have run out (no renewal seen): no write until one is (see `leader`).
+    #[error("not written: the leader lease may have passed to another replica (no renewal seen)")]
+    NotLeader,
 }
 
 impl Error {
@@ -33,7 +36,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Kube(kube::Error::Api(_)) => "api",
-            Error::Kube(_) => "client",
+            Error::Kube(_) | Error::NotLeader => "client",
             Error::ReadFile { .. } | Error::UnknownProduct { .. } | Error::Usage(_) | Error::Render(_) => "usage",
             Error::PartialPass(_) => "partial",
         }

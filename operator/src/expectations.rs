@@ -139,6 +139,73 @@ impl Expectations {
     }
 }
 
+/// One kind of object (GpuNodes or Nodes) as a consistent read showed it: its revision and each
+/// object's resourceVersion. A new leader reads it after acquiring the lease and decides nothing
+/// until its cache shows at least that much ([`Listed::shown`]): the read includes every write
+/// the old leader had acknowledged (a list without a resourceVersion is a quorum read), and
+/// our own expectations know nothing of the old leader's writes. Why not the list's revision
+/// against [`Progress`] alone: a watch's progress is the newest version among its own kind's
+/// objects, which stays below the cluster-wide revision for as long as no such object changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listed {
+    revision: Option<u64>,
+    objects: FastMap<String, Option<u64>>,
+}
+
+impl Listed {
+    /// `revision`: the list's resourceVersion; `objects`: (name, resourceVersion) of its items.
+    /// Versions that are not revisions cannot be compared and are not waited for.
+    pub fn new<'a>(revision: Option<&str>, objects: impl IntoIterator<Item = (&'a str, Option<&'a str>)>) -> Self {
+        let objects = objects.into_iter().map(|(name, rv)| (name.to_string(), self::revision(rv)));
+        Listed { revision: self::revision(revision), objects: objects.collect() }
+    }
+
+    /// Whether a cache (each object's name and resourceVersion) whose watch has got to
+    /// `progress` shows the read: the watch is past its revision, or every listed object is
+    /// cached at least as new (or the watch is past its version: changed or deleted since), and
+    /// no cached object the read no longer had is older than the read (a delete not seen yet).
+    pub fn shown<'a>(&self, cached: impl IntoIterator<Item = (&'a str, Option<&'a str>)>, progress: u64) -> bool {
+        let Some(read) = self.revision else { return true };
+        if progress >= read {
+            return true;
+        }
+        let mut cached_rv: FastMap<&str, Option<u64>> = FastMap::default();
+        for (name, rv) in cached {
+            let rv = revision(rv);
+            if !self.objects.contains_key(name) && rv.is_some_and(|rv| rv <= read) {
+                return false; // gone by the read, still cached
+            }
+            cached_rv.insert(name, rv);
+        }
+        self.objects.iter().all(|(name, want)| {
+            want.is_none_or(|want| {
+                progress >= want
+                    || cached_rv.get(name.as_str()).is_some_and(|have| have.is_none_or(|have| have >= want))
+            })
+        })
+    }
+}
+
+/// What a new leader must see before its first decision: GpuNodes and Nodes read after it
+/// acquired the lease (see [`Listed`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fence {
+    pub gpunodes: Listed,
+    pub nodes: Listed,
+}
+
+impl Fence {
+    /// Whether both caches show the read (see [`Listed::shown`]).
+    pub fn shown<'a, 'b>(
+        &self,
+        gpunodes: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+        nodes: impl IntoIterator<Item = (&'b str, Option<&'b str>)>,
+        progress: Progress,
+    ) -> bool {
+        self.gpunodes.shown(gpunodes, progress.gpunodes) && self.nodes.shown(nodes, progress.nodes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,5 +304,63 @@ mod tests {
         e.retain(|n| n == "here");
         assert_eq!(e.len(), 1);
         assert!(!e.caught_up("here", None, Some("4"), NONE));
+    }
+
+    /// The old leader started n1 just before it lost the lease: its record (`Draining`,
+    /// `cordonedByUs: true`) at 105 and its cordon at 104. The new leader's caches still show n1
+    /// at rest and uncordoned.
+    type Cache = [(&'static str, Option<&'static str>); 2];
+
+    fn takeover() -> (Fence, Cache, Cache) {
+        let fence = Fence {
+            gpunodes: Listed::new(Some("110"), [("n1", Some("105")), ("n2", Some("50"))]),
+            nodes: Listed::new(Some("110"), [("n1", Some("104")), ("n2", Some("40"))]),
+        };
+        (fence, [("n1", Some("90")), ("n2", Some("50"))], [("n1", Some("80")), ("n2", Some("40"))])
+    }
+
+    #[test]
+    fn a_new_leader_whose_caches_lag_the_read_after_taking_over_decides_nothing() {
+        let (fence, mut gpunodes, mut nodes) = takeover();
+        let progress = Progress { gpunodes: 95, nodes: 85 };
+        // The new leader's own record of writes is empty: alone, it would let n1 start again.
+        assert!(Expectations::default().caught_up("n1", Some("90"), Some("80"), progress));
+        assert!(!fence.shown(gpunodes, nodes, progress), "both caches lag the old leader's last writes");
+        gpunodes[0].1 = Some("105");
+        let progress = Progress { gpunodes: 105, nodes: 85 };
+        assert!(!fence.shown(gpunodes, nodes, progress), "the cordon is not cached yet");
+        nodes[0].1 = Some("104");
+        assert!(fence.shown(gpunodes, nodes, Progress { gpunodes: 105, nodes: 104 }));
+        assert!(fence.shown(gpunodes, nodes, progress), "a cache as new as the read, however far its watch got");
+    }
+
+    #[test]
+    fn a_watch_past_the_read_shows_it_and_a_listed_object_deleted_since_is_not_waited_for() {
+        let (fence, gpunodes, nodes) = takeover();
+        assert!(fence.shown(gpunodes, nodes, Progress { gpunodes: 110, nodes: 111 }), "both watches past the read");
+        let only_n2 = [("n2", Some("50"))];
+        assert!(
+            !fence.gpunodes.shown(only_n2, 100),
+            "n1 missing from the cache, the watch short of its version: its creation is not cached yet"
+        );
+        assert!(fence.gpunodes.shown(only_n2, 105), "the watch delivered n1's version: deleted since the read");
+    }
+
+    #[test]
+    fn a_cached_object_the_read_no_longer_had_holds_the_fence_until_its_delete_is_cached() {
+        let listed = Listed::new(Some("110"), [("n2", Some("50"))]);
+        assert!(!listed.shown([("n1", Some("90")), ("n2", Some("50"))], 100), "n1 was deleted by the read");
+        assert!(listed.shown([("n2", Some("50"))], 100), "its delete is cached");
+        assert!(listed.shown([("n1", Some("111")), ("n2", Some("50"))], 111), "created again after the read");
+        assert!(listed.shown([("n1", Some("111")), ("n2", Some("50"))], 100), "created after the read, cached");
+    }
+
+    #[test]
+    fn a_read_whose_versions_cannot_be_compared_holds_nothing() {
+        let listed = Listed::new(Some("opaque"), [("n1", Some("5"))]);
+        assert!(listed.shown([], 0));
+        let listed = Listed::new(Some("10"), [("n1", Some("x")), ("n2", Some("5"))]);
+        assert!(listed.shown([("n1", Some("1")), ("n2", Some("y"))], 0), "uncomparable versions are not waited for");
+        assert!(!listed.shown([("n1", Some("1"))], 0), "n2 still missing");
     }
 }

@@ -11,6 +11,7 @@ pub mod error;
 pub mod events;
 pub mod expectations;
 pub mod fleet;
+pub mod leader;
 pub mod liveness;
 pub mod metrics;
 pub mod quota;

@@ -12,6 +12,9 @@ use crate::controller;
 use crate::metrics::Metrics;
 use crate::quota_controller::QuotaController;
 
+/// The leader Lease, in `--lease-namespace`.
+const LEASE_NAME: &str = "tessera-operator";
+
 pub struct RunOptions {
     pub listen: String,
     pub leader_elect: bool,
@@ -49,9 +52,18 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let manager = LeaseManagerBuilder::new(client, "tessera-operator")
+    // Before the lease can be ours: no write until our renewal is seen (see `leader`).
+    crate::leader::follow(
+        kube::Api::namespaced(client.clone(), &opts.lease_namespace),
+        LEASE_NAME,
+        opts.identity.clone(),
+        ctx.tenure.clone(),
+    );
+    let manager = LeaseManagerBuilder::new(client, LEASE_NAME)
         .with_namespace(&opts.lease_namespace)
         .with_identity(&opts.identity)
+        .with_duration(crate::leader::LEASE_SECONDS)
+        .with_grace(crate::leader::RENEW_BEFORE_SECONDS)
         .build()
         .await?;
     let (mut leader, lease_task) = manager.watch().await;

@@ -142,10 +142,15 @@ fn a_preview_names_the_budgets_and_pods_that_block_the_drain_and_the_quotas_left
     assert_eq!(json["changes"][0]["budget_blocked"][0]["budget"], "ml/serve");
     assert_eq!(json["quotas_short"][0]["resources"][0]["short"], 1);
 
-    // Without the DaemonSets read, a DaemonSet pod counts as managed (and is not a GPU-scope
-    // eviction of ours to make: the drain skips DaemonSet pods).
+    // Without the DaemonSets read, a DaemonSet pod counts as managed: not evicted, and as it uses
+    // a GPU it holds the hand-over, as the rollout would.
     let p = run(&plan, &nodes, &pods, &budgets, None, &quotas);
-    assert_eq!(p.changes[0].refused.len(), 1, "{:?}", p.changes[0].refused);
+    assert_eq!(p.changes[0].refused.len(), 2, "{:?}", p.changes[0].refused);
+    assert!(
+        p.changes[0].refused[1].starts_with("pod ml/agent-x of DaemonSet ml/gone uses a GPU"),
+        "{:?}",
+        p.changes[0].refused
+    );
 }
 
 /// A budget that allows one disruption refuses the evictions past the first of the pods the

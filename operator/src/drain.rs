@@ -148,7 +148,7 @@ mod tests {
             ..Default::default()
         };
         for scope in [DrainScope::GpuPods, DrainScope::AllPods] {
-            for p in [policy(scope.clone()), RolloutPolicy { drain_scope: scope.clone(), ..lenient.clone() }] {
+            for p in [policy(scope), RolloutPolicy { drain_scope: scope, ..lenient.clone() }] {
                 match verdict(&pod(ds_gpu()), &p, &existing()) {
                     PodVerdict::Refuse(why) => assert!(
                         why.starts_with("pod ml/p of DaemonSet ml/d uses a GPU")

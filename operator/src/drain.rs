@@ -13,6 +13,8 @@ mod blockers;
 pub use blockers::{
     RETURNS_REPORTED, Returns, came_back, eviction_refused, keeps_coming_back, message, records, stuck_terminating,
 };
+mod throttle;
+pub use throttle::{MAX_RETRY_AFTER, NotBefore, retry_after};
 
 /// What to do with one pod on a node being drained.
 #[derive(Debug, Clone, PartialEq, Eq)]

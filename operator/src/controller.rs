@@ -15,7 +15,6 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
-use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -28,6 +27,7 @@ use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+mod eviction;
 mod fence;
 mod layouts;
 mod leases;
@@ -129,6 +129,8 @@ pub struct Context {
     carry: std::sync::Mutex<rollout::Carry>,
     /// Per draining node, the evictions of pods that came back to it (in memory only).
     returns: std::sync::Mutex<crate::drain::Returns>,
+    /// Pods whose eviction the server asked to retry later (Retry-After; in memory only).
+    not_before: std::sync::Mutex<crate::drain::NotBefore>,
     /// The fleet as the last pass read it, and the nodes the watches saw change since.
     slots: std::sync::Mutex<Slots>,
     dirty: Arc<Dirty>,
@@ -223,6 +225,7 @@ pub async fn start(
         liveness: Default::default(),
         carry: Default::default(),
         returns: Default::default(),
+        not_before: Default::default(),
         slots: Default::default(),
         dirty,
         expectations: Default::default(),
@@ -813,7 +816,8 @@ impl Context {
         Ok(None)
     }
 
-    /// One eviction through a typed policy/v1 Eviction, bounded in time. `Some(reason)` if refused.
+    /// One eviction (see `eviction`: not asked again before a 429's Retry-After), bounded in
+    /// time. `Some(reason)` if refused.
     /// `came_back`: the owner of a pod that came back to the cordoned node, counted once evicted.
     async fn evict(
         &self,
@@ -822,15 +826,9 @@ impl Context {
         pod: &str,
         came_back: Option<&str>,
     ) -> Result<Option<String>, Error> {
-        let api: Api<Pod> = Api::namespaced(self.evict_client.clone(), namespace);
-        let eviction: Eviction = serde_json::from_value(json!({
-            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}
-        }))
-        .expect("a valid Eviction");
-        let pp = PostParams::default();
-        let call = api.create_subresource::<Eviction, serde_json::Value>("eviction", pod, &pp, &eviction);
+        let call = eviction::evict(&self.evict_client, &self.not_before, namespace, pod);
         match tokio::time::timeout(EVICTION_TIMEOUT, call).await {
-            Ok(Ok(_)) => {
+            Ok(Ok(eviction::Answer::Evicted)) => {
                 info!(%node, %namespace, %pod, "evicted");
                 self.metrics.evicted();
                 if let Some(owner) = came_back {
@@ -838,12 +836,14 @@ impl Context {
                 }
                 Ok(None)
             }
-            Ok(Err(kube::Error::Api(s))) if s.code == 404 => Ok(None),
-            Ok(Err(kube::Error::Api(s))) if s.code == 429 => {
-                self.metrics.eviction_blocked();
-                Ok(Some(crate::drain::eviction_refused(namespace, pod, &s)))
+            Ok(Ok(eviction::Answer::Gone)) => Ok(None),
+            Ok(Ok(eviction::Answer::Refused { why, asked })) => {
+                if asked {
+                    self.metrics.eviction_blocked();
+                }
+                Ok(Some(why))
             }
-            Ok(Err(e)) => Err(e.into()),
+            Ok(Err(e)) => Err(e),
             Err(_) => {
                 Ok(Some(format!("eviction of {namespace}/{pod} {EVICTION_TIMED_OUT} {}s", EVICTION_TIMEOUT.as_secs())))
             }

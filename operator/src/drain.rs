@@ -1,7 +1,8 @@
 //! Pure drain filters with kubectl drain's semantics, and the scope Tessera adds: by default only
 //! pods that use GPU resources are evicted, so the rest of the node keeps running. Like kubectl,
 //! pods whose loss cannot be undone (no controller to recreate them, `emptyDir` data) are refused
-//! unless the plan opts in, and a DaemonSet pod is skipped only while its DaemonSet exists.
+//! unless the plan opts in, and a DaemonSet pod is skipped only while its DaemonSet exists. A
+//! DaemonSet pod that uses a GPU is neither evicted nor skipped: it holds the hand-over.
 
 use std::collections::BTreeSet;
 
@@ -12,6 +13,8 @@ mod blockers;
 pub use blockers::{
     RETURNS_REPORTED, Returns, came_back, eviction_refused, keeps_coming_back, message, records, stuck_terminating,
 };
+mod throttle;
+pub use throttle::{MAX_RETRY_AFTER, NotBefore, retry_after};
 
 /// What to do with one pod on a node being drained.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,7 +23,7 @@ pub enum PodVerdict {
     Evict,
     /// Already being deleted: wait for it to go (or force it after the timeout, if asked).
     Wait,
-    /// Left alone: DaemonSet or mirror pod, finished, or outside the drain scope.
+    /// Left alone: DaemonSet pod using no GPU, mirror pod, finished, or outside the drain scope.
     Skip(&'static str),
     /// Holds the drain: evicting it would lose something the plan did not opt in to losing.
     Refuse(String),
@@ -58,10 +61,12 @@ pub fn verdict(pod: &Pod, policy: &RolloutPolicy, existing_daemonsets: &BTreeSet
         return PodVerdict::Skip("finished");
     }
     let daemonset = daemonset_of(pod);
-    if daemonset.as_ref().is_some_and(|ds| existing_daemonsets.contains(ds)) {
+    let live_daemonset = daemonset.as_ref().filter(|ds| existing_daemonsets.contains(*ds));
+    let gpu = uses_gpu(pod);
+    if live_daemonset.is_some() && !gpu {
         return PodVerdict::Skip("DaemonSet pod");
     }
-    if policy.drain_scope == DrainScope::GpuPods && !uses_gpu(pod) {
+    if policy.drain_scope == DrainScope::GpuPods && !gpu {
         return PodVerdict::Skip("uses no GPU");
     }
     if meta.deletion_timestamp.is_some() {
@@ -69,6 +74,16 @@ pub fn verdict(pod: &Pod, policy: &RolloutPolicy, existing_daemonsets: &BTreeSet
     }
     let name =
         format!("{}/{}", meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default());
+    if let Some((ns, ds)) = live_daemonset {
+        // Not evicted (its DaemonSet tolerates the cordon and recreates it at once) and not
+        // deleted at the hand-over either: the replacement would be given a device of the old
+        // layout before the agent changes it. No opt-in overrides this.
+        return PodVerdict::Refuse(format!(
+            "pod {name} of DaemonSet {ns}/{ds} uses a GPU: the node is not handed to its node agent while it \
+             runs, as the change could destroy the instance it holds (keep the DaemonSet off this node until the \
+             change is done, e.g. with a node affinity, or delete the DaemonSet)"
+        ));
+    }
     if !policy.evict_unmanaged_pods {
         if let Some((_, ds)) = &daemonset {
             return PodVerdict::Refuse(format!(
@@ -117,6 +132,37 @@ mod tests {
         [("ml".to_string(), "d".to_string())].into()
     }
 
+    fn ds_gpu() -> serde_json::Value {
+        let mut ds = gpu_pod();
+        ds["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]);
+        ds
+    }
+
+    #[test]
+    fn a_daemonset_pod_using_a_gpu_holds_the_hand_over_naming_itself_in_every_scope() {
+        // Evicting it is useless (its DaemonSet recreates it on the cordoned node at once), and
+        // handing the node over would let the agent destroy the instance it holds.
+        let lenient = RolloutPolicy {
+            evict_unmanaged_pods: true,
+            delete_empty_dir_data: true,
+            force_after_timeout: true,
+            ..Default::default()
+        };
+        for scope in [DrainScope::GpuPods, DrainScope::AllPods] {
+            for p in [policy(scope), RolloutPolicy { drain_scope: scope, ..lenient.clone() }] {
+                match verdict(&pod(ds_gpu()), &p, &existing()) {
+                    PodVerdict::Refuse(why) => assert!(
+                        why.starts_with("pod ml/p of DaemonSet ml/d uses a GPU")
+                            && why.contains("not handed to its node agent"),
+                        "{why}"
+                    ),
+                    other => panic!("{scope:?}: {other:?}"),
+                }
+            }
+        }
+    }
+
     #[test]
     fn pods_whose_loss_cannot_be_undone_are_refused_unless_the_plan_opts_in() {
         let mut bare = gpu_pod();
@@ -144,9 +190,11 @@ mod tests {
     fn verdicts_follow_kubectl_drain_and_the_gpu_scope() {
         let mut plain = gpu_pod();
         plain["spec"] = json!({"containers": [{"name": "c"}]});
-        let mut ds = gpu_pod();
+        let mut ds = plain.clone();
         ds["metadata"]["ownerReferences"] =
             json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]);
+        let mut ds_gpu_leaving = ds_gpu();
+        ds_gpu_leaving["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
         let mut mirror = gpu_pod();
         mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "x"});
         let mut done = gpu_pod();
@@ -160,6 +208,7 @@ mod tests {
             (plain.clone(), DrainScope::GpuPods, PodVerdict::Skip("uses no GPU")),
             (plain, DrainScope::AllPods, PodVerdict::Evict),
             (ds, DrainScope::AllPods, PodVerdict::Skip("DaemonSet pod")),
+            (ds_gpu_leaving, DrainScope::GpuPods, PodVerdict::Wait),
             (mirror, DrainScope::AllPods, PodVerdict::Skip("mirror pod")),
             (done, DrainScope::GpuPods, PodVerdict::Skip("finished")),
             (deleting, DrainScope::GpuPods, PodVerdict::Wait),

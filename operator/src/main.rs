@@ -76,6 +76,8 @@ enum PlanCommand {
         /// headroom and nodes, and the other quotas' guarantees.
         #[arg(long, value_name = "NAME", conflicts_with_all = ["selector", "headroom_percent"])]
         plan: Option<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
 }
 
@@ -108,13 +110,14 @@ fn main() {
     let result = match args.command {
         Command::Run { .. } => unreachable!("handled above"),
         Command::Plan { command: PlanCommand::Preview { args, cluster } } => args.run(&cluster, output),
-        Command::Plan { command: PlanCommand::Suggest { from, selector, headroom_percent, plan } } => {
+        Command::Plan { command: PlanCommand::Suggest { from, selector, headroom_percent, plan, cluster } } => {
             output.plain("plan suggest").and_then(|output| {
                 runtime().block_on(cli::suggest::run(
                     &from,
                     selector.as_deref(),
                     headroom_percent,
                     plan.as_deref(),
+                    &cluster,
                     output,
                 ))
             })

@@ -449,3 +449,15 @@ fn a_closed_stderr_ends_error_paths_quietly() {
         assert!(status.code().is_some_and(|c| c > 0) || status.code().is_none(), "{args:?} failed: {status:?}");
     }
 }
+
+/// Issue 27 (9): `plan suggest` read the cluster from the default kubeconfig whatever
+/// `--kubeconfig` and `--context` said; it takes the same connection flags as `plan preview`.
+#[test]
+fn plan_suggest_takes_the_connection_flags_of_plan_preview() {
+    let (code, out) = run(&["plan", "suggest", "--kubeconfig", "does/not/exist"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("--kubeconfig does/not/exist:"), "{out}");
+    let (code, out) = run(&["plan", "suggest", "--request-timeout", "soon"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("\"soon\" is not a duration"), "{out}");
+}

@@ -20,7 +20,8 @@ const MAX_CELL: usize = 300;
 const MAX_COMMENT: usize = 60_000;
 
 /// Text made safe for a table cell or a heading: one line, `|` and Markdown punctuation escaped,
-/// HTML and `@mentions` neutralised, at most `MAX_CELL` characters.
+/// HTML and `@mentions` neutralised, control characters and bidi overrides dropped, at most
+/// `MAX_CELL` characters.
 pub fn cell(s: &str) -> String {
     let mut out = String::new();
     for (n, c) in s.chars().enumerate() {
@@ -38,7 +39,8 @@ pub fn cell(s: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if c.is_control() => {}
+            // Other controls (ESC, BEL) and bidi overrides, which would reorder what a reviewer reads.
+            c if c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') => {}
             c => out.push(c),
         }
     }

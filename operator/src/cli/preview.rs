@@ -23,6 +23,7 @@ use super::Format;
 use super::commands::PreviewArgs;
 use super::connect::{self, list_all};
 use super::snapshot::Snapshot;
+use super::status::clean;
 use crate::Error;
 use crate::drain::{PodVerdict, verdict};
 use crate::quota::{Capacity, gpu_supply};
@@ -204,7 +205,7 @@ fn read_plans(file: &str, plans: &mut Vec<GpuPartitionPlan>) -> Result<bool, Err
             let p: GpuPartitionPlan = serde_json::from_value(v).map_err(|e| Error::Usage(format!("{file}: {e}")))?;
             errs.extend(tessera_crds::validate::validate_plan(&p.spec));
             for e in &errs {
-                println!("{file}: {}: {e}", p.name_any());
+                println!("{}", clean(&format!("{file}: {}: {e}", p.name_any())));
             }
             valid &= errs.is_empty();
             plans.push(p);
@@ -276,7 +277,7 @@ pub async fn run(args: &PreviewArgs, cluster: &connect::ClusterArgs, format: For
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&previews)?),
         Format::Markdown => print!("{}", super::markdown::preview(&previews)),
-        Format::Text => print_text(&previews),
+        Format::Text => print!("{}", text(&previews)),
     }
     Ok(0)
 }
@@ -303,35 +304,39 @@ pub fn layout_summary(gpus: &[GpuIntent]) -> String {
         .join(" ")
 }
 
-fn print_text(previews: &[Preview]) {
+/// The text output. Every name and message comes from the plan files or the cluster: cleaned
+/// as `kubectl tessera status` cleans them, so none can drive the terminal or fake a line.
+pub fn text(previews: &[Preview]) -> String {
+    let mut out = String::new();
+    // The fixed words hold no control character: cleaning each whole line cleans what it quotes.
+    let mut line = |text: String| {
+        out.push_str(&clean(&text));
+        out.push('\n');
+    };
     for p in previews {
-        println!(
-            "plan {}: {} node(s) change, {} unchanged, {} skipped",
-            p.plan,
-            p.changes.len(),
-            p.unchanged.len(),
-            p.skipped.len()
-        );
+        let (changes, unchanged, skipped) = (p.changes.len(), p.unchanged.len(), p.skipped.len());
+        line(format!("plan {}: {changes} node(s) change, {unchanged} unchanged, {skipped} skipped", p.plan));
         for c in &p.changes {
-            println!("  change {}: {}", c.node, layout_summary(&c.gpus));
+            line(format!("  change {}: {}", c.node, layout_summary(&c.gpus)));
             for why in c.blockers() {
-                println!("    blocks the drain: {why}");
+                line(format!("    blocks the drain: {why}"));
             }
             for pod in &c.evict {
-                println!("    evict {pod}");
+                line(format!("    evict {pod}"));
             }
         }
         for (n, why) in &p.skipped {
-            println!("  skip {n}: {why}");
+            line(format!("  skip {n}: {why}"));
         }
         for q in &p.quotas_short {
-            println!("  leaves short {q}");
+            line(format!("  leaves short {q}"));
         }
-        println!("  capacity (before -> after):");
+        line("  capacity (before -> after):".to_string());
         for (k, b, a) in p.capacity_rows() {
-            println!("    {k}: {b} -> {a}");
+            line(format!("    {k}: {b} -> {a}"));
         }
     }
+    out
 }
 
 impl Preview {

@@ -23,7 +23,7 @@ use tessera_crds::gpunode::{GpuIntent, GpuState};
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
 
 pub use fetch::{Inputs, run};
-pub use render::{Colour, text};
+pub use render::{Colour, clean, text};
 
 const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Letters naming a GPU's instances in its slot diagram, by start slot.

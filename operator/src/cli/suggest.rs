@@ -11,13 +11,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
 use serde::Serialize;
 use serde_json::json;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 
 use super::Output;
+use super::connect::{self, ClusterArgs, list_all};
 use crate::Error;
 use crate::coverage::{self, Demand};
 use crate::drain::uses_gpu;
@@ -220,19 +221,21 @@ fn from_files(files: &[String]) -> Result<Inputs, Error> {
     Ok(inputs)
 }
 
-async fn from_cluster() -> Result<Inputs, Error> {
-    let client = Client::try_default().await.map_err(|e| Error::Usage(format!("connecting to the cluster: {e}")))?;
-    let lp = ListParams::default();
+/// The cluster as `plan preview` reaches it (`--kubeconfig`, `--context`, `--request-timeout`),
+/// every list read in pages.
+async fn from_cluster(cluster: &ClusterArgs) -> Result<Inputs, Error> {
+    let client = connect::client(cluster).await?;
+    let (lp, limit) = (ListParams::default(), cluster.request_limit());
     let mut inputs = Inputs {
-        quotas: Api::<TenantGpuQuota>::all(client.clone()).list(&lp).await?.items,
-        gpunodes: Api::<GpuNode>::all(client.clone()).list(&lp).await?.items,
+        quotas: list_all(&Api::<TenantGpuQuota>::all(client.clone()), &lp, limit).await?,
+        gpunodes: list_all(&Api::<GpuNode>::all(client.clone()), &lp, limit).await?,
         ..Default::default()
     };
-    for n in Api::<Node>::all(client.clone()).list(&lp).await?.items {
+    for n in list_all(&Api::<Node>::all(client.clone()), &lp, limit).await? {
         inputs.labels.insert(n.name_any(), n.labels().clone());
     }
-    inputs.plans = Api::<GpuPartitionPlan>::all(client.clone()).list(&lp).await?.items;
-    for pod in Api::<Pod>::all(client).list(&lp).await?.items {
+    inputs.plans = list_all(&Api::<GpuPartitionPlan>::all(client.clone()), &lp, limit).await?;
+    for pod in list_all(&Api::<Pod>::all(client), &lp, limit).await? {
         let running = !matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         if let (true, true, Some(node)) = (running, uses_gpu(&pod), node) {
@@ -251,6 +254,7 @@ pub async fn run(
     selector: Option<&str>,
     headroom: u32,
     plan: Option<&str>,
+    cluster: &ClusterArgs,
     output: Output,
 ) -> Result<i32, Error> {
     let scope = match plan {
@@ -258,7 +262,7 @@ pub async fn run(
         None => Scope::Fleet { selector: parse_selector(selector)?, headroom },
     };
     let (inputs, source) = if files.is_empty() {
-        (from_cluster().await?, "the cluster".to_string())
+        (from_cluster(cluster).await?, "the cluster".to_string())
     } else {
         (from_files(files)?, format!("--from {}", files.join(", ")))
     };

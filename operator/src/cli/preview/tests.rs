@@ -142,10 +142,15 @@ fn a_preview_names_the_budgets_and_pods_that_block_the_drain_and_the_quotas_left
     assert_eq!(json["changes"][0]["budget_blocked"][0]["budget"], "ml/serve");
     assert_eq!(json["quotas_short"][0]["resources"][0]["short"], 1);
 
-    // Without the DaemonSets read, a DaemonSet pod counts as managed (and is not a GPU-scope
-    // eviction of ours to make: the drain skips DaemonSet pods).
+    // Without the DaemonSets read, a DaemonSet pod counts as managed: not evicted, and as it uses
+    // a GPU it holds the hand-over, as the rollout would.
     let p = run(&plan, &nodes, &pods, &budgets, None, &quotas);
-    assert_eq!(p.changes[0].refused.len(), 1, "{:?}", p.changes[0].refused);
+    assert_eq!(p.changes[0].refused.len(), 2, "{:?}", p.changes[0].refused);
+    assert!(
+        p.changes[0].refused[1].starts_with("pod ml/agent-x of DaemonSet ml/gone uses a GPU"),
+        "{:?}",
+        p.changes[0].refused
+    );
 }
 
 /// A budget that allows one disruption refuses the evictions past the first of the pods the
@@ -255,4 +260,61 @@ fn quotas_are_listed_when_the_plan_makes_them_short_or_shorter() {
     );
     // A shortage the plan does not make worse is not the plan's.
     assert_eq!(names(&[("nvidia.com/gpu", 1)], &[("nvidia.com/gpu", 2)]), Vec::<String>::new());
+}
+
+/// A preview whose every cluster- or user-given string carries ESC sequences (retitle the
+/// terminal, clear the screen), a BEL, a bidi override and line breaks that would fake lines.
+fn hostile_preview() -> Preview {
+    let evil = |s: &str| format!("{s}\u{1b}]0;pwned\u{7}\u{1b}[2J\u{202e}\nfake line\r\n");
+    Preview {
+        plan: evil("plan"),
+        changes: vec![NodeChange {
+            node: evil("node"),
+            gpus: vec![GpuIntent { index: 0, mig_enabled: true, profiles: [(evil("3g.40gb"), 2)].into() }],
+            evict: vec![evil("ml/pod")],
+            refused: vec![evil("pod ml/x has no controller")],
+            budget_blocked: vec![BudgetBlock { pod: evil("ml/b"), budget: evil("ml/pdb"), why: evil("allows 0") }],
+        }],
+        unchanged: vec![evil("quiet")],
+        skipped: [(evil("skipped"), evil("no GPU inventory"))].into(),
+        capacity_before: [(evil("nvidia.com/gpu"), 1)].into(),
+        capacity_after: [(evil("nvidia.com/mig-3g.40gb"), 2)].into(),
+        quotas_short: vec![QuotaShort {
+            quota: evil("team"),
+            resources: vec![ResourceShort {
+                resource: evil("nvidia.com/mig-3g.40gb"),
+                quotas: 1,
+                fleet_before: 2,
+                fleet_after: 0,
+                short: 1,
+            }],
+            capacity_available_before: "True".into(),
+        }],
+    }
+}
+
+/// Issue 27 (9): the text output printed names and messages as they came, so a pod or node name
+/// could drive the terminal or fake a line of the preview.
+#[test]
+fn the_text_output_escapes_control_characters_in_every_name_and_message() {
+    let out = text(&[hostile_preview()]);
+    let bad: Vec<char> =
+        out.chars().filter(|c| (c.is_control() && *c != '\n') || ('\u{202a}'..='\u{202e}').contains(c)).collect();
+    assert!(bad.is_empty(), "{bad:?} in {out:?}");
+    // Every line is one the preview wrote: no name starts a line of its own.
+    for line in out.lines() {
+        assert!(line.starts_with("plan ") || line.starts_with("  "), "a faked line: {line:?}\n{out}");
+        assert!(!line.starts_with("fake") && !line.trim_start().starts_with("fake"), "{line:?}");
+    }
+    assert!(out.contains("plan plan?]0;pwned??[2J? fake line  : 1 node(s) change"), "{out}");
+    assert!(out.contains("    evict ml/pod?]0;pwned"), "{out}");
+}
+
+#[test]
+fn the_markdown_output_escapes_control_characters_in_every_name_and_message() {
+    let md = crate::cli::markdown::preview(&[hostile_preview()]);
+    let bad: Vec<char> =
+        md.chars().filter(|c| (c.is_control() && *c != '\n') || ('\u{202a}'..='\u{202e}').contains(c)).collect();
+    assert!(bad.is_empty(), "{bad:?} in {md:?}");
+    assert!(!md.lines().any(|l| l.trim_start().starts_with("fake line")), "a faked line: {md}");
 }

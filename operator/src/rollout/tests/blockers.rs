@@ -118,3 +118,37 @@ fn a_drain_timeout_names_the_pdb_that_refused() {
     assert_eq!(stalled.reason, "DrainTimeout");
     assert!(stalled.message.contains("eviction of ml/a blocked by PodDisruptionBudget ml/web"), "{}", stalled.message);
 }
+
+#[test]
+fn a_gpu_daemonset_pod_holds_the_hand_over_and_is_named_not_evicted() {
+    // Its DaemonSet exists and tolerates the cordon: evicting it only brings it back, and handing
+    // the node over lets the agent destroy the instance it holds while it runs on.
+    let ds = gpu_pod(
+        "exporter-x",
+        json!({"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "name": "gpu-probe", "uid": "u", "controller": true}]}),
+    );
+    let mut n = node("n1", true, gpunode("n1", json!([]), true, Some(draining("2026-05-31T00:00:00Z"))));
+    n.daemonsets = [("ml".to_string(), "gpu-probe".to_string())].into();
+    n.pods = Ok(vec![ds.clone()]);
+    let mut p = plan("p", 0, json!(1), h100_layout());
+    p.spec.rollout.force_after_timeout = true; // the drain timed out: force does not remove it either
+    let (actions, reports) = plan_fleet(&[p], &[n.clone()], now());
+    assert!(
+        !actions.iter().any(|a| matches!(
+            a,
+            Action::Intent { .. } | Action::Evict { .. } | Action::ForceDelete { .. } | Action::Rollout { .. }
+        )),
+        "not handed over, nothing evicted: {actions:?}"
+    );
+    let on_node = blockers_of(&actions, "n1").expect("named on the node");
+    assert!(
+        on_node.iter().any(|b| b.starts_with("pod ml/exporter-x of DaemonSet ml/gpu-probe uses a GPU")),
+        "{on_node:?}"
+    );
+    assert!(reports["p"].drain_blocked.iter().any(|b| b.contains("pod ml/exporter-x of DaemonSet ml/gpu-probe")));
+    // Once it is gone (the DaemonSet no longer selects the node), the node is handed over.
+    n.pods = Ok(vec![]);
+    let (actions, _) = plan_fleet(&[plan("p", 0, json!(1), h100_layout())], &[n], now());
+    assert!(actions.iter().any(|a| matches!(a, Action::Intent { .. })), "{actions:?}");
+}

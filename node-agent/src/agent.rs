@@ -278,9 +278,11 @@ impl<B: GpuBackend> Agent<B> {
                 return Err(GpuOutcome::Blocked { reason, message });
             }
         };
-        // Every destroy needs the hand-over, a half-made instance's too: it may be someone else's
-        // (an admin's `nvidia-smi mig -cgi` without `-C`, another tool mid-create).
-        let disruptive = steps.iter().filter(|s| !matches!(s, Step::Create { .. })).count();
+        // A half-made instance (no compute instance) is remade without the hand-over: nothing
+        // can use it. Whoever made it (this agent before a crash, an admin's `-cgi` without `-C`)
+        // loses only an unusable GPU instance; one that got its compute instance since this pass
+        // read the GPU is refused by the driver. Beside a layout change everything waits.
+        let disruptive = steps.iter().filter(|s| s.needs_hand_over()).count();
         if disruptive > 0 && !handed_over {
             return Err(GpuOutcome::Waiting {
                 reason: "AwaitingDrain",
@@ -291,7 +293,7 @@ impl<B: GpuBackend> Agent<B> {
             });
         }
         for step in &steps {
-            if !matches!(step, Step::Create { .. }) && !self.still_handed_over() {
+            if step.needs_hand_over() && !self.still_handed_over() {
                 // The operator withdrew the hand-over (or the node is schedulable again) since
                 // this pass began: stop before changing anything a workload could be using.
                 return Err(GpuOutcome::Waiting {
@@ -303,6 +305,9 @@ impl<B: GpuBackend> Agent<B> {
             match step {
                 Step::Destroy { gpu_instance_id, .. } => {
                     self.backend.destroy_instance(gpu, *gpu_instance_id).map_err(failed)?
+                }
+                Step::DestroyHalfMade { gpu_instance_id, .. } => {
+                    self.backend.destroy_half_made(gpu, *gpu_instance_id).map_err(failed)?
                 }
                 Step::Create { profile, start } => {
                     self.backend.create_instance(gpu, profile, *start).map_err(failed)?;

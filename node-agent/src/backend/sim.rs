@@ -321,6 +321,10 @@ impl GpuBackend for SimBackend {
         }
         self.mutate(|st, _| model::destroy_gpu_instance(st, gpu, gpu_instance_id))
     }
+
+    fn destroy_half_made(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error> {
+        self.mutate(|st, _| model::destroy_gpu_instance(st, gpu, gpu_instance_id))
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 
 use crate::Error;
 use crate::backend::{GpuBackend, ModeChange, model_from_hardware};
+use crate::gpu_clients;
 use crate::planner::{self, Blocked, Observed, Step, Target};
 use crate::report::{self, GpuOutcome};
 
@@ -159,8 +160,16 @@ impl<B: GpuBackend> Agent<B> {
         if self.advertise_resources {
             self.advertise(&all_instances).await?;
         }
-        if changed {
-            self.restart_gpu_clients().await?;
+        if let Some(selector) = &self.gpu_client_selector {
+            // Level-triggered: what the clients were last restarted for is on the GpuNode, so a
+            // restart lost to a kill right after a driver step is redone by the next pass.
+            let now = gpu_clients::fingerprint(&all_instances);
+            let recorded = gn.annotations().get(gpu_clients::RESTARTED_FOR).map(String::as_str);
+            if gpu_clients::must_restart(recorded, &now, changed) {
+                self.restart_gpu_clients(selector).await?;
+                let patch = json!({"metadata": {"annotations": {gpu_clients::RESTARTED_FOR: now}}});
+                api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
         }
         Ok(outcomes)
     }
@@ -402,8 +411,7 @@ impl<B: GpuBackend> Agent<B> {
         Ok(())
     }
 
-    async fn restart_gpu_clients(&self) -> Result<(), Error> {
-        let Some(selector) = &self.gpu_client_selector else { return Ok(()) };
+    async fn restart_gpu_clients(&self, selector: &str) -> Result<(), Error> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let lp = ListParams::default().labels(selector).fields(&format!("spec.nodeName={}", self.node));
         for p in pods.list(&lp).await? {

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 
 use crate::Error;
 use crate::backend::{GpuBackend, ModeChange, model_from_hardware};
+use crate::gpu_clients;
 use crate::planner::{self, Blocked, Observed, Step, Target};
 use crate::report::{self, GpuOutcome};
 
@@ -159,8 +160,16 @@ impl<B: GpuBackend> Agent<B> {
         if self.advertise_resources {
             self.advertise(&all_instances).await?;
         }
-        if changed {
-            self.restart_gpu_clients().await?;
+        if let Some(selector) = &self.gpu_client_selector {
+            // Level-triggered: what the clients were last restarted for is on the GpuNode, so a
+            // restart lost to a kill right after a driver step is redone by the next pass.
+            let now = gpu_clients::fingerprint(&all_instances);
+            let recorded = gn.annotations().get(gpu_clients::RESTARTED_FOR).map(String::as_str);
+            if gpu_clients::must_restart(recorded, &now, changed) {
+                self.restart_gpu_clients(selector).await?;
+                let patch = json!({"metadata": {"annotations": {gpu_clients::RESTARTED_FOR: now}}});
+                api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            }
         }
         Ok(outcomes)
     }
@@ -278,9 +287,11 @@ impl<B: GpuBackend> Agent<B> {
                 return Err(GpuOutcome::Blocked { reason, message });
             }
         };
-        // Every destroy needs the hand-over, a half-made instance's too: it may be someone else's
-        // (an admin's `nvidia-smi mig -cgi` without `-C`, another tool mid-create).
-        let disruptive = steps.iter().filter(|s| !matches!(s, Step::Create { .. })).count();
+        // A half-made instance (no compute instance) is remade without the hand-over: nothing
+        // can use it. Whoever made it (this agent before a crash, an admin's `-cgi` without `-C`)
+        // loses only an unusable GPU instance; one that got its compute instance since this pass
+        // read the GPU is refused by the driver. Beside a layout change everything waits.
+        let disruptive = steps.iter().filter(|s| s.needs_hand_over()).count();
         if disruptive > 0 && !handed_over {
             return Err(GpuOutcome::Waiting {
                 reason: "AwaitingDrain",
@@ -291,7 +302,7 @@ impl<B: GpuBackend> Agent<B> {
             });
         }
         for step in &steps {
-            if !matches!(step, Step::Create { .. }) && !self.still_handed_over() {
+            if step.needs_hand_over() && !self.still_handed_over() {
                 // The operator withdrew the hand-over (or the node is schedulable again) since
                 // this pass began: stop before changing anything a workload could be using.
                 return Err(GpuOutcome::Waiting {
@@ -303,6 +314,9 @@ impl<B: GpuBackend> Agent<B> {
             match step {
                 Step::Destroy { gpu_instance_id, .. } => {
                     self.backend.destroy_instance(gpu, *gpu_instance_id).map_err(failed)?
+                }
+                Step::DestroyHalfMade { gpu_instance_id, .. } => {
+                    self.backend.destroy_half_made(gpu, *gpu_instance_id).map_err(failed)?
                 }
                 Step::Create { profile, start } => {
                     self.backend.create_instance(gpu, profile, *start).map_err(failed)?;
@@ -397,8 +411,7 @@ impl<B: GpuBackend> Agent<B> {
         Ok(())
     }
 
-    async fn restart_gpu_clients(&self) -> Result<(), Error> {
-        let Some(selector) = &self.gpu_client_selector else { return Ok(()) };
+    async fn restart_gpu_clients(&self, selector: &str) -> Result<(), Error> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let lp = ListParams::default().labels(selector).fields(&format!("spec.nodeName={}", self.node));
         for p in pods.list(&lp).await? {

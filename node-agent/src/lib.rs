@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod backend;
 pub mod error;
+pub mod gpu_clients;
 pub mod planner;
 pub mod pods;
 pub mod report;

@@ -33,9 +33,32 @@ pub struct Observed {
 /// One driver operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    Destroy { gpu_instance_id: u32, profile: String, start: u8 },
+    Destroy {
+        gpu_instance_id: u32,
+        profile: String,
+        start: u8,
+    },
+    /// A GPU instance without its compute instance (its creator died between the two calls):
+    /// no MIG device, so no process runs in it and no pod holds it.
+    DestroyHalfMade {
+        gpu_instance_id: u32,
+        profile: String,
+        start: u8,
+    },
     SetMigMode(bool),
-    Create { profile: String, start: u8 },
+    Create {
+        profile: String,
+        start: u8,
+    },
+}
+
+impl Step {
+    /// Whether the step may disturb a workload, so it waits for the operator's hand-over (the
+    /// node drained): destroying a MIG device or changing MIG mode. Creating in free space and
+    /// destroying a half-made instance (nothing can be using it) are no layout change.
+    pub fn needs_hand_over(&self) -> bool {
+        matches!(self, Step::Destroy { .. } | Step::SetMigMode(_))
+    }
 }
 
 /// Why the GPU cannot reach its target now.
@@ -67,7 +90,7 @@ fn refuse_leaked(observed: &Observed, steps: Vec<Step>) -> Result<Vec<Step>, Blo
     let leaked: Vec<(Instance, u64)> = steps
         .iter()
         .filter_map(|s| match s {
-            Step::Destroy { gpu_instance_id, .. } => {
+            Step::Destroy { gpu_instance_id, .. } | Step::DestroyHalfMade { gpu_instance_id, .. } => {
                 observed.leaked.get(gpu_instance_id).map(|mib| (*gpu_instance_id, *mib))
             }
             _ => None,
@@ -136,7 +159,11 @@ fn plan_steps(model: &GpuModel, observed: &Observed, target: &Target) -> Result<
 }
 
 fn destroy(i: &Instance) -> Step {
-    Step::Destroy { gpu_instance_id: i.gpu_instance_id, profile: i.profile.clone(), start: i.start }
+    let (gpu_instance_id, profile, start) = (i.gpu_instance_id, i.profile.clone(), i.start);
+    match i.compute_instance_id {
+        Some(_) => Step::Destroy { gpu_instance_id, profile, start },
+        None => Step::DestroyHalfMade { gpu_instance_id, profile, start },
+    }
 }
 
 fn busy_among(observed: &Observed, instances: &[Instance]) -> Vec<(Instance, Vec<u32>)> {

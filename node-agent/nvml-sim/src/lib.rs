@@ -8,7 +8,8 @@
 //!
 //! State: `$TESSERA_NVML_SIM_STATE`, or `nvml-sim.json` next to the library; created with
 //! `$TESSERA_SIM_GPUS` (default `H100-80GB`) if missing. Faults, processes, leaked memory and
-//! driver restarts are written there by `node-agent sim ...` (or tests).
+//! driver restarts are written there by `node-agent sim ...` (or tests). Calls from several
+//! processes are serialised by a lock on `<state>.lock`, as the driver serialises NVML calls.
 
 #![allow(non_snake_case)]
 // The bindgen names of NVML's return codes are lower-case constants.

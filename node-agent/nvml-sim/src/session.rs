@@ -2,7 +2,8 @@
 //! injected faults, and the mapping from the simulator's errors to NVML return codes.
 //!
 //! Every call loads the state file (so processes, reboots and faults written by other processes
-//! are seen at once) and saves it only when the call changed it.
+//! are seen at once) and saves it only when the call changed it, holding the state's lock across
+//! processes from the load to the save.
 
 use std::ffi::{CStr, c_char};
 use std::path::{Path, PathBuf};
@@ -86,8 +87,9 @@ pub fn init(name: &'static str) -> Code {
         .split(',')
         .map(str::to_string)
         .collect();
-    let opened = SimBackend::open(&path, &products).and_then(|sim| sim.load());
-    let mut state = match opened {
+    // Locked from the load to the fault counters' save: NVML serialises its callers.
+    let opened = SimBackend::open(&path, &products).and_then(|sim| Ok((sim.lock()?, sim.load()?)));
+    let (_lock, mut state) = match opened {
         Ok(s) => s,
         Err(e) => {
             log(format!("{name}: {e}"));
@@ -153,6 +155,15 @@ pub fn call(name: &'static str, f: impl FnOnce(&mut Ctx) -> Result<(), Code>) ->
     let session = SESSION.lock().unwrap_or_else(|p| p.into_inner());
     let Some(s) = &*session else { return nvmlReturn_enum_NVML_ERROR_UNINITIALIZED };
     let sim = SimBackend::at(&s.path);
+    // One call at a time across processes, from the load to the save (a real driver serialises
+    // NVML calls; without it concurrent callers lose each other's changes).
+    let _lock = match sim.lock() {
+        Ok(l) => l,
+        Err(e) => {
+            log(format!("{name}: {e}"));
+            return nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+        }
+    };
     let loaded = sim.load().and_then(|state| Ok((state, sim.all_processes()?)));
     let (mut state, procs) = match loaded {
         Ok(x) => x,

@@ -99,6 +99,9 @@ pub trait GpuBackend: Send {
     fn create_instance(&mut self, gpu: u32, profile: &str, start: u8) -> Result<Instance, Error>;
     /// Destroys the GPU instance (and its compute instances).
     fn destroy_instance(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error>;
+    /// Destroys a GPU instance with no compute instance, and nothing else: if it has one by now,
+    /// the driver refuses (`InUse`) and it stays.
+    fn destroy_half_made(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error>;
 }
 
 /// A geometry model for the solver built from the hardware's own table (the same model the
@@ -169,5 +172,8 @@ impl GpuBackend for Box<dyn GpuBackend> {
     }
     fn destroy_instance(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error> {
         (**self).destroy_instance(gpu, gpu_instance_id)
+    }
+    fn destroy_half_made(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error> {
+        (**self).destroy_half_made(gpu, gpu_instance_id)
     }
 }

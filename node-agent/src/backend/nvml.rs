@@ -217,6 +217,13 @@ impl GpuBackend for NvmlBackend {
         let handle = unsafe { d.handle() };
         nvml_raw::destroy(self.nvml.lib(), handle, gpu_instance_id)
     }
+
+    fn destroy_half_made(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error> {
+        let d = self.device(gpu)?;
+        // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
+        let handle = unsafe { d.handle() };
+        nvml_raw::destroy_gpu_instance(self.nvml.lib(), handle, gpu_instance_id)
+    }
 }
 
 #[cfg(test)]

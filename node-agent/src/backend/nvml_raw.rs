@@ -208,13 +208,25 @@ pub fn create(
     })
 }
 
-/// Destroys every compute instance of the GPU instance, then the GPU instance. Any error is
-/// returned as it is, naming the call.
-pub fn destroy(lib: &Lib, device: nvmlDevice_t, gpu_instance_id: u32) -> Result<(), Error> {
+fn gpu_instance_by_id(lib: &Lib, device: nvmlDevice_t, gpu_instance_id: u32) -> Result<nvmlGpuInstance_t, Error> {
     let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
     // SAFETY: `device` is live; NVML writes the handle of the instance with this id.
     let rc = unsafe { nvml!(lib, nvmlDeviceGetGpuInstanceById(device, gpu_instance_id, &mut gi)) };
     check(rc, &format!("find GPU instance {gpu_instance_id}"))?;
+    Ok(gi)
+}
+
+/// Destroys the GPU instance alone: nvml.h refuses (`IN_USE`) while it has compute instances.
+pub fn destroy_gpu_instance(lib: &Lib, device: nvmlDevice_t, gpu_instance_id: u32) -> Result<(), Error> {
+    let gi = gpu_instance_by_id(lib, device, gpu_instance_id)?;
+    // SAFETY: `gi` was just returned by NVML for this live device.
+    check(unsafe { nvml!(lib, nvmlGpuInstanceDestroy(gi)) }, &format!("destroy GPU instance {gpu_instance_id}"))
+}
+
+/// Destroys every compute instance of the GPU instance, then the GPU instance. Any error is
+/// returned as it is, naming the call.
+pub fn destroy(lib: &Lib, device: nvmlDevice_t, gpu_instance_id: u32) -> Result<(), Error> {
+    let gi = gpu_instance_by_id(lib, device, gpu_instance_id)?;
     for ci in compute_instances(lib, gi)? {
         // SAFETY: `ci` was just returned by NVML for this live GI.
         let rc = unsafe { nvml!(lib, nvmlComputeInstanceDestroy(ci)) };

@@ -35,6 +35,7 @@ impl SimBackend {
     /// Opens the state file, creating GPUs of the given catalog products if it does not exist.
     pub fn open(path: &Path, products: &[String]) -> Result<Self, Error> {
         let sim = Self::at(path);
+        let _lock = sim.lock()?;
         if !path.exists() {
             let mut state = SimState::default();
             for (i, p) in products.iter().enumerate() {
@@ -73,12 +74,37 @@ impl SimBackend {
         self.write_atomically(&self.path, state)
     }
 
-    /// Temp file + rename: a crash never leaves a torn state or processes file.
+    /// Serialises every read-modify-write of the state and processes files across processes (an
+    /// agent, `node-agent sim ...`, other NVML clients), as the driver serialises NVML calls.
+    /// Held until the guard drops; the kernel releases it if the process dies. Not re-entrant:
+    /// take it once per operation, around `load` and `save`.
+    pub fn lock(&self) -> Result<StateLock, Error> {
+        let mut name = self.path.file_name().unwrap_or_default().to_os_string();
+        name.push(".lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.path.with_file_name(name))
+            .map_err(|e| self.err(format!("opening the lock file: {e}")))?;
+        file.lock().map_err(|e| self.err(format!("locking: {e}")))?;
+        Ok(StateLock(file))
+    }
+
+    /// A unique temp file + rename: a crash never leaves a torn file, and concurrent writers never
+    /// share (and truncate) one temp file, so a reader sees a whole old or whole new file.
     fn write_atomically(&self, path: &Path, value: &impl Serialize) -> Result<(), Error> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
         let text = serde_json::to_string_pretty(value).map_err(|e| self.err(e))?;
-        let tmp = path.with_extension("tmp");
+        let mut name = path.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".{}.{}.tmp", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let tmp = path.with_file_name(name);
         std::fs::write(&tmp, text).map_err(|e| self.err(e))?;
-        std::fs::rename(&tmp, path).map_err(|e| self.err(e))
+        std::fs::rename(&tmp, path).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            self.err(e)
+        })
     }
 
     pub fn processes_path(&self) -> PathBuf {
@@ -100,6 +126,7 @@ impl SimBackend {
         if !self.latency.is_zero() {
             std::thread::sleep(self.latency);
         }
+        let _lock = self.lock()?;
         let mut state = self.load()?;
         if let Some(Fault::FailAfter(k)) = self.fault
             && state.ops >= k
@@ -120,6 +147,9 @@ impl SimBackend {
     }
 }
 
+/// The held state lock (see [`SimBackend::lock`]); dropping it unlocks.
+pub struct StateLock(#[allow(dead_code)] std::fs::File);
+
 pub fn processes_path(state: &Path) -> PathBuf {
     let mut name = state.file_name().unwrap_or_default().to_os_string();
     name.push(".processes.json");
@@ -137,6 +167,7 @@ pub fn run_process(
     used_mib: Option<u64>,
 ) -> Result<(), Error> {
     let sim = SimBackend::at(state);
+    let _lock = sim.lock()?;
     let st = sim.load()?;
     let g = st.gpus.get(gpu as usize).ok_or_else(|| Error::NotFound(format!("GPU {gpu}")))?;
     let gpu_instance_id = match mig_uuid {
@@ -158,6 +189,7 @@ pub fn run_process(
 /// Removes every simulated process with `pid`.
 pub fn stop_process(state: &Path, pid: u32) -> Result<(), Error> {
     let sim = SimBackend::at(state);
+    let _lock = sim.lock()?;
     let mut all = sim.all_processes()?;
     all.retain(|p| p.process.pid != pid);
     write_processes(&sim, &all)
@@ -170,8 +202,10 @@ fn write_processes(sim: &SimBackend, all: &[SimProcess]) -> Result<(), Error> {
 /// A simulated reboot: instances are gone (they never survive one); a pending MIG mode takes
 /// effect on Ampere; on Hopper and later MIG mode is not persistent and comes back disabled.
 pub fn reboot(state: &Path) -> Result<(), Error> {
-    update(state, model::reboot)?;
-    write_processes(&SimBackend::at(state), &[])
+    update(state, |st| {
+        model::reboot(st);
+        true
+    })
 }
 
 /// A simulated driver restart: a reboot's effect on the GPUs, and NVML sessions opened before it
@@ -180,13 +214,14 @@ pub fn driver_restart(state: &Path) -> Result<(), Error> {
     update(state, |st| {
         model::reboot(st);
         st.driver_generation += 1;
-    })?;
-    write_processes(&SimBackend::at(state), &[])
+        true
+    })
 }
 
 /// Memory held in a MIG device by a context with no process (a zombie); only a reset frees it.
 pub fn leak_memory(state: &Path, gpu: u32, mig_uuid: &str, mib: u64) -> Result<(), Error> {
     let sim = SimBackend::at(state);
+    let _lock = sim.lock()?;
     let mut st = sim.load()?;
     let g = model::gpu(&mut st, gpu)?;
     let gi = g
@@ -202,6 +237,7 @@ pub fn leak_memory(state: &Path, gpu: u32, mig_uuid: &str, mib: u64) -> Result<(
 /// A client (by name) starts or stops holding a GPU's device open (see `SimGpu::holders`).
 pub fn hold_device(state: &Path, gpu: u32, holder: &str, holding: bool) -> Result<(), Error> {
     let sim = SimBackend::at(state);
+    let _lock = sim.lock()?;
     let mut st = sim.load()?;
     let holders = &mut model::gpu(&mut st, gpu)?.holders;
     holders.retain(|h| h != holder);
@@ -213,14 +249,23 @@ pub fn hold_device(state: &Path, gpu: u32, holder: &str, holding: bool) -> Resul
 
 /// Adds a fault for the simulated NVML library to inject.
 pub fn add_call_fault(state: &Path, fault: CallFault) -> Result<(), Error> {
-    update(state, |st| st.call_faults.push(fault))
+    update(state, |st| {
+        st.call_faults.push(fault);
+        false
+    })
 }
 
-fn update(state: &Path, f: impl FnOnce(&mut SimState)) -> Result<(), Error> {
+/// One locked read-modify-write of the state; `f` returns whether the processes are gone too.
+fn update(state: &Path, f: impl FnOnce(&mut SimState) -> bool) -> Result<(), Error> {
     let sim = SimBackend::at(state);
+    let _lock = sim.lock()?;
     let mut st = sim.load()?;
-    f(&mut st);
-    sim.save(&st)
+    let clear_processes = f(&mut st);
+    sim.save(&st)?;
+    if clear_processes {
+        write_processes(&sim, &[])?;
+    }
+    Ok(())
 }
 
 impl GpuBackend for SimBackend {
@@ -274,6 +319,10 @@ impl GpuBackend for SimBackend {
         if has_compute {
             self.mutate(|st, procs| model::destroy_compute_instance(st, procs, gpu, gpu_instance_id))?;
         }
+        self.mutate(|st, _| model::destroy_gpu_instance(st, gpu, gpu_instance_id))
+    }
+
+    fn destroy_half_made(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<(), Error> {
         self.mutate(|st, _| model::destroy_gpu_instance(st, gpu, gpu_instance_id))
     }
 }

@@ -107,10 +107,20 @@ fn a_gpu_instance_without_its_compute_instance_is_remade() {
     assert_eq!(
         steps,
         vec![
-            Step::Destroy { gpu_instance_id: 1, profile: "7g.80gb".into(), start: 0 },
+            Step::DestroyHalfMade { gpu_instance_id: 1, profile: "7g.80gb".into(), start: 0 },
             Step::Create { profile: "7g.80gb".into(), start: 0 }
         ]
     );
+    assert!(steps.iter().all(|s| !s.needs_hand_over()), "remaking a half-made instance is no layout change");
+}
+
+#[test]
+fn only_creates_and_half_made_destroys_go_without_the_hand_over() {
+    let whole = Step::Destroy { gpu_instance_id: 1, profile: "7g.80gb".into(), start: 0 };
+    let half = Step::DestroyHalfMade { gpu_instance_id: 1, profile: "7g.80gb".into(), start: 0 };
+    let create = Step::Create { profile: "7g.80gb".into(), start: 0 };
+    let needs: Vec<bool> = [whole, half, create, Step::SetMigMode(true)].iter().map(Step::needs_hand_over).collect();
+    assert_eq!(needs, vec![true, false, false, true]);
 }
 
 #[test]
@@ -172,6 +182,7 @@ proptest! {
                             prop_assert!(!observed.busy.contains_key(gpu_instance_id), "destroyed a busy instance");
                             sim.destroy_instance(0, *gpu_instance_id).unwrap();
                         }
+                        Step::DestroyHalfMade { .. } => prop_assert!(false, "every instance here is whole"),
                         Step::Create { profile, start } => { sim.create_instance(0, profile, *start).unwrap(); }
                         Step::SetMigMode(_) => prop_assert!(false, "mode is already right"),
                     }

@@ -84,6 +84,63 @@ async fn a_gpu_instance_left_without_its_compute_instance_is_no_mig_device_and_i
     assert!(now[0].compute_instance_id.is_some() && now[0].uuid.starts_with("MIG-"), "remade whole: {now:?}");
 }
 
+/// A half-made GPU instance is no MIG device (no compute instance: no process, no pod can hold
+/// it), so remaking it is no layout change: it needs no drain (was: the whole node was drained).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_made_instance_is_remade_without_the_hand_over() {
+    let (mut b, state) = open(&["H100-80GB"]);
+    b.set_mig_mode(0, true).unwrap();
+    let kept = b.create_instance(0, "3g.40gb", 4).unwrap();
+    edit(&state, |st| {
+        model::create_gpu_instance(st, 0, "4g.40gb", 0).unwrap();
+    });
+    let mut agent = Agent::offline(b);
+    let want = intent(true, &[("4g.40gb", 1), ("3g.40gb", 1)]);
+    let (outcomes, changed) = tokio::task::block_in_place(|| agent.apply(&want, false));
+    assert_eq!(outcomes, vec![(0, GpuOutcome::InSync)]);
+    assert!(changed);
+    let now = agent.backend.instances(0).unwrap();
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(now.iter().all(|i| i.compute_instance_id.is_some()), "{now:?}");
+    assert!(now.contains(&kept), "the finished instance is untouched: {now:?}");
+}
+
+/// A layout change (a finished instance must go) still waits for the hand-over, and then the
+/// half-made instance is left alone too: nothing is destroyed before the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_made_instance_beside_a_layout_change_waits_for_the_hand_over() {
+    let (mut b, state) = open(&["H100-80GB"]);
+    b.set_mig_mode(0, true).unwrap();
+    b.create_instance(0, "3g.40gb", 4).unwrap();
+    edit(&state, |st| {
+        model::create_gpu_instance(st, 0, "4g.40gb", 0).unwrap();
+    });
+    let before = b.instances(0).unwrap();
+    let mut agent = Agent::offline(b);
+    let (outcomes, changed) = tokio::task::block_in_place(|| agent.apply(&intent(true, &[("7g.80gb", 1)]), false));
+    assert!(matches!(&outcomes[0].1, GpuOutcome::Waiting { reason: "AwaitingDrain", .. }), "{outcomes:?}");
+    assert!(!changed);
+    assert_eq!(agent.backend.instances(0).unwrap(), before);
+}
+
+/// The half-made destroy removes only a GPU instance: if a compute instance appeared since the
+/// pass read the GPU (another tool finishing its create), the driver refuses and nothing goes.
+#[test]
+fn destroying_a_half_made_instance_refuses_one_that_got_its_compute_instance() {
+    let (mut b, state) = open(&["H100-80GB"]);
+    b.set_mig_mode(0, true).unwrap();
+    let whole = b.create_instance(0, "7g.80gb", 0).unwrap();
+    assert!(matches!(b.destroy_half_made(0, whole.gpu_instance_id), Err(Error::InUse(_))));
+    assert_eq!(b.instances(0).unwrap(), vec![whole.clone()]);
+    b.destroy_instance(0, whole.gpu_instance_id).unwrap();
+    edit(&state, |st| {
+        model::create_gpu_instance(st, 0, "7g.80gb", 0).unwrap();
+    });
+    let half = b.instances(0).unwrap()[0].gpu_instance_id;
+    b.destroy_half_made(0, half).unwrap();
+    assert!(b.instances(0).unwrap().is_empty());
+}
+
 #[test]
 fn mig_mode_in_use_on_hopper_is_a_retry_and_only_ampere_asks_for_a_reset() {
     let (mut b, state) = open(&["H100-80GB", "A100-40GB"]);

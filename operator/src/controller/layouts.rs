@@ -133,6 +133,16 @@ impl Context {
                 }
                 Next::Decide(why) => why,
             };
+            // Just after a start, a failover or a lease-watch outage, agents not yet seen renewing
+            // would all count as frozen and the decision would leave the demand short until the
+            // next re-check: decide once each owned node's agent is judged (within a lease).
+            let unproven = nodes.iter().filter(|n| owned.contains(n.name) && n.agent == AgentHealth::Unproven).count();
+            if unproven > 0 {
+                let msg =
+                    format!("waiting for {unproven} node agent(s) to be seen renewing their lease before deciding");
+                pass.deciding.insert(name, msg);
+                continue;
+            }
             match self.decide_one(plan, &demand, &gpunodes, &owned, nodes, excluded.kept, &why).await {
                 Ok(()) => {}
                 Err(e) => {

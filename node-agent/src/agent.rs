@@ -195,9 +195,7 @@ impl<B: GpuBackend> Agent<B> {
         Ok(outcomes)
     }
 
-    /// Brings every GPU of the intent to its target; returns the outcomes and whether the GPU
-    /// clients must restart: a GPU changed (they re-enumerate), or a MIG mode change found the
-    /// GPU held (they let go; the next pass retries). A pass that changes nothing restarts nobody.
+    /// [`Self::apply_held`] with nothing held.
     #[cfg(test)]
     pub(crate) fn apply(
         &mut self,
@@ -207,8 +205,11 @@ impl<B: GpuBackend> Agent<B> {
         self.apply_held(intent, handed_over, None)
     }
 
-    /// [`Self::apply`], with MIG mode changes held back while `hold` (why) is set: the GPU
-    /// clients are still stopping. Such a GPU changes nothing and waits.
+    /// Brings every GPU of the intent to its target; returns the outcomes and whether the GPU
+    /// clients must restart: a GPU changed (they re-enumerate), or a MIG mode change found the
+    /// GPU held (they let go; the next pass retries). A pass that changes nothing restarts nobody.
+    /// While `hold` (why) is set the GPU clients are still stopping: a GPU whose MIG mode must
+    /// change changes nothing and waits.
     pub(crate) fn apply_held(
         &mut self,
         intent: &[tessera_crds::gpunode::GpuIntent],

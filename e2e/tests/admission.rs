@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tessera_crds::GpuPartitionPlan;
@@ -223,4 +223,55 @@ async fn a_node_agent_may_delete_only_gpu_client_pods_on_its_own_node() {
     for i in 0..apps.len() {
         as_agent_system.delete(&format!("client-{i}-a"), &DeleteParams::default()).await.unwrap();
     }
+}
+
+/// The Node fence: an agent pauses its GPU clients through the GPU Operator's deploy labels, and
+/// may change nothing else on any Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_agent_may_change_only_the_deploy_labels_of_its_own_node() {
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = cp.client(Identity::Admin).await.unwrap();
+    install_crds(&admin).await.unwrap();
+    apply_file(&admin, "config/base/namespace.yaml").await.unwrap();
+    apply_file(&admin, "config/rbac/node-agent.yaml").await.unwrap();
+    apply_file(&admin, "config/rbac/node-agent-fence.yaml").await.unwrap();
+    create_gpu_nodes(
+        &admin,
+        &[FakeGpuNode::new("gpu-a", "NVIDIA-H100-80GB-HBM3", 1), FakeGpuNode::new("gpu-b", "NVIDIA-H100-80GB-HBM3", 1)],
+    )
+    .await
+    .unwrap();
+    let agent = client_from(&node_agent_kubeconfig(&cp, "gpu-a").await.unwrap()).await;
+    let nodes: Api<Node> = Api::all(agent.clone());
+    let pause = json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change"}}});
+    let dry = PatchParams { dry_run: true, ..Default::default() };
+    wait_for("the Node fence is active", T, || async {
+        nodes.patch("gpu-b", &dry, &Patch::Merge(&pause)).await.is_err().then_some(())
+    })
+    .await
+    .unwrap();
+
+    let msg = refusal(nodes.patch("gpu-b", &PatchParams::default(), &Patch::Merge(&pause)).await.unwrap_err());
+    assert!(msg.contains("token of node gpu-a, Node gpu-b"), "{msg}");
+    let unbound: Api<Node> = Api::all(cp.client(Identity::NodeAgent).await.unwrap());
+    let msg = refusal(unbound.patch("gpu-a", &PatchParams::default(), &Patch::Merge(&pause)).await.unwrap_err());
+    assert!(msg.contains("token of node (none)"), "{msg}");
+    let refused = [
+        (json!({"metadata": {"labels": {"tenant": "mine"}}}), "another label changed"),
+        (json!({"metadata": {"annotations": {"x": "y"}}}), "its annotations, owners, finalizers or spec changed"),
+        (json!({"spec": {"unschedulable": true}}), "its annotations, owners, finalizers or spec changed"),
+    ];
+    for (patch, reason) in refused {
+        let msg = refusal(nodes.patch("gpu-a", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap_err());
+        assert!(msg.contains(&format!("Node gpu-a, {reason}")), "{patch}: {msg}");
+    }
+    let admin_nodes: Api<Node> = Api::all(admin.clone());
+    let labels = admin_nodes.get("gpu-b").await.unwrap().metadata.labels.unwrap_or_default();
+    assert!(!labels.contains_key("nvidia.com/gpu.deploy.device-plugin"), "gpu-b untouched");
+
+    // What the agent does: pause, then restore, its own node's deploy labels.
+    nodes.patch("gpu-a", &PatchParams::default(), &Patch::Merge(&pause)).await.unwrap();
+    let restore = json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "true"}}});
+    let node = nodes.patch("gpu-a", &PatchParams::default(), &Patch::Merge(&restore)).await.unwrap();
+    assert_eq!(node.labels()["nvidia.com/gpu.deploy.device-plugin"], "true");
 }

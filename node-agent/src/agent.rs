@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use crate::Error;
 use crate::backend::{GpuBackend, ModeChange, model_from_hardware};
-use crate::gpu_clients;
+use crate::gpu_clients::{self, pause};
 use crate::planner::{self, Blocked, Observed, Step, Target};
 use crate::report::{self, GpuOutcome};
 
@@ -129,7 +129,20 @@ impl<B: GpuBackend> Agent<B> {
         // non-disruptive steps run (creating instances in free space, as after a reboot).
         let handed_over =
             gn.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| r.phase == NodePhase::Applying);
-        let (outcomes, changed) = tokio::task::block_in_place(|| self.apply(&intent, handed_over));
+        // A MIG mode change on the handed-over node first stops the GPU clients (deploy labels);
+        // `hold` says why it still waits for them. A pause that fails leaves the change as before.
+        let mut paused = gn.annotations().get(pause::PAUSED_FOR).cloned();
+        let hold = match self.gpu_client_selector.clone() {
+            Some(selector) if handed_over => {
+                self.pause_gpu_clients(&mut paused, &intent, &selector).await.unwrap_or_else(|e| {
+                    warn!(error = %e, "could not pause the GPU clients; changing the MIG mode without it");
+                    None
+                })
+            }
+            _ => None,
+        };
+        let (outcomes, changed) =
+            tokio::task::block_in_place(|| self.apply_held(&intent, handed_over, hold.as_deref()));
         let inventory = tokio::task::block_in_place(|| self.backend.inventory())?;
         let mut gpus = Vec::new();
         let mut all_instances = Vec::new();
@@ -171,16 +184,37 @@ impl<B: GpuBackend> Agent<B> {
                 api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             }
         }
+        // Level-triggered: any pass that finds a pause and no mode change left to make (done, or
+        // the hand-over withdrawn) undoes it, after the restart above, so the clients come back
+        // to the new MIG devices.
+        if let Some(record) = &paused
+            && !(handed_over && pause::mode_change_pending(&inventory, &intent))
+        {
+            self.resume_gpu_clients(record).await?;
+        }
         Ok(outcomes)
+    }
+
+    /// [`Self::apply_held`] with nothing held.
+    #[cfg(test)]
+    pub(crate) fn apply(
+        &mut self,
+        intent: &[tessera_crds::gpunode::GpuIntent],
+        handed_over: bool,
+    ) -> (Vec<(u32, GpuOutcome)>, bool) {
+        self.apply_held(intent, handed_over, None)
     }
 
     /// Brings every GPU of the intent to its target; returns the outcomes and whether the GPU
     /// clients must restart: a GPU changed (they re-enumerate), or a MIG mode change found the
     /// GPU held (they let go; the next pass retries). A pass that changes nothing restarts nobody.
-    pub(crate) fn apply(
+    /// While `hold` (why) is set the GPU clients are still stopping: a GPU whose MIG mode must
+    /// change changes nothing and waits.
+    pub(crate) fn apply_held(
         &mut self,
         intent: &[tessera_crds::gpunode::GpuIntent],
         handed_over: bool,
+        hold: Option<&str>,
     ) -> (Vec<(u32, GpuOutcome)>, bool) {
         let mut outcomes = Vec::new();
         let mut changed = false;
@@ -218,7 +252,7 @@ impl<B: GpuBackend> Agent<B> {
             // the GPU held by its clients (restarting them lets go): never on a pass that changed
             // nothing (a blocked or failing GPU would make them flap).
             let mut ran = false;
-            let outcome = match self.apply_gpu(info, &target, handed_over, &mut ran) {
+            let outcome = match self.apply_gpu(info, &target, handed_over, hold, &mut ran) {
                 Ok(()) => GpuOutcome::InSync,
                 Err(o) => o,
             };
@@ -233,6 +267,7 @@ impl<B: GpuBackend> Agent<B> {
         info: &crate::backend::GpuInfo,
         target: &Target,
         handed_over: bool,
+        hold: Option<&str>,
         ran: &mut bool,
     ) -> Result<(), GpuOutcome> {
         let failed = |e: Error| GpuOutcome::Failed { message: e.to_string() };
@@ -300,6 +335,11 @@ impl<B: GpuBackend> Agent<B> {
                      the node and hand it over"
                 ),
             });
+        }
+        if let Some(message) = hold
+            && steps.iter().any(|s| matches!(s, Step::SetMigMode(_)))
+        {
+            return Err(GpuOutcome::Waiting { reason: "StoppingGpuClients", message: message.to_string() });
         }
         for step in &steps {
             if step.needs_hand_over() && !self.still_handed_over() {
@@ -411,10 +451,91 @@ impl<B: GpuBackend> Agent<B> {
         Ok(())
     }
 
-    async fn restart_gpu_clients(&self, selector: &str) -> Result<(), Error> {
+    /// This node's GPU client pods (terminating ones too: they may still hold the GPU).
+    async fn gpu_client_pods(&self, selector: &str) -> Result<Vec<Pod>, Error> {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let lp = ListParams::default().labels(selector).fields(&format!("spec.nodeName={}", self.node));
-        for p in pods.list(&lp).await? {
+        Ok(pods.list(&lp).await?.items)
+    }
+
+    /// Before a MIG mode change: records the deploy labels on the `GpuNode` (`paused`, the
+    /// annotation's text, is updated), then pauses them. Returns why the change must still wait:
+    /// client pods left on the node, within [`pause::WAIT_LIMIT`]. Nothing to pause: `None`.
+    async fn pause_gpu_clients(
+        &mut self,
+        paused: &mut Option<String>,
+        intent: &[tessera_crds::gpunode::GpuIntent],
+        selector: &str,
+    ) -> Result<Option<String>, Error> {
+        let inventory = tokio::task::block_in_place(|| self.backend.inventory())?;
+        if !pause::mode_change_pending(&inventory, intent) {
+            return Ok(None);
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let labels = nodes.get(&self.node).await?.metadata.labels.unwrap_or_default();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let existing = paused.as_deref().map(pause::Record::parse);
+        let record = match existing {
+            Some(Ok(record)) => record,
+            other => {
+                if let Some(Err(e)) = &other {
+                    warn!(error = %e, "rewriting the pause record (labels still paused are restored to true)");
+                }
+                // An unreadable record still marks a pause: a fresh one keeps it, and its clock.
+                let fresh = pause::Record::of(&labels, now)
+                    .or_else(|| other.is_some().then(|| pause::Record { since: now, labels: Default::default() }));
+                let Some(fresh) = fresh else { return Ok(None) };
+                // The record first: a kill before the labels change leaves nothing to undo wrongly.
+                let text = fresh.to_json();
+                let patch = json!({"metadata": {"annotations": {pause::PAUSED_FOR: text}}});
+                Api::<GpuNode>::all(self.client.clone())
+                    .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                *paused = Some(text);
+                fresh
+            }
+        };
+        let writes = pause::pause_patch(&labels);
+        if !writes.is_empty() {
+            info!(labels = ?writes.keys().collect::<Vec<_>>(), "pausing the GPU clients for a MIG mode change");
+            let patch = json!({"metadata": {"labels": writes}});
+            nodes.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
+        let left = self.gpu_client_pods(selector).await?;
+        if !pause::must_wait(left.len(), record.since, now) {
+            return Ok(None);
+        }
+        let names: Vec<String> =
+            left.iter().map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())).collect();
+        Ok(Some(format!(
+            "waiting for the GPU clients to stop before the MIG mode change (their nvidia.com/gpu.deploy.* labels are \
+             paused): {} left",
+            names.join(", ")
+        )))
+    }
+
+    /// Undoes a pause: labels still paused get their recorded values back (one found `false`
+    /// stays), then the record goes.
+    async fn resume_gpu_clients(&self, record: &str) -> Result<(), Error> {
+        let record =
+            pause::Record::parse(record).map_err(|e| warn!(error = %e, "restoring paused labels to true")).ok();
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let labels = nodes.get(&self.node).await?.metadata.labels.unwrap_or_default();
+        let writes = pause::restore_patch(record.as_ref(), &labels);
+        if !writes.is_empty() {
+            info!(labels = ?writes, "resuming the GPU clients");
+            let patch = json!({"metadata": {"labels": writes}});
+            nodes.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
+        let patch = json!({"metadata": {"annotations": {pause::PAUSED_FOR: null}}});
+        Api::<GpuNode>::all(self.client.clone())
+            .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    async fn restart_gpu_clients(&self, selector: &str) -> Result<(), Error> {
+        for p in self.gpu_client_pods(selector).await? {
             let ns = p.namespace().unwrap_or_default();
             info!(pod = %p.name_any(), namespace = %ns, "restarting GPU client to re-enumerate MIG devices");
             Api::<Pod>::namespaced(self.client.clone(), &ns).delete(&p.name_any(), &DeleteParams::default()).await?;

@@ -6,6 +6,8 @@
 
 use crate::backend::{GpuInfo, Instance};
 
+pub mod pause;
+
 /// GpuNode annotation: the fingerprint of the MIG devices the GPU clients were restarted for.
 pub const RESTARTED_FOR: &str = "tessera.dev/gpu-clients-restarted-for";
 

@@ -636,6 +636,7 @@ impl Context {
             status.layout_decision = previous.layout_decision.clone();
             statuses.insert(name.clone(), status.clone());
             if status != previous {
+                self.may_write()?; // each write, not once per loop: a status write can be slow
                 status.layout_decision = None;
                 let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": status});
                 let api = Api::<GpuPartitionPlan>::all(self.client.clone());

@@ -20,7 +20,9 @@ use tracing::warn;
 /// The leader Lease's duration: another replica takes it this long after the last renewal.
 pub const LEASE_SECONDS: u64 = 30;
 /// The leader renews this long before the lease runs out.
-pub const RENEW_BEFORE_SECONDS: u64 = 10;
+/// 15 s: a renewal queued behind a busy API server (priority and fairness) still lands well
+/// before [`MARGIN`] stops a healthy leader's writes.
+pub const RENEW_BEFORE_SECONDS: u64 = 15;
 /// The leader stops writing this long before its lease runs out: room for clock skew between
 /// replicas and for a write already sent. Less than [`RENEW_BEFORE_SECONDS`], so a renewal that
 /// succeeds reaches our watch before the writes stop.

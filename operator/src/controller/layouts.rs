@@ -190,6 +190,8 @@ impl Context {
         .await
         .map_err(|e| Error::Usage(format!("the layout solver stopped: {e}")))?
         .map_err(|e| Error::Usage(e.to_string()))?;
+        // The solver may have run long: a leader whose lease may have passed writes no decision.
+        self.may_write()?;
         let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
                           "status": {"layoutDecision": decided}});
         let written = Api::<GpuPartitionPlan>::all(self.client.clone())
@@ -205,6 +207,7 @@ impl Context {
 
     /// Removes `status.layoutDecision` (an empty apply by its field manager drops its fields).
     async fn clear_decision(&self, plan: &mut GpuPartitionPlan) -> Result<(), Error> {
+        self.may_write()?;
         let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": {}});
         let written = Api::<GpuPartitionPlan>::all(self.client.clone())
             .patch_status(&plan.name_any(), &PatchParams::apply(LAYOUTS_MANAGER).force(), &Patch::Apply(&body))

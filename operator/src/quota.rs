@@ -6,14 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use tessera_crds::conditions::{
-    CAPACITY_AVAILABLE, CONFLICT, READY, RECONCILING, STALLED, remove_condition, set_condition,
-};
+use tessera_crds::conditions::{READY, RECONCILING, remove_condition, set_condition};
 use tessera_crds::gpunode::GpuState;
-use tessera_crds::quota::{
-    NamespaceUsage, ResourceUsage, SplitPolicy, TenantGpuQuotaSpec, TenantGpuQuotaStatus, UnlistedPolicy,
-};
-use tessera_crds::validate::{GPU_RESOURCE, validate_quota};
+use tessera_crds::quota::{SplitPolicy, TenantGpuQuotaSpec, TenantGpuQuotaStatus};
+use tessera_crds::validate::GPU_RESOURCE;
 use tessera_crds::{GpuNode, TenantGpuQuota, catalog};
 
 use crate::coverage::{self, Demand};
@@ -237,7 +233,9 @@ pub fn plan_quotas(
     plan_quotas_with(quotas, existing_namespaces, resource_quotas, &Capacity::of(gpunodes), now)
 }
 
-/// [`plan_quotas`] against a [`Capacity`] read beforehand.
+/// [`plan_quotas`] against a [`Capacity`] read beforehand. The steps are in [`steps`]: each
+/// invalid quota keeps what it enforced, each valid one applies its shares, then what no quota
+/// wants any more is deleted.
 pub fn plan_quotas_with(
     quotas: &[TenantGpuQuota],
     existing_namespaces: &BTreeSet<String>,
@@ -248,216 +246,19 @@ pub fn plan_quotas_with(
     let live: Vec<&TenantGpuQuota> = quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none()).collect();
     let claims =
         namespace_claims(live.iter().map(|q| (q.metadata.name.as_deref().unwrap_or_default(), &q.spec.namespaces[..])));
-    let (supply, whole_gpu_gb) = (&capacity.supply, capacity.whole_gpu_gb);
     // The one rule an automatic plan's `DemandMet` also follows (`coverage`).
     let demand = Demand::every(quotas).total();
-    let short = coverage::shortfall(&demand, supply);
+    let short = coverage::shortfall(&demand, &capacity.supply);
+    let pass = steps::Pass { existing_namespaces, resource_quotas, claims, capacity, demand, short, now };
     let mut plan = QuotaPlan::default();
-    let mut wanted: BTreeSet<(String, String)> = BTreeSet::new();
-    let mut valid: Vec<&TenantGpuQuota> = Vec::new();
-    for q in &live {
-        let name = q.metadata.name.clone().unwrap_or_default();
-        let errors = validate_quota(&q.spec);
-        let mut st = q.status.clone().unwrap_or_default();
-        st.observed_generation = q.metadata.generation;
-        let g = q.metadata.generation;
-        if !errors.is_empty() {
-            let msg = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
-            set_condition(&mut st.conditions, STALLED, true, "InvalidSpec", &msg, g, now.clone());
-            set_condition(&mut st.conditions, READY, false, "InvalidSpec", msg, g, now.clone());
-            plan.statuses.insert(name, st);
-            // Keep what was applied before: an invalid edit never removes enforcement.
-            for rq in resource_quotas.iter().filter(|rq| owned_by(rq, q)) {
-                wanted.insert((
-                    rq.metadata.namespace.clone().unwrap_or_default(),
-                    rq.metadata.name.clone().unwrap_or_default(),
-                ));
-            }
-            continue;
-        }
-        valid.push(q);
-    }
-    plan.shortfall = demand.keys().map(|r| (r.clone(), short.get(r).copied().unwrap_or(0))).collect();
+    let mut wanted = steps::Wanted::new();
+    let valid: Vec<&TenantGpuQuota> =
+        live.into_iter().filter(|q| !steps::invalid(&pass, q, &mut plan, &mut wanted)).collect();
+    plan.shortfall = pass.demand.keys().map(|r| (r.clone(), pass.short.get(r).copied().unwrap_or(0))).collect();
     for q in valid {
-        let name = q.metadata.name.clone().unwrap_or_default();
-        let g = q.metadata.generation;
-        let mut st = q.status.clone().unwrap_or_default();
-        st.observed_generation = g;
-        let conflicts: Vec<String> = q
-            .spec
-            .namespaces
-            .iter()
-            .filter(|ns| claims.get(ns.as_str()).is_some_and(|c| c.len() > 1))
-            .map(|ns| {
-                format!(
-                    "{ns} (also claimed by {})",
-                    claims[ns.as_str()].iter().filter(|c| **c != name).cloned().collect::<Vec<_>>().join(", ")
-                )
-            })
-            .collect();
-        let missing: Vec<&String> = q.spec.namespaces.iter().filter(|ns| !existing_namespaces.contains(*ns)).collect();
-        let mut used_total: BTreeMap<String, i64> = BTreeMap::new();
-        let mut taken: Vec<String> = Vec::new();
-        st.namespaces.clear();
-        let primary = resource_quota_name(&name);
-        let fallback = fallback_resource_quota_name(&name, q.metadata.uid.as_deref().unwrap_or_default());
-        for (ns, share) in shares(&q.spec) {
-            // Where nothing new can be applied, what this quota enforced there stays.
-            let keep_what_is_enforced = |wanted: &mut BTreeSet<(String, String)>| {
-                for rq in
-                    resource_quotas.iter().filter(|rq| owned_by(rq, q) && rq.metadata.namespace.as_deref() == Some(&ns))
-                {
-                    wanted.insert((ns.clone(), rq.metadata.name.clone().unwrap_or_default()));
-                }
-            };
-            if claims.get(ns.as_str()).is_some_and(|c| c.len() > 1) {
-                // A GitOps typo in another quota must not lift this tenant's limits.
-                keep_what_is_enforced(&mut wanted);
-                continue;
-            }
-            if !existing_namespaces.contains(&ns) {
-                continue;
-            }
-            // A ResourceQuota this quota does not own is never overwritten (a force-apply would
-            // adopt it); the share goes under the fallback name instead.
-            let foreign = |rq_name: &str| {
-                resource_quotas.iter().any(|rq| {
-                    rq.metadata.namespace.as_deref() == Some(&ns)
-                        && rq.metadata.name.as_deref() == Some(rq_name)
-                        && !owned_by(rq, q)
-                })
-            };
-            let Some(rq_name) = [&primary, &fallback].into_iter().find(|n| !foreign(n)).cloned() else {
-                taken.push(format!(
-                    "namespace {ns}: ResourceQuotas {primary} and {fallback} exist and are not this quota's; they \
-                     are left as they are and this quota's share is NOT enforced there (rename or delete one)"
-                ));
-                keep_what_is_enforced(&mut wanted);
-                continue;
-            };
-            if rq_name != primary {
-                taken.push(format!(
-                    "namespace {ns}: ResourceQuota {primary} exists and is not this quota's (no controller owner \
-                     reference to it with label {QUOTA_LABEL}={}); it is left as it is and the share is enforced \
-                     as {rq_name} until it is renamed or deleted",
-                    quota_label_value(&name)
-                ));
-            }
-            let mut hard: BTreeMap<String, String> =
-                share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
-            if q.spec.unlisted == UnlistedPolicy::Zero {
-                for r in unlisted_gpu_resources(&q.spec, supply) {
-                    hard.insert(format!("requests.{r}"), "0".into());
-                }
-            }
-            let used = used_in(resource_quotas, &ns, &rq_name);
-            plan.apply.push(Apply { namespace: ns.clone(), quota: name.clone(), name: rq_name.clone(), hard });
-            wanted.insert((ns.clone(), rq_name));
-            for (r, n) in &used {
-                *used_total.entry(r.clone()).or_default() += n;
-            }
-            st.namespaces.push(NamespaceUsage { namespace: ns, hard: share, used });
-        }
-        st.resources = q
-            .spec
-            .hard
-            .iter()
-            .map(|(r, &hard)| {
-                let used = used_total.get(r).copied().unwrap_or(0);
-                ResourceUsage { name: r.clone(), hard, used, remaining: (hard - used).max(0) }
-            })
-            .collect();
-        let t = || now.clone();
-        if conflicts.is_empty() {
-            remove_condition(&mut st.conditions, CONFLICT);
-        } else {
-            let msg = format!(
-                "namespace(s) claimed by more than one quota keep the limits enforced before, and no change is \
-                 applied there until one quota lets go: {}",
-                conflicts.join("; ")
-            );
-            set_condition(&mut st.conditions, CONFLICT, true, "NamespaceClaimedTwice", &msg, g, t());
-        }
-        let mut stalled = taken.clone();
-        if !conflicts.is_empty() {
-            stalled.insert(0, format!("namespace(s) claimed by another quota: {}", conflicts.join("; ")));
-        }
-        if stalled.is_empty() {
-            remove_condition(&mut st.conditions, STALLED);
-        } else {
-            let reason = if conflicts.is_empty() { "ResourceQuotaNameTaken" } else { "Conflict" };
-            set_condition(&mut st.conditions, STALLED, true, reason, stalled.join("; "), g, t());
-        }
-        let shortfalls: Vec<String> = short
-            .iter()
-            .map(|(r, n)| {
-                format!("{r}: quotas {}, fleet {}, short {n}", demand[r], supply.get(r).copied().unwrap_or(0))
-            })
-            .collect();
-        if shortfalls.is_empty() {
-            set_condition(
-                &mut st.conditions,
-                CAPACITY_AVAILABLE,
-                true,
-                "Sufficient",
-                "the fleet's applied layouts supply every tenant's quota at once",
-                g,
-                t(),
-            );
-        } else {
-            set_condition(
-                &mut st.conditions,
-                CAPACITY_AVAILABLE,
-                false,
-                "OverCommitted",
-                format!("over-committed: {}", shortfalls.join("; ")),
-                g,
-                t(),
-            );
-        }
-        let mut notes = Vec::new();
-        if !missing.is_empty() {
-            notes.push(format!(
-                "namespace(s) not found yet: {}",
-                missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-            ));
-        }
-        if let Some(p) = &q.spec.physical {
-            let (c_allowed, m_allowed) = physical(&q.spec.hard, whole_gpu_gb);
-            let (c_used, m_used) = physical(&used_total, whole_gpu_gb);
-            for (what, limit, allowed, used) in
-                [("compute slices", p.compute_slices, c_allowed, c_used), ("GB", p.memory_gb, m_allowed, m_used)]
-            {
-                let Some(limit) = limit else { continue };
-                if used > limit {
-                    notes.push(format!("uses {used} {what}, over the physical limit {limit}"));
-                } else if allowed > limit {
-                    notes.push(format!("per-profile limits allow {allowed} {what}, more than the physical limit {limit}; usage is {used}"));
-                }
-            }
-        }
-        let over_physical = notes.iter().any(|n| n.contains("over the physical limit"));
-        let ready = conflicts.is_empty() && taken.is_empty() && missing.is_empty() && !over_physical;
-        let (reason, msg) = if !conflicts.is_empty() {
-            ("Conflict", "see the Conflict condition".to_string())
-        } else if !taken.is_empty() {
-            ("ResourceQuotaNameTaken", taken.join("; "))
-        } else if over_physical {
-            ("OverPhysicalLimit", notes.join("; "))
-        } else if !missing.is_empty() {
-            ("NamespaceMissing", notes.join("; "))
-        } else {
-            ("Enforced", if notes.is_empty() { "ResourceQuotas are in place".to_string() } else { notes.join("; ") })
-        };
-        set_condition(&mut st.conditions, READY, ready, reason, msg, g, t());
-        plan.statuses.insert(name, st);
+        steps::plan_quota(&pass, q, &mut plan, &mut wanted);
     }
-    for rq in resource_quotas {
-        let key = (rq.metadata.namespace.clone().unwrap_or_default(), rq.metadata.name.clone().unwrap_or_default());
-        if let Some(quota) = written_by(rq).filter(|_| !wanted.contains(&key)) {
-            plan.delete.push(Delete { namespace: key.0, name: key.1, quota: quota.to_string() });
-        }
-    }
+    steps::sweep_stale(resource_quotas, &wanted, &mut plan.delete);
     plan
 }
 
@@ -495,6 +296,8 @@ fn used_in(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64>
         .filter_map(|(k, v)| Some((k.strip_prefix("requests.")?.to_string(), v.0.parse::<i64>().ok()?)))
         .collect()
 }
+
+mod steps;
 
 #[cfg(test)]
 mod tests;

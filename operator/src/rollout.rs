@@ -14,21 +14,20 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use tessera_crds::catalog::GpuModel;
-use tessera_crds::conditions::{self, READY, RECONCILING, STALLED};
+use tessera_crds::conditions::{self, READY, STALLED};
 use tessera_crds::gpunode::{GpuIntent, GpuState, NodePhase, NodeRollout};
 use tessera_crds::plan::{GpuLayout, GpuPartitionPlanSpec};
 use tessera_crds::validate::{max_unavailable, validate_plan_with};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog, solver};
 
 use crate::auto::Ask;
-use crate::drain::{self, PodVerdict, verdict};
 use crate::liveness::AgentHealth;
 use crate::selector::matches;
 
 mod carry;
+mod phases;
 use carry::Verdict;
 pub use carry::{Carry, Versions};
 
@@ -653,6 +652,8 @@ fn want<'a>(
     }
 }
 
+/// Plans a plan's owned nodes: picks the candidates, counts the budget, then plans each node
+/// from its phase (see [`phases`]) and keeps the verdicts that can be reused.
 fn plan_one<'a>(
     plan: &'a GpuPartitionPlan,
     nodes: &[Owned<'a, '_>],
@@ -666,47 +667,13 @@ fn plan_one<'a>(
     let name = plan.metadata.name.clone().unwrap_or_default();
     let generation = plan.metadata.generation;
     let policy = &plan.spec.rollout;
-    let mut candidates = Vec::new();
-    let mut is_candidate = vec![true; nodes.len()];
-    let mut untouched = 0;
     // Nodes whose cached objects lag our own last write: in flight until the caches catch up.
     let targets = crate::auto::targets_of(plan);
-    for (i, &(position, node, kept)) in nodes.iter().enumerate() {
-        match kept {
-            Some(Verdict::Updated(_)) => {
-                candidates.push(Candidate::Updated);
-                continue;
-            }
-            Some(Verdict::Waiting(_)) => {
-                candidates.push(Candidate::Waiting(position, node));
-                continue;
-            }
-            Some(Verdict::Unowned) | None => {}
-        }
-        let want = want(plan, &targets, node, actions, report, memo);
-        if let Want::Change(gn, desired) = want {
-            candidates.push(Candidate::Full(position, node, gn, desired));
-            continue;
-        }
-        // An automatic plan leaves alone the nodes its decision does not change.
-        untouched += usize::from(matches!(want, Want::LeftAlone));
-        is_candidate[i] = false;
-        carry.remember(position, node, None);
-    }
+    let (candidates, untouched, others_in_flight) = candidates(plan, &targets, nodes, actions, report, memo, carry);
     report.matched = (candidates.len() + untouched) as i32;
     report.updated += untouched as i32;
     report.demand = crate::auto::demand_condition(plan);
     let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched).unwrap_or(1);
-    // Owned nodes that are not candidates (no report, no layout that fits any more) still count
-    // while in flight: they are still cordoned.
-    let others_in_flight = nodes
-        .iter()
-        .zip(&is_candidate)
-        .filter(|(_, candidate)| !**candidate)
-        .filter(|((_, n, _), _)| {
-            n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).is_some_and(|r| in_flight(r.phase))
-        })
-        .count();
     // A node whose cache lags our last write counts as in flight whatever the cache shows. A
     // kept verdict is of a node at rest, which does not count.
     let mut busy = others_in_flight
@@ -720,8 +687,6 @@ fn plan_one<'a>(
             })
             .count();
     report.budget = budget as i32;
-    let drain_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
-    let apply_timeout = k8s_openapi::jiff::SignedDuration::from_secs(policy.apply_timeout_seconds.max(0));
     for candidate in candidates {
         let (position, node, gn, desired) = match candidate {
             Candidate::Updated => {
@@ -746,315 +711,8 @@ fn plan_one<'a>(
             Candidate::Full(position, node, gn, desired) => (position, node, gn, desired),
         };
         let before = (actions.len(), report.updated, report.pending, report.in_progress);
-        'node: {
-            // A node whose cache lags our last write is planned and reported as its cache shows
-            // (so the plan's conditions do not flap), but what it would do is thrown away: it is
-            // decided again once the caches show the write.
-            let mut discarded = Vec::new();
-            let actions: &mut Vec<Action> = if node.cache_behind { &mut discarded } else { &mut *actions };
-            let current = gn.status.as_ref().and_then(|s| s.rollout.as_ref());
-            if current.is_some_and(|c| {
-                c.phase == NodePhase::Idle
-                    && c.plan.as_deref() == Some(name.as_str())
-                    && c.plan_generation == generation
-            }) && applied(gn, &desired)
-            {
-                // At rest with this plan's layout, and its record says so: nothing to do or copy.
-                report.updated += 1;
-                break 'node;
-            }
-            let n = node.name.to_string();
-            let mut r = current.cloned().unwrap_or_default();
-            let event = |reason: &'static str, message: String, warning: bool| Action::Event {
-                plan: name.clone(),
-                node: n.clone(),
-                reason,
-                message,
-                warning,
-            };
-            match r.phase {
-                NodePhase::Idle | NodePhase::Pending | NodePhase::Failed => {
-                    if r.phase == NodePhase::Failed && r.cordoned_by_us {
-                        if node.unschedulable {
-                            actions.push(Action::Uncordon { node: n.clone() });
-                        }
-                        r.cordoned_by_us = false;
-                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(r.clone()) });
-                        if node.unschedulable {
-                            // Decide on this node again once the uncordon is seen: starting it now
-                            // would read the stale `unschedulable` and never cordon it.
-                            if failed_here(&r, &name, generation) {
-                                report.failed.push((n.clone(), r.message.clone()));
-                            } else {
-                                report.pending += 1;
-                            }
-                            break 'node;
-                        }
-                    }
-                    // Built after the flag above is cleared: a stale `cordonedByUs` must never be
-                    // written back (it could later uncordon a node an admin cordoned).
-                    let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
-                    if applied(gn, &desired) {
-                        report.updated += 1;
-                        if r.phase != NodePhase::Idle
-                            || r.plan.as_deref() != Some(&name)
-                            || r.plan_generation != generation
-                        {
-                            actions.push(Action::Rollout { node: n.clone(), rollout: Some(idle(base)) });
-                        }
-                        break 'node;
-                    }
-                    if r.phase == NodePhase::Failed && failed_here(&r, &name, generation) {
-                        report.failed.push((n.clone(), r.message.clone()));
-                        break 'node;
-                    }
-                    // Once the agent has seen the intent and still does not say applied, it has a
-                    // reason (a leak, a reset): the node goes the usual way, drained and handed over.
-                    let intent_seen = gn.spec.gpus == *desired
-                        && gn.status.as_ref().and_then(|s| s.observed_generation) == gn.metadata.generation;
-                    if !intent_seen && reported_holds(gn, &desired) && node.agent == AgentHealth::Alive {
-                        // Taken back with the layout already in place: the intent and an `Idle`
-                        // record, no cordon, no drain; updated once the agent reports it applied.
-                        report.in_progress += 1;
-                        if gn.spec.gpus != *desired {
-                            actions.push(Action::Intent {
-                                node: n.clone(),
-                                plan: name.clone(),
-                                gpus: desired.to_vec(),
-                            });
-                        }
-                        if r.phase != NodePhase::Idle
-                            || r.plan.as_deref() != Some(&name)
-                            || r.plan_generation != generation
-                        {
-                            actions.push(Action::Rollout { node: n.clone(), rollout: Some(idle(base)) });
-                        }
-                        break 'node;
-                    }
-                    if node.agent.is_not_responding() {
-                        // Never start a node whose agent cannot take the hand-over.
-                        report.unresponsive.push(format!("{n}: {} (not started)", node.agent.describe()));
-                        break 'node;
-                    }
-                    if node.agent != AgentHealth::Alive {
-                        // Not seen renewing yet: it waits, and is judged within a lease duration.
-                        report.pending += 1;
-                        break 'node;
-                    }
-                    if busy < budget && !plan.spec.paused {
-                        busy += 1;
-                        report.in_progress += 1;
-                        let rollout = NodeRollout {
-                            phase: NodePhase::Draining,
-                            cordoned_by_us: !node.unschedulable,
-                            drain_started_at: Some(Time(now)),
-                            apply_started_at: None,
-                            message: String::new(),
-                            ..base
-                        };
-                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(rollout) });
-                        let message = if node.unschedulable {
-                            format!("draining GPU pods from {n} (already cordoned)")
-                        } else {
-                            actions.push(Action::Cordon { node: n.clone() });
-                            format!("cordoned {n} and draining its GPU pods to change its MIG layout")
-                        };
-                        actions.push(event("DrainStarted", message, false));
-                    } else if node.cache_behind {
-                        // Most likely just started by the write the cache has not shown yet.
-                        report.in_progress += 1;
-                    } else {
-                        report.pending += 1;
-                        // A node at rest waits without a write: at 5,000 nodes one `Pending` record
-                        // per waiting node was a tenth of a rollout's requests, all in its first
-                        // pass. The plan's status counts the waiting nodes. A `Failed` record of an
-                        // earlier generation is still replaced, so it is not read as this one's.
-                        if r.phase == NodePhase::Failed {
-                            let pending = NodeRollout { phase: NodePhase::Pending, message: String::new(), ..base };
-                            actions.push(Action::Rollout { node: n.clone(), rollout: Some(pending) });
-                        }
-                    }
-                }
-                NodePhase::Draining => {
-                    let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
-                    report.in_progress += 1;
-                    let pods = match &node.pods {
-                        Ok(pods) => pods,
-                        Err(e) => {
-                            report.drain_blocked.push(format!("{n}: could not list its pods: {e}"));
-                            break 'node;
-                        }
-                    };
-                    let (mut evict, mut waiting, mut refused, mut stuck) =
-                        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                    let started = r.drain_started_at.as_ref().map(|t| t.0);
-                    for p in pods {
-                        let ns = p.metadata.namespace.clone().unwrap_or_default();
-                        let pod = p.metadata.name.clone().unwrap_or_default();
-                        match verdict(p, policy, &node.daemonsets) {
-                            PodVerdict::Evict => evict.push((ns, pod, started.and_then(|s| drain::came_back(p, s)))),
-                            PodVerdict::Wait => {
-                                stuck.extend(drain::stuck_terminating(p, now));
-                                waiting.push((ns, pod));
-                            }
-                            PodVerdict::Refuse(why) => refused.push(why),
-                            PodVerdict::Skip(_) => {}
-                        }
-                    }
-                    if !node.unschedulable {
-                        // Never hand over a schedulable node: someone uncordoned it mid-drain (or our
-                        // view is stale). Cordon it (again) as ours and decide next pass.
-                        let ours = NodeRollout { cordoned_by_us: true, ..base };
-                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(ours) });
-                        actions.push(Action::Cordon { node: n.clone() });
-                        break 'node;
-                    }
-                    if evict.is_empty() && waiting.is_empty() && refused.is_empty() {
-                        if node.agent != AgentHealth::Alive {
-                            // Handed over only to an agent alive now: a dead one would leave the
-                            // node `Applying`, cordoned, with nobody to apply. It stays drained.
-                            if node.agent.is_not_responding() {
-                                report.unresponsive.push(format!(
-                                    "{n}: {} (drained; not handed over until the agent is back)",
-                                    node.agent.describe()
-                                ));
-                            }
-                            break 'node;
-                        }
-                        actions.push(Action::Intent { node: n.clone(), plan: name.clone(), gpus: desired.to_vec() });
-                        let applying = NodeRollout {
-                            phase: NodePhase::Applying,
-                            apply_started_at: Some(Time(now)),
-                            message: String::new(),
-                            ..base
-                        };
-                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(applying) });
-                        actions.push(event("Applying", format!("{n} drained; handed to its node agent"), false));
-                        break 'node;
-                    }
-                    let timed_out =
-                        policy.drain_timeout_seconds > 0 && now.duration_since(started.unwrap_or(now)) > drain_timeout;
-                    // What holds the drain, as the pods show it: recorded on the node by the
-                    // controller (with the evictions the API refuses), so it reads the same there.
-                    let returning = node.returns.iter().filter_map(|(owner, n)| drain::keeps_coming_back(owner, *n));
-                    let blockers: Vec<String> = refused.iter().cloned().chain(stuck).chain(returning).collect();
-                    // The plan says what the node's record says, and what the record does not say yet.
-                    if !r.message.is_empty() {
-                        report.drain_blocked.push(format!("{n}: {}", r.message));
-                    }
-                    for why in blockers.iter().filter(|b| !r.message.contains(b.as_str())) {
-                        report.drain_blocked.push(format!("{n}: {why}"));
-                    }
-                    actions.push(Action::Blockers { node: n.clone(), reasons: blockers });
-                    if !refused.is_empty() {
-                        // Like kubectl drain: evict nothing while a pod refuses, since the drain
-                        // cannot finish (and force must not break other pods' budgets for nothing).
-                        if timed_out {
-                            report.drain_timeouts.push(format!(
-                                "{n}: drain exceeded {}s with {} pod(s) left ({})",
-                                policy.drain_timeout_seconds,
-                                evict.len() + waiting.len() + refused.len(),
-                                refused.join("; ")
-                            ));
-                        }
-                        break 'node;
-                    }
-                    let force = timed_out && policy.force_after_timeout;
-                    if timed_out && !force {
-                        report.drain_timeouts.push(format!(
-                            "{n}: drain exceeded {}s with {} pod(s) left{}",
-                            policy.drain_timeout_seconds,
-                            evict.len() + waiting.len(),
-                            if r.message.is_empty() { String::new() } else { format!(" ({})", r.message) }
-                        ));
-                    }
-                    if force {
-                        // Terminating pods too: a long grace period or a dead kubelet must not hold
-                        // a drain the plan asked to force.
-                        for (namespace, pod) in evict.into_iter().map(|(ns, pod, _)| (ns, pod)).chain(waiting) {
-                            actions.push(Action::ForceDelete { node: n.clone(), namespace, pod });
-                        }
-                    } else {
-                        for (namespace, pod, came_back) in evict {
-                            actions.push(Action::Evict { node: n.clone(), namespace, pod, came_back });
-                        }
-                    }
-                }
-                NodePhase::Applying => {
-                    let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
-                    if applied(gn, &desired) {
-                        report.updated += 1;
-                        actions.push(Action::Rollout {
-                            node: n.clone(),
-                            rollout: Some(NodeRollout { phase: NodePhase::Uncordoning, ..base.clone() }),
-                        });
-                        if let Some(started) = &r.drain_started_at {
-                            let seconds = now.duration_since(started.0).as_secs_f64().max(0.0);
-                            actions.push(Action::Completed { node: n.clone(), seconds });
-                        }
-                        finish(&n, r.cordoned_by_us, base, actions);
-                        actions.push(event("Applied", format!("{n} has its new MIG layout"), false));
-                    } else if let Some(why) =
-                        agent_stalled(gn).filter(|w| gn.spec.gpus == *desired && w.starts_with("ResetRequired"))
-                    {
-                        // Mid-change GPUs: keep the node cordoned and ask for the reset; the agent
-                        // finishes by itself afterwards.
-                        report.in_progress += 1;
-                        report.reset_required.push(format!("{n}: {why}"));
-                    } else if let Some(why) = agent_stalled(gn).filter(|_| gn.spec.gpus == *desired) {
-                        // Withdraw the hand-over (phase Failed) before the uncordon: from here the
-                        // agent changes nothing disruptive on this schedulable node.
-                        report.failed.push((n.clone(), why.clone()));
-                        let failed = NodeRollout { phase: NodePhase::Failed, message: why.clone(), ..base };
-                        actions.push(Action::Rollout { node: n.clone(), rollout: Some(failed.clone()) });
-                        if r.cordoned_by_us {
-                            actions.push(Action::Uncordon { node: n.clone() });
-                            let released = NodeRollout { cordoned_by_us: false, ..failed };
-                            actions.push(Action::Rollout { node: n.clone(), rollout: Some(released) });
-                        }
-                        actions.push(event("Failed", format!("{n}: {why}"), true));
-                    } else {
-                        report.in_progress += 1;
-                        if gn.spec.gpus != *desired {
-                            actions.push(Action::Intent {
-                                node: n.clone(),
-                                plan: name.clone(),
-                                gpus: desired.to_vec(),
-                            });
-                        }
-                        let since = match &r.apply_started_at {
-                            Some(t) => t.0,
-                            None => {
-                                let stamped = NodeRollout { apply_started_at: Some(Time(now)), ..base };
-                                actions.push(Action::Rollout { node: n.clone(), rollout: Some(stamped) });
-                                now
-                            }
-                        };
-                        // What the agent says while it works (a retried driver error, say).
-                        let progress = agent_condition(gn, RECONCILING);
-                        if node.agent.is_not_responding() {
-                            report.unresponsive.push(format!(
-                                "{n}: {} (applying since {since}; the node stays cordoned until the agent is back)",
-                                node.agent.describe()
-                            ));
-                        } else if policy.apply_timeout_seconds > 0 && now.duration_since(since) > apply_timeout {
-                            report.apply_timeouts.push(format!(
-                                "{n}: applying since {since}, over {}s{}",
-                                policy.apply_timeout_seconds,
-                                progress.as_ref().map(|p| format!("; the agent says {p}")).unwrap_or_default()
-                            ));
-                        } else if let Some(p) = progress {
-                            report.agent_progress.push(format!("{n}: {p}"));
-                        }
-                    }
-                }
-                NodePhase::Uncordoning => {
-                    let base = NodeRollout { plan: Some(name.clone()), plan_generation: generation, ..r.clone() };
-                    report.updated += 1;
-                    finish(&n, r.cordoned_by_us, base, actions);
-                }
-            }
-        }
+        let step = phases::Step { plan, name: &name, generation, node, gn, desired: &desired, now, budget };
+        phases::plan_node(&step, &mut busy, actions, report);
         // Kept for the next pass: a verdict with no action, at rest (updated) or waiting.
         let quiet = actions.len() == before.0 && report.in_progress == before.3 && catalogued(gn, memo);
         let verdict = match (report.updated - before.1, report.pending - before.2) {
@@ -1065,6 +723,55 @@ fn plan_one<'a>(
         carry.remember(position, node, verdict);
     }
     report.unavailable = busy as i32;
+}
+
+/// The nodes a plan may change this pass (kept verdicts reused, the rest planned in full), how
+/// many an automatic plan leaves alone, and how many owned nodes that are neither are in flight.
+fn candidates<'a, 'i>(
+    plan: &'a GpuPartitionPlan,
+    targets: &crate::FastMap<&str, &tessera_crds::plan::NodeTarget>,
+    nodes: &[Owned<'a, 'i>],
+    actions: &mut Vec<Action>,
+    report: &mut PlanReport,
+    memo: &mut Memo<'a>,
+    carry: &mut Carry,
+) -> (Vec<Candidate<'a, 'i>>, usize, usize) {
+    let mut candidates = Vec::new();
+    let mut is_candidate = vec![true; nodes.len()];
+    let mut untouched = 0;
+    for (i, &(position, node, kept)) in nodes.iter().enumerate() {
+        match kept {
+            Some(Verdict::Updated(_)) => {
+                candidates.push(Candidate::Updated);
+                continue;
+            }
+            Some(Verdict::Waiting(_)) => {
+                candidates.push(Candidate::Waiting(position, node));
+                continue;
+            }
+            Some(Verdict::Unowned) | None => {}
+        }
+        let want = want(plan, targets, node, actions, report, memo);
+        if let Want::Change(gn, desired) = want {
+            candidates.push(Candidate::Full(position, node, gn, desired));
+            continue;
+        }
+        // An automatic plan leaves alone the nodes its decision does not change.
+        untouched += usize::from(matches!(want, Want::LeftAlone));
+        is_candidate[i] = false;
+        carry.remember(position, node, None);
+    }
+    // Owned nodes that are not candidates (no report, no layout that fits any more) still count
+    // while in flight: they are still cordoned.
+    let others_in_flight = nodes
+        .iter()
+        .zip(&is_candidate)
+        .filter(|(_, candidate)| !**candidate)
+        .filter(|((_, n, _), _)| {
+            n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).is_some_and(|r| in_flight(r.phase))
+        })
+        .count();
+    (candidates, untouched, others_in_flight)
 }
 
 /// The rollout record of a node at rest: no cordon held, no timers.

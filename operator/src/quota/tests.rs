@@ -1,5 +1,7 @@
 use proptest::prelude::*;
 use serde_json::json;
+use tessera_crds::conditions::{CAPACITY_AVAILABLE, CONFLICT, STALLED};
+use tessera_crds::quota::ResourceUsage;
 
 use super::*;
 

@@ -1,7 +1,9 @@
 use std::collections::BTreeSet;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::prelude::*;
 use serde_json::json;
+use tessera_crds::conditions::RECONCILING;
 
 use super::*;
 use crate::liveness::AgentHealth;

@@ -178,8 +178,11 @@ impl<B: GpuBackend> Agent<B> {
             // restart lost to a kill right after a driver step is redone by the next pass.
             let now = gpu_clients::fingerprint(&all_instances);
             let recorded = gn.annotations().get(gpu_clients::RESTARTED_FOR).map(String::as_str);
-            if gpu_clients::must_restart(recorded, &now, changed) {
+            let restart = gpu_clients::must_restart(recorded, &now, changed);
+            if restart {
                 self.restart_gpu_clients(selector).await?;
+            }
+            if restart || recorded != Some(now.as_str()) {
                 let patch = json!({"metadata": {"annotations": {gpu_clients::RESTARTED_FOR: now}}});
                 api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             }

@@ -29,9 +29,11 @@ pub fn fingerprint(gpus: &[(GpuInfo, Vec<Instance>)]) -> String {
 }
 
 /// Restart when the pass asks (a MIG mode change found the GPU held: they must let go) or the
-/// MIG devices differ from those recorded (none recorded: not known to be current, restart).
+/// MIG devices differ from those recorded. None recorded (the first agent with this record on
+/// the node, a re-created GpuNode) is only recorded: restarting every node's device plugin on
+/// an agent upgrade would be a disruption for nothing.
 pub fn must_restart(recorded: Option<&str>, now: &str, pass_asks: bool) -> bool {
-    pass_asks || recorded != Some(now)
+    pass_asks || recorded.is_some_and(|r| r != now)
 }
 
 #[cfg(test)]

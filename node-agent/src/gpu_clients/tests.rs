@@ -57,7 +57,8 @@ fn the_fingerprint_changes_with_the_mig_devices_and_nothing_else() {
 fn clients_restart_when_asked_or_when_the_recorded_devices_differ() {
     // (recorded, now, the pass asks) -> restart
     let table = [
-        (None, "x", false, true),
+        (None, "x", false, false),
+        (None, "x", true, true),
         (Some("x"), "x", false, false),
         (Some("y"), "x", false, true),
         (Some("x"), "x", true, true),
@@ -115,7 +116,8 @@ async fn a_restart_lost_to_a_killed_agent_is_redone_by_the_next_pass_once() {
     let mut sim = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
     sim.set_mig_mode(0, true).unwrap();
     sim.create_instance(0, "7g.80gb", 0).unwrap();
-    let server = Arc::new(Mutex::new(Server::default()));
+    // What the agent before recorded: the GPU before it made the device.
+    let server = Arc::new(Mutex::new(Server { recorded: Some("before".into()), ..Default::default() }));
     let mut agent = Agent {
         backend: SimBackend::at(&state),
         client: client(server.clone()),

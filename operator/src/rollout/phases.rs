@@ -251,6 +251,12 @@ fn drain(s: &Step<'_>, r: &NodeRollout, actions: &mut Vec<Action>, report: &mut 
         hand_over(s, base, actions, report);
         return;
     }
+    if s.node.agent.is_not_responding() {
+        // Nobody could take the hand-over: evicting more pods now disrupts them for nothing.
+        // The node stays cordoned and the drain goes on once the agent is back.
+        report.unresponsive.push(format!("{n}: {} (draining paused until the agent is back)", s.node.agent.describe()));
+        return;
+    }
     evict(s, r, started, left, actions, report);
 }
 

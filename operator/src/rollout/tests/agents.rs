@@ -82,3 +82,20 @@ fn an_unproven_agent_holds_a_rollout_slot_until_it_is_judged() {
     assert_eq!((reports["p"].pending, reports["p"].unavailable), (2, 1));
     assert!(stall_reason(&reports["p"]).is_none(), "{:?}", reports["p"]);
 }
+
+/// Review of issue 27: a draining node whose agent stopped responding evicts nothing more (no
+/// one could take the hand-over, so the pods would be disrupted for nothing); the drain resumes
+/// once the agent is back.
+#[test]
+fn a_draining_node_whose_agent_is_dead_evicts_nothing_until_it_is_back() {
+    let mut n = node("n1", true, gpunode("n1", json!([]), true, Some(draining("2026-06-01T00:00:00Z"))));
+    n.pods = Ok(vec![gpu_pod("a", json!({}))]);
+    n.agent = AgentHealth::NotResponding { since: Some("2026-05-31T23:59:00Z".parse().unwrap()) };
+    let plans = [plan("p", 0, json!(1), h100_layout())];
+    let (actions, reports) = plan_fleet(&plans, std::slice::from_ref(&n), now());
+    assert!(!actions.iter().any(|a| matches!(a, Action::Evict { .. } | Action::Uncordon { .. })), "{actions:?}");
+    assert!(reports["p"].unresponsive[0].contains("draining paused"), "{:?}", reports["p"].unresponsive);
+    n.agent = AgentHealth::Alive;
+    let (actions, _) = plan_fleet(&plans, &[n], now());
+    assert!(actions.iter().any(|a| matches!(a, Action::Evict { pod, .. } if pod == "a")), "{actions:?}");
+}

@@ -50,6 +50,13 @@ pub struct GpuIntent {
     pub profiles: BTreeMap<String, i32>,
 }
 
+impl GpuIntent {
+    /// The instances asked for, per normalised profile name (counts of 0 left out).
+    pub fn profile_counts(&self) -> BTreeMap<String, i32> {
+        self.profiles.iter().filter(|(_, n)| **n > 0).map(|(p, n)| (crate::catalog::normalize_profile(p), *n)).collect()
+    }
+}
+
 /// Observed state, written by the node agent (and `rollout` by the operator).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -90,6 +97,24 @@ pub struct GpuState {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("maxItems" = 32))]
     pub profiles: Vec<GpuProfileInfo>,
+}
+
+impl GpuState {
+    /// The instances reported, per normalised profile name.
+    pub fn profile_counts(&self) -> BTreeMap<String, i32> {
+        let mut have = BTreeMap::new();
+        for i in &self.instances {
+            *have.entry(crate::catalog::normalize_profile(&i.profile)).or_default() += 1;
+        }
+        have
+    }
+
+    /// Whether the reported GPU holds `want`: MIG mode as asked and, with MIG on, exactly the
+    /// instances asked for. The one rule behind `kubectl tessera status`'s target and the
+    /// rollout's "already in place".
+    pub fn holds(&self, want: &GpuIntent) -> bool {
+        self.mig_enabled == want.mig_enabled && (!want.mig_enabled || self.profile_counts() == want.profile_counts())
+    }
 }
 
 /// One GPU-instance profile of a GPU, as its driver reports it.

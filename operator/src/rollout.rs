@@ -344,23 +344,9 @@ fn applied(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
 fn reported_holds(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
     let Some(st) = &gn.status else { return false };
     !desired.is_empty()
-        && desired.iter().all(|want| {
-            let Some(g) = st.gpus.iter().find(|g| g.index == want.index) else { return false };
-            if g.mig_enabled != want.mig_enabled || g.mig_pending {
-                return false;
-            }
-            let mut have: BTreeMap<String, i32> = BTreeMap::new();
-            for i in &g.instances {
-                *have.entry(catalog::normalize_profile(&i.profile)).or_default() += 1;
-            }
-            let wanted: BTreeMap<String, i32> = want
-                .profiles
-                .iter()
-                .filter(|(_, n)| **n > 0)
-                .map(|(p, n)| (catalog::normalize_profile(p), *n))
-                .collect();
-            !want.mig_enabled && g.instances.is_empty() || want.mig_enabled && have == wanted
-        })
+        && desired
+            .iter()
+            .all(|want| st.gpus.iter().find(|g| g.index == want.index).is_some_and(|g| !g.mig_pending && g.holds(want)))
 }
 
 /// "reason: message" of the agent's condition `type_` when it is true for the current generation.

@@ -395,16 +395,10 @@ fn gpu_status(g: &GpuState, intents: &[GpuIntent]) -> GpuStatus {
         }
         slots = String::from_utf8(axis).unwrap_or_default();
     }
-    let target = intents.iter().find(|i| i.index == g.index).and_then(|want| {
-        let have: BTreeMap<String, i32> = g.instances.iter().fold(BTreeMap::new(), |mut m, i| {
-            *m.entry(catalog::normalize_profile(&i.profile)).or_default() += 1;
-            m
-        });
-        let want_profiles: BTreeMap<String, i32> =
-            want.profiles.iter().filter(|(_, n)| **n > 0).map(|(p, n)| (catalog::normalize_profile(p), *n)).collect();
-        let same = want.mig_enabled == g.mig_enabled && (!want.mig_enabled || want_profiles == have);
-        (!same).then(|| layout_label(want.mig_enabled, &want_profiles))
-    });
+    let target = intents
+        .iter()
+        .find(|i| i.index == g.index)
+        .and_then(|want| (!g.holds(want)).then(|| layout_label(want.mig_enabled, &want.profile_counts())));
     GpuStatus {
         index: g.index,
         product,

@@ -167,8 +167,9 @@ fn refusal(e: kube::Error) -> String {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_agent_may_delete_only_gpu_client_pods_on_its_own_node() {
+/// A control plane with the CRDs, the agent's RBAC and fences, and two one-GPU nodes gpu-a and
+/// gpu-b.
+async fn fenced_cluster() -> (ControlPlane, Client) {
     let cp = ControlPlane::start().await.unwrap();
     let admin = cp.client(Identity::Admin).await.unwrap();
     install_crds(&admin).await.unwrap();
@@ -181,6 +182,12 @@ async fn a_node_agent_may_delete_only_gpu_client_pods_on_its_own_node() {
     )
     .await
     .unwrap();
+    (cp, admin)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_agent_may_delete_only_gpu_client_pods_on_its_own_node() {
+    let (cp, admin) = fenced_cluster().await;
     let system: Api<Pod> = Api::namespaced(admin.clone(), "kube-system");
     let tenant: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let apps = gpu_client_apps();
@@ -229,18 +236,7 @@ async fn a_node_agent_may_delete_only_gpu_client_pods_on_its_own_node() {
 /// may change nothing else on any Node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_agent_may_change_only_the_deploy_labels_of_its_own_node() {
-    let cp = ControlPlane::start().await.unwrap();
-    let admin = cp.client(Identity::Admin).await.unwrap();
-    install_crds(&admin).await.unwrap();
-    apply_file(&admin, "config/base/namespace.yaml").await.unwrap();
-    apply_file(&admin, "config/rbac/node-agent.yaml").await.unwrap();
-    apply_file(&admin, "config/rbac/node-agent-fence.yaml").await.unwrap();
-    create_gpu_nodes(
-        &admin,
-        &[FakeGpuNode::new("gpu-a", "NVIDIA-H100-80GB-HBM3", 1), FakeGpuNode::new("gpu-b", "NVIDIA-H100-80GB-HBM3", 1)],
-    )
-    .await
-    .unwrap();
+    let (cp, admin) = fenced_cluster().await;
     let agent = client_from(&node_agent_kubeconfig(&cp, "gpu-a").await.unwrap()).await;
     let nodes: Api<Node> = Api::all(agent.clone());
     let pause = json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change"}}});

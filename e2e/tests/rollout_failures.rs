@@ -343,20 +343,7 @@ async fn kube_apiserver_down_for_20s_mid_rollout_converges() {
     let plans: Api<GpuPartitionPlan> = Api::all(admin.clone());
     plans.create(&PostParams::default(), &plan("p", json!({"maxUnavailable": 1}))).await.unwrap();
     let gns: Api<GpuNode> = Api::all(admin.clone());
-    wait_for("a node in flight", T, || async {
-        let list = gns.list(&Default::default()).await.ok()?;
-        list.items
-            .iter()
-            .any(|g| {
-                g.status
-                    .as_ref()
-                    .and_then(|s| s.rollout.as_ref())
-                    .is_some_and(|r| matches!(r.phase, NodePhase::Draining | NodePhase::Applying))
-            })
-            .then_some(())
-    })
-    .await
-    .unwrap();
+    wait_in_flight(&gns).await;
     cp.restart_apiserver(Duration::from_secs(20)).await.unwrap();
     let admin = cp.client(Identity::Admin).await.unwrap();
     ready(&admin, "p").await;
@@ -410,20 +397,7 @@ async fn a_leader_whose_lease_is_taken_writes_nothing_more_and_the_next_leader_c
     let plans: Api<GpuPartitionPlan> = Api::all(admin.clone());
     plans.create(&PostParams::default(), &plan("p", json!({"maxUnavailable": 1}))).await.unwrap();
     let gns: Api<GpuNode> = Api::all(admin.clone());
-    wait_for("a node in flight", T, || async {
-        let list = gns.list(&Default::default()).await.ok()?;
-        list.items
-            .iter()
-            .any(|g| {
-                g.status
-                    .as_ref()
-                    .and_then(|s| s.rollout.as_ref())
-                    .is_some_and(|r| matches!(r.phase, NodePhase::Draining | NodePhase::Applying))
-            })
-            .then_some(())
-    })
-    .await
-    .unwrap();
+    wait_in_flight(&gns).await;
     let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
     let taken = json!({"spec": {"holderIdentity": "taker", "acquireTime": now, "renewTime": now,
                                 "leaseDurationSeconds": 30}});
@@ -442,4 +416,22 @@ async fn a_leader_whose_lease_is_taken_writes_nothing_more_and_the_next_leader_c
         let got: Vec<&str> = st.gpus[0].instances.iter().map(|i| i.profile.as_str()).collect();
         assert_eq!(got, ["3g.40gb", "3g.40gb"], "{n}");
     }
+}
+
+/// Waits until some node is mid-change (`Draining` or `Applying`).
+async fn wait_in_flight(gns: &Api<GpuNode>) {
+    wait_for("a node in flight", T, || async {
+        let list = gns.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|g| {
+                g.status
+                    .as_ref()
+                    .and_then(|s| s.rollout.as_ref())
+                    .is_some_and(|r| matches!(r.phase, NodePhase::Draining | NodePhase::Applying))
+            })
+            .then_some(())
+    })
+    .await
+    .unwrap();
 }

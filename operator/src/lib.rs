@@ -6,6 +6,7 @@ pub mod auto;
 pub mod cli;
 pub mod controller;
 pub mod coverage;
+pub mod dra;
 pub mod drain;
 pub mod error;
 pub mod events;

@@ -37,6 +37,10 @@ enum Command {
         /// This replica's identity (the pod name).
         #[arg(long, env = "POD_NAME", default_value = "tessera-operator")]
         identity: String,
+        /// DRA drivers whose devices are GPUs: pods holding ResourceClaims allocated from them
+        /// are GPU pods (drained, counted, held to quota).
+        #[arg(long, value_delimiter = ',', default_value = tessera_operator::dra::NVIDIA_GPU_DRIVER)]
+        gpu_dra_drivers: Vec<String>,
     },
     /// Plans against the live cluster (KUBECONFIG), changing nothing.
     Plan {
@@ -90,7 +94,7 @@ fn the_command_line_is_consistent() {
 
 fn main() {
     let args = Cli::parse();
-    if let Command::Run { listen, leader_elect, lease_namespace, identity } = args.command {
+    if let Command::Run { listen, leader_elect, lease_namespace, identity, gpu_dra_drivers } = args.command {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
             .init();
@@ -98,7 +102,13 @@ fn main() {
         // 5,000 nodes a fifth of its CPU went to two workers waking and stealing from each
         // other. A pass plans in tens of milliseconds; the solver runs on the blocking pool.
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-        let opts = tessera_operator::run::RunOptions { listen, leader_elect, lease_namespace, identity };
+        let opts = tessera_operator::run::RunOptions {
+            listen,
+            leader_elect,
+            lease_namespace,
+            identity,
+            gpu_drivers: tessera_operator::dra::GpuDrivers::new(gpu_dra_drivers),
+        };
         if let Err(e) = rt.block_on(tessera_operator::run::run(opts)) {
             let _ = writeln!(std::io::stderr(), "error: {e:#}");
             std::process::exit(1);

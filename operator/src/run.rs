@@ -20,6 +20,8 @@ pub struct RunOptions {
     pub leader_elect: bool,
     pub lease_namespace: String,
     pub identity: String,
+    /// `--gpu-dra-drivers`: whose ResourceClaim allocations are GPUs.
+    pub gpu_drivers: crate::dra::GpuDrivers,
 }
 
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {

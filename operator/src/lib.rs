@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod expectations;
 pub mod fleet;
+pub mod gpu_use;
 pub mod leader;
 pub mod liveness;
 pub mod metrics;

@@ -30,10 +30,14 @@ macro_rules! stubs {
     )* };
 }
 
+mod devices;
+mod events;
 mod exports;
 mod profiles;
 mod session;
 mod stubs;
 
+#[cfg(test)]
+mod mig_tests;
 #[cfg(test)]
 mod tests;

@@ -36,6 +36,7 @@ mod exports;
 mod profiles;
 mod session;
 mod stubs;
+mod system;
 
 #[cfg(test)]
 mod mig_tests;

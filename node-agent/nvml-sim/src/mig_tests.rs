@@ -326,3 +326,27 @@ fn compute_capability_covers_every_catalog_model() {
         assert!(compute_capability(m.nvml_names[0]).is_some(), "{}", m.name);
     }
 }
+
+#[test]
+fn system_versions_match_the_simulated_driver() {
+    let _f = fixture();
+    unsafe {
+        let (mut v, mut v2) = (0, 0);
+        assert_eq!(crate::system::nvmlSystemGetCudaDriverVersion(&mut v), OK);
+        assert_eq!(crate::system::nvmlSystemGetCudaDriverVersion_v2(&mut v2), OK);
+        assert_eq!((v, v2), (13000, 13000), "CUDA 13.0, as driver 580 ships");
+        assert_eq!(crate::system::nvmlSystemGetCudaDriverVersion(null_mut()), INVALID);
+        let (mut nvml, mut driver) = ([0 as c_char; 80], [0 as c_char; 80]);
+        assert_eq!(crate::system::nvmlSystemGetNVMLVersion(nvml.as_mut_ptr(), 80), OK);
+        assert_eq!(nvmlSystemGetDriverVersion(driver.as_mut_ptr(), 80), OK);
+        let nvml = CStr::from_ptr(nvml.as_ptr()).to_str().unwrap();
+        let driver = CStr::from_ptr(driver.as_ptr()).to_str().unwrap();
+        assert_eq!(nvml, format!("13.{driver}"));
+        assert_eq!(crate::system::nvmlSystemGetNVMLVersion(null_mut(), 80), INVALID);
+        let mut short = [0 as c_char; 4];
+        assert_eq!(
+            crate::system::nvmlSystemGetNVMLVersion(short.as_mut_ptr(), 4),
+            nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE
+        );
+    }
+}

@@ -308,6 +308,7 @@ fn event_sets_register_gpus_and_time_out_without_events() {
         assert_eq!(nvmlEventSetWait_v2(set, &mut data, 50), nvmlReturn_enum_NVML_ERROR_TIMEOUT);
         assert!(start.elapsed() >= std::time::Duration::from_millis(50), "waited its timeout");
         assert_eq!(nvmlEventSetWait_v2(set, null_mut(), 0), INVALID);
+        assert_eq!(nvmlEventSetWait(set, &mut data, 0), nvmlReturn_enum_NVML_ERROR_TIMEOUT, "the v1 wait");
         assert_eq!(nvmlEventSetFree(set), OK);
         assert_eq!(nvmlEventSetFree(set), INVALID, "freed twice");
         assert_eq!(nvmlEventSetWait_v2(set, &mut data, 0), INVALID);

@@ -6,7 +6,8 @@ CONTROLPLANE_BUILD := e2e/controlplane/build.sh
 # default, 1.35 (the oldest still supported) with `make e2e KUBERNETES=1.35`. CI runs both.
 KUBERNETES ?= 1.37
 export KUBERNETES
-# Prints the path of a pinned Go tool (helm, promtool), building it into ~/.cache/tessera/tools once.
+# Prints the path of a pinned Go tool (helm, promtool, gpu-feature-discovery), building it into
+# ~/.cache/tessera/tools once.
 TOOL := tools/build.sh
 
 .PHONY: all build crds lint test unit e2e controlplane tools chart alerts bench demo demo-down demo-ci images images-check clean
@@ -31,10 +32,12 @@ lint:
 controlplane:
 	@$(CONTROLPLANE_BUILD)
 
-## Build helm and promtool from the pinned Go modules in tools/ into ~/.cache/tessera/tools (reused).
+## Build helm, promtool and NVIDIA's gpu-feature-discovery from the pinned Go modules in tools/
+## into ~/.cache/tessera/tools (reused).
 tools:
 	@$(TOOL) helm >/dev/null
 	@$(TOOL) promtool >/dev/null
+	@$(TOOL) gpu-feature-discovery >/dev/null
 
 ## The Helm chart, linted strictly (e2e/tests/helm_chart.rs renders it against config/default).
 chart:
@@ -53,8 +56,8 @@ unit:
 e2e: controlplane
 	$(CARGO) build --workspace --bins
 	$(CARGO) build -p tessera-nvml-sim
-	helm=$$($(TOOL) helm) && bin=$$($(CONTROLPLANE_BUILD)) && \
-	  TESSERA_HELM=$$helm TESSERA_CONTROLPLANE_BIN=$$bin $(CARGO) test -p tessera-e2e -- --test-threads=1
+	helm=$$($(TOOL) helm) && gfd=$$($(TOOL) gpu-feature-discovery) && bin=$$($(CONTROLPLANE_BUILD)) && \
+	  TESSERA_HELM=$$helm TESSERA_GFD=$$gfd TESSERA_CONTROLPLANE_BIN=$$bin $(CARGO) test -p tessera-e2e -- --test-threads=1
 
 ## Container images (release binaries) as OCI archives in target/images/, with buildah, podman
 ## or docker: see README "Install on a real cluster".
@@ -73,8 +76,8 @@ test: lint chart alerts
 	$(CARGO) build -p tessera-nvml-sim
 	PROFILE=dev SKIP_CARGO=1 scripts/images.sh build
 	PROFILE=dev scripts/images.sh check
-	helm=$$($(TOOL) helm) && bin=$$($(CONTROLPLANE_BUILD)) && \
-	  TESSERA_HELM=$$helm TESSERA_CONTROLPLANE_BIN=$$bin $(CARGO) test --workspace -- --test-threads=2
+	helm=$$($(TOOL) helm) && gfd=$$($(TOOL) gpu-feature-discovery) && bin=$$($(CONTROLPLANE_BUILD)) && \
+	  TESSERA_HELM=$$helm TESSERA_GFD=$$gfd TESSERA_CONTROLPLANE_BIN=$$bin $(CARGO) test --workspace -- --test-threads=2
 	scripts/demo.sh ci
 
 ## The operator's cost per node reconfigured at 100 and 1,000 kwok nodes (see BENCHMARKS.md).

@@ -2,10 +2,10 @@
 # Builds one pinned Go tool (helm, promtool) from the module in tools/NAME/ into a cache directory
 # outside the clone, keyed by that go.mod + go.sum and the build flags, so a second run (and CI's
 # fresh clone on the same machine) reuses it. Prints the binary's path. tools/NAME/tools.go names
-# the command (and says how to move the pin). Usage: tools/build.sh helm|promtool
+# the command (and says how to move the pin). Usage: tools/build.sh helm|promtool|gpu-feature-discovery
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-name=${1:?usage: tools/build.sh helm|promtool}
+name=${1:?usage: tools/build.sh helm|promtool|gpu-feature-discovery}
 case $name in
   helm)
     pkg=helm.sh/helm/v4/cmd/helm
@@ -23,7 +23,16 @@ case $name in
     version=$(echo "$module" | sed -E 's/^v0\.([0-9])([0-9]+)\.([0-9]+)$/\1.\2.\3/')
     ldflags="-s -w -X github.com/prometheus/common/version.Version=$version"
     ;;
-  *) echo "tools/build.sh: unknown tool $name (helm, promtool)" >&2; exit 2 ;;
+  gpu-feature-discovery)
+    # NVIDIA's GPU feature discovery, run over the simulated libnvidia-ml.so.1 by
+    # e2e/tests/gpu_feature_discovery.rs. go-nvml loads the library with dlopen: cgo, and a C
+    # compiler, are needed (CGO_ENABLED=1, Go's default when one is installed).
+    pkg=github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery
+    tags=
+    version=$(awk '$1 == "require" && $2 == "github.com/NVIDIA/k8s-device-plugin" {print $3}' "$here/$name/go.mod")
+    ldflags="-s -w -X github.com/NVIDIA/k8s-device-plugin/internal/info.version=$version"
+    ;;
+  *) echo "tools/build.sh: unknown tool $name (helm, promtool, gpu-feature-discovery)" >&2; exit 2 ;;
 esac
 dir=$here/$name
 # Keyed by what decides the binary: the pinned modules and the build flags.

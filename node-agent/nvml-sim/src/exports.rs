@@ -23,10 +23,11 @@ macro_rules! nvml_fn {
         #[unsafe(no_mangle)]
         #[allow(unused_unsafe, unused_variables)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> nvmlReturn_t {
-            session::call(stringify!($name), |$cx: &mut Ctx| -> Result<(), Code> { $body })
+            crate::session::call(stringify!($name), |$cx: &mut crate::session::Ctx| -> Result<(), crate::session::Code> { $body })
         }
     };
 }
+pub(crate) use nvml_fn;
 
 fn version(data_size: usize, ver: u32) -> u32 {
     data_size as u32 | (ver << 24)
@@ -129,8 +130,9 @@ nvml_fn!(nvmlDeviceGetPciInfo_v3(cx, device: nvmlDevice_t, pci: *mut nvmlPciInfo
     let id = tessera_crds::catalog::lookup(&product).and_then(|m| m.pci_device_ids.first().copied()).unwrap_or(0);
     let p = unsafe { inout(pci)? };
     let bus = 0x1b + g;
-    session::fill_name(&mut p.busIdLegacy, &format!("0000:{bus:02X}:00.0"));
-    session::fill_name(&mut p.busId, &format!("00000000:{bus:02X}:00.0"));
+    let (bus_id, legacy) = crate::devices::bus_ids(g);
+    session::fill_name(&mut p.busIdLegacy, &legacy);
+    session::fill_name(&mut p.busId, &bus_id);
     (p.domain, p.bus, p.device) = (0, bus, 0);
     p.pciDeviceId = (u32::from(id) << 16) | 0x10de;
     p.pciSubSystemId = 0;
@@ -583,7 +585,7 @@ nvml_fn!(nvmlComputeInstanceDestroy(cx, compute_instance: nvmlComputeInstance_t)
 // ---- MIG devices ----
 
 /// Whole instances (MIG devices) of a GPU by GPU instance id.
-fn mig_devices(cx: &mut Ctx, g: u32) -> Result<Vec<u32>, Code> {
+pub(crate) fn mig_devices(cx: &mut Ctx, g: u32) -> Result<Vec<u32>, Code> {
     let mut ids: Vec<u32> =
         cx.gpu(g)?.instances.iter().filter(|i| i.compute_instance_id.is_some()).map(|i| i.gpu_instance_id).collect();
     ids.sort();

@@ -30,10 +30,15 @@ macro_rules! stubs {
     )* };
 }
 
+mod devices;
+mod events;
 mod exports;
 mod profiles;
 mod session;
 mod stubs;
+mod system;
 
+#[cfg(test)]
+mod mig_tests;
 #[cfg(test)]
 mod tests;

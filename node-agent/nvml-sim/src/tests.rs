@@ -20,6 +20,91 @@ fn stubs_are_current() {
     assert!(want == have, "src/stubs.rs is stale: run node-agent/nvml-sim/gen-stubs.sh");
 }
 
+/// nvml.h with comments removed.
+fn strip_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix("/*") {
+            rest = r.find("*/").map(|i| &r[i + 2..]).unwrap_or("");
+        } else if let Some(r) = rest.strip_prefix("//") {
+            rest = r.find('\n').map(|i| &r[i..]).unwrap_or("");
+        } else {
+            let c = rest.chars().next().unwrap();
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    out
+}
+
+/// Functions nvml.h declares: the `nvml*` identifier before the `(` of each `DECLDIR`
+/// declaration, however many lines it spans (`#define DECLDIR` lines have none).
+fn declared(header: &str) -> std::collections::BTreeSet<String> {
+    let text = strip_comments(header);
+    let mut names = std::collections::BTreeSet::new();
+    for decl in text.split("DECLDIR").skip(1) {
+        let head = &decl[..decl.find(['(', ';', '#']).unwrap_or(decl.len())];
+        if !decl[head.len()..].starts_with('(') {
+            continue;
+        }
+        let ident = head.trim_end().rsplit(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("");
+        if ident.starts_with("nvml") {
+            names.insert(ident.to_string());
+        }
+    }
+    names
+}
+
+/// Functions this library exports: `fn nvml*` / `nvml_fn!(nvml*` in its sources, and stubs.rs.
+fn exported(dir: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(format!("{dir}/src")).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_str().unwrap().to_string();
+        if file.ends_with("tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for line in text.lines() {
+            let line = line.trim();
+            if file == "stubs.rs" {
+                if let Some(n) = line.strip_suffix(',').filter(|n| n.starts_with("nvml")) {
+                    names.push(n.to_string());
+                }
+                continue;
+            }
+            for marker in ["extern \"C\" fn nvml", "nvml_fn!(nvml"] {
+                if let Some(i) = line.find(marker) {
+                    let name = &line[i + marker.len() - 4..];
+                    let end = name.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(name.len());
+                    names.push(name[..end].to_string());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// The drift check: the library exports exactly the functions nvml.h declares, each once (a new
+/// nvml.h, or a function implemented without regenerating the stubs, fails here).
+#[test]
+fn exports_equal_nvml_h() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let want = declared(&std::fs::read_to_string(format!("{dir}/nvml.h")).unwrap());
+    assert!(want.len() > 390, "nvml.h parsed to {} functions", want.len());
+    // Ones whose declarations span several lines in nvml.h, and one not returning nvmlReturn_t.
+    for f in ["nvmlDeviceGetGpuInstanceRemainingCapacity", "nvmlDevicePowerSmoothingSetState", "nvmlErrorString"] {
+        assert!(want.contains(f), "{f} not found in nvml.h");
+    }
+    let list = exported(dir);
+    let have: std::collections::BTreeSet<String> = list.iter().cloned().collect();
+    assert_eq!(have.len(), list.len(), "a function is exported twice");
+    let missing: Vec<_> = want.difference(&have).collect();
+    let extra: Vec<_> = have.difference(&want).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "not exported: {missing:?}; not in nvml.h: {extra:?}");
+}
+
 fn v2() -> nvmlGpuInstanceProfileInfo_v2_t {
     // SAFETY: a plain C struct; all-zero is valid.
     let mut info: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
@@ -30,6 +115,7 @@ fn v2() -> nvmlGpuInstanceProfileInfo_v2_t {
 /// One test owns the process's session (the library keeps one, as NVML does).
 #[test]
 fn versions_sizes_and_codes_follow_nvml_h() {
+    let _session = crate::mig_tests::SESSION_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let dir = std::env::temp_dir().join(format!("tessera-nvml-contract-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let state = dir.join("state.json");

@@ -165,7 +165,7 @@ async fn a_template_pod_gets_a_1g_10gb_device_of_the_node_that_publishes_one_and
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_slice_follows_the_report_with_a_new_generation_and_goes_when_the_node_opts_out() {
+async fn the_slice_follows_the_report_across_a_driver_restart_with_a_new_generation_and_goes_when_the_node_opts_out() {
     let (cp, admin) = setup(&["gpu-a"]).await;
     let mig = |uuid: &str, profile: &str, start: i32, size: i32| {
         json!([{"index": 0, "uuid": "GPU-a0", "product": H100, "memoryMib": 81559, "migCapable": true,
@@ -173,7 +173,7 @@ async fn the_slice_follows_the_report_with_a_new_generation_and_goes_when_the_no
     };
     report(&admin, "gpu-a", mig("MIG-1", "1g.10gb", 0, 1)).await;
     opt_in(&admin, "gpu-a", true).await;
-    let _driver = spawn_sim_dra_driver(&cp).unwrap();
+    let driver = spawn_sim_dra_driver(&cp).unwrap();
     let first = wait_slice(&admin, "gpu-a", T, |_| true).await.unwrap();
     assert_eq!(device_names(&first), ["gpu-0-mig-1g10gb-19-0"]);
     let generation = first.spec.pool.generation;
@@ -184,7 +184,10 @@ async fn the_slice_follows_the_report_with_a_new_generation_and_goes_when_the_no
     let same = slices.get(&slice_name("gpu-a")).await.unwrap();
     assert_eq!(same.metadata.resource_version, first.metadata.resource_version, "an unchanged slice is not rewritten");
 
+    // The report changes while the driver is down: a new driver converges from what it lists.
+    drop(driver);
     report(&admin, "gpu-a", mig("MIG-2", "3g.40gb", 4, 4)).await;
+    let _driver = spawn_sim_dra_driver(&cp).unwrap();
     let second = wait_slice(&admin, "gpu-a", T, |s| device_names(s) == ["gpu-0-mig-3g40gb-9-4"]).await.unwrap();
     assert_eq!(second.spec.pool.generation, generation + 1);
     assert_eq!(device_attribute(&second, "gpu-0-mig-3g40gb-9-4", "uuid").as_deref(), Some("MIG-2"));

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -156,12 +156,7 @@ async fn a_template_pod_gets_a_1g_10gb_device_of_the_node_that_publishes_one_and
     // Deleting the pod frees the claim: the controller drops its finalizer and it is deleted.
     let claim_name = pod_claim_name(&pod, CLAIM_REF).unwrap();
     pods.delete("trainer", &DeleteParams::default()).await.unwrap();
-    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), ns);
-    wait_for(&format!("claim {claim_name} deleted"), T, || async {
-        claims.get_opt(&claim_name).await.ok()?.is_none().then_some(())
-    })
-    .await
-    .unwrap();
+    dra::wait_claim_deleted(&admin, ns, &claim_name, T).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

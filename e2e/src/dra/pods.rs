@@ -50,6 +50,29 @@ pub fn pod_with_claim_template(ns: &str, name: &str, template: &str) -> Pod {
     pod(ns, name, json!({"name": CLAIM_REF, "resourceClaimTemplateName": template}))
 }
 
+/// `pod` kept to `node` (a `kubernetes.io/hostname` node selector): the scheduler still allocates
+/// its claim, from that node's devices only (drain and busy checks on a chosen node).
+pub fn on_node(mut pod: Pod, node: &str) -> Pod {
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.node_selector.get_or_insert_with(Default::default).insert("kubernetes.io/hostname".into(), node.into());
+    }
+    pod
+}
+
+/// The ResourceQuota key limiting the devices of `class` requested through claims in a namespace.
+pub fn device_quota_key(class: &str) -> String {
+    format!("{class}.deviceclass.resource.k8s.io/devices")
+}
+
+/// Waits until the claim `name` is gone (its finalizer removed by the resource-claim controller).
+pub async fn wait_claim_deleted(client: &Client, ns: &str, name: &str, timeout: Duration) -> Result<(), Error> {
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), ns);
+    wait_for(&format!("claim {ns}/{name} deleted"), timeout, || async {
+        claims.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await
+}
+
 fn pod(ns: &str, name: &str, claim_ref: serde_json::Value) -> Pod {
     serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},

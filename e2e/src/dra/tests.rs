@@ -262,3 +262,11 @@ fn pods_name_their_claim_and_the_claim_selects_the_profile() {
     assert_eq!(pod_claim_name(&pod, CLAIM_REF), None, "no claim before the controller makes one");
     assert_eq!(pod_claim_name(&pod_with_claim("ns", "p", "c"), CLAIM_REF).as_deref(), Some("c"));
 }
+
+#[test]
+fn a_pod_can_be_kept_to_a_node_and_the_quota_key_is_the_device_class_s() {
+    let pod = on_node(pod_with_claim("ns", "p", "c"), "gpu-a");
+    let selector = pod.spec.as_ref().unwrap().node_selector.as_ref().unwrap();
+    assert_eq!(selector["kubernetes.io/hostname"], "gpu-a");
+    assert_eq!(device_quota_key(MIG_CLASS), "mig.nvidia.com.deviceclass.resource.k8s.io/devices");
+}

@@ -41,7 +41,7 @@ if [ -f "$DEMO/pids" ]; then echo "a demo is already running; 'make demo-down' f
 say "Building the control plane (first run on 2 cores: 15 to 30 minutes with empty Go caches; cached afterwards)"
 BIN=$(e2e/controlplane/build.sh)
 say "Building Tessera (first run: a few minutes)"
-cargo build -q --bins -p tessera-operator -p tessera-node-agent -p tessera-e2e
+cargo build -q --bins -p tessera-operator -p tessera-node-agent -p tessera-e2e   # cluster-up, sim-dra-driver
 cargo build -q -p tessera-nvml-sim
 K="$BIN/kubectl"
 mkdir -p "$DEMO"
@@ -163,9 +163,55 @@ $K get gpupartitionplans
 $K get gpunodes
 $K get tenantgpuquotas
 echo
+
+say "Serving h100-train's devices through DRA: the simulated NVIDIA DRA driver publishes its ResourceSlice"
+# sim-dra-driver plays NVIDIA's DRA driver (gpu.nvidia.com): its DeviceClasses, and for each node
+# labelled tessera.dev/sim-dra=true a ResourceSlice of the MIG devices (and whole GPUs) the agent reports.
+setsid nohup target/debug/sim-dra-driver > "$DEMO/sim-dra-driver.log" 2>&1 < /dev/null &
+echo $! >> "$DEMO/pids"
+$K label node h100-train tessera.dev/sim-dra=true >/dev/null
+dra_ok=""
+for _ in $(seq 1 60); do
+  $K get resourceslice h100-train-gpu.nvidia.com >/dev/null 2>&1 && { dra_ok=1; break; }
+  sleep 0.5
+done
+[ -n "$dra_ok" ] && $K get resourceslice h100-train-gpu.nvidia.com \
+  -o jsonpath='{range .spec.devices[*]}{.name}{"  "}{.attributes.profile.string}{"\n"}{end}'
+say "A tenant pod in team-a asks for a 1g.10gb through a ResourceClaimTemplate"
+cat <<YAML | $K apply -f - >/dev/null
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-1g-10gb, namespace: team-a}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors: [{cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: notebook, namespace: team-a}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: one-1g-10gb}]
+  containers: [{name: notebook, image: jupyter/minimal-notebook, resources: {claims: [{name: gpu}]}}]
+YAML
+claimed=""
+for _ in $(seq 1 120); do
+  node=$($K -n team-a get pod notebook -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
+  device=$($K -n team-a get resourceclaims -o jsonpath='{.items[0].status.allocation.devices.results[0].device}' 2>/dev/null || true)
+  if [ -n "$node" ] && [ -n "$device" ]; then claimed=1; break; fi
+  sleep 0.5
+done
+$K -n team-a get resourceclaims
+[ -n "$claimed" ] && echo "pod team-a/notebook runs on $node with DRA device $device"
+echo
 if [ "$mode" = ci ]; then
   status=0
   [ "$ready" = "True True " ] || { echo "demo: the plans did not become Ready" >&2; tail -20 "$DEMO/operator.log" >&2; status=1; }
+  [ -n "$claimed" ] || { echo "demo: the notebook's claim was not allocated through DRA" >&2; tail -20 "$DEMO/sim-dra-driver.log" >&2; status=1; }
   down
   # `make demo-down` must leave nothing behind (issue 28: the control plane's directory stayed).
   if [ "${TESSERA_DEMO_KEEP:-0}" != 1 ] && [ -e "$DIR" ]; then
@@ -181,6 +227,7 @@ The cluster stays up. Look around:
   $K describe gpupartitionplan inference
   $K get events -A --sort-by=.lastTimestamp | tail
   $K get nodes -o custom-columns=NODE:.metadata.name,MIG:'.status.allocatable'
+  $K get deviceclasses,resourceslices; $K -n team-a get resourceclaims,pods   # DRA
   curl -s 127.0.0.1:18080/metrics | grep tessera_
 Logs: $DEMO/*.log, control plane: $DIR/logs. Stop it with: make demo-down
 (which removes $DIR too; TESSERA_DEMO_KEEP=1 make demo-down keeps it)

@@ -1,5 +1,7 @@
 //! A real Kubernetes control plane on loopback: etcd, kube-apiserver (RBAC, static tokens,
-//! ResourceQuota admission), kube-controller-manager, kube-scheduler and kwok.
+//! ResourceQuota admission), kube-controller-manager, kube-scheduler and kwok. Dynamic Resource
+//! Allocation (`resource.k8s.io/v1`, GA) is on: the scheduler allocates claims, the controller
+//! manager's resource-claim controller makes and frees them.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -125,7 +127,9 @@ impl ControlPlane {
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={kcm_port}"),
             "--leader-elect=false".into(),
-            "--controllers=disruption,replicaset,deployment,daemonset,garbagecollector,namespace,resourcequota,job,serviceaccount,nodelifecycle,clusterrole-aggregation".into(),
+            // resourceclaim-controller: DRA's claims from templates (one per pod), `reservedFor` cleared
+            // when pods go, the delete-protection finalizer removed (see e2e/src/dra.rs).
+            "--controllers=disruption,replicaset,deployment,daemonset,garbagecollector,namespace,resourcequota,job,serviceaccount,nodelifecycle,clusterrole-aggregation,resourceclaim-controller".into(),
             "--concurrent-gc-syncs=5".into(),
             // The default 20 requests/s untaints new nodes at about ten a second: minutes for a
             // bench's thousands of kwok nodes, each change a Node event for every watcher.

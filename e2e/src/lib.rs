@@ -2,6 +2,7 @@
 //! install Tessera's CRDs and create fake GPU nodes managed by kwok.
 
 pub mod controlplane;
+pub mod dra;
 pub mod fixtures;
 pub mod identity;
 mod pki;

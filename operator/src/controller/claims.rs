@@ -133,6 +133,56 @@ mod tests {
         assert!(crate::gpu_use::gpu_use(&bound_pod(), &index).devices.len() == 1, "{index:?}");
     }
 
+    /// An API server: discovery of `resource.k8s.io/v1` answers `discovery` (404: not served),
+    /// a list of claims answers `list` (the claim c1) and a watch never answers.
+    fn api(discovery: u16, list: u16) -> Client {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| async move {
+            let (status, body) = match (req.uri().path(), req.uri().query().unwrap_or_default()) {
+                ("/apis/resource.k8s.io/v1", _) => (
+                    discovery,
+                    json!({"kind": "APIResourceList",
+                    "groupVersion": "resource.k8s.io/v1", "resources": [{"name": "resourceclaims",
+                    "singularName": "resourceclaim", "namespaced": true, "kind": "ResourceClaim",
+                    "verbs": ["get", "list", "watch"]}]}),
+                ),
+                ("/apis/resource.k8s.io/v1/resourceclaims", q) if q.contains("watch=true") => {
+                    futures::future::pending::<()>().await;
+                    unreachable!()
+                }
+                ("/apis/resource.k8s.io/v1/resourceclaims", _) => (
+                    list,
+                    json!({"kind": "ResourceClaimList",
+                    "apiVersion": "resource.k8s.io/v1", "metadata": {"resourceVersion": "5"},
+                    "items": [serde_json::to_value(claim("c1")).unwrap()]}),
+                ),
+                (path, _) => panic!("unexpected request {path}"),
+            };
+            let body = if status == 200 { body } else { json!({"kind": "Status", "code": status, "message": "no"}) };
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(status)
+                    .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap(),
+            )
+        });
+        Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn started_the_cache_holds_the_listed_claims_and_is_not_ready_while_it_cannot_list() {
+        let within = |s: u64| std::time::Duration::from_millis(s);
+        let cache = ClaimCache::start(api(200, 200), GpuDrivers::default());
+        tokio::time::timeout(within(5000), cache.wait_ready()).await.expect("ready once listed");
+        assert_eq!(crate::gpu_use::gpu_use(&bound_pod(), &cache.index()).devices.len(), 1);
+        // Served but not listable (the RBAC rule missing): no pass may run blind to claims.
+        let forbidden = ClaimCache::start(api(200, 403), GpuDrivers::default());
+        assert!(tokio::time::timeout(within(300), forbidden.wait_ready()).await.is_err());
+        // Not served at all: no claim can exist.
+        let none = ClaimCache::start(api(404, 500), GpuDrivers::default());
+        tokio::time::timeout(within(5000), none.wait_ready()).await.expect("ready without the API");
+        assert!(none.store.state().is_empty());
+    }
+
     #[tokio::test]
     async fn without_the_api_the_cache_is_ready_and_empty() {
         let (store, writer) = reflector::store::<ResourceClaim>();

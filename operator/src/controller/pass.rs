@@ -142,8 +142,8 @@ impl Context {
             .buffer_unordered(NODES_IN_PARALLEL)
             .collect()
             .await;
-        // Read after the pods: a claim the scheduler made for a pod just listed is shown, or the
-        // pod counts as using a GPU (`gpu_use`: a bound pod's unknown claim).
+        // Read after the pods, so the cache has had the longest to show their claims; a claim it
+        // does not hold yet counts as GPU use (`gpu_use`: a bound pod's unknown claim).
         let claims = std::sync::Arc::new(if listed.is_empty() { Default::default() } else { self.claims.index() });
         let mut returns = self.returns.lock().unwrap_or_else(|p| p.into_inner());
         returns.retain(|node| slots.position(node).is_some_and(|i| slots.slots[i].phase == NodePhase::Draining));

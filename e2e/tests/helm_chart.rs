@@ -91,6 +91,7 @@ fn helm_lint_passes_strictly_and_bad_values_are_refused_naming_the_value() {
         (vec!["--set", "agent.gpuClients.values[0]=has space"], "gpuClients"),
         (vec!["--set", "agent.gpuClients.labelKey=bad key'"], "labelKey"),
         (vec!["--set", "gpuOperator.enabled=false"], "agent.nodeSelector"),
+        (vec!["--set", "draDrivers[0]=Not_A_Driver"], "draDrivers"),
     ] {
         let out = Command::new(helm()).args(HELM_TEMPLATE).args(&set).current_dir(repo()).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
@@ -157,6 +158,21 @@ agent:
     assert!(agent["affinity"]["nodeAffinity"].is_object(), "{agent}");
     assert!(agent.get("priorityClassName").is_none(), "an empty priorityClassName is left out: {agent}");
     assert_eq!(agent["runtimeClassName"], json!("nvidia"));
+}
+
+/// The operator's `--gpu-dra-drivers` argument.
+fn dra_drivers_arg(docs: &[Value]) -> Option<String> {
+    let args = pod_spec(docs, "Deployment", "tessera-operator")["containers"][0]["args"].as_array().unwrap().clone();
+    args.iter().filter_map(|a| a.as_str()?.strip_prefix("--gpu-dra-drivers=").map(String::from)).next()
+}
+
+#[test]
+fn the_dra_driver_list_is_the_operators_flag() {
+    assert_eq!(dra_drivers_arg(&helm_template(&[])).as_deref(), Some("gpu.nvidia.com"));
+    let two = helm_template(&["--set", "draDrivers={gpu.nvidia.com,gpu.example.com}"]);
+    assert_eq!(dra_drivers_arg(&two).as_deref(), Some("gpu.nvidia.com,gpu.example.com"));
+    // Empty: no driver's devices are GPUs (the operator drops the empty name).
+    assert_eq!(dra_drivers_arg(&helm_template(&["--set-json", "draDrivers=[]"])).as_deref(), Some(""));
 }
 
 /// The agent's `--gpu-client-selector` argument, if any.

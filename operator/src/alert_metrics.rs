@@ -92,6 +92,7 @@ mod tests {
             gpunode,
             pods: Ok(vec![]),
             daemonsets: BTreeSet::new(),
+            claims: Default::default(),
             returns: Default::default(),
             agent: AgentHealth::NotResponding { since: None },
             cordon_annotated: annotated.map(ts),

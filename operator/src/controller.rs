@@ -27,6 +27,7 @@ use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
+mod claims;
 mod eviction;
 mod fence;
 mod layouts;
@@ -110,6 +111,8 @@ pub struct Context {
     lease_watch: Arc<std::sync::Mutex<crate::liveness::LeaseWatch>>,
     /// The quotas automatic plans serve (and `fragmentedSlices` is measured against).
     pub quotas: Store<TenantGpuQuota>,
+    /// ResourceClaims: which pods use a GPU through DRA (the drain scope, the busy check).
+    claims: claims::ClaimCache,
     /// Agents' heartbeats as observed pass after pass.
     pub liveness: std::sync::Mutex<Liveness>,
     /// Each node's verdict of the last pass, reused while its inputs stay the same.
@@ -141,13 +144,14 @@ pub struct Context {
 
 /// Starts the caches and returns the context plus a notifier that fires on every change the
 /// rollout reads (see `wake`). `fleet_changed` fires when a `GpuNode`'s GPUs change (the quota
-/// controller's wake-up).
+/// controller's wake-up). `gpu_drivers`: whose claim allocations are GPUs.
 pub async fn start(
     client: Client,
     evict_client: Client,
     metrics: Arc<Metrics>,
     instance: String,
     fleet_changed: Arc<Notify>,
+    gpu_drivers: crate::dra::GpuDrivers,
 ) -> (Arc<Context>, Arc<Notify>) {
     let changed = Arc::new(Notify::new());
     // Nodes, GpuNodes and Leases are named alike: their changes name the node to read again.
@@ -195,6 +199,7 @@ pub async fn start(
         None,
     )
     .0;
+    let claims = claims::ClaimCache::start(client.clone(), gpu_drivers);
     let recorder =
         Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance.clone()) });
     let ctx = Context {
@@ -209,6 +214,7 @@ pub async fn start(
         leases,
         lease_watch,
         quotas,
+        claims,
         liveness: Default::default(),
         carry: Default::default(),
         returns: Default::default(),
@@ -350,7 +356,8 @@ impl Context {
             self.gpunodes.wait_until_ready(),
             self.nodes.wait_until_ready(),
             self.leases.wait_until_ready(),
-            self.quotas.wait_until_ready()
+            self.quotas.wait_until_ready(),
+            self.claims.wait_ready()
         );
     }
 

@@ -9,6 +9,8 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Pod;
 use tessera_crds::plan::{DrainScope, RolloutPolicy};
 
+use crate::gpu_use::{self, ClaimIndex};
+
 mod blockers;
 pub use blockers::{
     RETURNS_REPORTED, Returns, came_back, eviction_refused, keeps_coming_back, message, records, stuck_terminating,
@@ -29,19 +31,11 @@ pub enum PodVerdict {
     Refuse(String),
 }
 
-/// Whether a pod requests or is limited to any `nvidia.com/gpu` or `nvidia.com/mig-*` resource.
+/// Whether a pod requests or is limited to any `nvidia.com/gpu` or `nvidia.com/mig-*` resource:
+/// [`gpu_use::uses_extended_gpu`], kept for callers that do not read claims yet. Decisions ask
+/// [`gpu_use::uses_gpu`], which also sees ResourceClaims.
 pub fn uses_gpu(pod: &Pod) -> bool {
-    let Some(spec) = &pod.spec else { return false };
-    spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| {
-        let r = c.resources.as_ref();
-        let names = r
-            .and_then(|r| r.requests.as_ref())
-            .into_iter()
-            .flatten()
-            .chain(r.and_then(|r| r.limits.as_ref()).into_iter().flatten())
-            .map(|(k, _)| k.as_str());
-        names.into_iter().any(|k| k == "nvidia.com/gpu" || k.starts_with("nvidia.com/mig-"))
-    })
+    gpu_use::uses_extended_gpu(pod)
 }
 
 /// The `(namespace, name)` of the DaemonSet controlling a pod, if any.
@@ -50,8 +44,20 @@ pub fn daemonset_of(pod: &Pod) -> Option<(String, String)> {
     (owner.kind == "DaemonSet").then(|| (pod.metadata.namespace.clone().unwrap_or_default(), owner.name.clone()))
 }
 
-/// `existing_daemonsets` holds the DaemonSets (namespace, name) known to exist.
+/// [`verdict_with_claims`] without the cluster's claims: a bound pod naming any claim counts as
+/// using a GPU (see `gpu_use`), so nothing is under-evicted where claims are not read.
 pub fn verdict(pod: &Pod, policy: &RolloutPolicy, existing_daemonsets: &BTreeSet<(String, String)>) -> PodVerdict {
+    verdict_with_claims(pod, policy, existing_daemonsets, &ClaimIndex::empty())
+}
+
+/// `existing_daemonsets` holds the DaemonSets (namespace, name) known to exist; `claims` the
+/// ResourceClaims that say which pods use a GPU through DRA ([`gpu_use::uses_gpu`]).
+pub fn verdict_with_claims(
+    pod: &Pod,
+    policy: &RolloutPolicy,
+    existing_daemonsets: &BTreeSet<(String, String)>,
+    claims: &ClaimIndex,
+) -> PodVerdict {
     let meta = &pod.metadata;
     if meta.annotations.as_ref().is_some_and(|a| a.contains_key("kubernetes.io/config.mirror")) {
         return PodVerdict::Skip("mirror pod");
@@ -62,7 +68,7 @@ pub fn verdict(pod: &Pod, policy: &RolloutPolicy, existing_daemonsets: &BTreeSet
     }
     let daemonset = daemonset_of(pod);
     let live_daemonset = daemonset.as_ref().filter(|ds| existing_daemonsets.contains(*ds));
-    let gpu = uses_gpu(pod);
+    let gpu = gpu_use::uses_gpu(pod, claims);
     if live_daemonset.is_some() && !gpu {
         return PodVerdict::Skip("DaemonSet pod");
     }
@@ -217,5 +223,41 @@ mod tests {
         for (i, (p, scope, want)) in table.into_iter().enumerate() {
             assert_eq!(verdict(&pod(p), &policy(scope), &existing()), want, "row {i}");
         }
+    }
+
+    fn claim(name: &str, driver: &str) -> k8s_openapi::api::resource::v1::ResourceClaim {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": driver, "pool": "n1", "device": "gpu-0-mig-19-0-1"}]}}}}))
+        .unwrap()
+    }
+
+    /// `base` with no GPU resource, bound to n1 and naming the claim `name`.
+    fn with_claim(mut base: serde_json::Value, name: &str) -> serde_json::Value {
+        base["spec"] = json!({"nodeName": "n1", "containers": [{"name": "c"}],
+                              "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]});
+        base
+    }
+
+    #[test]
+    fn a_pod_holding_a_gpu_drivers_claim_is_in_the_gpu_scope_and_another_drivers_is_not() {
+        let claims = ClaimIndex::new(
+            &[claim("mig", "gpu.nvidia.com"), claim("nic", "nic.example.com")],
+            &crate::dra::GpuDrivers::default(),
+        );
+        let gpu_scope = policy(DrainScope::GpuPods);
+        let judge = |p: serde_json::Value| verdict_with_claims(&pod(p), &gpu_scope, &existing(), &claims);
+        assert_eq!(judge(with_claim(gpu_pod(), "mig")), PodVerdict::Evict);
+        assert_eq!(judge(with_claim(gpu_pod(), "nic")), PodVerdict::Skip("uses no GPU"));
+        // A DaemonSet pod holding a MIG device through its claim holds the hand-over, as one
+        // requesting `nvidia.com/mig-*` does; one holding another driver's device is skipped.
+        match judge(with_claim(ds_gpu(), "mig")) {
+            PodVerdict::Refuse(why) => assert!(why.starts_with("pod ml/p of DaemonSet ml/d uses a GPU"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(judge(with_claim(ds_gpu(), "nic")), PodVerdict::Skip("DaemonSet pod"));
+        // Without the claims (a caller that reads none), the claim is unknown: counted as a GPU.
+        assert_eq!(verdict(&pod(with_claim(gpu_pod(), "nic")), &gpu_scope, &existing()), PodVerdict::Evict);
     }
 }

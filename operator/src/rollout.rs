@@ -23,6 +23,7 @@ use tessera_crds::validate::{max_unavailable, validate_plan_with};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog, solver};
 
 use crate::auto::Ask;
+use crate::gpu_use::ClaimIndex;
 use crate::liveness::AgentHealth;
 use crate::selector::matches;
 
@@ -46,6 +47,8 @@ pub struct NodeInput<'a> {
     pub pods: Result<Vec<Pod>, String>,
     /// DaemonSets (namespace, name) known to exist, for the DaemonSet pods among `pods`.
     pub daemonsets: BTreeSet<(String, String)>,
+    /// The pass's ResourceClaims (shared by every node): which of `pods` use a GPU through DRA.
+    pub claims: Arc<ClaimIndex>,
     /// Draining nodes: per owner (`Kind namespace/name`), how many of its pods that came back
     /// to the cordoned node were evicted (kept in memory: see [`crate::drain::Returns`]).
     pub returns: BTreeMap<String, u32>,

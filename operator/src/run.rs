@@ -37,9 +37,15 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     tokio::spawn(crate::server::serve(listener, ready.clone(), metrics.clone()));
 
     let fleet_changed = Arc::new(tokio::sync::Notify::new());
-    let (ctx, changed) =
-        controller::start(client.clone(), evict_client, metrics.clone(), opts.identity.clone(), fleet_changed.clone())
-            .await;
+    let (ctx, changed) = controller::start(
+        client.clone(),
+        evict_client,
+        metrics.clone(),
+        opts.identity.clone(),
+        fleet_changed.clone(),
+        opts.gpu_drivers.clone(),
+    )
+    .await;
     let quotas = QuotaController::start(client.clone(), metrics.clone(), ctx.gpunodes.clone(), fleet_changed);
     ctx.wait_ready().await;
     quotas.wait_ready().await;

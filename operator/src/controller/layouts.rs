@@ -21,8 +21,8 @@ use tracing::{info, warn};
 use super::Context;
 use crate::Error;
 use crate::auto::{self, Next};
-use crate::drain::uses_gpu;
 use crate::fleet;
+use crate::gpu_use::{ClaimIndex, uses_gpu};
 use crate::liveness::AgentHealth;
 use crate::quota::Capacity;
 use crate::rollout::{NodeInput, contenders};
@@ -229,19 +229,12 @@ impl Context {
     /// pod: a decision is rare, and a watch of every pod would cost memory on every pass.
     async fn nodes_running_gpu_pods(&self, owned: &BTreeSet<String>) -> Result<BTreeSet<String>, Error> {
         let api: Api<Pod> = Api::all(self.client.clone());
+        let claims = self.claims.index();
         let mut out = BTreeSet::new();
         let mut lp = ListParams::default().limit(500);
         loop {
             let page = api.list(&lp).await?;
-            for pod in &page.items {
-                let done = matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
-                let node = pod.spec.as_ref().and_then(|s| s.node_name.as_ref());
-                if let (false, true, Some(node)) = (done, uses_gpu(pod), node)
-                    && owned.contains(node)
-                {
-                    out.insert(node.clone());
-                }
-            }
+            out.extend(busy_nodes(&page.items, owned, &claims));
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
                 Some(token) => lp = lp.continue_token(&token),
                 None => return Ok(out),
@@ -337,6 +330,23 @@ fn hash_of<T: std::hash::Hash>(value: &T) -> u64 {
     BuildHasherDefault::<DefaultHasher>::default().hash_one(value)
 }
 
+/// Nodes among `owned` running a pod that has not finished and uses a GPU, through extended
+/// resources or a ResourceClaim (`gpu_use`, the drain scope's rule): a decision leaves them be.
+fn busy_nodes(pods: &[Pod], owned: &BTreeSet<String>, claims: &ClaimIndex) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for pod in pods {
+        let done = matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_ref());
+        if let (false, Some(node)) = (done, node)
+            && owned.contains(node)
+            && uses_gpu(pod, claims)
+        {
+            out.insert(node.clone());
+        }
+    }
+    out
+}
+
 fn in_flight(gn: &GpuNode) -> bool {
     gn.status
         .as_ref()
@@ -373,4 +383,39 @@ fn unmet_and_stale(plan: &GpuPartitionPlan) -> Option<String> {
     let age = k8s_openapi::jiff::Timestamp::now().duration_since(at.0).as_secs();
     (!d.shortfall.is_empty() && age >= RETRY_UNMET_SECS)
         .then(|| format!("the demand was not met {age}s ago; checking whether anything changed"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_whose_pod_holds_a_gpu_claim_is_busy() {
+        let pod = |name: &str, node: &str, claim: &str, phase: &str| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml"},
+                "spec": {"nodeName": node, "containers": [{"name": "c"}],
+                         "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+                "status": {"phase": phase}}))
+            .unwrap()
+        };
+        let claim = |name: &str, driver: &str| -> k8s_openapi::api::resource::v1::ResourceClaim {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml"},
+                "spec": {"devices": {"requests": []}},
+                "status": {"allocation": {"devices": {"results": [
+                    {"request": "r", "driver": driver, "pool": "p", "device": "gpu-0-mig-19-0-1"}]}}}}))
+            .unwrap()
+        };
+        let claims = ClaimIndex::new(
+            &[claim("mig", "gpu.nvidia.com"), claim("nic", "nic.example.com")],
+            &crate::dra::GpuDrivers::default(),
+        );
+        let owned: BTreeSet<String> = ["a", "b", "c", "d"].map(String::from).into();
+        let pods = [
+            pod("p1", "a", "mig", "Running"),
+            pod("p2", "b", "nic", "Running"),
+            pod("p3", "c", "mig", "Succeeded"),
+            pod("p4", "elsewhere", "mig", "Running"),
+        ];
+        assert_eq!(busy_nodes(&pods, &owned, &claims), ["a".to_string()].into());
+    }
 }

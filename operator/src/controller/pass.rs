@@ -115,6 +115,7 @@ impl Context {
                 gpunode: slot.gpunode.clone(),
                 pods: Ok(vec![]),
                 daemonsets: Default::default(),
+                claims: Default::default(),
                 returns: Default::default(),
                 agent,
                 cordon_annotated: slot.cordon_annotated,
@@ -141,11 +142,15 @@ impl Context {
             .buffer_unordered(NODES_IN_PARALLEL)
             .collect()
             .await;
+        // Read after the pods, so the cache has had the longest to show their claims; a claim it
+        // does not hold yet counts as GPU use (`gpu_use`: a bound pod's unknown claim).
+        let claims = std::sync::Arc::new(if listed.is_empty() { Default::default() } else { self.claims.index() });
         let mut returns = self.returns.lock().unwrap_or_else(|p| p.into_inner());
         returns.retain(|node| slots.position(node).is_some_and(|i| slots.slots[i].phase == NodePhase::Draining));
         for (i, (pods, daemonsets)) in listed {
             inputs[i].pods = pods;
             inputs[i].daemonsets = daemonsets;
+            inputs[i].claims = claims.clone();
             inputs[i].returns = returns.of(inputs[i].name);
         }
     }

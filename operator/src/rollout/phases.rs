@@ -12,7 +12,7 @@ use tessera_crds::{GpuNode, GpuPartitionPlan};
 use super::{
     Action, NodeInput, PlanReport, agent_condition, agent_stalled, applied, failed_here, finish, idle, reported_holds,
 };
-use crate::drain::{self, PodVerdict, verdict};
+use crate::drain::{self, PodVerdict, verdict_with_claims};
 use crate::liveness::AgentHealth;
 
 /// What every phase of one node's step reads: the plan, the node and the intent it asks for.
@@ -211,7 +211,7 @@ fn pods_left(s: &Step<'_>, pods: &[k8s_openapi::api::core::v1::Pod], started: Op
     for p in pods {
         let ns = p.metadata.namespace.clone().unwrap_or_default();
         let pod = p.metadata.name.clone().unwrap_or_default();
-        match verdict(p, &s.plan.spec.rollout, &s.node.daemonsets) {
+        match verdict_with_claims(p, &s.plan.spec.rollout, &s.node.daemonsets, &s.node.claims) {
             PodVerdict::Evict => left.evict.push((ns, pod, started.and_then(|st| drain::came_back(p, st)))),
             PodVerdict::Wait => {
                 left.stuck.extend(drain::stuck_terminating(p, s.now));

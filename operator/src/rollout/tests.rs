@@ -54,6 +54,7 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput<'static> {
         gpunode: Some(std::sync::Arc::new(gn)),
         pods: Ok(vec![]),
         daemonsets: BTreeSet::new(),
+        claims: Default::default(),
         returns: BTreeMap::new(),
         agent: AgentHealth::Alive,
         cordon_annotated: None,
@@ -64,6 +65,7 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput<'static> {
 
 mod agents;
 mod blockers;
+mod claims;
 mod kept;
 
 /// Versions that change with what the planner reads of a node (its content hashed), as

@@ -1,0 +1,205 @@
+//! The cluster's ResourceClaims (`resource.k8s.io/v1`), cached so the drain scope and automatic
+//! layouts' busy check see pods that hold a GPU through DRA (see `gpu_use`). No pass runs before
+//! the cache is synced: a drain planned without the claims would leave claim pods on a node
+//! whose GPUs are about to change. A claim change wakes no pass (a pod whose claim the cache does
+//! not show yet already counts as using a GPU); passes run every two seconds anyway.
+
+use futures::StreamExt;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tracing::{info, warn};
+
+use crate::dra::GpuDrivers;
+use crate::gpu_use::ClaimIndex;
+
+/// The claim cache and the drivers whose devices are GPUs.
+pub struct ClaimCache {
+    store: Store<ResourceClaim>,
+    drivers: GpuDrivers,
+}
+
+impl ClaimCache {
+    /// Starts the cache. Where the API server serves no `resource.k8s.io/v1` (before Kubernetes
+    /// 1.34, or DRA turned off) no claim can exist: the cache is synced and stays empty.
+    pub fn start(client: Client, drivers: GpuDrivers) -> Self {
+        let (store, writer) = reflector::store();
+        tokio::spawn(async move {
+            if !served(&client).await {
+                info!("resource.k8s.io/v1 is not served: no pod uses a GPU through a ResourceClaim");
+                mark_synced_empty(writer);
+                return;
+            }
+            let events = watcher(Api::<ResourceClaim>::all(client), watcher::Config::default())
+                .default_backoff()
+                .modify(trim_claim);
+            let stream = reflector::reflector(writer, events);
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                if let Err(e) = ev {
+                    warn!(error = %e, "ResourceClaim watch error; retrying with backoff");
+                }
+            }
+        });
+        ClaimCache { store, drivers }
+    }
+
+    /// A cache over `store`, filled by the test.
+    #[cfg(test)]
+    pub fn of(store: Store<ResourceClaim>, drivers: GpuDrivers) -> Self {
+        ClaimCache { store, drivers }
+    }
+
+    /// Until the first list of claims is in.
+    pub async fn wait_ready(&self) {
+        let _ = self.store.wait_until_ready().await;
+    }
+
+    /// The claims as the cache holds them now, reduced to what GPU use needs.
+    pub fn index(&self) -> ClaimIndex {
+        let claims = self.store.state();
+        ClaimIndex::new(claims.iter().map(|c| &**c), &self.drivers)
+    }
+}
+
+/// Whether the API server serves ResourceClaims in `resource.k8s.io/v1`. Asked until it
+/// answers: any answer but "not found" counts as served, and the watch then retries (and holds
+/// the passes) until it can list them, rather than plan a drain blind to claims.
+async fn served(client: &Client) -> bool {
+    loop {
+        match client.list_api_group_resources("resource.k8s.io/v1").await {
+            Ok(list) => return list.resources.iter().any(|r| r.name == "resourceclaims"),
+            Err(kube::Error::Api(s)) if s.code == 404 => return false,
+            Err(e) => {
+                warn!(error = %e, "could not tell whether resource.k8s.io/v1 is served; asking again");
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+        }
+    }
+}
+
+/// An empty list, fully read: the store is ready and holds nothing.
+fn mark_synced_empty(mut writer: Writer<ResourceClaim>) {
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+/// Keeps what [`ClaimIndex`] reads (the name and the allocation's results): the spec, the
+/// per-device status and `reservedFor` are most of a claim and never read here.
+pub fn trim_claim(claim: &mut ResourceClaim) {
+    super::trim_metadata(claim);
+    claim.spec = None;
+    if let Some(status) = claim.status.as_mut() {
+        status.devices = None;
+        status.reserved_for = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn claim(name: &str) -> ResourceClaim {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml",
+                "managedFields": [{"manager": "kube-scheduler"}]},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                    {"request": "r", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0-mig-19-0-1"}]}},
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}],
+                "devices": [{"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0-mig-19-0-1"}]}}))
+        .unwrap()
+    }
+
+    fn bound_pod() -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ml"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c"}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "c1"}]}}))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_cache_is_ready_only_once_the_claims_are_listed() {
+        let (store, mut writer) = reflector::store::<ResourceClaim>();
+        let cache = ClaimCache::of(store, GpuDrivers::default());
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(claim("c1")));
+        let early = tokio::time::timeout(std::time::Duration::from_millis(50), cache.wait_ready()).await;
+        assert!(early.is_err(), "ready before the list is complete: a pass could drain blind to claims");
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        tokio::time::timeout(std::time::Duration::from_secs(5), cache.wait_ready()).await.expect("ready once listed");
+        let index = cache.index();
+        assert!(crate::gpu_use::gpu_use(&bound_pod(), &index).devices.len() == 1, "{index:?}");
+    }
+
+    /// An API server: discovery of `resource.k8s.io/v1` answers `discovery` (404: not served),
+    /// a list of claims answers `list` (the claim c1) and a watch never answers.
+    fn api(discovery: u16, list: u16) -> Client {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| async move {
+            let (status, body) = match (req.uri().path(), req.uri().query().unwrap_or_default()) {
+                ("/apis/resource.k8s.io/v1", _) => (
+                    discovery,
+                    json!({"kind": "APIResourceList",
+                    "groupVersion": "resource.k8s.io/v1", "resources": [{"name": "resourceclaims",
+                    "singularName": "resourceclaim", "namespaced": true, "kind": "ResourceClaim",
+                    "verbs": ["get", "list", "watch"]}]}),
+                ),
+                ("/apis/resource.k8s.io/v1/resourceclaims", q) if q.contains("watch=true") => {
+                    futures::future::pending::<()>().await;
+                    unreachable!()
+                }
+                ("/apis/resource.k8s.io/v1/resourceclaims", _) => (
+                    list,
+                    json!({"kind": "ResourceClaimList",
+                    "apiVersion": "resource.k8s.io/v1", "metadata": {"resourceVersion": "5"},
+                    "items": [serde_json::to_value(claim("c1")).unwrap()]}),
+                ),
+                (path, _) => panic!("unexpected request {path}"),
+            };
+            let body = if status == 200 { body } else { json!({"kind": "Status", "code": status, "message": "no"}) };
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(status)
+                    .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap(),
+            )
+        });
+        Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn started_the_cache_holds_the_listed_claims_and_is_not_ready_while_it_cannot_list() {
+        let within = |s: u64| std::time::Duration::from_millis(s);
+        let cache = ClaimCache::start(api(200, 200), GpuDrivers::default());
+        tokio::time::timeout(within(5000), cache.wait_ready()).await.expect("ready once listed");
+        assert_eq!(crate::gpu_use::gpu_use(&bound_pod(), &cache.index()).devices.len(), 1);
+        // Served but not listable (the RBAC rule missing): no pass may run blind to claims.
+        let forbidden = ClaimCache::start(api(200, 403), GpuDrivers::default());
+        assert!(tokio::time::timeout(within(300), forbidden.wait_ready()).await.is_err());
+        // Not served at all: no claim can exist.
+        let none = ClaimCache::start(api(404, 500), GpuDrivers::default());
+        tokio::time::timeout(within(5000), none.wait_ready()).await.expect("ready without the API");
+        assert!(none.store.state().is_empty());
+    }
+
+    #[tokio::test]
+    async fn without_the_api_the_cache_is_ready_and_empty() {
+        let (store, writer) = reflector::store::<ResourceClaim>();
+        let cache = ClaimCache::of(store, GpuDrivers::default());
+        mark_synced_empty(writer);
+        tokio::time::timeout(std::time::Duration::from_secs(5), cache.wait_ready()).await.expect("ready");
+        assert!(cache.store.state().is_empty());
+    }
+
+    #[test]
+    fn a_trimmed_claim_keeps_what_gpu_use_reads() {
+        let mut c = claim("c1");
+        trim_claim(&mut c);
+        assert!(c.spec.is_none());
+        let status = c.status.as_ref().unwrap();
+        assert!(status.devices.is_none() && status.reserved_for.is_none() && c.metadata.managed_fields.is_none());
+        let index = ClaimIndex::new([&c], &GpuDrivers::default());
+        assert_eq!(crate::gpu_use::gpu_use(&bound_pod(), &index).devices.len(), 1);
+    }
+}

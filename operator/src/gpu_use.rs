@@ -160,6 +160,8 @@ pub fn gpu_use(pod: &Pod, claims: &ClaimIndex) -> GpuUse {
     for PodClaim { entry, claim } in pod_claims(pod) {
         let found = claim.as_ref().and_then(|n| claims.claims.get(&(ns.clone(), n.clone())));
         match (found, claim) {
+            // Bound but shown unallocated: the cache is behind the scheduler's write.
+            (Some(c), Some(name)) if bound && !c.allocated => used.unknown_claims.push(name),
             (Some(c), _) => used.devices.extend(c.devices.iter().cloned()),
             (None, Some(name)) if bound => used.unknown_claims.push(name),
             (None, None) if bound => used.unknown_claims.push(format!("({entry}: claim not created yet)")),
@@ -176,12 +178,14 @@ pub fn uses_gpu(pod: &Pod, claims: &ClaimIndex) -> bool {
     gpu_use(pod, claims).any()
 }
 
-/// What NVIDIA's DRA driver's device names say: `gpu-<minor>` for a whole GPU,
-/// `gpu-<parent minor>-mig-<GI profile id>-<start>-<size>` for a MIG device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What NVIDIA's DRA driver's device names say: `gpu-<minor>` for a whole GPU; a MIG device is
+/// `gpu-<parent minor>-mig-<profile, dots dropped>-<GI profile id>-<start>` (driver 25.12 and
+/// later, e.g. `gpu-7-mig-1g10gb-19-0`) or `gpu-<parent minor>-mig-<GI profile id>-<start>-<size>`
+/// (earlier releases). Only the older form carries the size.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NvidiaDevice {
     Gpu { minor: u32 },
-    Mig { parent_minor: u32, gi_profile_id: u32, start: u32, size: u32 },
+    Mig { parent_minor: u32, gi_profile_id: u32, start: u32, size: Option<u32>, profile: Option<String> },
 }
 
 /// Parses a device name of NVIDIA's DRA driver; `None` for any other form.
@@ -192,12 +196,24 @@ pub fn parse_nvidia_device(name: &str) -> Option<NvidiaDevice> {
     let parts: Vec<&str> = rest.split('-').collect();
     match parts.as_slice() {
         [minor] => Some(NvidiaDevice::Gpu { minor: num(minor)? }),
-        [minor, "mig", id, start, size] => Some(NvidiaDevice::Mig {
+        [minor, "mig", id, start, size] if num(id).is_some() => Some(NvidiaDevice::Mig {
             parent_minor: num(minor)?,
             gi_profile_id: num(id)?,
             start: num(start)?,
-            size: num(size)?,
+            size: Some(num(size)?),
+            profile: None,
         }),
+        [minor, "mig", profile @ .., id, start]
+            if !profile.is_empty() && profile.iter().all(|p| !p.is_empty()) && num(profile[0]).is_none() =>
+        {
+            Some(NvidiaDevice::Mig {
+                parent_minor: num(minor)?,
+                gi_profile_id: num(id)?,
+                start: num(start)?,
+                size: None,
+                profile: Some(profile.join("-")),
+            })
+        }
         _ => None,
     }
 }

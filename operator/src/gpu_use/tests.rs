@@ -72,10 +72,20 @@ fn other_drivers_admin_access_and_unallocated_claims_are_not_gpu_use() {
         claim("a", "watch", json!([result("gpu.nvidia.com", "gpu-0", true)])),
         claim("a", "pending", json!(null)),
     ];
-    for name in ["nic", "watch", "pending"] {
+    for name in ["nic", "watch"] {
         let p = pod("a", Some("n"), named(name), json!(null));
         assert!(!uses_gpu(&p, &index(&claims)), "{name}");
     }
+    assert!(!uses_gpu(&pod("a", None, named("pending"), json!(null)), &index(&claims)));
+}
+
+#[test]
+fn a_bound_pod_whose_claim_the_cache_shows_unallocated_counts_as_gpu_use() {
+    // The scheduler allocates before it binds: a bound pod's claim shown unallocated means the
+    // cache is behind, and skipping the pod would change a GPU under it.
+    let claims = [claim("a", "pending", json!(null))];
+    let used = gpu_use(&pod("a", Some("n"), named("pending"), json!(null)), &index(&claims));
+    assert_eq!(used.unknown_claims, ["pending"]);
 }
 
 #[test]
@@ -143,9 +153,40 @@ fn nvidia_device_names_parse_and_others_do_not() {
     assert_eq!(parse_nvidia_device("gpu-3"), Some(NvidiaDevice::Gpu { minor: 3 }));
     assert_eq!(
         parse_nvidia_device("gpu-0-mig-9-4-4"),
-        Some(NvidiaDevice::Mig { parent_minor: 0, gi_profile_id: 9, start: 4, size: 4 })
+        Some(NvidiaDevice::Mig { parent_minor: 0, gi_profile_id: 9, start: 4, size: Some(4), profile: None })
     );
-    for bad in ["gpu-", "gpu-x", "gpu-0-mig-9-4", "gpu-0-mig-9-4-4-1", "mig-0", "gpu-+1", "gpu-0-mog-9-4-4", ""] {
+    assert_eq!(
+        parse_nvidia_device("gpu-7-mig-1g10gb-19-0"),
+        Some(NvidiaDevice::Mig {
+            parent_minor: 7,
+            gi_profile_id: 19,
+            start: 0,
+            size: None,
+            profile: Some("1g10gb".into())
+        })
+    );
+    assert_eq!(
+        parse_nvidia_device("gpu-7-mig-1g10gb-me-20-6"),
+        Some(NvidiaDevice::Mig {
+            parent_minor: 7,
+            gi_profile_id: 20,
+            start: 6,
+            size: None,
+            profile: Some("1g10gb-me".into())
+        })
+    );
+    for bad in [
+        "gpu-",
+        "gpu-x",
+        "gpu-0-mig-9-4",
+        "gpu-0-mig-9-4-4-1",
+        "gpu-0-mig--19-0",
+        "gpu-0-mig-1g10gb-x-0",
+        "mig-0",
+        "gpu-+1",
+        "gpu-0-mog-9-4-4",
+        "",
+    ] {
         assert_eq!(parse_nvidia_device(bad), None, "{bad}");
     }
 }

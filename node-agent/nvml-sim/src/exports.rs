@@ -270,13 +270,15 @@ nvml_fn!(nvmlDeviceGetGpuInstanceProfileInfo(
     info: *mut nvmlGpuInstanceProfileInfo_t,
 ) {
     let (product, p) = profile_info(cx, device, profile)?;
+    let eng = profiles::engines(&product, &p);
     let i = unsafe { inout(info)? };
     i.id = p.id;
     i.isP2pSupported = 0;
     i.sliceCount = u32::from(p.compute_slices);
     i.instanceCount = u32::from(p.max_count);
-    i.multiprocessorCount = profiles::multiprocessors(&product, &p);
-    i.copyEngineCount = u32::from(p.compute_slices);
+    i.multiprocessorCount = eng.sm;
+    i.copyEngineCount = eng.copy;
+    (i.decoderCount, i.encoderCount, i.jpegCount, i.ofaCount) = (eng.decoders, eng.encoders, eng.jpeg, eng.ofa);
     i.memorySizeMB = p.memory_mib;
     Ok(())
 });
@@ -296,13 +298,15 @@ nvml_fn!(nvmlDeviceGetGpuInstanceProfileInfoV(
         return Err(VERSION_MISMATCH);
     }
     let (product, p) = profile_info(cx, device, profile)?;
+    let eng = profiles::engines(&product, &p);
     let i = unsafe { inout(info)? };
     i.id = p.id;
     i.isP2pSupported = 0;
     i.sliceCount = u32::from(p.compute_slices);
     i.instanceCount = u32::from(p.max_count);
-    i.multiprocessorCount = profiles::multiprocessors(&product, &p);
-    i.copyEngineCount = u32::from(p.compute_slices);
+    i.multiprocessorCount = eng.sm;
+    i.copyEngineCount = eng.copy;
+    (i.decoderCount, i.encoderCount, i.jpegCount, i.ofaCount) = (eng.decoders, eng.encoders, eng.jpeg, eng.ofa);
     i.memorySizeMB = p.memory_mib;
     session::fill_name(&mut i.name, &format!("MIG {}", p.name));
     if v == v3 {
@@ -311,9 +315,9 @@ nvml_fn!(nvmlDeviceGetGpuInstanceProfileInfoV(
         i3.id = p.id;
         i3.sliceCount = u32::from(p.compute_slices);
         i3.instanceCount = u32::from(p.max_count);
-        i3.multiprocessorCount = profiles::multiprocessors(&product, &p);
-        i3.copyEngineCount = u32::from(p.compute_slices);
-        (i3.decoderCount, i3.encoderCount, i3.jpegCount, i3.ofaCount) = (0, 0, 0, 0);
+        i3.multiprocessorCount = eng.sm;
+        i3.copyEngineCount = eng.copy;
+        (i3.decoderCount, i3.encoderCount, i3.jpegCount, i3.ofaCount) = (eng.decoders, eng.encoders, eng.jpeg, eng.ofa);
         i3.memorySizeMB = p.memory_mib;
         session::fill_name(&mut i3.name, &format!("MIG {}", p.name));
         i3.capabilities = 0;
@@ -378,7 +382,9 @@ nvml_fn!(nvmlDeviceCreateGpuInstanceWithPlacement(
 });
 
 nvml_fn!(nvmlDeviceCreateGpuInstance(cx, device: nvmlDevice_t, profile_id: c_uint, gpu_instance: *mut nvmlGpuInstance_t) {
-    // Without a placement the driver picks one: the first valid start that fits.
+    // Without a placement the driver picks one, from the highest valid start down (NVIDIA's
+    // user guide examples: two `-cgi 9` make GPU instances 2 then 1, i.e. 4:4 then 0:4; a 1g
+    // first lands at 6:1, id 13), leaving the low slots free for large profiles.
     let (g, product) = mig_gpu(cx, device)?;
     let p = profiles::by_id(&product, profile_id).ok_or(INVALID)?;
     if gpu_instance.is_null() {
@@ -387,6 +393,7 @@ nvml_fn!(nvmlDeviceCreateGpuInstance(cx, device: nvmlDevice_t, profile_id: c_uin
     let made = p
         .starts
         .iter()
+        .rev()
         .find_map(|s| model::create_gpu_instance(&mut cx.state, g, &p.name, *s).ok())
         .ok_or(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES)?;
     cx.changed = true;

@@ -32,14 +32,17 @@ pub struct SimBackend {
 }
 
 impl SimBackend {
-    /// Opens the state file, creating GPUs of the given catalog products if it does not exist.
+    /// Opens the state file, creating GPUs of the given catalog products if it does not exist
+    /// (`A100-40GB`, or `A100-40GB:passthrough` for a GPU passed through to a VM). GPU UUIDs are
+    /// derived from the state file's path, the index and the product.
     pub fn open(path: &Path, products: &[String]) -> Result<Self, Error> {
         let sim = Self::at(path);
         let _lock = sim.lock()?;
         if !path.exists() {
             let mut state = SimState::default();
+            let host = path.display().to_string();
             for (i, p) in products.iter().enumerate() {
-                state.gpus.push(model::new_gpu(i as u32, p)?);
+                state.gpus.push(model::new_gpu(&host, i as u32, p)?);
             }
             sim.save(&state)?;
         }

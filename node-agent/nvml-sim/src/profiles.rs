@@ -137,3 +137,9 @@ pub fn full_ci_enum(slices: u8) -> Option<u32> {
         _ => return None,
     })
 }
+
+/// The compute slices of a `NVML_COMPUTE_INSTANCE_PROFILE_*` enum (the inverse of
+/// [`full_ci_enum`]).
+pub fn ci_enum_slices(e: u32) -> Option<u8> {
+    (1..=8u8).find(|s| full_ci_enum(*s) == Some(e))
+}

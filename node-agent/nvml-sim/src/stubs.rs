@@ -271,7 +271,6 @@ stubs! {
     nvmlGpuInstanceCreateComputeInstanceWithPlacement,
     nvmlGpuInstanceGetActiveVgpus,
     nvmlGpuInstanceGetComputeInstancePossiblePlacements,
-    nvmlGpuInstanceGetComputeInstanceRemainingCapacity,
     nvmlGpuInstanceGetCreatableVgpus,
     nvmlGpuInstanceGetVgpuHeterogeneousMode,
     nvmlGpuInstanceGetVgpuSchedulerLog,

@@ -114,6 +114,53 @@ fn versions_sizes_and_codes_follow_nvml_h() {
             assert_eq!(nvmlGpuInstanceDestroy(h), 0);
         }
 
+        // Compute instances smaller than their GPU instance (nvidia-smi mig -cci): three 1c in a 3g
+        // are listed and counted, and leave no room for the full-size one.
+        assert_eq!(
+            nvmlDeviceCreateGpuInstanceWithPlacement(
+                dev,
+                9,
+                &nvmlGpuInstancePlacement_t { start: 0, size: 4 },
+                &mut gi
+            ),
+            0
+        );
+        let mut one: nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
+        assert_eq!(nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, 0, 0, &mut one), 0);
+        assert_eq!((one.id, one.sliceCount, one.instanceCount, one.multiprocessorCount), (0, 1, 3, 20));
+        let left = |p: u32| {
+            let mut n = 99;
+            assert_eq!(nvmlGpuInstanceGetComputeInstanceRemainingCapacity(gi, p, &mut n), 0);
+            n
+        };
+        assert_eq!((left(0), left(1), left(2)), (3, 1, 1));
+        let mut cis = [null_mut(); 3];
+        for c in &mut cis {
+            assert_eq!(nvmlGpuInstanceCreateComputeInstance(gi, 0, c), 0);
+        }
+        assert_eq!((left(0), left(1), left(2)), (0, 0, 0));
+        assert_eq!(
+            nvmlGpuInstanceCreateComputeInstance(gi, 0, &mut ci),
+            nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES
+        );
+        assert_eq!(
+            nvmlGpuInstanceCreateComputeInstance(gi, 2, &mut ci),
+            nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES
+        );
+        let mut listed = [null_mut(); 3];
+        let mut n = 0;
+        assert_eq!(nvmlGpuInstanceGetComputeInstances(gi, 0, listed.as_mut_ptr(), &mut n), 0);
+        assert_eq!((n, listed), (3, cis));
+        let mut info: nvmlComputeInstanceInfo_t = std::mem::zeroed();
+        assert_eq!(nvmlComputeInstanceGetInfo_v2(cis[2], &mut info), 0);
+        assert_eq!((info.id, info.profileId, info.placement.start, info.placement.size), (2, 0, 2, 1));
+        assert_eq!(nvmlGpuInstanceDestroy(gi), nvmlReturn_enum_NVML_ERROR_IN_USE);
+        for c in cis {
+            assert_eq!(nvmlComputeInstanceDestroy(c), 0);
+        }
+        assert_eq!(nvmlComputeInstanceDestroy(cis[0]), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, "stale");
+        assert_eq!(nvmlGpuInstanceDestroy(gi), 0);
+
         // Engines and SMs per profile as the boards report them (H100: read on the board; A100:
         // the MIG user guide's table), A100 memory as the driver reports it.
         let mut h7: nvmlGpuInstanceProfileInfo_v3_t = std::mem::zeroed();

@@ -15,6 +15,7 @@ use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChan
 use crate::Error;
 
 pub mod model;
+pub mod split;
 
 /// What a simulated fault does once the operation count passes its threshold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,7 +285,11 @@ impl GpuBackend for SimBackend {
 
     fn instances(&mut self, gpu: u32) -> Result<Vec<Instance>, Error> {
         let mut st = self.load()?;
-        let mut list = model::gpu(&mut st, gpu)?.instances.clone();
+        let g = model::gpu(&mut st, gpu)?;
+        let mut list = g.instances.clone();
+        for i in &mut list {
+            i.split_compute = g.split.get(&i.gpu_instance_id).map_or(0, |v| v.len() as u32);
+        }
         list.sort_by_key(|i| i.start);
         Ok(list)
     }

@@ -243,6 +243,45 @@ async fn a_passed_through_a100_waits_for_a_reset_and_a_bare_metal_one_is_carved_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_instance_split_into_smaller_compute_instances_is_reported_and_left_alone() {
+    let (mut b, state) = open(&["H100-80GB"]);
+    b.set_mig_mode(0, true).unwrap();
+    let whole = b.create_instance(0, "3g.40gb", 4).unwrap();
+    // An admin splits a 3g into three 1-slice compute instances (nvidia-smi mig -cgi 9 -cci 0,0,0).
+    edit(&state, |st| {
+        let gi = model::create_gpu_instance(st, 0, "3g.40gb", 0).unwrap().gpu_instance_id;
+        for _ in 0..3 {
+            sim::split::create_split_compute_instance(st, 0, gi, 1).unwrap();
+        }
+    });
+    let listed = b.instances(0).unwrap();
+    let split = listed.iter().find(|i| i.start == 0).unwrap();
+    assert_eq!(
+        (split.compute_instance_id, split.split_compute, split.uuid.as_str()),
+        (None, 3, ""),
+        "no MIG device of ours"
+    );
+    assert_eq!(listed.iter().find(|i| i.start == 4), Some(&whole), "the whole one is still a MIG device");
+    let reported = crate::report::gpu_state(&b.inventory().unwrap()[0], &listed, &[]);
+    assert_eq!(reported.instances.len(), 1, "only the whole MIG device is reported as supply");
+
+    let mut agent = Agent::offline(b);
+    for want in [&[("3g.40gb", 2)][..], &[("7g.80gb", 1)][..]] {
+        let (outcomes, _) = apply(&mut agent, &intent(true, want));
+        match &outcomes[0].1 {
+            GpuOutcome::Blocked { reason: "SplitComputeInstances", message } => {
+                assert!(
+                    message.contains("holds 3 smaller compute instances") && message.contains("3g.40gb@0"),
+                    "{message}"
+                )
+            }
+            other => panic!("expected the GPU left alone, got {other:?}"),
+        }
+    }
+    assert_eq!(agent.backend.instances(0).unwrap(), listed, "nothing was touched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_opposite_mig_mode_is_cleared() {
     let (b, state) = open(&["A100-40GB"]);
     // MIG on; a disable was set, then the plan went back to MIG before anyone reset the GPU.

@@ -41,6 +41,10 @@ pub struct SimGpu {
     /// product in `$TESSERA_SIM_GPUS` (e.g. `A100-40GB:passthrough`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub passthrough: bool,
+    /// GPU instance id -> compute instances smaller than it (an admin's `nvidia-smi mig -cci`):
+    /// such a GPU instance has no full-size compute instance.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub split: BTreeMap<u32, Vec<SplitCompute>>,
     /// GPU instance id -> MiB held by a context with no process (a zombie): only a reset frees it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub leaked_mib: BTreeMap<u32, u64>,
@@ -48,6 +52,16 @@ pub struct SimGpu {
     /// exporter): not listed as processes, but a MIG mode change cannot activate past them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<String>,
+}
+
+/// A compute instance smaller than its GPU instance (e.g. one of three 1-slice ones in a 3g).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SplitCompute {
+    pub id: u32,
+    pub slices: u8,
+    pub start: u8,
+    pub uuid: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -200,12 +214,13 @@ pub fn new_gpu(host: &str, index: u32, spec: &str) -> Result<SimGpu, Error> {
         },
         instances: Vec::new(),
         passthrough,
+        split: BTreeMap::new(),
         leaked_mib: BTreeMap::new(),
         holders: Vec::new(),
     })
 }
 
-fn on_gpu(procs: &[SimProcess], gpu: u32) -> impl Iterator<Item = &SimProcess> {
+pub(crate) fn on_gpu(procs: &[SimProcess], gpu: u32) -> impl Iterator<Item = &SimProcess> {
     procs.iter().filter(move |p| p.gpu == gpu)
 }
 
@@ -268,6 +283,7 @@ pub fn create_gpu_instance(st: &mut SimState, gpu_index: u32, profile: &str, sta
         start,
         size: spec.memory_slices,
         uuid: String::new(),
+        split_compute: 0,
     };
     g.instances.push(instance.clone());
     Ok(instance)
@@ -282,7 +298,7 @@ pub fn gpu_instance_id(model: &GpuModel, start: u8, size: u8) -> u32 {
     u32::from(model.memory_slots) / size - 1 + u32::from(start) / size
 }
 
-fn instance(g: &mut SimGpu, gpu_index: u32, gi: u32) -> Result<&mut Instance, Error> {
+pub(crate) fn instance(g: &mut SimGpu, gpu_index: u32, gi: u32) -> Result<&mut Instance, Error> {
     g.instances
         .iter_mut()
         .find(|i| i.gpu_instance_id == gi)
@@ -296,6 +312,9 @@ pub fn create_compute_instance(st: &mut SimState, gpu_index: u32, gi: u32) -> Re
     let serial = st.next_uuid.to_string();
     let g = gpu(st, gpu_index)?;
     let uuid = uuid("MIG", &[&g.info.uuid, &gi.to_string(), "0", &serial]);
+    if g.split.get(&gi).is_some_and(|v| !v.is_empty()) {
+        return Err(Error::InsufficientResources(format!("GPU instance {gi} holds smaller compute instances")));
+    }
     let i = instance(g, gpu_index, gi)?;
     if i.compute_instance_id.is_some() {
         return Err(Error::InsufficientResources(format!("GPU instance {gi} already has its compute instance")));
@@ -333,9 +352,10 @@ pub fn destroy_compute_instance(st: &mut SimState, procs: &[SimProcess], gpu_ind
 /// `nvmlGpuInstanceDestroy`: refused while compute instances are active in it (nvml.h: `IN_USE`).
 pub fn destroy_gpu_instance(st: &mut SimState, gpu_index: u32, gi: u32) -> Result<(), Error> {
     let g = gpu(st, gpu_index)?;
-    if instance(g, gpu_index, gi)?.compute_instance_id.is_some() {
+    if instance(g, gpu_index, gi)?.compute_instance_id.is_some() || g.split.get(&gi).is_some_and(|v| !v.is_empty()) {
         return Err(Error::InUse(format!("GPU instance {gi} on GPU {gpu_index} has a compute instance")));
     }
+    g.split.remove(&gi);
     g.instances.retain(|i| i.gpu_instance_id != gi);
     g.leaked_mib.remove(&gi);
     Ok(())
@@ -346,6 +366,7 @@ pub fn destroy_gpu_instance(st: &mut SimState, gpu_index: u32, gi: u32) -> Resul
 pub fn reboot(st: &mut SimState) {
     for g in &mut st.gpus {
         g.instances.clear();
+        g.split.clear();
         g.leaked_mib.clear();
         g.info.mig_enabled = is_ampere(&g.info.product) && g.info.mig_pending.unwrap_or(g.info.mig_enabled);
         g.info.mig_pending = None;

@@ -135,3 +135,29 @@ fn injected_failure_after_k_operations() {
     assert!(matches!(s.create_instance(0, "1g.10gb", 1), Err(Error::InjectedFault(3))));
     assert_eq!(s.instances(0).unwrap().len(), 1, "a failed operation changes nothing");
 }
+
+#[test]
+fn compute_instances_smaller_than_their_gpu_instance_are_counted_and_block_the_whole_one() {
+    use super::split::{create_split_compute_instance, split_sizes};
+    assert_eq!(split_sizes(3), vec![(1, 3), (2, 1)], "a 3g holds three 1c or one 2c");
+    assert_eq!(split_sizes(7), vec![(1, 7), (2, 3), (3, 2), (4, 1)]);
+    assert_eq!(split_sizes(1), vec![]);
+    let (mut s, state) = sim(&["H100-80GB"]);
+    s.set_mig_mode(0, true).unwrap();
+    let mut st = s.load().unwrap();
+    let gi = model::create_gpu_instance(&mut st, 0, "3g.40gb", 0).unwrap().gpu_instance_id;
+    let made: Vec<u8> = (0..3).map(|_| create_split_compute_instance(&mut st, 0, gi, 1).unwrap().start).collect();
+    assert_eq!(made, vec![0, 1, 2]);
+    assert!(matches!(create_split_compute_instance(&mut st, 0, gi, 1), Err(Error::InsufficientResources(_))));
+    assert!(
+        matches!(create_split_compute_instance(&mut st, 0, gi, 3), Err(Error::InvalidArgument(_))),
+        "3c is the whole"
+    );
+    assert!(matches!(model::create_compute_instance(&mut st, 0, gi), Err(Error::InsufficientResources(_))));
+    assert!(matches!(model::destroy_gpu_instance(&mut st, 0, gi), Err(Error::InUse(_))));
+    s.save(&st).unwrap();
+    let listed = s.instances(0).unwrap();
+    assert_eq!((listed[0].compute_instance_id, listed[0].split_compute, listed[0].uuid.as_str()), (None, 3, ""));
+    reboot(&state).unwrap();
+    assert!(s.load().unwrap().gpus[0].split.is_empty(), "a reboot clears them with their GPU instance");
+}

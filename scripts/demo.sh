@@ -127,7 +127,8 @@ agent() { # name gpus
 }
 agent h100-a H100-80GB,H100-80GB
 agent h100-b H100-80GB,H100-80GB
-agent a100-a A100-40GB,A100-40GB
+# Passed through to a VM: MIG mode changes wait for a reset (on bare metal the driver resets them).
+agent a100-a A100-40GB:passthrough,A100-40GB:passthrough
 agent h100-train "$(printf 'H100-80GB,%.0s' 1 2 3 4 5 6 7)H100-80GB"
 
 LISTEN=127.0.0.1:18080

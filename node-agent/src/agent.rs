@@ -310,6 +310,7 @@ impl<B: GpuBackend> Agent<B> {
                     Blocked::Busy(_) | Blocked::GpuBusy(_) => "InstanceInUse",
                     Blocked::NoFit(_) => "LayoutDoesNotFit",
                     Blocked::LeakedMemory(_) => "LeakedMemory",
+                    Blocked::SplitComputeInstances(_) => "SplitComputeInstances",
                 };
                 let pids: Vec<u32> = match &b {
                     Blocked::Busy(list) => list.iter().flat_map(|(_, p)| p.iter().copied()).collect(),

@@ -34,7 +34,9 @@ struct BackendArgs {
     /// Simulated GPUs: state file (created on first use).
     #[arg(long, env = "TESSERA_SIM_STATE", default_value = "/var/lib/tessera/sim-gpus.json")]
     sim_state: PathBuf,
-    /// Simulated GPUs: products, comma-separated (used when the state file is new).
+    /// Simulated GPUs: products, comma-separated (used when the state file is new); a
+    /// `:passthrough` suffix makes a GPU passed through to a VM (Ampere MIG mode changes then
+    /// wait for a reset).
     #[arg(long, env = "TESSERA_SIM_GPUS", value_delimiter = ',', default_value = "H100-80GB")]
     sim_gpus: Vec<String>,
     /// Simulated GPUs: latency of every driver operation, in milliseconds.

@@ -72,6 +72,28 @@ pub enum Blocked {
     NoFit(FitError),
     #[error("{}", describe_leaked(.0))]
     LeakedMemory(Vec<(Instance, u64)>),
+    /// GPU instances split into smaller compute instances (an admin's `nvidia-smi mig -cci`):
+    /// not MIG devices Tessera made or manages, and destroying them could end someone's work, so
+    /// the GPU is left as it is.
+    #[error("{}", describe_split(.0))]
+    SplitComputeInstances(Vec<Instance>),
+}
+
+fn describe_split(list: &[Instance]) -> String {
+    let parts: Vec<String> = list
+        .iter()
+        .map(|i| {
+            format!(
+                "GPU instance {} ({}@{}) holds {} smaller compute instances",
+                i.gpu_instance_id, i.profile, i.start, i.split_compute
+            )
+        })
+        .collect();
+    format!(
+        "{}; Tessera manages only whole MIG devices and leaves this GPU unchanged: destroy those compute \
+         instances (nvidia-smi mig -dci) to hand it back",
+        parts.join("; ")
+    )
 }
 
 fn describe_leaked(list: &[(Instance, u64)]) -> String {
@@ -112,13 +134,18 @@ fn placement(i: &Instance) -> Placement {
     Placement { start: i.start, size: i.size, profile: i.profile.clone() }
 }
 
-/// Plans one GPU. An empty plan means the GPU already matches.
+/// Plans one GPU. An empty plan means the GPU already matches. A GPU with a GPU instance split
+/// into smaller compute instances is not planned at all (see [`Blocked::SplitComputeInstances`]).
 ///
 /// A mode already pending is set again: NVML's activation status then says whether a reset is
 /// really needed (Ampere) or the GPU was only busy (Hopper). A pending opposite mode (a change
 /// the intent no longer wants) is cleared by setting the current mode, or the next reset would
 /// apply it.
 pub fn plan(model: &GpuModel, observed: &Observed, target: &Target) -> Result<Vec<Step>, Blocked> {
+    let split: Vec<Instance> = observed.instances.iter().filter(|i| i.split_compute > 0).cloned().collect();
+    if !split.is_empty() {
+        return Err(Blocked::SplitComputeInstances(split));
+    }
     plan_steps(model, observed, target).and_then(|steps| refuse_leaked(observed, steps))
 }
 

@@ -5,6 +5,7 @@ use std::ffi::{c_char, c_uint};
 
 use nvml_wrapper_sys::bindings::*;
 use tessera_node_agent::backend::sim::model::{self, Activation};
+use tessera_node_agent::backend::sim::split;
 
 use crate::profiles;
 use crate::session::{self, Code, Ctx, Dev, ci_handle, fail, gi_handle, gpu_handle, inout, mig_handle, out, out_str};
@@ -272,13 +273,15 @@ nvml_fn!(nvmlDeviceGetGpuInstanceProfileInfo(
     info: *mut nvmlGpuInstanceProfileInfo_t,
 ) {
     let (product, p) = profile_info(cx, device, profile)?;
+    let eng = profiles::engines(&product, &p);
     let i = unsafe { inout(info)? };
     i.id = p.id;
     i.isP2pSupported = 0;
     i.sliceCount = u32::from(p.compute_slices);
     i.instanceCount = u32::from(p.max_count);
-    i.multiprocessorCount = profiles::multiprocessors(&product, &p);
-    i.copyEngineCount = u32::from(p.compute_slices);
+    i.multiprocessorCount = eng.sm;
+    i.copyEngineCount = eng.copy;
+    (i.decoderCount, i.encoderCount, i.jpegCount, i.ofaCount) = (eng.decoders, eng.encoders, eng.jpeg, eng.ofa);
     i.memorySizeMB = p.memory_mib;
     Ok(())
 });
@@ -298,13 +301,15 @@ nvml_fn!(nvmlDeviceGetGpuInstanceProfileInfoV(
         return Err(VERSION_MISMATCH);
     }
     let (product, p) = profile_info(cx, device, profile)?;
+    let eng = profiles::engines(&product, &p);
     let i = unsafe { inout(info)? };
     i.id = p.id;
     i.isP2pSupported = 0;
     i.sliceCount = u32::from(p.compute_slices);
     i.instanceCount = u32::from(p.max_count);
-    i.multiprocessorCount = profiles::multiprocessors(&product, &p);
-    i.copyEngineCount = u32::from(p.compute_slices);
+    i.multiprocessorCount = eng.sm;
+    i.copyEngineCount = eng.copy;
+    (i.decoderCount, i.encoderCount, i.jpegCount, i.ofaCount) = (eng.decoders, eng.encoders, eng.jpeg, eng.ofa);
     i.memorySizeMB = p.memory_mib;
     session::fill_name(&mut i.name, &format!("MIG {}", p.name));
     if v == v3 {
@@ -313,9 +318,9 @@ nvml_fn!(nvmlDeviceGetGpuInstanceProfileInfoV(
         i3.id = p.id;
         i3.sliceCount = u32::from(p.compute_slices);
         i3.instanceCount = u32::from(p.max_count);
-        i3.multiprocessorCount = profiles::multiprocessors(&product, &p);
-        i3.copyEngineCount = u32::from(p.compute_slices);
-        (i3.decoderCount, i3.encoderCount, i3.jpegCount, i3.ofaCount) = (0, 0, 0, 0);
+        i3.multiprocessorCount = eng.sm;
+        i3.copyEngineCount = eng.copy;
+        (i3.decoderCount, i3.encoderCount, i3.jpegCount, i3.ofaCount) = (eng.decoders, eng.encoders, eng.jpeg, eng.ofa);
         i3.memorySizeMB = p.memory_mib;
         session::fill_name(&mut i3.name, &format!("MIG {}", p.name));
         i3.capabilities = 0;
@@ -380,7 +385,9 @@ nvml_fn!(nvmlDeviceCreateGpuInstanceWithPlacement(
 });
 
 nvml_fn!(nvmlDeviceCreateGpuInstance(cx, device: nvmlDevice_t, profile_id: c_uint, gpu_instance: *mut nvmlGpuInstance_t) {
-    // Without a placement the driver picks one: the first valid start that fits.
+    // Without a placement the driver picks one, from the highest valid start down (NVIDIA's
+    // user guide examples: two `-cgi 9` make GPU instances 2 then 1, i.e. 4:4 then 0:4; a 1g
+    // first lands at 6:1, id 13), leaving the low slots free for large profiles.
     let (g, product) = mig_gpu(cx, device)?;
     let p = profiles::by_id(&product, profile_id).ok_or(INVALID)?;
     if gpu_instance.is_null() {
@@ -389,6 +396,7 @@ nvml_fn!(nvmlDeviceCreateGpuInstance(cx, device: nvmlDevice_t, profile_id: c_uin
     let made = p
         .starts
         .iter()
+        .rev()
         .find_map(|s| model::create_gpu_instance(&mut cx.state, g, &p.name, *s).ok())
         .ok_or(nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES)?;
     cx.changed = true;
@@ -456,19 +464,41 @@ fn full_ci(cx: &mut Ctx, g: u32, gi: u32) -> Result<(u8, u32), Code> {
     Ok((slices, profiles::full_ci_enum(slices).ok_or(NOT_SUPPORTED)?))
 }
 
-/// Compute profile info for `profile` (enum) in a GPU instance: only the full-size profile is
-/// modelled; others are NOT_SUPPORTED (logged), enums past NVML's count INVALID_ARGUMENT.
-fn ci_profile(cx: &mut Ctx, gpu_instance: nvmlGpuInstance_t, profile: u32, eng: u32) -> Result<(u8, u32), Code> {
+/// A compute profile of a GPU instance: its slices, whether it is the full-size one, and how many
+/// fit in the GPU instance; `None` when the GPU instance has no such profile.
+struct CiProfile {
+    slices: u8,
+    full: bool,
+    count: u32,
+}
+
+fn ci_profile_of(cx: &mut Ctx, g: u32, gi: u32, profile: u32) -> Result<Option<CiProfile>, Code> {
+    let (gi_slices, full) = full_ci(cx, g, gi)?;
+    if profile == full {
+        return Ok(Some(CiProfile { slices: gi_slices, full: true, count: 1 }));
+    }
+    let Some(slices) = profiles::ci_enum_slices(profile) else { return Ok(None) };
+    Ok(split::split_sizes(gi_slices).into_iter().find(|(c, _)| *c == slices).map(|(_, count)| CiProfile {
+        slices,
+        full: false,
+        count,
+    }))
+}
+
+/// Compute profile info for `profile` (enum = id) in a GPU instance: the full-size profile and the
+/// smaller ones the GPU instance can hold (`split::split_sizes`); others are NOT_SUPPORTED,
+/// enums past NVML's count INVALID_ARGUMENT. SMs are the GPU instance's, pro rata.
+fn ci_profile(cx: &mut Ctx, gpu_instance: nvmlGpuInstance_t, profile: u32, eng: u32) -> Result<(CiProfile, u32), Code> {
     let (g, gi) = cx.gpu_instance(gpu_instance)?;
     if profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT || eng >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT {
         return Err(INVALID);
     }
-    let (slices, full) = full_ci(cx, g, gi)?;
-    if profile != full {
-        session::log(format!("compute profile {profile} in GPU instance {gi}: only the full-size one is simulated"));
-        return Err(NOT_SUPPORTED);
-    }
-    Ok((slices, full))
+    let p = ci_profile_of(cx, g, gi, profile)?.ok_or(NOT_SUPPORTED)?;
+    let product = cx.gpu(g)?.info.product.clone();
+    let gi_profile = cx.instance(g, gi)?.profile.clone();
+    let hw = profiles::by_name(&product, &gi_profile).ok_or(INVALID)?;
+    let sm = profiles::engines(&product, &hw).sm * u32::from(p.slices) / u32::from(hw.compute_slices.max(1));
+    Ok((p, sm))
 }
 
 nvml_fn!(nvmlGpuInstanceGetComputeInstanceProfileInfo(
@@ -478,11 +508,11 @@ nvml_fn!(nvmlGpuInstanceGetComputeInstanceProfileInfo(
     eng_profile: c_uint,
     info: *mut nvmlComputeInstanceProfileInfo_t,
 ) {
-    let (slices, id) = ci_profile(cx, gpu_instance, profile, eng_profile)?;
+    let (p, sm) = ci_profile(cx, gpu_instance, profile, eng_profile)?;
     let i = unsafe { inout(info)? };
-    (i.id, i.sliceCount, i.instanceCount) = (id, u32::from(slices), 1);
-    i.multiprocessorCount = u32::from(slices) * 16;
-    i.sharedCopyEngineCount = u32::from(slices);
+    (i.id, i.sliceCount, i.instanceCount) = (profile, u32::from(p.slices), p.count);
+    i.multiprocessorCount = sm;
+    i.sharedCopyEngineCount = u32::from(p.slices);
     Ok(())
 });
 
@@ -497,11 +527,11 @@ nvml_fn!(nvmlGpuInstanceGetComputeInstanceProfileInfoV(
     if i.version != version(std::mem::size_of::<nvmlComputeInstanceProfileInfo_v2_t>(), 2) {
         return Err(VERSION_MISMATCH);
     }
-    let (slices, id) = ci_profile(cx, gpu_instance, profile, eng_profile)?;
-    (i.id, i.sliceCount, i.instanceCount) = (id, u32::from(slices), 1);
-    i.multiprocessorCount = u32::from(slices) * 16;
-    i.sharedCopyEngineCount = u32::from(slices);
-    session::fill_name(&mut i.name, &format!("MIG {slices}c"));
+    let (p, sm) = ci_profile(cx, gpu_instance, profile, eng_profile)?;
+    (i.id, i.sliceCount, i.instanceCount) = (profile, u32::from(p.slices), p.count);
+    i.multiprocessorCount = sm;
+    i.sharedCopyEngineCount = u32::from(p.slices);
+    session::fill_name(&mut i.name, &format!("MIG {}c", p.slices));
     Ok(())
 });
 
@@ -512,17 +542,22 @@ nvml_fn!(nvmlGpuInstanceCreateComputeInstance(
     compute_instance: *mut nvmlComputeInstance_t,
 ) {
     let (g, gi) = cx.gpu_instance(gpu_instance)?;
-    let (_, full) = full_ci(cx, g, gi)?;
-    if profile_id != full {
-        session::log(format!("create compute profile id {profile_id} in GPU instance {gi}: not simulated"));
+    let Some(p) = ci_profile_of(cx, g, gi, profile_id)? else {
+        session::log(format!("create compute profile id {profile_id} in GPU instance {gi}: no such profile"));
         return Err(NOT_SUPPORTED);
-    }
+    };
     if compute_instance.is_null() {
         return Err(INVALID);
     }
-    model::create_compute_instance(&mut cx.state, g, gi).map_err(fail)?;
+    let handle = if p.full {
+        model::create_compute_instance(&mut cx.state, g, gi).map_err(fail)?;
+        ci_handle(g, gi)
+    } else {
+        let made = split::create_split_compute_instance(&mut cx.state, g, gi, p.slices).map_err(fail)?;
+        session::split_ci_handle(g, gi, made.id)
+    };
     cx.changed = true;
-    unsafe { out(compute_instance, ci_handle(g, gi)) }
+    unsafe { out(compute_instance, handle) }
 });
 
 nvml_fn!(nvmlGpuInstanceGetComputeInstances(
@@ -533,18 +568,49 @@ nvml_fn!(nvmlGpuInstanceGetComputeInstances(
     count: *mut c_uint,
 ) {
     let (g, gi) = cx.gpu_instance(gpu_instance)?;
-    let (_, full) = full_ci(cx, g, gi)?;
-    if profile_id != full {
-        return Err(NOT_SUPPORTED);
-    }
+    let p = ci_profile_of(cx, g, gi, profile_id)?.ok_or(NOT_SUPPORTED)?;
     if compute_instances.is_null() {
         return Err(INVALID);
     }
-    let exists = cx.instance(g, gi)?.compute_instance_id.is_some();
-    if exists {
-        unsafe { compute_instances.write(ci_handle(g, gi)) };
+    let handles: Vec<nvmlComputeInstance_t> = if p.full {
+        let exists = cx.instance(g, gi)?.compute_instance_id.is_some();
+        if exists { vec![ci_handle(g, gi)] } else { vec![] }
+    } else {
+        let list = cx.gpu(g)?.split.get(&gi).cloned().unwrap_or_default();
+        list.iter().filter(|c| c.slices == p.slices).map(|c| session::split_ci_handle(g, gi, c.id)).collect()
+    };
+    // nvml.h: the array must hold the profile's instanceCount entries.
+    for (i, h) in handles.iter().enumerate() {
+        unsafe { compute_instances.add(i).write(*h) };
     }
-    unsafe { out(count, u32::from(exists)) }
+    unsafe { out(count, handles.len() as u32) }
+});
+
+nvml_fn!(nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
+    cx,
+    gpu_instance: nvmlGpuInstance_t,
+    profile_id: c_uint,
+    count: *mut c_uint,
+) {
+    // How many more compute instances of the profile fit next to those in the GPU instance.
+    let (g, gi) = cx.gpu_instance(gpu_instance)?;
+    let p = ci_profile_of(cx, g, gi, profile_id)?.ok_or(NOT_SUPPORTED)?;
+    let whole = cx.instance(g, gi)?.compute_instance_id.is_some();
+    let mut taken = cx.gpu(g)?.split.get(&gi).cloned().unwrap_or_default();
+    let (gi_slices, _) = full_ci(cx, g, gi)?;
+    let left = if whole {
+        0
+    } else if p.full {
+        u32::from(taken.is_empty())
+    } else {
+        let mut n = 0;
+        while let Some(&start) = split::free_starts(gi_slices, p.slices, &taken).first() {
+            taken.push(model::SplitCompute { id: u32::MAX, slices: p.slices, start, uuid: String::new() });
+            n += 1;
+        }
+        n
+    };
+    unsafe { out(count, left) }
 });
 
 nvml_fn!(nvmlGpuInstanceGetComputeInstanceById(
@@ -554,30 +620,49 @@ nvml_fn!(nvmlGpuInstanceGetComputeInstanceById(
     compute_instance: *mut nvmlComputeInstance_t,
 ) {
     let (g, gi) = cx.gpu_instance(gpu_instance)?;
-    if cx.instance(g, gi)?.compute_instance_id != Some(id) {
+    let handle = if cx.instance(g, gi)?.compute_instance_id == Some(id) {
+        ci_handle(g, gi)
+    } else if cx.gpu(g)?.split.get(&gi).is_some_and(|l| l.iter().any(|c| c.id == id)) {
+        session::split_ci_handle(g, gi, id)
+    } else {
         return Err(nvmlReturn_enum_NVML_ERROR_NOT_FOUND);
-    }
-    unsafe { out(compute_instance, ci_handle(g, gi)) }
+    };
+    unsafe { out(compute_instance, handle) }
 });
 
 nvml_fn!(nvmlComputeInstanceGetInfo_v2(cx, compute_instance: nvmlComputeInstance_t, info: *mut nvmlComputeInstanceInfo_t) {
-    let (g, gi) = cx.compute_instance(compute_instance)?;
-    let (slices, full) = full_ci(cx, g, gi)?;
-    let value = nvmlComputeInstanceInfo_t {
-        device: gpu_handle(g),
-        gpuInstance: gi_handle(g, gi),
-        id: 0,
-        profileId: full,
-        placement: nvmlComputeInstancePlacement_t { start: 0, size: u32::from(slices) },
+    let value = if let Some((g, gi, ci)) = cx.split_compute_instance(compute_instance)? {
+        let c = cx.gpu(g)?.split.get(&gi).and_then(|l| l.iter().find(|c| c.id == ci)).cloned().ok_or(INVALID)?;
+        nvmlComputeInstanceInfo_t {
+            device: gpu_handle(g),
+            gpuInstance: gi_handle(g, gi),
+            id: ci,
+            profileId: profiles::full_ci_enum(c.slices).ok_or(INVALID)?,
+            placement: nvmlComputeInstancePlacement_t { start: u32::from(c.start), size: u32::from(c.slices) },
+        }
+    } else {
+        let (g, gi) = cx.compute_instance(compute_instance)?;
+        let (slices, full) = full_ci(cx, g, gi)?;
+        nvmlComputeInstanceInfo_t {
+            device: gpu_handle(g),
+            gpuInstance: gi_handle(g, gi),
+            id: 0,
+            profileId: full,
+            placement: nvmlComputeInstancePlacement_t { start: 0, size: u32::from(slices) },
+        }
     };
     unsafe { out(info, value) }
 });
 
 nvml_fn!(nvmlComputeInstanceDestroy(cx, compute_instance: nvmlComputeInstance_t) {
     // nvml.h: IN_USE while processes are active on it; a zombie context holding memory counts.
-    let (g, gi) = cx.compute_instance(compute_instance)?;
     let procs = cx.procs.clone();
-    model::destroy_compute_instance(&mut cx.state, &procs, g, gi).map_err(fail)?;
+    if let Some((g, gi, ci)) = cx.split_compute_instance(compute_instance)? {
+        split::destroy_split_compute_instance(&mut cx.state, &procs, g, gi, ci).map_err(fail)?;
+    } else {
+        let (g, gi) = cx.compute_instance(compute_instance)?;
+        model::destroy_compute_instance(&mut cx.state, &procs, g, gi).map_err(fail)?;
+    }
     cx.changed = true;
     Ok(())
 });

@@ -44,21 +44,82 @@ pub fn by_name(product: &str, name: &str) -> Option<HardwareProfile> {
     table(product)?.1.into_iter().find(|p| p.name == name)
 }
 
-/// SMs per profile: the H100 80GB HBM3's as read on the board; elsewhere 16 per compute slice
-/// (an estimate; the agent does not read it).
-pub fn multiprocessors(product: &str, p: &HardwareProfile) -> u32 {
-    if product.contains("H100 80GB HBM3") {
-        match gi_enum(p) {
-            Some(0 | 7) => return 16,
-            Some(1) => return 32,
-            Some(2) => return 60,
-            Some(3) => return 64,
-            Some(4) => return 132,
-            Some(9) => return 26,
-            _ => {}
-        }
+/// A GPU-instance profile's SMs and engines, as `nvmlGpuInstanceProfileInfo_v3_t` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Engines {
+    pub sm: u32,
+    pub copy: u32,
+    pub decoders: u32,
+    pub encoders: u32,
+    pub jpeg: u32,
+    pub ofa: u32,
+}
+
+const fn e(sm: u32, copy: u32, decoders: u32, jpeg: u32, ofa: u32) -> Engines {
+    // No MIG profile on these boards has an NVENC.
+    Engines { sm, copy, decoders, encoders: 0, jpeg, ofa }
+}
+
+/// Per board (catalog name) and profile: H100 80GB HBM3 as read on the board
+/// (docs/hardware/h100-80gb-hbm3.nvml.json, driver 580.159.04); A100 and A30 from the MIG user
+/// guide's "Supported MIG Profiles" tables (engines, copy engines), SMs from `nvidia-smi mig -lgip`
+/// dumps (A30) and NVIDIA's go-nvml mock (A100: 14 per slice, 98 for 7g). ASSUMED: the other
+/// Hopper boards (H100 94/96GB, H200, GH200) as the H100 80GB.
+const ENGINES: &[(&str, &str, Engines)] = &[
+    ("H100", "1g", e(16, 1, 1, 1, 0)),
+    ("H100", "1g+me", e(16, 1, 1, 1, 1)),
+    ("H100", "1g.2x", e(26, 1, 1, 1, 0)),
+    ("H100", "2g", e(32, 2, 2, 2, 0)),
+    ("H100", "3g", e(60, 3, 3, 3, 0)),
+    ("H100", "4g", e(64, 4, 4, 4, 0)),
+    ("H100", "7g", e(132, 8, 7, 7, 1)),
+    ("A100", "1g", e(14, 1, 0, 0, 0)),
+    ("A100", "1g+me", e(14, 1, 1, 1, 1)),
+    ("A100", "1g.2x", e(14, 1, 1, 0, 0)),
+    ("A100", "2g", e(28, 2, 1, 0, 0)),
+    ("A100", "3g", e(42, 3, 2, 0, 0)),
+    ("A100", "4g", e(56, 4, 2, 0, 0)),
+    ("A100", "7g", e(98, 7, 5, 1, 1)),
+    ("A30", "1g", e(14, 1, 0, 0, 0)),
+    ("A30", "1g+me", e(14, 1, 1, 1, 1)),
+    ("A30", "2g", e(28, 2, 2, 0, 0)),
+    ("A30", "2g+me", e(28, 2, 2, 1, 1)),
+    ("A30", "4g", e(56, 4, 4, 1, 1)),
+];
+
+/// The board family a catalog model's engines follow.
+fn family(model: &str) -> Option<&'static str> {
+    match model {
+        "A100-40GB" | "A100-80GB" => Some("A100"),
+        "A30-24GB" => Some("A30"),
+        "H100-80GB" | "H100-94GB" | "H100-96GB" | "H200-141GB" | "GH200-144GB" => Some("H100"),
+        _ => None,
     }
-    u32::from(p.compute_slices) * 16
+}
+
+/// A profile's shape key in [`ENGINES`]: `1g`, `1g+me`, `1g.2x` (a 1-slice profile with two
+/// memory slices), `2g`, ...
+fn shape(p: &HardwareProfile) -> String {
+    let me = if p.name.ends_with("+me") { "+me" } else { "" };
+    let wide = if p.compute_slices == 1 && p.memory_slices == 2 { ".2x" } else { "" };
+    format!("{}g{wide}{me}", p.compute_slices)
+}
+
+/// SMs and engines of a profile on a product. Boards without a table: 16 SMs and one copy engine
+/// per compute slice, no media engines (an estimate; the agent reads none of it).
+pub fn engines(product: &str, p: &HardwareProfile) -> Engines {
+    let key = shape(p);
+    table(product)
+        .and_then(|(m, _)| family(m.name))
+        .and_then(|f| ENGINES.iter().find(|(b, s, _)| *b == f && *s == key))
+        .map(|(_, _, e)| *e)
+        .unwrap_or(e(u32::from(p.compute_slices) * 16, u32::from(p.compute_slices), 0, 0, 0))
+}
+
+/// SMs per profile (see [`engines`]); kept for the callers that want only the count.
+#[allow(dead_code)]
+pub fn multiprocessors(product: &str, p: &HardwareProfile) -> u32 {
+    engines(product, p).sm
 }
 
 /// The `NVML_COMPUTE_INSTANCE_PROFILE_*` enum of the full-size compute instance of a GPU
@@ -75,4 +136,10 @@ pub fn full_ci_enum(slices: u8) -> Option<u32> {
         6 => 6,
         _ => return None,
     })
+}
+
+/// The compute slices of a `NVML_COMPUTE_INSTANCE_PROFILE_*` enum (the inverse of
+/// [`full_ci_enum`]).
+pub fn ci_enum_slices(e: u32) -> Option<u8> {
+    (1..=8u8).find(|s| full_ci_enum(*s) == Some(e))
 }

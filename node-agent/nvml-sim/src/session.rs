@@ -231,7 +231,30 @@ pub fn ci_handle(gpu: u32, gi: u32) -> nvmlComputeInstance_t {
     encode(CI_TAG, gpu, gi) as nvmlComputeInstance_t
 }
 
+/// Marks a compute-instance handle as one of the smaller compute instances of a GPU instance.
+const SPLIT: u32 = 0x8000;
+
+/// A compute instance smaller than its GPU instance: GPU, GPU instance id, compute instance id.
+pub fn split_ci_handle(gpu: u32, gi: u32, ci: u32) -> nvmlComputeInstance_t {
+    encode(CI_TAG, gpu, SPLIT | (ci & 0x7f) << 8 | (gi & 0xff)) as nvmlComputeInstance_t
+}
+
 impl Ctx {
+    /// A live handle of a smaller compute instance as (GPU, GPU instance, compute instance);
+    /// `None` for any other handle.
+    pub fn split_compute_instance(&mut self, h: nvmlComputeInstance_t) -> Result<Option<(u32, u32, u32)>, Code> {
+        let Ok((gpu, id)) = decode(h as usize, CI_TAG) else { return Ok(None) };
+        if id & SPLIT == 0 {
+            return Ok(None);
+        }
+        let (gi, ci) = (id & 0xff, (id >> 8) & 0x7f);
+        let live = self.gpu(gpu)?.split.get(&gi).is_some_and(|l| l.iter().any(|c| c.id == ci));
+        if !live {
+            return Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        }
+        Ok(Some((gpu, gi, ci)))
+    }
+
     pub fn gpu(&mut self, gpu: u32) -> Result<&mut model::SimGpu, Code> {
         self.state.gpus.get_mut(gpu as usize).ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)
     }

@@ -265,7 +265,6 @@ stubs! {
     nvmlGpuInstanceCreateComputeInstanceWithPlacement,
     nvmlGpuInstanceGetActiveVgpus,
     nvmlGpuInstanceGetComputeInstancePossiblePlacements,
-    nvmlGpuInstanceGetComputeInstanceRemainingCapacity,
     nvmlGpuInstanceGetCreatableVgpus,
     nvmlGpuInstanceGetVgpuHeterogeneousMode,
     nvmlGpuInstanceGetVgpuSchedulerLog,

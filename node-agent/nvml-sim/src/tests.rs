@@ -119,7 +119,7 @@ fn versions_sizes_and_codes_follow_nvml_h() {
     let dir = std::env::temp_dir().join(format!("tessera-nvml-contract-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let state = dir.join("state.json");
-    SimBackend::open(&state, &["H100-80GB".to_string()]).unwrap();
+    SimBackend::open(&state, &["H100-80GB".to_string(), "A100-40GB".to_string()]).unwrap();
     // SAFETY: no other thread reads the environment while this test runs (the other test in
     // this binary starts a process, which reads it only at spawn).
     unsafe { std::env::set_var("TESSERA_NVML_SIM_STATE", &state) };
@@ -128,9 +128,9 @@ fn versions_sizes_and_codes_follow_nvml_h() {
         assert_eq!(nvmlDeviceGetCount_v2(&mut count), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
         assert_eq!(nvmlInit_v2(), nvmlReturn_enum_NVML_SUCCESS);
         assert_eq!(nvmlDeviceGetCount_v2(&mut count), nvmlReturn_enum_NVML_SUCCESS);
-        assert_eq!(count, 1);
+        assert_eq!(count, 2);
         let mut dev = null_mut();
-        assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut dev), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(nvmlDeviceGetHandleByIndex_v2(2, &mut dev), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
         assert_eq!(nvmlDeviceGetHandleByIndex_v2(0, &mut dev), nvmlReturn_enum_NVML_SUCCESS);
 
         // Struct versions: v2 and v3 are accepted, anything else is a version mismatch.
@@ -179,6 +179,95 @@ fn versions_sizes_and_codes_follow_nvml_h() {
         assert_eq!(nvmlGpuInstanceDestroy(gi), 0);
         // Stale handles are invalid arguments.
         assert_eq!(nvmlGpuInstanceDestroy(gi), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT);
+
+        // Without a placement the driver picks from the highest start down; ids follow the
+        // placement (1g at 6:1 is GPU instance 13) and come back after a destroy.
+        let placed = |gi: nvmlGpuInstance_t| {
+            let mut info: nvmlGpuInstanceInfo_t = std::mem::zeroed();
+            assert_eq!(nvmlGpuInstanceGetInfo(gi, &mut info), 0);
+            (info.id, info.placement.start)
+        };
+        let (mut a, mut b) = (null_mut(), null_mut());
+        assert_eq!(nvmlDeviceCreateGpuInstance(dev, 19, &mut a), 0);
+        assert_eq!(nvmlDeviceCreateGpuInstance(dev, 19, &mut b), 0);
+        assert_eq!((placed(a), placed(b)), ((13, 6), (12, 5)));
+        assert_eq!(nvmlGpuInstanceDestroy(a), 0);
+        assert_eq!(nvmlDeviceCreateGpuInstance(dev, 19, &mut a), 0);
+        assert_eq!(placed(a), (13, 6));
+        assert_eq!(nvmlDeviceCreateGpuInstance(dev, 9, &mut gi), 0);
+        assert_eq!(placed(gi), (1, 0), "3g: 4:4 is taken by the 1g instances, so 0:4");
+        for h in [a, b, gi] {
+            assert_eq!(nvmlGpuInstanceDestroy(h), 0);
+        }
+
+        // Compute instances smaller than their GPU instance (nvidia-smi mig -cci): three 1c in a 3g
+        // are listed and counted, and leave no room for the full-size one.
+        assert_eq!(
+            nvmlDeviceCreateGpuInstanceWithPlacement(
+                dev,
+                9,
+                &nvmlGpuInstancePlacement_t { start: 0, size: 4 },
+                &mut gi
+            ),
+            0
+        );
+        let mut one: nvmlComputeInstanceProfileInfo_t = std::mem::zeroed();
+        assert_eq!(nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, 0, 0, &mut one), 0);
+        assert_eq!((one.id, one.sliceCount, one.instanceCount, one.multiprocessorCount), (0, 1, 3, 20));
+        let left = |p: u32| {
+            let mut n = 99;
+            assert_eq!(nvmlGpuInstanceGetComputeInstanceRemainingCapacity(gi, p, &mut n), 0);
+            n
+        };
+        assert_eq!((left(0), left(1), left(2)), (3, 1, 1));
+        let mut cis = [null_mut(); 3];
+        for c in &mut cis {
+            assert_eq!(nvmlGpuInstanceCreateComputeInstance(gi, 0, c), 0);
+        }
+        assert_eq!((left(0), left(1), left(2)), (0, 0, 0));
+        assert_eq!(
+            nvmlGpuInstanceCreateComputeInstance(gi, 0, &mut ci),
+            nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES
+        );
+        assert_eq!(
+            nvmlGpuInstanceCreateComputeInstance(gi, 2, &mut ci),
+            nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES
+        );
+        let mut listed = [null_mut(); 3];
+        let mut n = 0;
+        assert_eq!(nvmlGpuInstanceGetComputeInstances(gi, 0, listed.as_mut_ptr(), &mut n), 0);
+        assert_eq!((n, listed), (3, cis));
+        let mut info: nvmlComputeInstanceInfo_t = std::mem::zeroed();
+        assert_eq!(nvmlComputeInstanceGetInfo_v2(cis[2], &mut info), 0);
+        assert_eq!((info.id, info.profileId, info.placement.start, info.placement.size), (2, 0, 2, 1));
+        assert_eq!(nvmlGpuInstanceDestroy(gi), nvmlReturn_enum_NVML_ERROR_IN_USE);
+        for c in cis {
+            assert_eq!(nvmlComputeInstanceDestroy(c), 0);
+        }
+        assert_eq!(nvmlComputeInstanceDestroy(cis[0]), nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, "stale");
+        assert_eq!(nvmlGpuInstanceDestroy(gi), 0);
+
+        // Engines and SMs per profile as the boards report them (H100: read on the board; A100:
+        // the MIG user guide's table), A100 memory as the driver reports it.
+        let mut h7: nvmlGpuInstanceProfileInfo_v3_t = std::mem::zeroed();
+        h7.version = std::mem::size_of::<nvmlGpuInstanceProfileInfo_v3_t>() as u32 | (3 << 24);
+        assert_eq!(
+            nvmlDeviceGetGpuInstanceProfileInfoV(dev, 4, (&mut h7 as *mut nvmlGpuInstanceProfileInfo_v3_t).cast()),
+            0
+        );
+        let got = (h7.multiprocessorCount, h7.copyEngineCount, h7.decoderCount, h7.jpegCount, h7.ofaCount);
+        assert_eq!(got, (132, 8, 7, 7, 1));
+        let mut a100 = null_mut();
+        assert_eq!(nvmlDeviceGetHandleByIndex_v2(1, &mut a100), 0);
+        let row = |e: u32| {
+            let mut i: nvmlGpuInstanceProfileInfo_t = std::mem::zeroed();
+            assert_eq!(nvmlDeviceGetGpuInstanceProfileInfo(a100, e, &mut i), 0);
+            (i.memorySizeMB, i.multiprocessorCount, i.copyEngineCount, i.decoderCount, i.jpegCount, i.ofaCount)
+        };
+        assert_eq!(row(0), (4864, 14, 1, 0, 0, 0), "1g.5gb");
+        assert_eq!(row(7), (4864, 14, 1, 1, 1, 1), "1g.5gb+me");
+        assert_eq!(row(2), (19968, 42, 3, 2, 0, 0), "3g.20gb");
+        assert_eq!(row(4), (40192, 98, 7, 5, 1, 1), "7g.40gb");
         assert_eq!(nvmlShutdown(), 0);
         assert_eq!(nvmlShutdown(), nvmlReturn_enum_NVML_ERROR_UNINITIALIZED);
     }

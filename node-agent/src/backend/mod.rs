@@ -38,6 +38,16 @@ pub struct Instance {
     pub size: u8,
     /// The MIG device UUID.
     pub uuid: String,
+    /// Compute instances smaller than the GPU instance (made outside Tessera, e.g. three 1-slice
+    /// ones in a 3g with `nvidia-smi mig -cci`); 0 for a MIG device or a half-made instance. Such a
+    /// GPU instance is no MIG device Tessera manages: `compute_instance_id` is `None`, and the
+    /// agent leaves its GPU alone (`planner::Blocked::SplitComputeInstances`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub split_compute: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A process using a GPU; `gpu_instance_id` is set for processes inside a MIG device.

@@ -145,9 +145,12 @@ impl GpuBackend for NvmlBackend {
         // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
         let handle = unsafe { d.handle() };
         let mut out = Vec::new();
-        for (id, name, _) in profiles {
+        for (id, name, slices) in profiles {
             for gi in nvml_raw::gpu_instances(lib, handle, id)? {
-                let complete = !nvml_raw::compute_instances(lib, gi.handle)?.is_empty();
+                // Only a full-size compute instance makes the GPU instance a MIG device Tessera
+                // manages; smaller ones (an admin's) are counted and reported instead.
+                let (whole, split_compute) = nvml_raw::compute_split(lib, gi.handle, slices)?;
+                let complete = whole && split_compute == 0;
                 out.push(Instance {
                     gpu_instance_id: gi.id,
                     compute_instance_id: complete.then_some(0),
@@ -159,6 +162,7 @@ impl GpuBackend for NvmlBackend {
                     } else {
                         String::new()
                     },
+                    split_compute,
                 });
             }
         }

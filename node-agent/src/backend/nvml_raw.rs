@@ -151,6 +151,11 @@ fn compute_profile(lib: &Lib, gi: nvmlGpuInstance_t, profile_enum: u32) -> Resul
 /// *id* (not enum), so each enum's id is read first; enums past the bindings' count are tried too,
 /// as newer drivers add profiles.
 pub fn compute_instances(lib: &Lib, gi: nvmlGpuInstance_t) -> Result<Vec<nvmlComputeInstance_t>, Error> {
+    Ok(compute_instances_by_profile(lib, gi)?.into_iter().map(|(_, ci)| ci).collect())
+}
+
+/// Every compute instance of a GPU instance with its profile enum.
+fn compute_instances_by_profile(lib: &Lib, gi: nvmlGpuInstance_t) -> Result<Vec<(u32, nvmlComputeInstance_t)>, Error> {
     let mut out = Vec::new();
     for profile_enum in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT + 8 {
         let Some((id, max)) = compute_profile(lib, gi, profile_enum)? else { continue };
@@ -159,9 +164,19 @@ pub fn compute_instances(lib: &Lib, gi: nvmlGpuInstance_t) -> Result<Vec<nvmlCom
         // SAFETY: `cis` has `instanceCount` slots, as nvml.h asks; NVML writes at most that.
         let rc = unsafe { nvml!(lib, nvmlGpuInstanceGetComputeInstances(gi, id, cis.as_mut_ptr(), &mut count)) };
         check(rc, &format!("compute instances of profile id {id}"))?;
-        out.extend_from_slice(&cis[..(count as usize).min(cis.len())]);
+        out.extend(cis[..(count as usize).min(cis.len())].iter().map(|ci| (profile_enum, *ci)));
     }
     Ok(out)
+}
+
+/// A GPU instance's compute instances, told apart: whether it has its full-size one (a MIG device
+/// as Tessera makes it), and how many smaller ones it holds (an admin's `nvidia-smi mig -cci`).
+pub fn compute_split(lib: &Lib, gi: nvmlGpuInstance_t, gi_slices: u32) -> Result<(bool, u32), Error> {
+    let full = full_compute_profile(gi_slices);
+    let all = compute_instances_by_profile(lib, gi)?;
+    let whole = all.iter().any(|(e, _)| Some(*e) == full);
+    let smaller = all.iter().filter(|(e, _)| Some(*e) != full).count() as u32;
+    Ok((whole, smaller))
 }
 
 /// Creates a GPU instance of `profile_id` at (start, size) and one full-size compute instance in

@@ -15,6 +15,7 @@ use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChan
 use crate::Error;
 
 pub mod model;
+pub mod split;
 
 /// What a simulated fault does once the operation count passes its threshold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,14 +33,17 @@ pub struct SimBackend {
 }
 
 impl SimBackend {
-    /// Opens the state file, creating GPUs of the given catalog products if it does not exist.
+    /// Opens the state file, creating GPUs of the given catalog products if it does not exist
+    /// (`A100-40GB`, or `A100-40GB:passthrough` for a GPU passed through to a VM). GPU UUIDs are
+    /// derived from the state file's path, the index and the product.
     pub fn open(path: &Path, products: &[String]) -> Result<Self, Error> {
         let sim = Self::at(path);
         let _lock = sim.lock()?;
         if !path.exists() {
             let mut state = SimState::default();
+            let host = path.display().to_string();
             for (i, p) in products.iter().enumerate() {
-                state.gpus.push(model::new_gpu(i as u32, p)?);
+                state.gpus.push(model::new_gpu(&host, i as u32, p)?);
             }
             sim.save(&state)?;
         }
@@ -281,7 +285,11 @@ impl GpuBackend for SimBackend {
 
     fn instances(&mut self, gpu: u32) -> Result<Vec<Instance>, Error> {
         let mut st = self.load()?;
-        let mut list = model::gpu(&mut st, gpu)?.instances.clone();
+        let g = model::gpu(&mut st, gpu)?;
+        let mut list = g.instances.clone();
+        for i in &mut list {
+            i.split_compute = g.split.get(&i.gpu_instance_id).map_or(0, |v| v.len() as u32);
+        }
         list.sort_by_key(|i| i.start);
         Ok(list)
     }

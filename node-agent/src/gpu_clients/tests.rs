@@ -30,6 +30,7 @@ fn mig(gi: u32, uuid: &str) -> Instance {
         start: 0,
         size: 4,
         uuid: uuid.into(),
+        split_compute: 0,
     }
 }
 

@@ -18,6 +18,7 @@ fn inst(id: u32, profile: &str, start: u8, size: u8) -> Instance {
         start,
         size,
         uuid: format!("MIG-{id}"),
+        split_compute: 0,
     }
 }
 
@@ -217,4 +218,21 @@ fn processes_not_tied_to_an_instance_block_every_destroy() {
     let mut obs = on(vec![inst(1, "3g.40gb", 0, 4)]);
     obs.gpu_processes = vec![77];
     assert!(plan(model("H100-80GB"), &obs, &target(&[("3g.40gb", 2)])).is_ok());
+}
+
+#[test]
+fn a_gpu_instance_split_into_smaller_compute_instances_leaves_the_gpu_alone() {
+    // Three 1-slice compute instances in a 3g (an admin's nvidia-smi mig -cci): even a target the
+    // rest of the GPU could take, or one without that instance, plans nothing.
+    let split =
+        Instance { compute_instance_id: None, uuid: String::new(), split_compute: 3, ..inst(1, "3g.40gb", 0, 4) };
+    let observed = on(vec![split.clone(), inst(2, "3g.40gb", 4, 4)]);
+    for t in [target(&[("3g.40gb", 2)]), target(&[("7g.80gb", 1)]), target(&[])] {
+        match plan(model("H100-80GB"), &observed, &t) {
+            Err(Blocked::SplitComputeInstances(list)) => assert_eq!(list, vec![split.clone()]),
+            other => panic!("expected the GPU left alone, got {other:?}"),
+        }
+    }
+    let message = Blocked::SplitComputeInstances(vec![split]).to_string();
+    assert!(message.contains("GPU instance 1 (3g.40gb@0) holds 3 smaller compute instances"), "{message}");
 }

@@ -142,8 +142,8 @@ fn destroying_a_half_made_instance_refuses_one_that_got_its_compute_instance() {
 }
 
 #[test]
-fn mig_mode_in_use_on_hopper_is_a_retry_and_only_ampere_asks_for_a_reset() {
-    let (mut b, state) = open(&["H100-80GB", "A100-40GB"]);
+fn mig_mode_in_use_on_hopper_is_a_retry_and_only_a_passed_through_ampere_asks_for_a_reset() {
+    let (mut b, state) = open(&["H100-80GB", "A100-40GB:passthrough", "A100-40GB"]);
     // Something holds the whole H100 (a device plugin, a CUDA process): activation is IN_USE.
     sim::run_process(&state, 0, None, 4242, "nvidia-device-plugin", None).unwrap();
     match b.set_mig_mode(0, true) {
@@ -152,7 +152,8 @@ fn mig_mode_in_use_on_hopper_is_a_retry_and_only_ampere_asks_for_a_reset() {
     }
     sim::stop_process(&state, 4242).unwrap();
     assert_eq!(b.set_mig_mode(0, true).unwrap(), ModeChange::Applied, "the retry once idle succeeds");
-    assert_eq!(b.set_mig_mode(1, true).unwrap(), ModeChange::ResetRequired, "Ampere needs a reset");
+    assert_eq!(b.set_mig_mode(1, true).unwrap(), ModeChange::ResetRequired, "a VM guest cannot reset an A100");
+    assert_eq!(b.set_mig_mode(2, true).unwrap(), ModeChange::Applied, "the driver resets an idle bare-metal A100");
 }
 
 /// A copy of the library whose dynamic symbol `name` is renamed, as an older driver lacks it.
@@ -215,6 +216,69 @@ fn a_failure_after_the_gpu_instance_create_does_not_leak_it() {
     fault(&state, "nvmlGpuInstanceGetInfo", NVML_ERROR_UNKNOWN);
     assert!(b.create_instance(0, "3g.40gb", 0).is_err());
     assert_eq!(b.instances(0).unwrap(), vec![], "destroyed again here too");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_through_a100_waits_for_a_reset_and_a_bare_metal_one_is_carved_at_once() {
+    let (b, state) = open(&["A100-40GB:passthrough"]);
+    let mut agent = Agent::offline(b);
+    let (outcomes, _) = apply(&mut agent, &intent(true, &[("3g.20gb", 2)]));
+    match &outcomes[0].1 {
+        GpuOutcome::Blocked { reason: "ResetRequired", message } => assert!(message.contains("reset"), "{message}"),
+        other => panic!("a VM guest's A100 needs a reset: {other:?}"),
+    }
+    let gpu = &agent.backend.inventory().unwrap()[0];
+    assert_eq!((gpu.mig_enabled, gpu.mig_pending), (false, Some(true)), "pending, nothing carved");
+    sim::reboot(&state).unwrap();
+    let (outcomes, _) = apply(&mut agent, &intent(true, &[("3g.20gb", 2)]));
+    assert_eq!(outcomes, vec![(0, GpuOutcome::InSync)], "carved after the reset");
+    assert_eq!(agent.backend.instances(0).unwrap().len(), 2);
+
+    let (b, _) = open(&["A100-40GB"]);
+    let mut agent = Agent::offline(b);
+    let (outcomes, _) = apply(&mut agent, &intent(true, &[("3g.20gb", 2)]));
+    assert_eq!(outcomes, vec![(0, GpuOutcome::InSync)], "the driver reset the idle A100 itself");
+    let ids: Vec<u32> = agent.backend.instances(0).unwrap().iter().map(|i| i.gpu_instance_id).collect();
+    assert_eq!(ids, vec![1, 2], "GPU instance ids follow the placement (0:4 is 1, 4:4 is 2)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_instance_split_into_smaller_compute_instances_is_reported_and_left_alone() {
+    let (mut b, state) = open(&["H100-80GB"]);
+    b.set_mig_mode(0, true).unwrap();
+    let whole = b.create_instance(0, "3g.40gb", 4).unwrap();
+    // An admin splits a 3g into three 1-slice compute instances (nvidia-smi mig -cgi 9 -cci 0,0,0).
+    edit(&state, |st| {
+        let gi = model::create_gpu_instance(st, 0, "3g.40gb", 0).unwrap().gpu_instance_id;
+        for _ in 0..3 {
+            sim::split::create_split_compute_instance(st, 0, gi, 1).unwrap();
+        }
+    });
+    let listed = b.instances(0).unwrap();
+    let split = listed.iter().find(|i| i.start == 0).unwrap();
+    assert_eq!(
+        (split.compute_instance_id, split.split_compute, split.uuid.as_str()),
+        (None, 3, ""),
+        "no MIG device of ours"
+    );
+    assert_eq!(listed.iter().find(|i| i.start == 4), Some(&whole), "the whole one is still a MIG device");
+    let reported = crate::report::gpu_state(&b.inventory().unwrap()[0], &listed, &[]);
+    assert_eq!(reported.instances.len(), 1, "only the whole MIG device is reported as supply");
+
+    let mut agent = Agent::offline(b);
+    for want in [&[("3g.40gb", 2)][..], &[("7g.80gb", 1)][..]] {
+        let (outcomes, _) = apply(&mut agent, &intent(true, want));
+        match &outcomes[0].1 {
+            GpuOutcome::Blocked { reason: "SplitComputeInstances", message } => {
+                assert!(
+                    message.contains("holds 3 smaller compute instances") && message.contains("3g.40gb@0"),
+                    "{message}"
+                )
+            }
+            other => panic!("expected the GPU left alone, got {other:?}"),
+        }
+    }
+    assert_eq!(agent.backend.instances(0).unwrap(), listed, "nothing was touched");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

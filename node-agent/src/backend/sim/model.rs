@@ -35,7 +35,16 @@ pub struct SimState {
 pub struct SimGpu {
     pub info: GpuInfo,
     pub instances: Vec<Instance>,
-    pub next_gpu_instance_id: u32,
+    /// The GPU is passed through to a VM: the guest cannot reset it, so a MIG mode change on an
+    /// Ampere board stays pending (`RESET_REQUIRED`) until a host-side reset or a reboot. On bare
+    /// metal the driver resets an idle Ampere GPU itself. Set with a `:passthrough` suffix on the
+    /// product in `$TESSERA_SIM_GPUS` (e.g. `A100-40GB:passthrough`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub passthrough: bool,
+    /// GPU instance id -> compute instances smaller than it (an admin's `nvidia-smi mig -cci`):
+    /// such a GPU instance has no full-size compute instance.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub split: BTreeMap<u32, Vec<SplitCompute>>,
     /// GPU instance id -> MiB held by a context with no process (a zombie): only a reset frees it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub leaked_mib: BTreeMap<u32, u64>,
@@ -43,6 +52,16 @@ pub struct SimGpu {
     /// exporter): not listed as processes, but a MIG mode change cannot activate past them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<String>,
+}
+
+/// A compute instance smaller than its GPU instance (e.g. one of three 1-slice ones in a 3g).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SplitCompute {
+    pub id: u32,
+    pub slices: u8,
+    pub start: u8,
+    pub uuid: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -84,25 +103,63 @@ pub enum Activation {
     ResetRequired,
 }
 
-/// Ampere boards need a GPU reset to change MIG mode; Hopper and later do not.
-pub fn needs_reset(product: &str) -> bool {
+/// Ampere boards change MIG mode through a GPU reset (done by the driver itself on bare metal
+/// when the GPU is idle; impossible from a VM guest), and keep the mode across reboots.
+pub fn is_ampere(product: &str) -> bool {
     product.contains("A100") || product.contains("A30")
 }
 
-/// Profile memory in MiB as NVML reports it. H100 80GB HBM3 values were read on the real board
-/// (docs/hardware/h100-80gb-hbm3.txt, driver 580.159.04); other boards are estimated from the
+/// The product and options of one `$TESSERA_SIM_GPUS` entry: `A100-40GB` or
+/// `A100-40GB:passthrough`.
+pub fn parse_gpu_spec(spec: &str) -> Result<(&str, bool), Error> {
+    match spec.split_once(':') {
+        None => Ok((spec, false)),
+        Some((product, "passthrough")) => Ok((product, true)),
+        Some((_, other)) => Err(Error::InvalidArgument(format!(
+            "simulated GPU {spec:?}: unknown option {other:?} (the only option is \"passthrough\")"
+        ))),
+    }
+}
+
+/// 128 bits from FNV-1a over `parts`, twice with different offset bases: deterministic across
+/// processes, builds and platforms (std's hasher promises none of that).
+fn hash128(parts: &[&str]) -> u128 {
+    let fnv = |basis: u64| {
+        let mut h = basis;
+        for part in parts {
+            for b in part.bytes().chain([0xff]) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        h
+    };
+    (u128::from(fnv(0xcbf2_9ce4_8422_2325)) << 64) | u128::from(fnv(0x6c62_272e_07bb_0142))
+}
+
+/// An NVML-style UUID: `prefix-` then 8-4-4-4-12 lowercase hex, derived from `parts`.
+pub fn uuid(prefix: &str, parts: &[&str]) -> String {
+    let h = format!("{:032x}", hash128(parts));
+    format!("{prefix}-{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
+/// Profile memory in MiB as NVML reports it (`memorySizeMB`), by memory slices. H100 80GB HBM3:
+/// read on the real board (docs/hardware/h100-80gb-hbm3.txt, driver 580.159.04). A100 40GB/80GB:
+/// NVIDIA's go-nvml mock tables (1g.5gb = 4864 MiB, as nvidia-smi's 4.75 GiB). A30: a public
+/// `nvidia-smi mig -lgip` dump (5.81, 11.69, 23.50 GiB). Other boards are estimated from the
 /// profile name (GB x 1000, no hardware record).
 fn profile_memory_mib(model: &GpuModel, p: &ProfileSpec) -> u64 {
-    if model.name == "H100-80GB" {
-        match p.memory_slices {
-            1 => return 9984,
-            2 => return 20096,
-            4 => return 40448,
-            8 => return 81152,
-            _ => {}
-        }
+    let measured: &[u64] = match model.name {
+        "H100-80GB" => &[9984, 20096, 0, 40448, 0, 0, 0, 81152],
+        "A100-40GB" => &[4864, 9856, 0, 19968, 0, 0, 0, 40192],
+        "A100-80GB" => &[9856, 19968, 0, 40192, 0, 0, 0, 80384],
+        "A30-24GB" => &[5952, 11968, 0, 24064],
+        _ => &[],
+    };
+    match measured.get(usize::from(p.memory_slices).wrapping_sub(1)) {
+        Some(&mib) if mib > 0 => mib,
+        _ => u64::from(p.memory_gb()) * 1000,
     }
-    u64::from(p.memory_gb()) * 1000
 }
 
 /// Whole-GPU memory in MiB: the H100 80GB HBM3's measured 81559 MiB, otherwise GB x 1024.
@@ -138,14 +195,17 @@ pub fn gpu(state: &mut SimState, gpu: u32) -> Result<&mut SimGpu, Error> {
     state.gpus.get_mut(gpu as usize).ok_or_else(|| Error::NotFound(format!("GPU {gpu}")))
 }
 
-/// A new simulated GPU of a catalog product, MIG disabled.
-pub fn new_gpu(index: u32, product: &str) -> Result<SimGpu, Error> {
+/// A new simulated GPU of a catalog product (`spec`: see [`parse_gpu_spec`]), MIG disabled. Its
+/// UUID is derived from `host` (what tells simulated nodes apart: the state file) and its index and
+/// product, so the same simulated GPU gets the same UUID whenever it is made again.
+pub fn new_gpu(host: &str, index: u32, spec: &str) -> Result<SimGpu, Error> {
+    let (product, passthrough) = parse_gpu_spec(spec)?;
     let model = catalog::lookup(product)
         .ok_or_else(|| Error::InvalidArgument(format!("unknown simulated GPU product {product:?}")))?;
     Ok(SimGpu {
         info: GpuInfo {
             index,
-            uuid: format!("GPU-sim-{index:04}-{}", model.name.to_ascii_lowercase()),
+            uuid: uuid("GPU", &[host, &index.to_string(), model.name]),
             product: model.nvml_names.first().copied().unwrap_or(model.name).to_string(),
             memory_mib: gpu_memory_mib(model),
             mig_capable: true,
@@ -153,20 +213,22 @@ pub fn new_gpu(index: u32, product: &str) -> Result<SimGpu, Error> {
             mig_pending: None,
         },
         instances: Vec::new(),
-        next_gpu_instance_id: 1,
+        passthrough,
+        split: BTreeMap::new(),
         leaked_mib: BTreeMap::new(),
         holders: Vec::new(),
     })
 }
 
-fn on_gpu(procs: &[SimProcess], gpu: u32) -> impl Iterator<Item = &SimProcess> {
+pub(crate) fn on_gpu(procs: &[SimProcess], gpu: u32) -> impl Iterator<Item = &SimProcess> {
     procs.iter().filter(move |p| p.gpu == gpu)
 }
 
 /// `nvmlDeviceSetMigMode`. Setting the current mode clears a pending opposite one. GPU instances
-/// make the call fail (`IN_USE`); otherwise the mode becomes pending and activation is tried:
-/// Ampere needs a reset, and on Hopper and later a process or a holder of the device keeps it
-/// (`IN_USE`).
+/// make the call fail (`IN_USE`); otherwise the mode becomes pending and activation is tried: an
+/// Ampere GPU passed through to a VM needs a host-side reset (`RESET_REQUIRED`); elsewhere (Ampere
+/// on bare metal, where the driver resets the GPU itself, and Hopper and later) a process or a
+/// holder of the device keeps it pending (`IN_USE`).
 pub fn set_mig_mode(
     st: &mut SimState,
     procs: &[SimProcess],
@@ -185,7 +247,7 @@ pub fn set_mig_mode(
         return Err(Error::InUse(format!("GPU {gpu_index} has GPU instances")));
     }
     g.info.mig_pending = Some(enabled);
-    if needs_reset(&g.info.product) {
+    if g.passthrough && is_ampere(&g.info.product) {
         return Ok(Activation::ResetRequired);
     }
     if on_gpu(procs, gpu_index).next().is_some() || !g.holders.is_empty() {
@@ -215,29 +277,45 @@ pub fn create_gpu_instance(st: &mut SimState, gpu_index: u32, profile: &str, sta
         )));
     }
     let instance = Instance {
-        gpu_instance_id: g.next_gpu_instance_id,
+        gpu_instance_id: gpu_instance_id(model, start, spec.memory_slices),
         compute_instance_id: None,
         profile: spec.name.to_string(),
         start,
         size: spec.memory_slices,
         uuid: String::new(),
+        split_compute: 0,
     };
-    g.next_gpu_instance_id += 1;
     g.instances.push(instance.clone());
     Ok(instance)
 }
 
-fn instance(g: &mut SimGpu, gpu_index: u32, gi: u32) -> Result<&mut Instance, Error> {
+/// A GPU instance's id follows its placement, as on hardware: the slots form a binary tree
+/// numbered breadth first (the whole GPU 0; halves 1, 2; quarters 3..6; single slots 7..14 on
+/// an 8-slot GPU, 3..6 on the 4-slot A30, as `nvidia-smi mig -lgi` shows), so an id is reused
+/// when an instance is made again at the same place.
+pub fn gpu_instance_id(model: &GpuModel, start: u8, size: u8) -> u32 {
+    let size = u32::from(size.max(1)).next_power_of_two();
+    u32::from(model.memory_slots) / size - 1 + u32::from(start) / size
+}
+
+pub(crate) fn instance(g: &mut SimGpu, gpu_index: u32, gi: u32) -> Result<&mut Instance, Error> {
     g.instances
         .iter_mut()
         .find(|i| i.gpu_instance_id == gi)
         .ok_or_else(|| Error::NotFound(format!("GPU instance {gi} on GPU {gpu_index}")))
 }
 
-/// `nvmlGpuInstanceCreateComputeInstance` with the full-size profile: the MIG device appears.
+/// `nvmlGpuInstanceCreateComputeInstance` with the full-size profile: the MIG device appears. Its
+/// UUID is derived from the GPU's, the GI/CI ids and a creation counter: stable while it exists,
+/// new when the instance is made again.
 pub fn create_compute_instance(st: &mut SimState, gpu_index: u32, gi: u32) -> Result<Instance, Error> {
-    let uuid = format!("MIG-sim-{gpu_index:02}-{:06}", st.next_uuid);
-    let i = instance(gpu(st, gpu_index)?, gpu_index, gi)?;
+    let serial = st.next_uuid.to_string();
+    let g = gpu(st, gpu_index)?;
+    let uuid = uuid("MIG", &[&g.info.uuid, &gi.to_string(), "0", &serial]);
+    if g.split.get(&gi).is_some_and(|v| !v.is_empty()) {
+        return Err(Error::InsufficientResources(format!("GPU instance {gi} holds smaller compute instances")));
+    }
+    let i = instance(g, gpu_index, gi)?;
     if i.compute_instance_id.is_some() {
         return Err(Error::InsufficientResources(format!("GPU instance {gi} already has its compute instance")));
     }
@@ -274,9 +352,10 @@ pub fn destroy_compute_instance(st: &mut SimState, procs: &[SimProcess], gpu_ind
 /// `nvmlGpuInstanceDestroy`: refused while compute instances are active in it (nvml.h: `IN_USE`).
 pub fn destroy_gpu_instance(st: &mut SimState, gpu_index: u32, gi: u32) -> Result<(), Error> {
     let g = gpu(st, gpu_index)?;
-    if instance(g, gpu_index, gi)?.compute_instance_id.is_some() {
+    if instance(g, gpu_index, gi)?.compute_instance_id.is_some() || g.split.get(&gi).is_some_and(|v| !v.is_empty()) {
         return Err(Error::InUse(format!("GPU instance {gi} on GPU {gpu_index} has a compute instance")));
     }
+    g.split.remove(&gi);
     g.instances.retain(|i| i.gpu_instance_id != gi);
     g.leaked_mib.remove(&gi);
     Ok(())
@@ -287,8 +366,9 @@ pub fn destroy_gpu_instance(st: &mut SimState, gpu_index: u32, gi: u32) -> Resul
 pub fn reboot(st: &mut SimState) {
     for g in &mut st.gpus {
         g.instances.clear();
+        g.split.clear();
         g.leaked_mib.clear();
-        g.info.mig_enabled = needs_reset(&g.info.product) && g.info.mig_pending.unwrap_or(g.info.mig_enabled);
+        g.info.mig_enabled = is_ampere(&g.info.product) && g.info.mig_pending.unwrap_or(g.info.mig_enabled);
         g.info.mig_pending = None;
     }
 }

@@ -6,8 +6,12 @@
 //! it holds on its node. So pods are matched to the node's instances of their resource, lowest GPU
 //! index and slot first, and an instance whose holder could be another one is marked `exact:
 //! false`. When every instance of a resource on a node is free, or all are held by one pod, the
-//! attribution is exact.
+//! attribution is exact. A pod holding a device through a ResourceClaim is exact: the claim's
+//! allocation names the device (`claims`).
 
+mod claims;
+#[cfg(test)]
+mod claims_tests;
 mod fetch;
 mod render;
 #[cfg(test)]
@@ -22,7 +26,10 @@ use tessera_crds::conditions;
 use tessera_crds::gpunode::{GpuIntent, GpuState};
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
 
+pub use claims::{SliceIndex, locate};
 pub use fetch::{Inputs, run};
+
+use crate::gpu_use::{AllocatedDevice, ClaimIndex, gpu_use};
 pub use render::{Colour, clean, text};
 
 const GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -134,6 +141,10 @@ pub struct Holder {
     /// The TenantGpuQuota claiming the pod's namespace, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The ResourceClaim through which the pod holds the device (DRA); absent for extended
+    /// resources.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -143,22 +154,52 @@ pub struct Held {
     pub count: i64,
 }
 
-/// Pure: the report from what was read.
+/// The ResourceClaims and ResourceSlices read, for the devices pods hold through DRA.
+#[derive(Debug, Default)]
+pub struct Dra {
+    pub claims: ClaimIndex,
+    pub slices: SliceIndex,
+}
+
+/// Pure: the report from what was read, without claims (a pod naming one holds an unknown
+/// device).
 pub fn fleet_status(
     gpunodes: &[GpuNode],
     plans: &[GpuPartitionPlan],
     quotas: &[TenantGpuQuota],
     pods: &[Pod],
 ) -> FleetStatus {
+    fleet_status_with(gpunodes, plans, quotas, pods, &Dra::default())
+}
+
+/// A device a pod holds through a claim, or `None` for a claim the index lacks.
+type ClaimHolds = (Holder, Option<AllocatedDevice>);
+
+/// Pure: the report from what was read, the devices held through claims included.
+pub fn fleet_status_with(
+    gpunodes: &[GpuNode],
+    plans: &[GpuPartitionPlan],
+    quotas: &[TenantGpuQuota],
+    pods: &[Pod],
+    dra: &Dra,
+) -> FleetStatus {
     let tenant_of = tenants_of_namespaces(quotas);
-    let mut pods_by_node: BTreeMap<&str, Vec<PodHolds>> = BTreeMap::new();
+    let mut pods_by_node: BTreeMap<&str, (Vec<PodHolds>, Vec<ClaimHolds>)> = BTreeMap::new();
     let mut tenants: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
     for pod in pods.iter().filter(|p| holds_devices(p)) {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
         let ns = pod.namespace().unwrap_or_default();
         let tenant = tenant_of.get(ns.as_str()).cloned();
-        let held = gpu_resources(pod);
-        if held.is_empty() {
+        let holder = Holder { pod: format!("{ns}/{}", pod.name_any()), tenant: tenant.clone(), claim: None };
+        let used = gpu_use(pod, &dra.claims);
+        let claimed: Vec<ClaimHolds> = used
+            .devices
+            .into_iter()
+            .map(|d| (Holder { claim: Some(d.claim.clone()), ..holder.clone() }, Some(d)))
+            .chain(used.unknown_claims.into_iter().map(|c| (Holder { claim: Some(c), ..holder.clone() }, None)))
+            .collect();
+        let held = extended_held(pod);
+        if held.is_empty() && claimed.is_empty() {
             continue;
         }
         let t = tenants.entry(tenant.clone().unwrap_or_default()).or_default();
@@ -166,12 +207,20 @@ pub fn fleet_status(
             let e = t.entry(r.clone()).or_default();
             *e = e.saturating_add(*n);
         }
-        pods_by_node.entry(node).or_default().push((Holder { pod: format!("{ns}/{}", pod.name_any()), tenant }, held));
+        let entry = pods_by_node.entry(node).or_default();
+        if !held.is_empty() {
+            entry.0.push((holder, held));
+        }
+        entry.1.extend(claimed);
     }
     let mut nodes: Vec<NodeStatus> = gpunodes
         .iter()
-        .map(|gn| node_status(gn, pods_by_node.remove(gn.name_any().as_str()).unwrap_or_default()))
+        .map(|gn| {
+            let (pods, claimed) = pods_by_node.remove(gn.name_any().as_str()).unwrap_or_default();
+            node_status(gn, pods, claimed, &dra.slices)
+        })
         .collect();
+    claims::count_for_tenants(&nodes, &mut tenants);
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut plans: Vec<PlanSummary> = plans.iter().map(plan_summary).collect();
     plans.sort_by(|a, b| a.name.cmp(&b.name));
@@ -198,6 +247,17 @@ fn tenants_of_namespaces(quotas: &[TenantGpuQuota]) -> BTreeMap<&str, String> {
             (ns, label)
         })
         .collect()
+}
+
+/// The extended resources a pod holds from the device plugin: `gpu_resources`, less those the
+/// scheduler satisfied from DRA devices (KEP-5004), which its claim names exactly.
+fn extended_held(pod: &Pod) -> BTreeMap<String, i64> {
+    let mut held = gpu_resources(pod);
+    let ext = pod.status.as_ref().and_then(|s| s.extended_resource_claim_status.as_ref());
+    for m in ext.iter().flat_map(|e| e.request_mappings.iter()) {
+        held.remove(&m.resource_name);
+    }
+    held
 }
 
 /// A pod that has not finished (a terminating one still holds its devices).
@@ -280,15 +340,17 @@ type PodHolds = (Holder, BTreeMap<String, i64>);
 
 /// A device a pod may hold: (GPU position in the node's list, instance position or `None` for
 /// the whole GPU).
-type Device = (usize, Option<usize>);
+pub(crate) type Device = (usize, Option<usize>);
 
-fn node_status(gn: &GpuNode, mut pods: Vec<PodHolds>) -> NodeStatus {
+fn node_status(gn: &GpuNode, mut pods: Vec<PodHolds>, claimed: Vec<ClaimHolds>, slices: &SliceIndex) -> NodeStatus {
     let st = gn.status.clone().unwrap_or_default();
     let rollout = st.rollout.as_ref();
     let ready = conditions::find(&st.conditions, conditions::READY);
     let mut gpus: Vec<GpuState> = st.gpus.clone();
     gpus.sort_by_key(|g| g.index);
     let mut out: Vec<GpuStatus> = gpus.iter().map(|g| gpu_status(g, &gn.spec.gpus)).collect();
+    // Devices named by claims first: exact, and no longer free for the guesses below.
+    let (taken, mut unplaced) = claims::place(&mut out, &gpus, claimed, slices);
 
     // Devices per resource, in the order pods are given them.
     let mut devices: BTreeMap<String, Vec<Device>> = BTreeMap::new();
@@ -296,15 +358,14 @@ fn node_status(gn: &GpuNode, mut pods: Vec<PodHolds>) -> NodeStatus {
         if g.mig_enabled {
             let mut order: Vec<usize> = (0..g.instances.len()).collect();
             order.sort_by_key(|&i| (g.instances[i].start, i));
-            for i in order {
+            for i in order.into_iter().filter(|&i| !taken.contains(&(gi, Some(i)))) {
                 devices.entry(catalog::mig_resource_name(&g.instances[i].profile)).or_default().push((gi, Some(i)));
             }
-        } else {
+        } else if !taken.contains(&(gi, None)) {
             devices.entry(GPU_RESOURCE.into()).or_default().push((gi, None));
         }
     }
     pods.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut unplaced = Vec::new();
     for (resource, list) in &devices {
         let mut next = 0;
         let mut holders = Vec::new();

@@ -88,7 +88,9 @@ pub struct Fleet<'a> {
 /// The drain's verdict on `pod`, with "uses a GPU" decided by `gpu_use` (extended resources and
 /// ResourceClaims alike). `drain::verdict` sees extended resources only, so a pod holding a GPU
 /// through a claim is handed to it as what it is: a pod with a GPU resource. The one place to
-/// change once the drain takes the claim index itself.
+/// change once the drain takes the claim index itself (the controller's half of issue 24 adds
+/// `drain::verdict_with_claims`: this body becomes that call; plain `verdict` would then count
+/// a pod naming another driver's claim as a GPU pod).
 fn drain_verdict(
     pod: &Pod,
     policy: &tessera_crds::plan::RolloutPolicy,

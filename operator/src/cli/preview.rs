@@ -85,35 +85,39 @@ pub struct Fleet<'a> {
     pub claims: &'a ClaimIndex,
 }
 
-/// The drain's verdict on `pod`, with "uses a GPU" decided by `gpu_use` (extended resources and
-/// ResourceClaims alike). `drain::verdict` sees extended resources only, so a pod holding a GPU
-/// through a claim is handed to it as what it is: a pod with a GPU resource. The one place to
-/// change once the drain takes the claim index itself (the controller's half of issue 24 adds
-/// `drain::verdict_with_claims`: this body becomes that call; plain `verdict` would then count
-/// a pod naming another driver's claim as a GPU pod).
+/// The drain's verdict on `pod`, with "uses a GPU" decided by `gpu_use` over the claims read
+/// (extended resources and ResourceClaims alike). `drain::verdict` is handed the pod as `gpu_use`
+/// sees it: its claims dropped, and a GPU resource added where a claim holds a GPU. So the
+/// answer is the same whether `drain::verdict` reads extended resources only or (with the
+/// controller's half of issue 24) counts an unread claim as a GPU; `drain::verdict_with_claims`
+/// can replace this once both are merged.
 fn drain_verdict(
     pod: &Pod,
     policy: &tessera_crds::plan::RolloutPolicy,
     daemonsets: &BTreeSet<(String, String)>,
     claims: &ClaimIndex,
 ) -> PodVerdict {
-    if crate::drain::uses_gpu(pod) || !gpu_use::uses_gpu(pod, claims) {
-        return verdict(pod, policy, daemonsets);
-    }
-    let mut gpu_pod = pod.clone();
-    if let Some(spec) = gpu_pod.spec.as_mut() {
-        let limits =
-            [("nvidia.com/gpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()))];
-        spec.containers.push(k8s_openapi::api::core::v1::Container {
-            name: "(resource claims)".into(),
-            resources: Some(k8s_openapi::api::core::v1::ResourceRequirements {
-                limits: Some(limits.into()),
+    let gpu = gpu_use::uses_gpu(pod, claims);
+    let mut seen = pod.clone();
+    if let Some(spec) = seen.spec.as_mut() {
+        spec.resource_claims = None;
+        if gpu && !gpu_use::uses_extended_gpu(pod) {
+            let one = k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into());
+            spec.containers.push(k8s_openapi::api::core::v1::Container {
+                name: "(resource claims)".into(),
+                resources: Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                    limits: Some([("nvidia.com/gpu".to_string(), one)].into()),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
-        });
+            });
+        }
     }
-    verdict(&gpu_pod, policy, daemonsets)
+    if let Some(status) = seen.status.as_mut() {
+        status.resource_claim_statuses = None;
+        status.extended_resource_claim_status = None;
+    }
+    verdict(&seen, policy, daemonsets)
 }
 
 fn supply_after(gpus: &[GpuState], intent: &[GpuIntent], out: &mut BTreeMap<String, i64>) {

@@ -4,7 +4,7 @@
 
 use clap::{Parser, Subcommand};
 use std::io::Write as _;
-use tessera_operator::cli::commands::{MigCommand, PreviewArgs, runtime};
+use tessera_operator::cli::commands::{DraArgs, MigCommand, PreviewArgs, runtime};
 use tessera_operator::cli::connect::ClusterArgs;
 use tessera_operator::cli::status::Colour;
 use tessera_operator::cli::{self, Format};
@@ -34,9 +34,12 @@ enum Command {
     /// Every GPU node: rollout phase, MIG slot diagram, busy instances and the tenants holding
     /// them (exit 1 when part of the fleet could not be read; what could is still shown).
     Status {
-        /// Read GpuNodes, plans, quotas and pods from these files instead of the cluster.
+        /// Read GpuNodes, plans, quotas, pods, ResourceClaims and ResourceSlices from these files
+        /// instead of the cluster.
         #[arg(long = "from", value_name = "FILE")]
         from: Vec<String>,
+        #[command(flatten)]
+        dra: DraArgs,
     },
     /// What applying plans would change, against the cluster (`-o markdown` for a pull request).
     Preview(PreviewArgs),
@@ -69,8 +72,8 @@ fn main() {
     }
     let output = args.output;
     let result = match args.command {
-        Command::Status { from } => output.plain("status").and_then(|output| {
-            runtime().block_on(cli::status::run(&args.cluster, &from, output, args.colour.enabled()))
+        Command::Status { from, dra } => output.plain("status").and_then(|output| {
+            runtime().block_on(cli::status::run(&args.cluster, &from, &dra.drivers(), output, args.colour.enabled()))
         }),
         Command::Preview(preview) => preview.run(&args.cluster, output),
         Command::Validate { files } => output.plain("validate").and_then(|output| cli::validate::run(&files, output)),

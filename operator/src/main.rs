@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use std::io::Write as _;
-use tessera_operator::cli::commands::{MigCommand, PreviewArgs, runtime};
+use tessera_operator::cli::commands::{DraArgs, MigCommand, PreviewArgs, runtime};
 use tessera_operator::cli::connect::ClusterArgs;
 use tessera_operator::cli::{self, Format};
 
@@ -67,7 +67,8 @@ enum PlanCommand {
     /// The plans that make the fleet's MIG supply cover every tenant quota, changing as few GPUs
     /// as possible (exit 1 when the demand cannot be met; the closest answer is printed).
     Suggest {
-        /// Read TenantGpuQuotas, GpuNodes, Nodes and plans from these files instead of the cluster.
+        /// Read TenantGpuQuotas, GpuNodes, Nodes, plans, Pods and ResourceClaims from these files
+        /// instead of the cluster.
         #[arg(long = "from", value_name = "FILE")]
         from: Vec<String>,
         /// Only GPUs of nodes with these labels may change (key=value,...).
@@ -80,6 +81,8 @@ enum PlanCommand {
         /// headroom and nodes, and the other quotas' guarantees.
         #[arg(long, value_name = "NAME", conflicts_with_all = ["selector", "headroom_percent"])]
         plan: Option<String>,
+        #[command(flatten)]
+        dra: DraArgs,
         #[command(flatten)]
         cluster: ClusterArgs,
     },
@@ -120,7 +123,7 @@ fn main() {
     let result = match args.command {
         Command::Run { .. } => unreachable!("handled above"),
         Command::Plan { command: PlanCommand::Preview { args, cluster } } => args.run(&cluster, output),
-        Command::Plan { command: PlanCommand::Suggest { from, selector, headroom_percent, plan, cluster } } => {
+        Command::Plan { command: PlanCommand::Suggest { from, selector, headroom_percent, plan, dra, cluster } } => {
             output.plain("plan suggest").and_then(|output| {
                 runtime().block_on(cli::suggest::run(
                     &from,
@@ -128,6 +131,7 @@ fn main() {
                     headroom_percent,
                     plan.as_deref(),
                     &cluster,
+                    &dra.drivers(),
                     output,
                 ))
             })

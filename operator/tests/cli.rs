@@ -461,3 +461,35 @@ fn plan_suggest_takes_the_connection_flags_of_plan_preview() {
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("\"soon\" is not a duration"), "{out}");
 }
+
+/// Issue 24: a pod holding a GPU through a ResourceClaim read with `--from` is evicted by the
+/// preview like any GPU pod, for the drivers `--gpu-dra-drivers` names (and only those).
+#[test]
+fn plan_preview_evicts_a_pod_holding_a_gpu_through_a_claim_from_files() {
+    let dir = std::env::temp_dir().join(format!("tessera-cli-dra-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let extra = dir.join("claims.yaml");
+    std::fs::write(
+        &extra,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: dra-0, namespace: team-a, ownerReferences: \
+         [{apiVersion: batch/v1, kind: Job, name: dra, uid: u-dra, controller: true}]}\n\
+         spec: {nodeName: infer-1, containers: [{name: c}], resourceClaims: [{name: gpu, resourceClaimName: c1}]}\n\
+         status: {phase: Running}\n---\n\
+         apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c1, namespace: team-a}\nspec: {}\n\
+         status: {allocation: {devices: {results: [{request: r, driver: gpu.nvidia.com, pool: infer-1, device: gpu-0-mig-9-0-4}]}}}\n",
+    )
+    .unwrap();
+    let extra = extra.to_string_lossy().into_owned();
+    let evicted = |more: &[&str]| {
+        let mut args = vec!["plan", "preview", "-o", "json", "--from", FLEET, "--from", &extra];
+        args.extend(more);
+        args.push(SAMPLE_PLANS[1]);
+        let (code, out) = run(&args);
+        assert_eq!(code, 0, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v[0]["changes"][0]["evict"].clone()
+    };
+    assert_eq!(evicted(&[]), serde_json::json!(["team-a/chat-0", "team-a/dra-0"]));
+    assert_eq!(evicted(&["--gpu-dra-drivers", "gpu.example.com"]), serde_json::json!(["team-a/chat-0"]));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -219,3 +219,38 @@ fn status_into_a_pipe_closed_early_exits_0_without_a_panic() {
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
 }
+
+/// Issue 24: a pod holding a GPU through a ResourceClaim is shown as its exact holder, by the
+/// ResourceSlice's `uuid`, for the drivers `--gpu-dra-drivers` names (and only those).
+#[test]
+fn status_from_files_shows_the_exact_holder_of_a_device_allocated_through_a_claim() {
+    let dir = std::env::temp_dir().join(format!("tessera-plugin-dra-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("dra.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: tessera.dev/v1alpha1\nkind: GpuNode\nmetadata: {name: node-1}\nspec: {}\n\
+         status: {gpus: [{index: 0, uuid: GPU-a, product: NVIDIA H100 80GB HBM3, migCapable: true}]}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: trainer, namespace: ml}\n\
+         spec: {nodeName: node-1, containers: [{name: c}], resourceClaims: [{name: gpu, resourceClaimName: c1}]}\n\
+         status: {phase: Running}\n---\n\
+         apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c1, namespace: ml}\nspec: {}\n\
+         status: {allocation: {devices: {results: [{request: r, driver: gpu.example.com, pool: node-1, device: dev-a}]}}}\n---\n\
+         apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\n\
+         spec: {driver: gpu.example.com, nodeName: node-1, pool: {name: node-1, generation: 1, resourceSliceCount: 1}, \
+         devices: [{name: dev-a, attributes: {uuid: {string: GPU-a}}}]}\n",
+    )
+    .unwrap();
+    let file = f.to_str().unwrap();
+    let (code, out, err) = run(&["status", "--from", file]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("whole GPU  free"), "not a GPU driver by default: {out}");
+    let (code, out, err) = run(&["status", "--gpu-dra-drivers", "gpu.example.com", "--from", file]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("whole GPU  busy  (no quota)  ml/trainer (claim c1)"), "{out}");
+    assert!(!out.contains('~'), "exact: {out}");
+    let (_, out, _) = run(&["status", "-o", "json", "--gpu-dra-drivers", "gpu.example.com", "--from", file]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["nodes"][0]["gpus"][0]["holder"], serde_json::json!({"pod": "ml/trainer", "claim": "c1"}));
+    assert_eq!(v["nodes"][0]["gpus"][0]["exact"], true);
+}

@@ -48,9 +48,28 @@ pub struct PreviewArgs {
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<String>,
     /// Read Nodes, GpuNodes, Pods, the other plans, TenantGpuQuotas, PodDisruptionBudgets and
-    /// DaemonSets from these files (e.g. `kubectl get ... -o yaml`) instead of the cluster.
+    /// DaemonSets and ResourceClaims from these files (e.g. `kubectl get ... -o yaml`) instead of
+    /// the cluster.
     #[arg(long = "from", value_name = "FILE")]
     pub from: Vec<String>,
+    #[command(flatten)]
+    pub dra: DraArgs,
+}
+
+/// `--gpu-dra-drivers`, as the operator's `run` spells it: whose ResourceClaim allocations are
+/// GPUs, so the commands count the pods holding them as GPU pods.
+#[derive(Args, Debug, Clone)]
+pub struct DraArgs {
+    /// DRA drivers whose devices are GPUs: pods holding ResourceClaims allocated from them are
+    /// GPU pods (comma-separated).
+    #[arg(long = "gpu-dra-drivers", value_name = "DRIVER", value_delimiter = ',', default_value = crate::dra::NVIDIA_GPU_DRIVER)]
+    pub gpu_dra_drivers: Vec<String>,
+}
+
+impl DraArgs {
+    pub fn drivers(&self) -> crate::dra::GpuDrivers {
+        crate::dra::GpuDrivers::new(&self.gpu_dra_drivers)
+    }
 }
 
 impl PreviewArgs {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
@@ -25,7 +26,8 @@ use super::connect::{self, list_all};
 use super::snapshot::Snapshot;
 use super::status::clean;
 use crate::Error;
-use crate::drain::{PodVerdict, verdict};
+use crate::drain::{PodVerdict, verdict_with_claims};
+use crate::gpu_use::ClaimIndex;
 use crate::quota::{Capacity, gpu_supply};
 use crate::rollout::desired_intent;
 use crate::selector::matches;
@@ -79,6 +81,23 @@ pub struct Fleet<'a> {
     pub quotas: &'a [TenantGpuQuota],
     /// What every GpuNode supplies now, as the quota controller reads it.
     pub capacity: &'a Capacity,
+    /// The ResourceClaims: pods holding GPUs through DRA are GPU pods too (`gpu_use`).
+    pub claims: &'a ClaimIndex,
+}
+
+/// The drain's verdict on `pod`, with "uses a GPU" decided by `gpu_use` over the claims read
+/// (extended resources and ResourceClaims alike). `drain::verdict` is handed the pod as `gpu_use`
+/// sees it: its claims dropped, and a GPU resource added where a claim holds a GPU. So the
+/// answer is the same whether `drain::verdict` reads extended resources only or (with the
+/// controller's half of issue 24) counts an unread claim as a GPU; `drain::verdict_with_claims`
+/// can replace this once both are merged.
+fn drain_verdict(
+    pod: &Pod,
+    policy: &tessera_crds::plan::RolloutPolicy,
+    daemonsets: &BTreeSet<(String, String)>,
+    claims: &ClaimIndex,
+) -> PodVerdict {
+    verdict_with_claims(pod, policy, daemonsets, claims)
 }
 
 fn supply_after(gpus: &[GpuState], intent: &[GpuIntent], out: &mut BTreeMap<String, i64>) {
@@ -159,7 +178,7 @@ pub fn preview(plan: &GpuPartitionPlan, fleet: &Fleet) -> Preview {
                     .iter()
                     .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
                 {
-                    match verdict(pod, &plan.spec.rollout, daemonsets) {
+                    match drain_verdict(pod, &plan.spec.rollout, daemonsets, fleet.claims) {
                         PodVerdict::Evict => {
                             evict.push(format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()));
                             pods.push(pod);
@@ -214,8 +233,9 @@ fn read_plans(file: &str, plans: &mut Vec<GpuPartitionPlan>) -> Result<bool, Err
     Ok(valid)
 }
 
-/// The cluster's Nodes, GpuNodes, Pods, plans, PodDisruptionBudgets, DaemonSets and quotas;
-/// every list must succeed (a preview of part of the fleet would understate what changes).
+/// The cluster's Nodes, GpuNodes, Pods, plans, PodDisruptionBudgets, DaemonSets, quotas and
+/// ResourceClaims; every list must succeed (a preview of part of the fleet would understate what
+/// changes: without the claims, pods holding GPUs through DRA would look like CPU pods).
 async fn from_cluster(client: Client, limit: Option<Duration>) -> Result<Snapshot, Error> {
     let all = ListParams::default();
     Ok(Snapshot {
@@ -225,7 +245,11 @@ async fn from_cluster(client: Client, limit: Option<Duration>) -> Result<Snapsho
         pods: list_all(&Api::<Pod>::all(client.clone()), &all, limit).await?,
         budgets: list_all(&Api::<PodDisruptionBudget>::all(client.clone()), &all, limit).await?,
         daemonsets: Some(list_all(&Api::<DaemonSet>::all(client.clone()), &all, limit).await?),
-        quotas: list_all(&Api::<TenantGpuQuota>::all(client), &all, limit).await?,
+        quotas: list_all(&Api::<TenantGpuQuota>::all(client.clone()), &all, limit).await?,
+        claims: list_all(&Api::<ResourceClaim>::all(client), &all, limit)
+            .await
+            .map_err(|e| Error::Usage(format!("cannot read resourceclaims.resource.k8s.io: {e} (the preview needs them to see pods holding GPUs through DRA)")))?,
+        slices: Vec::new(),
     })
 }
 
@@ -253,6 +277,7 @@ pub async fn run(args: &PreviewArgs, cluster: &connect::ClusterArgs, format: For
         world.plans.into_iter().filter(|o| !plans.iter().any(|p| p.name_any() == o.name_any())).collect();
     others.extend(plans.iter().cloned());
     let capacity = Capacity::of(&world.gpunodes);
+    let claims = ClaimIndex::new(&world.claims, &args.dra.drivers());
     let gns: BTreeMap<String, GpuNode> = world.gpunodes.into_iter().map(|g| (g.name_any(), g)).collect();
     let nodes: Vec<(Node, Option<GpuNode>)> = world
         .nodes
@@ -272,6 +297,7 @@ pub async fn run(args: &PreviewArgs, cluster: &connect::ClusterArgs, format: For
         daemonsets: daemonsets.as_ref(),
         quotas: &world.quotas,
         capacity: &capacity,
+        claims: &claims,
     };
     let previews: Vec<Preview> = plans.iter().map(|p| preview(p, &fleet)).collect();
     match format {

@@ -1,11 +1,12 @@
 //! Cluster objects read from YAML files instead of the API (`--from`), for CI jobs without
 //! cluster access and for tests: what `kubectl get nodes,pods,gpunodes,gpupartitionplans,
-//! tenantgpuquotas,poddisruptionbudgets,daemonsets -A -o yaml` prints (a `List`) or plain
-//! multi-document YAML.
+//! tenantgpuquotas,poddisruptionbudgets,daemonsets,resourceclaims,resourceslices -A -o yaml`
+//! prints (a `List`) or plain multi-document YAML.
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde::de::DeserializeOwned;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 
@@ -23,6 +24,11 @@ pub struct Snapshot {
     pub budgets: Vec<PodDisruptionBudget>,
     /// `None` when not read (files holding no DaemonSet): unknown, not "none exist".
     pub daemonsets: Option<Vec<DaemonSet>>,
+    /// ResourceClaims (`resource.k8s.io/v1`). A pod naming a claim the files lack counts as
+    /// using a GPU of unknown device (`gpu_use`), never as using none.
+    pub claims: Vec<ResourceClaim>,
+    /// ResourceSlices: the attributes (`uuid`, `parentUUID`, `profile`) of allocated devices.
+    pub slices: Vec<ResourceSlice>,
 }
 
 impl Snapshot {
@@ -57,6 +63,8 @@ impl Snapshot {
             "Pod" => self.pods.push(parse(&kind, v, at)?),
             "PodDisruptionBudget" => self.budgets.push(parse(&kind, v, at)?),
             "DaemonSet" => self.daemonsets.get_or_insert_default().push(parse(&kind, v, at)?),
+            "ResourceClaim" => self.claims.push(parse(&kind, v, at)?),
+            "ResourceSlice" => self.slices.push(parse(&kind, v, at)?),
             _ => {}
         }
         Ok(())
@@ -98,5 +106,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("doc 1: status.disruptionsAllowed"), "{err}");
+    }
+
+    #[test]
+    fn resource_claims_and_slices_are_read_and_bad_ones_named() {
+        let s = read(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c, namespace: ml}\nspec: {}\n\
+             status: {allocation: {devices: {results: [{request: r, driver: gpu.nvidia.com, pool: n1, device: gpu-0}]}}}\n\
+             ---\napiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\n\
+             spec: {driver: gpu.nvidia.com, nodeName: n1, pool: {name: n1, generation: 1, resourceSliceCount: 1}, \
+             devices: [{name: gpu-0, attributes: {uuid: {string: GPU-a}}}]}\n",
+        )
+        .unwrap();
+        assert_eq!(s.claims.len(), 1);
+        assert_eq!(s.slices.len(), 1);
+        let err =
+            read("kind: ResourceClaim\nmetadata: {name: c}\nspec: {devices: {requests: 3}}\n").unwrap_err().to_string();
+        assert!(err.contains("doc 1: spec.devices.requests"), "{err}");
     }
 }

@@ -6,9 +6,14 @@
 //! it holds on its node. So pods are matched to the node's instances of their resource, lowest GPU
 //! index and slot first, and an instance whose holder could be another one is marked `exact:
 //! false`. When every instance of a resource on a node is free, or all are held by one pod, the
-//! attribution is exact.
+//! attribution is exact. A pod holding a device through a ResourceClaim is exact: the claim's
+//! allocation names the device (`claims`).
 
+mod claims;
+#[cfg(test)]
+mod claims_tests;
 mod fetch;
+mod held;
 mod render;
 #[cfg(test)]
 mod tests;
@@ -22,7 +27,12 @@ use tessera_crds::conditions;
 use tessera_crds::gpunode::{GpuIntent, GpuState};
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
 
+pub use claims::{SliceIndex, locate};
 pub use fetch::{Inputs, run};
+pub use held::gpu_resources;
+use held::{extended_held, holds_devices};
+
+use crate::gpu_use::{AllocatedDevice, ClaimIndex, gpu_use};
 pub use render::{Colour, clean, text};
 
 const GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -134,6 +144,10 @@ pub struct Holder {
     /// The TenantGpuQuota claiming the pod's namespace, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The ResourceClaim through which the pod holds the device (DRA); absent for extended
+    /// resources.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -143,22 +157,52 @@ pub struct Held {
     pub count: i64,
 }
 
-/// Pure: the report from what was read.
+/// The ResourceClaims and ResourceSlices read, for the devices pods hold through DRA.
+#[derive(Debug, Default)]
+pub struct Dra {
+    pub claims: ClaimIndex,
+    pub slices: SliceIndex,
+}
+
+/// Pure: the report from what was read, without claims (a pod naming one holds an unknown
+/// device).
 pub fn fleet_status(
     gpunodes: &[GpuNode],
     plans: &[GpuPartitionPlan],
     quotas: &[TenantGpuQuota],
     pods: &[Pod],
 ) -> FleetStatus {
+    fleet_status_with(gpunodes, plans, quotas, pods, &Dra::default())
+}
+
+/// A device a pod holds through a claim, or `None` for a claim the index lacks.
+type ClaimHolds = (Holder, Option<AllocatedDevice>);
+
+/// Pure: the report from what was read, the devices held through claims included.
+pub fn fleet_status_with(
+    gpunodes: &[GpuNode],
+    plans: &[GpuPartitionPlan],
+    quotas: &[TenantGpuQuota],
+    pods: &[Pod],
+    dra: &Dra,
+) -> FleetStatus {
     let tenant_of = tenants_of_namespaces(quotas);
-    let mut pods_by_node: BTreeMap<&str, Vec<PodHolds>> = BTreeMap::new();
+    let mut pods_by_node: BTreeMap<&str, (Vec<PodHolds>, Vec<ClaimHolds>)> = BTreeMap::new();
     let mut tenants: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
     for pod in pods.iter().filter(|p| holds_devices(p)) {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { continue };
         let ns = pod.namespace().unwrap_or_default();
         let tenant = tenant_of.get(ns.as_str()).cloned();
-        let held = gpu_resources(pod);
-        if held.is_empty() {
+        let holder = Holder { pod: format!("{ns}/{}", pod.name_any()), tenant: tenant.clone(), claim: None };
+        let used = gpu_use(pod, &dra.claims);
+        let claimed: Vec<ClaimHolds> = used
+            .devices
+            .into_iter()
+            .map(|d| (Holder { claim: Some(d.claim.clone()), ..holder.clone() }, Some(d)))
+            .chain(used.unknown_claims.into_iter().map(|c| (Holder { claim: Some(c), ..holder.clone() }, None)))
+            .collect();
+        let held = extended_held(pod);
+        if held.is_empty() && claimed.is_empty() {
             continue;
         }
         let t = tenants.entry(tenant.clone().unwrap_or_default()).or_default();
@@ -166,12 +210,20 @@ pub fn fleet_status(
             let e = t.entry(r.clone()).or_default();
             *e = e.saturating_add(*n);
         }
-        pods_by_node.entry(node).or_default().push((Holder { pod: format!("{ns}/{}", pod.name_any()), tenant }, held));
+        let entry = pods_by_node.entry(node).or_default();
+        if !held.is_empty() {
+            entry.0.push((holder, held));
+        }
+        entry.1.extend(claimed);
     }
     let mut nodes: Vec<NodeStatus> = gpunodes
         .iter()
-        .map(|gn| node_status(gn, pods_by_node.remove(gn.name_any().as_str()).unwrap_or_default()))
+        .map(|gn| {
+            let (pods, claimed) = pods_by_node.remove(gn.name_any().as_str()).unwrap_or_default();
+            node_status(gn, pods, claimed, &dra.slices)
+        })
         .collect();
+    claims::count_for_tenants(&nodes, &mut tenants);
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
     let mut plans: Vec<PlanSummary> = plans.iter().map(plan_summary).collect();
     plans.sort_by(|a, b| a.name.cmp(&b.name));
@@ -200,65 +252,6 @@ fn tenants_of_namespaces(quotas: &[TenantGpuQuota]) -> BTreeMap<&str, String> {
         .collect()
 }
 
-/// A pod that has not finished (a terminating one still holds its devices).
-fn holds_devices(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    !matches!(phase, Some("Succeeded" | "Failed"))
-}
-
-/// GPU resources a pod holds, as the kubelet counts them: the app containers' and native sidecars'
-/// (init containers with `restartPolicy: Always`, which keep running) sum, or a plain init
-/// container's plus the sidecars started before it when that is more (plain init devices are
-/// reused). Limits, else requests; values that are not whole numbers are ignored (the API server
-/// rejects them for extended resources).
-pub fn gpu_resources(pod: &Pod) -> BTreeMap<String, i64> {
-    let Some(spec) = &pod.spec else { return BTreeMap::new() };
-    let of = |c: &k8s_openapi::api::core::v1::Container| -> BTreeMap<String, i64> {
-        let r = c.resources.as_ref();
-        let mut out = BTreeMap::new();
-        for map in [r.and_then(|r| r.requests.as_ref()), r.and_then(|r| r.limits.as_ref())].into_iter().flatten() {
-            for (k, v) in map {
-                if (k == GPU_RESOURCE || k.starts_with("nvidia.com/mig-"))
-                    && let Ok(n) = v.0.trim().parse::<i64>()
-                {
-                    out.insert(k.clone(), n.max(0));
-                }
-            }
-        }
-        out
-    };
-    let add = |into: &mut BTreeMap<String, i64>, from: BTreeMap<String, i64>| {
-        for (k, n) in from {
-            let e = into.entry(k).or_default();
-            *e = e.saturating_add(n);
-        }
-    };
-    let mut sidecars: BTreeMap<String, i64> = BTreeMap::new();
-    let mut init_peak: BTreeMap<String, i64> = BTreeMap::new();
-    for c in spec.init_containers.iter().flatten() {
-        if c.restart_policy.as_deref() == Some("Always") {
-            add(&mut sidecars, of(c));
-            continue;
-        }
-        for (k, n) in of(c) {
-            let with_sidecars = n.saturating_add(sidecars.get(&k).copied().unwrap_or(0));
-            let e = init_peak.entry(k).or_default();
-            *e = (*e).max(with_sidecars);
-        }
-    }
-    let mut total: BTreeMap<String, i64> = BTreeMap::new();
-    for c in &spec.containers {
-        add(&mut total, of(c));
-    }
-    add(&mut total, sidecars);
-    for (k, n) in init_peak {
-        let e = total.entry(k).or_default();
-        *e = (*e).max(n);
-    }
-    total.retain(|_, n| *n > 0);
-    total
-}
-
 fn plan_summary(p: &GpuPartitionPlan) -> PlanSummary {
     let st = p.status.clone().unwrap_or_default();
     let ready = conditions::find(&st.conditions, conditions::READY);
@@ -280,15 +273,17 @@ type PodHolds = (Holder, BTreeMap<String, i64>);
 
 /// A device a pod may hold: (GPU position in the node's list, instance position or `None` for
 /// the whole GPU).
-type Device = (usize, Option<usize>);
+pub(crate) type Device = (usize, Option<usize>);
 
-fn node_status(gn: &GpuNode, mut pods: Vec<PodHolds>) -> NodeStatus {
+fn node_status(gn: &GpuNode, mut pods: Vec<PodHolds>, claimed: Vec<ClaimHolds>, slices: &SliceIndex) -> NodeStatus {
     let st = gn.status.clone().unwrap_or_default();
     let rollout = st.rollout.as_ref();
     let ready = conditions::find(&st.conditions, conditions::READY);
     let mut gpus: Vec<GpuState> = st.gpus.clone();
     gpus.sort_by_key(|g| g.index);
     let mut out: Vec<GpuStatus> = gpus.iter().map(|g| gpu_status(g, &gn.spec.gpus)).collect();
+    // Devices named by claims first: exact, and no longer free for the guesses below.
+    let (taken, mut unplaced) = claims::place(&mut out, &gpus, claimed, slices);
 
     // Devices per resource, in the order pods are given them.
     let mut devices: BTreeMap<String, Vec<Device>> = BTreeMap::new();
@@ -296,15 +291,14 @@ fn node_status(gn: &GpuNode, mut pods: Vec<PodHolds>) -> NodeStatus {
         if g.mig_enabled {
             let mut order: Vec<usize> = (0..g.instances.len()).collect();
             order.sort_by_key(|&i| (g.instances[i].start, i));
-            for i in order {
+            for i in order.into_iter().filter(|&i| !taken.contains(&(gi, Some(i)))) {
                 devices.entry(catalog::mig_resource_name(&g.instances[i].profile)).or_default().push((gi, Some(i)));
             }
-        } else {
+        } else if !taken.contains(&(gi, None)) {
             devices.entry(GPU_RESOURCE.into()).or_default().push((gi, None));
         }
     }
     pods.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut unplaced = Vec::new();
     for (resource, list) in &devices {
         let mut next = 0;
         let mut holders = Vec::new();

@@ -5,11 +5,13 @@
 //! GPU indices that change (the others are left alone), with a summary as YAML comments.
 //!
 //! Which instances are busy is not in the API (the device plugin assigns them), so a node with a
-//! running GPU pod is never changed: the suggestion evicts nothing.
+//! running GPU pod (extended resources or ResourceClaims, `gpu_use`) is never changed: the
+//! suggestion evicts nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -21,8 +23,9 @@ use super::Output;
 use super::connect::{self, ClusterArgs, list_all};
 use crate::Error;
 use crate::coverage::{self, Demand};
-use crate::drain::uses_gpu;
+use crate::dra::GpuDrivers;
 use crate::fleet::{FleetAnswer, Layout};
+use crate::gpu_use::{ClaimIndex, uses_gpu};
 use crate::rollout::contenders;
 use crate::selector::matches;
 
@@ -197,9 +200,26 @@ pub fn plans(answer: &FleetAnswer, priority: i32) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Reads TenantGpuQuotas, GpuNodes and Nodes from YAML files.
-fn from_files(files: &[String]) -> Result<Inputs, Error> {
+/// The nodes running a pod that uses a GPU (`gpu_use`: extended resources or ResourceClaims)
+/// and has not finished, with those pods: the controller's busy check for automatic layouts.
+pub fn busy_nodes(pods: &[Pod], claims: &ClaimIndex) -> BTreeMap<String, Vec<String>> {
+    let mut busy: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pod in pods {
+        let running = !matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
+        if let (true, Some(node)) = (running, node)
+            && uses_gpu(pod, claims)
+        {
+            busy.entry(node).or_default().push(format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()));
+        }
+    }
+    busy
+}
+
+/// Reads TenantGpuQuotas, GpuNodes, Nodes, plans, Pods and ResourceClaims from YAML files.
+fn from_files(files: &[String], drivers: &GpuDrivers) -> Result<Inputs, Error> {
     let mut inputs = Inputs::default();
+    let (mut pods, mut claims): (Vec<Pod>, Vec<ResourceClaim>) = (Vec::new(), Vec::new());
     for file in files {
         let text = std::fs::read_to_string(file).map_err(|source| Error::ReadFile { path: file.clone(), source })?;
         let docs: Vec<serde_json::Value> =
@@ -214,16 +234,19 @@ fn from_files(files: &[String]) -> Result<Inputs, Error> {
                     inputs.labels.insert(n.name_any(), n.labels().clone());
                 }
                 Some("GpuPartitionPlan") => inputs.plans.push(serde_json::from_value(v).map_err(bad)?),
+                Some("Pod") => pods.push(serde_json::from_value(v).map_err(bad)?),
+                Some("ResourceClaim") => claims.push(serde_json::from_value(v).map_err(bad)?),
                 _ => {}
             }
         }
     }
+    inputs.busy_nodes = busy_nodes(&pods, &ClaimIndex::new(&claims, drivers));
     Ok(inputs)
 }
 
 /// The cluster as `plan preview` reaches it (`--kubeconfig`, `--context`, `--request-timeout`),
 /// every list read in pages.
-async fn from_cluster(cluster: &ClusterArgs) -> Result<Inputs, Error> {
+async fn from_cluster(cluster: &ClusterArgs, drivers: &GpuDrivers) -> Result<Inputs, Error> {
     let client = connect::client(cluster).await?;
     let (lp, limit) = (ListParams::default(), cluster.request_limit());
     let mut inputs = Inputs {
@@ -235,17 +258,14 @@ async fn from_cluster(cluster: &ClusterArgs) -> Result<Inputs, Error> {
         inputs.labels.insert(n.name_any(), n.labels().clone());
     }
     inputs.plans = list_all(&Api::<GpuPartitionPlan>::all(client.clone()), &lp, limit).await?;
-    for pod in list_all(&Api::<Pod>::all(client), &lp, limit).await? {
-        let running = !matches!(pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        if let (true, true, Some(node)) = (running, uses_gpu(&pod), node) {
-            inputs.busy_nodes.entry(node).or_default().push(format!(
-                "{}/{}",
-                pod.namespace().unwrap_or_default(),
-                pod.name_any()
-            ));
-        }
-    }
+    let pods = list_all(&Api::<Pod>::all(client.clone()), &lp, limit).await?;
+    // Unread claims would make pods holding GPUs through DRA look idle: no suggestion then.
+    let claims = list_all(&Api::<ResourceClaim>::all(client), &lp, limit).await.map_err(|e| {
+        Error::Usage(format!(
+            "cannot read resourceclaims.resource.k8s.io: {e} (needed to see pods holding GPUs through DRA)"
+        ))
+    })?;
+    inputs.busy_nodes = busy_nodes(&pods, &ClaimIndex::new(&claims, drivers));
     Ok(inputs)
 }
 
@@ -255,6 +275,7 @@ pub async fn run(
     headroom: u32,
     plan: Option<&str>,
     cluster: &ClusterArgs,
+    drivers: &GpuDrivers,
     output: Output,
 ) -> Result<i32, Error> {
     let scope = match plan {
@@ -262,9 +283,9 @@ pub async fn run(
         None => Scope::Fleet { selector: parse_selector(selector)?, headroom },
     };
     let (inputs, source) = if files.is_empty() {
-        (from_cluster(cluster).await?, "the cluster".to_string())
+        (from_cluster(cluster, drivers).await?, "the cluster".to_string())
     } else {
-        (from_files(files)?, format!("--from {}", files.join(", ")))
+        (from_files(files, drivers)?, format!("--from {}", files.join(", ")))
     };
     check_quotas(&inputs, &source)?;
     let s = suggest(&inputs, &scope)?;

@@ -1,6 +1,7 @@
 use serde_json::{Value, json};
 
 use super::*;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 
 fn plan(pool: &str, layouts: Value, rollout: Value) -> GpuPartitionPlan {
     serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
@@ -57,10 +58,59 @@ fn run(
     daemonsets: Option<&BTreeSet<(String, String)>>,
     quotas: &[TenantGpuQuota],
 ) -> Preview {
+    run_with_claims(plan, nodes, pods, budgets, daemonsets, quotas, &ClaimIndex::empty())
+}
+
+fn run_with_claims(
+    plan: &GpuPartitionPlan,
+    nodes: &[(Node, Option<GpuNode>)],
+    pods: &[Pod],
+    budgets: &[PodDisruptionBudget],
+    daemonsets: Option<&BTreeSet<(String, String)>>,
+    quotas: &[TenantGpuQuota],
+    claims: &ClaimIndex,
+) -> Preview {
     let capacity = Capacity::of(nodes.iter().filter_map(|(_, g)| g.as_ref()));
     let plans = [plan.clone()];
-    let fleet = Fleet { plans: &plans, nodes, pods, budgets, daemonsets, quotas, capacity: &capacity };
+    let fleet = Fleet { plans: &plans, nodes, pods, budgets, daemonsets, quotas, capacity: &capacity, claims };
     preview(plan, &fleet)
+}
+
+/// A ResourceClaim in `ml` allocated `device` of `driver` on pool `n1`.
+fn claim(name: &str, driver: &str, device: &str) -> ResourceClaim {
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ml"}, "spec": {},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "r", "driver": driver, "pool": "n1", "device": device}]}}}}))
+    .unwrap()
+}
+
+/// Issue 24: a pod holding a GPU through a ResourceClaim (no extended resource) is a GPU pod: the
+/// preview lists it among the evicted, or as a blocker when the drain refuses it.
+#[test]
+fn a_preview_lists_pods_holding_gpus_through_claims_on_a_changing_node() {
+    let plan = plan("a", json!([{"gpuProduct": "H100-80GB", "profiles": {"3g.40gb": 2}}]), json!({}));
+    let nodes = [(node("n1", "a"), Some(gpunode("n1", &[])))];
+    let with_claim = |name: &str, claim: &str| {
+        let mut p = pod(name, "n1", name);
+        p["spec"]["containers"][0]["resources"] = json!({});
+        p["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": claim}]);
+        p
+    };
+    let mut bare = with_claim("bare", "c-bare");
+    bare["metadata"].as_object_mut().unwrap().remove("ownerReferences");
+    let pods = pods(vec![with_claim("dra", "c-gpu"), bare, with_claim("nic", "c-nic"), with_claim("pending", "c-new")]);
+    let claims = [
+        claim("c-gpu", "gpu.nvidia.com", "gpu-0"),
+        claim("c-bare", "gpu.nvidia.com", "gpu-0-mig-9-0-4"),
+        claim("c-nic", "nic.example.com", "eth-0"),
+    ];
+    let index = ClaimIndex::new(&claims, &crate::dra::GpuDrivers::default());
+    let p = run_with_claims(&plan, &nodes, &pods, &[], None, &[], &index);
+    assert_eq!(p.changes.len(), 1);
+    // `pending` names a claim not read: a GPU of unknown device, evicted rather than run over.
+    assert_eq!(p.changes[0].evict, vec!["ml/dra", "ml/pending"]);
+    assert_eq!(p.changes[0].refused.len(), 1, "{:?}", p.changes[0].refused);
+    assert!(p.changes[0].refused[0].contains("pod ml/bare has no controller"), "{:?}", p.changes[0].refused);
 }
 
 #[test]

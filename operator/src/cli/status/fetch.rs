@@ -1,20 +1,23 @@
-//! Reading what `status` shows: four lists, concurrently. One that fails (RBAC, a CRD not
+//! Reading what `status` shows: six lists, concurrently. One that fails (RBAC, a CRD not
 //! installed, a timeout) is reported and the others are still shown; the command then exits 1.
 
 use std::io::Write as _;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 
-use super::{FleetStatus, Unreadable, fleet_status, render};
+use super::{Dra, FleetStatus, SliceIndex, Unreadable, fleet_status_with, render};
 use crate::Error;
 use crate::cli::Output;
 use crate::cli::connect::{ClusterArgs, client, list_all};
 use crate::cli::snapshot::Snapshot;
+use crate::dra::GpuDrivers;
+use crate::gpu_use::ClaimIndex;
 
 /// What the report is computed from.
 #[derive(Debug, Default)]
@@ -23,14 +26,22 @@ pub struct Inputs {
     pub plans: Vec<GpuPartitionPlan>,
     pub quotas: Vec<TenantGpuQuota>,
     pub pods: Vec<Pod>,
+    pub claims: Vec<ResourceClaim>,
+    pub slices: Vec<ResourceSlice>,
+    /// `--gpu-dra-drivers`: whose claim allocations are GPUs.
+    pub drivers: GpuDrivers,
     pub unreadable: Vec<Unreadable>,
 }
 
 impl Inputs {
     pub fn report(&self) -> FleetStatus {
-        let mut s = fleet_status(&self.gpunodes, &self.plans, &self.quotas, &self.pods);
+        let dra = Dra { claims: ClaimIndex::new(&self.claims, &self.drivers), slices: SliceIndex::new(&self.slices) };
+        let mut s = fleet_status_with(&self.gpunodes, &self.plans, &self.quotas, &self.pods, &dra);
         s.unreadable = self.unreadable.clone();
-        s.holders_known = !s.unreadable.iter().any(|u| u.resource == resource_name::<Pod>());
+        // Without pods, or without the claims that say which devices pods hold through DRA, no
+        // device is known to be free. Unread slices only cost the attributes (names still place).
+        let holders = [resource_name::<Pod>(), resource_name::<ResourceClaim>()];
+        s.holders_known = !s.unreadable.iter().any(|u| holders.contains(&u.resource));
         s
     }
 }
@@ -81,28 +92,47 @@ pub async fn from_cluster(client: &Client, limit: Option<Duration>) -> Inputs {
     let all = ListParams::default();
     // Finished pods hold no devices; the API server filters them out.
     let running = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-    let (mut e1, mut e2, mut e3, mut e4) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (gpunodes, plans, quotas, pods) = futures::join!(
-        list::<GpuNode>(client, &all, limit, &mut e1),
-        list::<GpuPartitionPlan>(client, &all, limit, &mut e2),
-        list::<TenantGpuQuota>(client, &all, limit, &mut e3),
-        list::<Pod>(client, &running, limit, &mut e4),
+    let mut e: [Vec<Unreadable>; 6] = Default::default();
+    let [e1, e2, e3, e4, e5, e6] = &mut e;
+    let (gpunodes, plans, quotas, pods, claims, slices) = futures::join!(
+        list::<GpuNode>(client, &all, limit, e1),
+        list::<GpuPartitionPlan>(client, &all, limit, e2),
+        list::<TenantGpuQuota>(client, &all, limit, e3),
+        list::<Pod>(client, &running, limit, e4),
+        list::<ResourceClaim>(client, &all, limit, e5),
+        list::<ResourceSlice>(client, &all, limit, e6),
     );
-    let unreadable = [e1, e2, e3, e4].concat();
-    Inputs { gpunodes, plans, quotas, pods, unreadable }
+    let unreadable = e.concat();
+    Inputs { gpunodes, plans, quotas, pods, claims, slices, drivers: GpuDrivers::default(), unreadable }
 }
 
 pub fn from_snapshot(s: Snapshot) -> Inputs {
-    Inputs { gpunodes: s.gpunodes, plans: s.plans, quotas: s.quotas, pods: s.pods, unreadable: Vec::new() }
+    Inputs {
+        gpunodes: s.gpunodes,
+        plans: s.plans,
+        quotas: s.quotas,
+        pods: s.pods,
+        claims: s.claims,
+        slices: s.slices,
+        drivers: GpuDrivers::default(),
+        unreadable: Vec::new(),
+    }
 }
 
 /// Prints the report; exit 0, or 1 when part of it could not be read.
-pub async fn run(cluster: &ClusterArgs, from: &[String], output: Output, colour: bool) -> Result<i32, Error> {
-    let inputs = if from.is_empty() {
+pub async fn run(
+    cluster: &ClusterArgs,
+    from: &[String],
+    drivers: &GpuDrivers,
+    output: Output,
+    colour: bool,
+) -> Result<i32, Error> {
+    let mut inputs = if from.is_empty() {
         from_cluster(&client(cluster).await?, cluster.request_limit()).await
     } else {
         from_snapshot(Snapshot::read(from)?)
     };
+    inputs.drivers = drivers.clone();
     let report = inputs.report();
     let text = match output {
         Output::Json => format!("{}\n", serde_json::to_string_pretty(&report)?),

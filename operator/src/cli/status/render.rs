@@ -138,9 +138,17 @@ pub fn text(s: &FleetStatus, colour: bool) -> String {
     } else if s.nodes.is_empty() {
         let _ = writeln!(out, "  (no GpuNodes: no node agent has reported)");
     }
+    // Why no device is known to be free, when none is.
+    let unknown = if s.holders_known {
+        None
+    } else if s.unreadable.iter().any(|u| u.resource == "pods") {
+        Some("pods unreadable")
+    } else {
+        Some("resource claims unreadable")
+    };
     let mut inexact = false;
     for n in &s.nodes {
-        inexact |= node(&mut out, n, &pen, s.holders_known);
+        inexact |= node(&mut out, n, &pen, unknown);
     }
     if !s.tenants.is_empty() {
         let _ = writeln!(out, "\n{}", pen.paint(Paint::Bold, "HELD BY TENANT"));
@@ -167,11 +175,13 @@ fn tenant_label(t: &str) -> &str {
 
 fn holder(h: &Holder, pen: &Pen) -> String {
     let tenant = h.tenant.as_deref().unwrap_or("(no quota)");
-    format!("{}  {}", pen.paint(Paint::Cyan, &clean(tenant)), clean(&h.pod))
+    let claim = h.claim.as_deref().map(|c| format!(" (claim {})", clean(c))).unwrap_or_default();
+    format!("{}  {}{claim}", pen.paint(Paint::Cyan, &clean(tenant)), clean(&h.pod))
 }
 
-/// Writes one node; returns whether any attribution on it is inexact.
-fn node(out: &mut String, n: &NodeStatus, pen: &Pen, known: bool) -> bool {
+/// Writes one node; returns whether any attribution on it is inexact. `unknown`: why holders
+/// are unknown, if they are.
+fn node(out: &mut String, n: &NodeStatus, pen: &Pen, unknown: Option<&str>) -> bool {
     let plan = n.plan.as_deref().map(|p| format!("  plan {}", clean(p))).unwrap_or_default();
     let _ = writeln!(
         out,
@@ -190,23 +200,22 @@ fn node(out: &mut String, n: &NodeStatus, pen: &Pen, known: bool) -> bool {
     let dw = n.gpus.iter().map(|g| g.slots.len() + 2).max().unwrap_or(0).max(7);
     let mut inexact = false;
     for g in &n.gpus {
-        inexact |= gpu(out, g, pen, pw, dw, known);
+        inexact |= gpu(out, g, pen, pw, dw, unknown);
     }
     for u in &n.unplaced {
-        let _ = writeln!(
-            out,
-            "  {} {} holds {} {} the node does not report",
-            pen.paint(Paint::Yellow, "unplaced:"),
-            holder(&u.holder, pen),
-            u.count,
-            clean(&u.resource)
-        );
+        let what = if u.resource == super::claims::UNKNOWN_DEVICE {
+            "a device of a claim that was not read".to_string()
+        } else {
+            format!("{} {} the node does not report", u.count, clean(&u.resource))
+        };
+        let _ = writeln!(out, "  {} {} holds {what}", pen.paint(Paint::Yellow, "unplaced:"), holder(&u.holder, pen));
     }
     inexact
 }
 
-/// `known`: whether pods were read; if not, nothing is shown as free or busy.
-fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize, known: bool) -> bool {
+/// `unknown`: why holders are unknown (pods or claims unread); then nothing is shown as free.
+fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize, unknown: Option<&str>) -> bool {
+    let known = unknown.is_none();
     let head = format!("  gpu{:<2} {:<pw$}  ", g.index, clean(&g.product));
     let mut inexact = false;
     let mut line = head.clone();
@@ -224,7 +233,8 @@ fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize, known: 
         }
         let busy = g.instances.iter().filter(|i| i.holder.is_some()).count();
         if !g.instances.is_empty() && !known {
-            let _ = write!(line, "  {}", pen.paint(Paint::Yellow, "(busy: unknown, pods unreadable)"));
+            let why = format!("(busy: unknown, {})", unknown.unwrap_or_default());
+            let _ = write!(line, "  {}", pen.paint(Paint::Yellow, &why));
         } else if !g.instances.is_empty() {
             let _ = write!(line, "  ({busy}/{} busy)", g.instances.len());
         }

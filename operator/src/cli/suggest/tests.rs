@@ -225,3 +225,43 @@ fn json_output_is_camel_case() {
         all.iter().filter(|k| k.contains('_') || k.starts_with(|c: char| c.is_ascii_uppercase())).collect();
     assert!(bad.is_empty(), "not camelCase: {bad:?} in {v:#}");
 }
+
+/// Issue 24: a node running a pod that holds a GPU through a ResourceClaim is busy, as the
+/// controller's automatic layouts treat it; a claim of another driver's device is no GPU. Read
+/// from `--from` files, as CI passes them.
+#[test]
+fn a_node_with_a_pod_holding_a_gpu_through_a_claim_is_busy() {
+    let seven: &[(&str, i32)] = &[("7g.80gb", 0)];
+    let claim_pod = |name: &str, node: &str, claim: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"nodeName": node, "containers": [{"name": "c"}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+            "status": {"phase": "Running"}})
+    };
+    let claim = |name: &str, driver: &str, pool: &str, device: &str| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ml"}, "spec": {},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": driver, "pool": pool, "device": device}]}}}})
+    };
+    let docs = [
+        serde_json::to_value(quota("t", "ml", json!({MIG1G: 7}))).unwrap(),
+        serde_json::to_value(gpunode("n1", &[Some(seven)])).unwrap(),
+        serde_json::to_value(gpunode("n2", &[Some(seven)])).unwrap(),
+        claim_pod("trainer", "n2", "c-gpu"),
+        claim("c-gpu", "gpu.nvidia.com", "n2", "gpu-0-mig-0-0-8"),
+        claim_pod("web", "n1", "c-nic"),
+        claim("c-nic", "nic.example.com", "n1", "eth-0"),
+    ];
+    let text: Vec<String> = docs.iter().map(|d| serde_json::to_string(d).unwrap()).collect();
+    let dir = std::env::temp_dir().join(format!("tessera-suggest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("claims.yaml");
+    std::fs::write(&file, text.join("\n---\n")).unwrap();
+    let inputs = from_files(&[file.to_string_lossy().into_owned()], &GpuDrivers::default()).unwrap();
+    assert_eq!(inputs.busy_nodes, [("n2".to_string(), vec!["ml/trainer".to_string()])].into());
+    let s = suggest(&inputs, &Scope::Fleet { selector: LabelSelector::default(), headroom: 0 }).unwrap();
+    assert!(s.answer.gpus.iter().filter(|g| g.node == "n2").all(|g| !g.changed), "{:?}", s.answer.gpus);
+    assert!(s.answer.gpus.iter().any(|g| g.node == "n1" && g.changed), "{:?}", s.answer.gpus);
+    assert_eq!(s.kept_busy, inputs.busy_nodes);
+}

@@ -120,6 +120,7 @@ impl Context {
                 cordon_annotated: slot.cordon_annotated,
                 cache_behind,
                 versions: slot.versions,
+                dra_refused: None,
             })
             .collect();
         let behind = inputs.iter().filter(|n| n.cache_behind).count();

@@ -13,14 +13,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use tessera_crds::catalog;
 use tessera_crds::gpunode::{GpuNodeStatus, GpuState, MigInstance};
-use tessera_crds::validate::GPU_RESOURCE;
 
 use crate::dra::GpuDrivers;
 
 /// GpuNode condition: whether the node's GPU DRA driver publishes what the agent reports.
 pub const DRA_IN_SYNC: &str = "DraInSync";
-/// GpuNode condition: why Tessera refuses to manage the node's GPUs (DynamicMIG).
-pub const DRA_REFUSED: &str = "DraManaged";
 
 /// One pool of one GPU driver on a node: the slices of its newest generation.
 #[derive(Debug, Clone)]
@@ -124,13 +121,6 @@ impl SliceDevice {
             other => format!("name:{}", other.name()),
         }
     }
-
-    fn resource(&self) -> String {
-        match self {
-            SliceDevice::Gpu { .. } => GPU_RESOURCE.to_string(),
-            SliceDevice::Mig { profile, .. } => catalog::mig_resource_name(profile),
-        }
-    }
 }
 
 /// A string attribute, unqualified or qualified by the driver's domain.
@@ -188,22 +178,73 @@ impl<'a> NodeSlices<'a> {
     }
 }
 
-/// What the node's slices supply beyond the agent's report, per resource name: the devices of
-/// complete pools on GPUs the agent does not report (all of them on a node without a report).
-pub fn extra_supply(status: Option<&GpuNodeStatus>, node: &NodeSlices<'_>) -> BTreeMap<String, i64> {
+/// The GPUs the node's slices show beyond the agent's report, as GPU states (MIG devices as
+/// instances): the devices of complete pools on GPUs the agent does not report (all of them on a
+/// node without a report). Not MIG capable as far as Tessera knows, so the solver only counts
+/// them (`auto::unseen_supply`) and never plans for them.
+pub fn extra_gpus(status: Option<&GpuNodeStatus>, node: &NodeSlices<'_>) -> Vec<GpuState> {
     let reported: BTreeSet<&str> =
         status.iter().flat_map(|s| s.gpus.iter()).map(|g| g.uuid.as_str()).filter(|u| !u.is_empty()).collect();
     let agent_reports = status.is_some_and(|s| !s.gpus.is_empty());
-    let mut out = BTreeMap::new();
+    let mut gpus: BTreeMap<String, GpuState> = BTreeMap::new();
     for d in node.devices() {
         // On a reported node a device must be shown to lie on a GPU the agent does not report.
         let elsewhere = match d.gpu_uuid() {
             Some(u) => !reported.contains(u),
             None => !agent_reports,
         };
-        if elsewhere {
-            *out.entry(d.resource()).or_default() += 1;
+        if !elsewhere {
+            continue;
         }
+        // Its GPU: by UUID, else by NVIDIA's name prefix `gpu-<minor>`.
+        let key =
+            d.gpu_uuid().map_or_else(|| d.name().split("-mig-").next().unwrap_or_default().to_string(), str::to_string);
+        let g = gpus.entry(key.clone()).or_insert_with(|| GpuState { index: -1, uuid: key, ..Default::default() });
+        if let SliceDevice::Mig { uuid, profile, placement, .. } = &d {
+            g.mig_enabled = true;
+            let (start, size) = placement.unwrap_or((-1, 0));
+            g.instances.push(MigInstance {
+                profile: profile.clone(),
+                start,
+                size,
+                uuid: uuid.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    gpus.into_values().collect()
+}
+
+/// What the node's slices supply beyond the agent's report, per resource name ([`extra_gpus`]).
+pub fn extra_supply(status: Option<&GpuNodeStatus>, node: &NodeSlices<'_>) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    for g in extra_gpus(status, node) {
+        crate::quota::gpu_supply(&g, &mut out);
+    }
+    out
+}
+
+/// Prefix of the name of a [`supply_nodes`] stand-in: no Node is named so.
+pub const DRA_SUPPLY_PREFIX: &str = "dra-slices:";
+
+/// Stand-in GpuNodes carrying what the GPU DRA drivers supply beyond the agents' reports, one per
+/// node that has any: counted with the real ones wherever the fleet's supply is (the quota
+/// controller's `CapacityAvailable`, automatic plans), so the two agree and no device counts
+/// twice. Named [`DRA_SUPPLY_PREFIX`]`<node>`: no plan selects or owns them.
+pub fn supply_nodes<'a>(
+    nodes: &BTreeMap<&'a str, NodeSlices<'a>>,
+    status_of: impl Fn(&str) -> Option<std::sync::Arc<tessera_crds::GpuNode>>,
+) -> Vec<tessera_crds::GpuNode> {
+    let mut out = Vec::new();
+    for (name, slices) in nodes {
+        let gn = status_of(name);
+        let gpus = extra_gpus(gn.as_ref().and_then(|g| g.status.as_ref()), slices);
+        if gpus.is_empty() {
+            continue;
+        }
+        let mut stand_in = tessera_crds::GpuNode::new(&format!("{DRA_SUPPLY_PREFIX}{name}"), Default::default());
+        stand_in.status = Some(GpuNodeStatus { gpus, ..Default::default() });
+        out.push(stand_in);
     }
     out
 }
@@ -301,6 +342,51 @@ pub fn dynamic_mig(node: &NodeSlices<'_>) -> Option<String> {
          creates MIG devices per claim and must not share a GPU with Tessera's layouts",
         found.into_iter().collect::<Vec<_>>().join(", ")
     ))
+}
+
+/// What to do with a GpuNode's [`DRA_IN_SYNC`] condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeCondition {
+    /// No GPU driver publishes for the node: none.
+    Absent,
+    /// A pool is mid-publication: the last verdict stands.
+    Keep,
+    /// `(in sync, reason, message)`.
+    Set(bool, &'static str, String),
+}
+
+/// The node's [`DRA_IN_SYNC`] from its slices and its agent's report: `False`/`DynamicMig` when
+/// refused, `False`/`SlicesStale` on a disagreement, `True`/`InSync` when the complete pools list
+/// what the agent reports.
+pub fn node_condition(status: Option<&GpuNodeStatus>, node: Option<&NodeSlices<'_>>) -> NodeCondition {
+    let Some(node) = node.filter(|n| !n.pools.is_empty()) else { return NodeCondition::Absent };
+    if let Some(why) = dynamic_mig(node) {
+        return NodeCondition::Set(false, "DynamicMig", why);
+    }
+    let Some(st) = status.filter(|s| !s.gpus.is_empty()) else { return NodeCondition::Absent };
+    if !node.all_complete() {
+        return NodeCondition::Keep;
+    }
+    let d = compare(st, node);
+    if d.is_empty() {
+        NodeCondition::Set(true, "InSync", "the GPU DRA driver lists the MIG devices the node agent reports".into())
+    } else {
+        NodeCondition::Set(false, "SlicesStale", d.message())
+    }
+}
+
+/// Whether `current` (the cached condition) must be written to become `want`.
+pub fn must_write(
+    current: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    want: &NodeCondition,
+) -> bool {
+    match (current, want) {
+        (_, NodeCondition::Keep) | (None, NodeCondition::Absent) => false,
+        (Some(_), NodeCondition::Absent) | (None, NodeCondition::Set(..)) => true,
+        (Some(c), NodeCondition::Set(ok, reason, message)) => {
+            c.status != if *ok { "True" } else { "False" } || c.reason != *reason || c.message != *message
+        }
+    }
 }
 
 #[cfg(test)]

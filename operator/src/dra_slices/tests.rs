@@ -172,3 +172,70 @@ fn unreadable_devices_are_skipped_not_fatal() {
     let zero = [slice("z", "n1", NV, ("n1", 1, 0), vec![whole("gpu-1", GPU1)])];
     assert!(!one(&zero).all_complete(), "resourceSliceCount 0 is no complete pool");
 }
+
+#[test]
+fn stand_in_gpunodes_carry_the_slices_supply_to_the_quota_and_solver_counts_once() {
+    let agent_devices = vec![
+        mig("gpu-0-mig-19-0-1", Some("MIG-1"), GPU0, "1g.5gb"),
+        mig("gpu-0-mig-19-1-1", Some("MIG-2"), GPU0, "1g.5gb"),
+        whole("gpu-1", GPU1),
+    ];
+    let no_agent = vec![mig("gpu-0-mig-19-0-1", Some("MIG-7"), "GPU-dddd", "1g.5gb"), whole("gpu-1", "GPU-eeee")];
+    let slices = [
+        slice("a", "with-agent", NV, ("with-agent", 1, 1), agent_devices),
+        slice("b", "dra-only", NV, ("dra-only", 1, 1), no_agent),
+    ];
+    let nodes = by_node(&slices, &GpuDrivers::default());
+    let mut reported: tessera_crds::GpuNode = tessera_crds::GpuNode::new("with-agent", Default::default());
+    reported.status = Some(report(&[("MIG-1", "1g.5gb", 0, 1), ("MIG-2", "1g.5gb", 1, 1)]));
+    let reported = std::sync::Arc::new(reported);
+    let stand_ins = supply_nodes(&nodes, |n| (n == "with-agent").then(|| reported.clone()));
+    assert_eq!(stand_ins.iter().map(|g| g.metadata.name.clone().unwrap()).collect::<Vec<_>>(), ["dra-slices:dra-only"]);
+    let mig1g = "nvidia.com/mig-1g.5gb".to_string();
+    let gpu = "nvidia.com/gpu".to_string();
+    // The quota controller's count: the agent's 2 + 1 whole, and the DRA-only node's 1 + 1.
+    let capacity = crate::quota::Capacity::of(std::iter::once(&*reported).chain(&stand_ins));
+    assert_eq!(capacity.supply, [(mig1g.clone(), 3), (gpu.clone(), 2)].into());
+    // The solver counts the stand-ins as GPUs it cannot carve: the same figures.
+    assert_eq!(crate::auto::unseen_supply(&stand_ins), [(mig1g, 1), (gpu, 1)].into());
+}
+
+#[test]
+fn the_node_condition_follows_refusal_disagreement_and_completeness() {
+    let status = report(&[("MIG-1", "1g.5gb", 0, 1)]);
+    let synced =
+        [slice("a", "n1", NV, ("n1", 1, 1), vec![mig("m", Some("MIG-1"), GPU0, "1g.5gb"), whole("gpu-1", GPU1)])];
+    let stale =
+        [slice("a", "n1", NV, ("n1", 2, 1), vec![mig("m", Some("MIG-0"), GPU0, "1g.5gb"), whole("gpu-1", GPU1)])];
+    let half = [slice("a", "n1", NV, ("n1", 2, 2), vec![])];
+    let ok = node_condition(Some(&status), Some(&one(&synced)));
+    assert!(matches!(&ok, NodeCondition::Set(true, "InSync", _)), "{ok:?}");
+    let bad = node_condition(Some(&status), Some(&one(&stale)));
+    assert!(matches!(&bad, NodeCondition::Set(false, "SlicesStale", m) if m.contains("no longer hold: m")), "{bad:?}");
+    assert_eq!(node_condition(Some(&status), Some(&one(&half))), NodeCondition::Keep);
+    assert_eq!(node_condition(Some(&status), None), NodeCondition::Absent);
+    assert_eq!(node_condition(None, Some(&one(&synced))), NodeCondition::Absent, "no report, nothing to compare");
+    let mut dynamic = synced[0].clone();
+    dynamic.spec.devices.as_mut().unwrap()[0].consumes_counters =
+        Some(vec![serde_json::from_value(json!({"counterSet": "c", "counters": {}})).unwrap()]);
+    let refused = node_condition(None, Some(&one(std::slice::from_ref(&dynamic))));
+    assert!(matches!(refused, NodeCondition::Set(false, "DynamicMig", _)), "refused even without a report");
+    // Writes only what changes.
+    let cond = |status: &str, reason: &str, message: &str| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        type_: DRA_IN_SYNC.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-06-01T00:00:00Z".parse().unwrap(),
+        ),
+        observed_generation: None,
+    };
+    let NodeCondition::Set(_, _, msg) = &ok else { unreachable!() };
+    assert!(!must_write(Some(&cond("True", "InSync", msg)), &ok));
+    assert!(must_write(Some(&cond("True", "InSync", msg)), &bad));
+    assert!(must_write(Some(&cond("True", "InSync", msg)), &NodeCondition::Absent));
+    assert!(!must_write(Some(&cond("False", "SlicesStale", "x")), &NodeCondition::Keep));
+    assert!(!must_write(None, &NodeCondition::Absent));
+    assert!(must_write(None, &ok));
+}

@@ -148,7 +148,7 @@ impl Context {
                 NodeCondition::Absent | NodeCondition::Keep => vec![],
             };
             let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-                              "status": {"conditions": conditions}});
+                              "metadata": {"name": gn.name_any()}, "status": {"conditions": conditions}});
             let pp = PatchParams::apply(DRA_MANAGER).force();
             if let Err(e) = api.patch_status(&gn.name_any(), &pp, &Patch::Apply(&body)).await {
                 self.metrics.error("kube");

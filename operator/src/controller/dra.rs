@@ -97,6 +97,24 @@ fn verdicts(
         .collect()
 }
 
+/// Names in each plan's report its nodes (by position, `names`) whose slices disagree with the
+/// agent, for the plan's `DraInSync`.
+fn name_stale(
+    reports: &mut BTreeMap<String, PlanReport>,
+    verdicts: &[(NodeCondition, Option<String>)],
+    names: &[&str],
+) {
+    for report in reports.values_mut() {
+        for &i in &report.nodes {
+            if let (Some((NodeCondition::Set(false, "SlicesStale", msg), _)), Some(name)) =
+                (verdicts.get(i), names.get(i))
+            {
+                report.dra_stale.push(format!("{name}: {msg}"));
+            }
+        }
+    }
+}
+
 impl Context {
     /// This pass's DRA verdicts per node (empty without a DRA cache); marks refused inputs.
     pub(super) fn dra_verdicts(
@@ -120,15 +138,8 @@ impl Context {
         reports: &mut BTreeMap<String, PlanReport>,
         slots: &Slots,
     ) {
-        for report in reports.values_mut() {
-            for &i in &report.nodes {
-                if let (Some((NodeCondition::Set(false, "SlicesStale", msg), _)), Some(slot)) =
-                    (verdicts.get(i), slots.slots.get(i))
-                {
-                    report.dra_stale.push(format!("{}: {msg}", slot.name));
-                }
-            }
-        }
+        let names: Vec<&str> = slots.slots.iter().map(|s| s.name.as_str()).collect();
+        name_stale(reports, verdicts, &names);
         let api: Api<GpuNode> = Api::all(self.client.clone());
         for (slot, (want, _)) in slots.slots.iter().zip(verdicts) {
             let Some(gn) = &slot.gpunode else { continue };
@@ -155,5 +166,28 @@ impl Context {
                 warn!(node = %slot.name, error = %e, "could not write the DraInSync condition; retrying next pass");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_plan_names_only_its_own_out_of_sync_nodes() {
+        let verdicts = vec![
+            (NodeCondition::Set(false, "SlicesStale", "lists gpu-0-mig-14-0-2".into()), None),
+            (NodeCondition::Set(true, "InSync", "ok".into()), None),
+            (NodeCondition::Set(false, "DynamicMig", "counters".into()), Some("counters".into())),
+            (NodeCondition::Set(false, "SlicesStale", "misses gpu 0 1g.10gb at 0".into()), None),
+        ];
+        let mut reports: BTreeMap<String, PlanReport> = [
+            ("a".to_string(), PlanReport { nodes: vec![0, 1, 2], ..Default::default() }),
+            ("b".to_string(), PlanReport { nodes: vec![3, 9], ..Default::default() }),
+        ]
+        .into();
+        name_stale(&mut reports, &verdicts, &["n0", "n1", "n2", "n3"]);
+        assert_eq!(reports["a"].dra_stale, ["n0: lists gpu-0-mig-14-0-2"]);
+        assert_eq!(reports["b"].dra_stale, ["n3: misses gpu 0 1g.10gb at 0"], "a position past the pass is skipped");
     }
 }

@@ -42,6 +42,9 @@ pub struct Agent<B: GpuBackend> {
     /// Pods on this node to restart after a change so they re-enumerate MIG devices (device
     /// plugin, feature discovery, DCGM exporter). Empty: none.
     pub gpu_client_selector: Option<String>,
+    /// NVIDIA's DRA kubelet plugin pods on this node, restarted with the GPU clients so the
+    /// ResourceSlices list the new MIG devices ([`gpu_clients::DRA_KUBELET_PLUGIN_SELECTOR`]).
+    pub dra_plugin_selector: Option<String>,
     /// How long the heartbeat lease stays valid; it is renewed four times per duration.
     pub lease_duration: Duration,
 }
@@ -70,6 +73,7 @@ impl<B: GpuBackend> Agent<B> {
             node: "test".into(),
             advertise_resources: false,
             gpu_client_selector: None,
+            dra_plugin_selector: None,
             lease_duration: Duration::from_secs(40),
         }
     }
@@ -173,14 +177,18 @@ impl<B: GpuBackend> Agent<B> {
         if self.advertise_resources {
             self.advertise(&all_instances).await?;
         }
-        if let Some(selector) = &self.gpu_client_selector {
+        let selectors =
+            gpu_clients::restart_selectors(self.gpu_client_selector.as_deref(), self.dra_plugin_selector.as_deref());
+        if !selectors.is_empty() {
             // Level-triggered: what the clients were last restarted for is on the GpuNode, so a
             // restart lost to a kill right after a driver step is redone by the next pass.
             let now = gpu_clients::fingerprint(&all_instances);
             let recorded = gn.annotations().get(gpu_clients::RESTARTED_FOR).map(String::as_str);
             let restart = gpu_clients::must_restart(recorded, &now, changed);
             if restart {
-                self.restart_gpu_clients(selector).await?;
+                for selector in &selectors {
+                    self.restart_gpu_clients(selector).await?;
+                }
             }
             if restart || recorded != Some(now.as_str()) {
                 let patch = json!({"metadata": {"annotations": {gpu_clients::RESTARTED_FOR: now}}});

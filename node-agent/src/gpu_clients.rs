@@ -11,6 +11,26 @@ pub mod pause;
 /// GpuNode annotation: the fingerprint of the MIG devices the GPU clients were restarted for.
 pub const RESTARTED_FOR: &str = "tessera.dev/gpu-clients-restarted-for";
 
+/// The pods of NVIDIA's DRA driver kubelet plugin (NVIDIA/k8s-dra-driver-gpu): it publishes the
+/// node's MIG devices as ResourceSlices and, like the device plugin, enumerates them only when it
+/// starts. Its Helm chart (deployments/helm/nvidia-dra-driver-gpu, templates/kubeletplugin.yaml
+/// with `nvidia-dra-driver-gpu.selectorLabels` of templates/_helpers.tpl) labels the kubelet
+/// plugin DaemonSet's pods `<chart name>-component: kubelet-plugin`, the chart being
+/// `nvidia-dra-driver-gpu`. The agent's `--dra-plugin-selector` default.
+pub const DRA_KUBELET_PLUGIN_SELECTOR: &str = "nvidia-dra-driver-gpu-component=kubelet-plugin";
+
+/// The label selectors whose pods restart after a change: the GPU clients' and the DRA kubelet
+/// plugin's, blank ones dropped (label selectors cannot say "or", so they are listed apart).
+pub fn restart_selectors(gpu_clients: Option<&str>, dra_plugin: Option<&str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in [gpu_clients, dra_plugin].into_iter().flatten().map(str::trim).filter(|s| !s.is_empty()) {
+        if !out.iter().any(|o| o == s) {
+            out.push(s.to_string());
+        }
+    }
+    out
+}
+
 /// What the clients enumerate: per GPU its index, UUID, MIG mode and its MIG devices' UUIDs (a
 /// half-made instance is no MIG device). FNV-1a 64 over a canonical text: stable across agent
 /// builds and hosts, unlike `std`'s hasher.

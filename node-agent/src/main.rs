@@ -87,6 +87,11 @@ enum Command {
         /// Label selector of GPU client pods on this node to restart after a change.
         #[arg(long, env = "TESSERA_GPU_CLIENT_SELECTOR")]
         gpu_client_selector: Option<String>,
+        /// Label selector of NVIDIA's DRA kubelet plugin pods on this node, restarted with the GPU
+        /// clients so its ResourceSlices list the new MIG devices. Empty: none.
+        #[arg(long, env = "TESSERA_DRA_PLUGIN_SELECTOR",
+              default_value = tessera_node_agent::gpu_clients::DRA_KUBELET_PLUGIN_SELECTOR)]
+        dra_plugin_selector: String,
         /// Validity of the heartbeat lease the operator watches; renewed four times per period.
         #[arg(long, default_value_t = 40)]
         lease_duration_seconds: u64,
@@ -201,6 +206,7 @@ fn main() -> anyhow::Result<()> {
             resync_seconds,
             advertise_resources,
             gpu_client_selector,
+            dra_plugin_selector,
             lease_duration_seconds,
         } => {
             let advertise = advertise_resources.unwrap_or(backend.backend == BackendKind::Sim);
@@ -214,6 +220,7 @@ fn main() -> anyhow::Result<()> {
                     node: node_name,
                     advertise_resources: advertise,
                     gpu_client_selector,
+                    dra_plugin_selector: Some(dra_plugin_selector),
                     lease_duration: Duration::from_secs(lease_duration_seconds.max(4)),
                 };
                 tokio::select! {
@@ -286,4 +293,20 @@ fn probe(mut backend: Box<dyn GpuBackend>, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_restarts_nvidias_dra_kubelet_plugin_by_default_and_can_be_told_not_to() {
+        let selector = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Run { dra_plugin_selector, .. } => dra_plugin_selector,
+            _ => unreachable!(),
+        };
+        let run = ["node-agent", "run", "--node-name", "n1"];
+        assert_eq!(selector(&run), "nvidia-dra-driver-gpu-component=kubelet-plugin");
+        assert_eq!(selector(&[&run[..], &["--dra-plugin-selector", ""]].concat()), "");
+    }
 }

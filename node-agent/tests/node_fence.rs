@@ -1,6 +1,7 @@
 //! The Node fence (`tessera-node-agent-node-fence` in `config/rbac/node-agent-fence.yaml`),
 //! evaluated with a CEL interpreter on the writes an agent may and may not make: only its own
-//! Node, and there only the `nvidia.com/gpu.deploy.*` labels. The real API server runs it in
+//! Node, and there only the `nvidia.com/gpu.deploy.*` labels; and the pod fence's DRA kubelet
+//! plugin rule. The real API server runs it in
 //! `e2e/tests/admission.rs`.
 
 use std::collections::HashMap;
@@ -8,13 +9,13 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-fn policy() -> Value {
+fn policy(name: &str) -> Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/rbac/node-agent-fence.yaml");
     let text = std::fs::read_to_string(path).unwrap();
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
     docs.into_iter()
-        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == "tessera-node-agent-node-fence")
-        .expect("the Node fence")
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)
+        .expect("the fence")
 }
 
 fn to_cel(v: &Value) -> cel::Value {
@@ -29,7 +30,12 @@ fn to_cel(v: &Value) -> cel::Value {
 /// Runs the fence on an update of Node `name` from `old` to `new` by an agent whose token names
 /// `token_node`: `Err` carries the refusals' messages.
 fn admit(token_node: Option<&str>, name: &str, old: &Value, new: &Value) -> Result<(), Vec<String>> {
-    let policy = policy();
+    admit_with("tessera-node-agent-node-fence", token_node, name, old, new)
+}
+
+/// [`admit`] by the fence `policy`.
+fn admit_with(policy: &str, token_node: Option<&str>, name: &str, old: &Value, new: &Value) -> Result<(), Vec<String>> {
+    let policy = self::policy(policy);
     let env = Arc::new(cel::Env::stdlib());
     let extra = token_node.map_or(json!({}), |n| json!({"authentication.kubernetes.io/node-name": [n]}));
     let request = json!({"name": name, "userInfo": {"username": "system:serviceaccount:tessera-system:tessera-node-agent", "extra": extra}});
@@ -119,4 +125,30 @@ fn an_agent_may_change_only_the_deploy_labels_of_its_own_node() {
     for new in [uncordoned, untainted, annotated, unannotated, finalized] {
         assert_eq!(admit(Some("gpu-a"), "gpu-a", &old, &new), Err(vec![other_refused.to_string()]), "{new}");
     }
+}
+
+fn pod(node: &str, labels: Value) -> Value {
+    json!({"metadata": {"name": "p", "namespace": "gpu", "labels": labels}, "spec": {"nodeName": node}})
+}
+
+/// The pod fence lets an agent restart NVIDIA's DRA kubelet plugin on its node (the default
+/// `--dra-plugin-selector`) as it does the GPU clients, and nothing else.
+#[test]
+fn an_agent_may_delete_the_dra_kubelet_plugin_pods_of_its_own_node_only() {
+    let fence = "tessera-node-agent-pod-fence";
+    let delete = |p: &Value| admit_with(fence, Some("gpu-a"), "p", p, &Value::Null);
+    let plugin = json!({"nvidia-dra-driver-gpu-component": "kubelet-plugin"});
+    assert_eq!(delete(&pod("gpu-a", plugin.clone())), Ok(()));
+    assert_eq!(delete(&pod("gpu-a", json!({"app": "nvidia-device-plugin-daemonset"}))), Ok(()));
+    for refused in [
+        pod("gpu-b", plugin),
+        pod("gpu-a", json!({"nvidia-dra-driver-gpu-component": "controller"})),
+        pod("gpu-a", json!({"app": "web"})),
+        pod("gpu-a", json!({})),
+    ] {
+        let e = delete(&refused).unwrap_err();
+        assert!(e.iter().all(|m| m.contains("gpu/p")), "{e:?}");
+    }
+    let e = delete(&pod("gpu-a", json!({"app": "web"}))).unwrap_err();
+    assert!(e[0].contains("DRA kubelet plugin (label") && e[0].ends_with("pod gpu/p is not a GPU client"), "{e:?}");
 }

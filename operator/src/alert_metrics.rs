@@ -98,6 +98,7 @@ mod tests {
             cordon_annotated: annotated.map(ts),
             cache_behind: false,
             versions: None,
+            dra_refused: None,
         }
     }
 

@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 mod claims;
+pub mod dra;
 mod eviction;
 mod fence;
 mod layouts;
@@ -140,6 +141,8 @@ pub struct Context {
     decision_writes: std::sync::Mutex<crate::auto::written::DecisionWrites>,
     /// Stranded slices per (board, layout, demanded profiles), and per GpuNode version.
     stranded_memo: std::sync::Mutex<layouts::StrandedMemo>,
+    /// The GPU DRA drivers' ResourceSlices (`run` sets it; none: no node refused, nothing counted).
+    pub dra: std::sync::OnceLock<Arc<dra::DraWatch>>,
 }
 
 /// Starts the caches and returns the context plus a notifier that fires on every change the
@@ -230,6 +233,7 @@ pub async fn start(
         stability: Default::default(),
         decision_writes: Default::default(),
         stranded_memo: Default::default(),
+        dra: Default::default(),
     };
     (Arc::new(ctx), changed)
 }

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod controller;
 pub mod coverage;
 pub mod dra;
+pub mod dra_slices;
 pub mod drain;
 pub mod error;
 pub mod events;

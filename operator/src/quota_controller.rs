@@ -39,6 +39,8 @@ pub struct QuotaController {
     /// Fires when a GpuNode's reported GPUs change (not its rollout record: see `wake`); they
     /// wake a pass after a longer pause than changes to quotas and namespaces.
     fleet_changed: Arc<Notify>,
+    /// The GPU DRA drivers' ResourceSlices (`run` sets it): their supply counts too.
+    pub dra: std::sync::OnceLock<Arc<crate::controller::dra::DraWatch>>,
 }
 
 /// How long changes are batched before a quota pass; GpuNode changes for longer (see above).
@@ -66,6 +68,7 @@ impl QuotaController {
             metrics,
             changed,
             fleet_changed,
+            dra: Default::default(),
         })
     }
 
@@ -79,7 +82,8 @@ impl QuotaController {
     ) -> Self {
         let gpunodes = kube::runtime::reflector::store().0;
         let (metrics, changed) = (Arc::new(Metrics::default()), Arc::new(Notify::new()));
-        Self { client, metrics, quotas, rqs, namespaces, gpunodes, changed, fleet_changed: Arc::new(Notify::new()) }
+        let fleet_changed = Arc::new(Notify::new());
+        Self { client, metrics, quotas, rqs, namespaces, gpunodes, changed, fleet_changed, dra: Default::default() }
     }
 
     pub async fn wait_ready(&self) {
@@ -118,7 +122,8 @@ impl QuotaController {
             .filter(|n| n.metadata.deletion_timestamp.is_none())
             .map(|n| n.name_any())
             .collect();
-        let capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g));
+        let stand_ins = crate::controller::dra::supply_nodes(self.dra.get(), &self.gpunodes);
+        let capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g).chain(&stand_ins));
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let plan = plan_quotas_with(&quotas, &namespaces, &rqs, &capacity, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);

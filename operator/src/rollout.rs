@@ -63,6 +63,9 @@ pub struct NodeInput<'a> {
     /// from: a pass reuses a node's verdict of the pass before while they are the same (see
     /// [`Carry`]). `None`: never reused.
     pub versions: Option<Versions>,
+    /// Why Tessera must not manage this node's GPUs, from its GPU DRA driver's ResourceSlices
+    /// (`dra_slices::dynamic_mig`): the plan hands it nothing and releases it. `None`: eligible.
+    pub dra_refused: Option<String>,
 }
 
 /// Set on a Node (to the time) in the same patch as Tessera's cordon and removed with the
@@ -179,6 +182,10 @@ pub struct PlanReport {
     pub deciding: Option<String>,
     /// Free compute slices of the plan's GPUs that no demanded profile can use (controller).
     pub fragmented_slices: i32,
+    /// Nodes refused for their DRA driver (`node: reason`, see [`NodeInput::dra_refused`]).
+    pub dra_refused: Vec<String>,
+    /// Nodes whose DRA driver's slices disagree with the agent (`node: message`; controller).
+    pub dra_stale: Vec<String>,
 }
 
 fn in_flight(phase: NodePhase) -> bool {
@@ -611,6 +618,10 @@ fn want<'a>(
     report: &mut PlanReport,
     memo: &mut Memo<'a>,
 ) -> Want<'a> {
+    if let Some(reason) = &node.dra_refused {
+        refuse(plan, node, reason, actions, report);
+        return Want::Skipped;
+    }
     let Some(gn) = node.gpunode.as_ref().filter(|g| g.status.as_ref().is_some_and(|s| !s.gpus.is_empty())) else {
         report.skipped.insert(node.name.to_string(), "waiting for the node agent to report its GPUs".into());
         report.waiting_for_agents += 1;
@@ -638,6 +649,33 @@ fn want<'a>(
             release(node, actions);
             Want::Skipped
         }
+    }
+}
+
+/// A node whose DRA driver manages MIG itself (DynamicMIG): released and its intent emptied, so
+/// its agent is handed nothing and creates nothing; a Warning Event when that changes anything.
+fn refuse(
+    plan: &GpuPartitionPlan,
+    node: &NodeInput<'_>,
+    reason: &str,
+    actions: &mut Vec<Action>,
+    report: &mut PlanReport,
+) {
+    report.skipped.insert(node.name.to_string(), format!("refused: {reason}"));
+    report.dra_refused.push(format!("{}: {reason}", node.name));
+    let before = actions.len();
+    release(node, actions);
+    if actions.len() == before {
+        clear_intent(node, actions);
+    }
+    if actions.len() > before {
+        actions.push(Action::Event {
+            plan: plan.metadata.name.clone().unwrap_or_default(),
+            node: node.name.to_string(),
+            reason: "DraRefused",
+            message: format!("not managed by Tessera: {reason}"),
+            warning: true,
+        });
     }
 }
 

@@ -46,9 +46,20 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         opts.gpu_drivers.clone(),
     )
     .await;
-    let quotas = QuotaController::start(client.clone(), metrics.clone(), ctx.gpunodes.clone(), fleet_changed);
+    let quotas = QuotaController::start(client.clone(), metrics.clone(), ctx.gpunodes.clone(), fleet_changed.clone());
+    // The GPU DRA drivers' slices: a change wakes both controllers (refusals, supply).
+    let dra = controller::dra::DraWatch::start(
+        client.clone(),
+        opts.gpu_drivers.clone(),
+        vec![changed.clone(), fleet_changed],
+    );
+    let _ = ctx.dra.set(dra.clone());
+    let _ = quotas.dra.set(dra.clone());
     ctx.wait_ready().await;
     quotas.wait_ready().await;
+    if !dra.wait_ready_for(std::time::Duration::from_secs(30)).await {
+        warn!("ResourceSlices not listed within 30s (no resource.k8s.io/v1?); going on without them until they are");
+    }
     ready.store(true, Ordering::Relaxed);
     info!("caches synced");
 

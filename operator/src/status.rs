@@ -103,6 +103,7 @@ pub fn plan_status(
         Some((reason, msg)) => set_condition(&mut c, STALLED, true, reason, msg.clone(), g, t()),
         None => remove_condition(&mut c, STALLED),
     }
+    dra_condition(&mut c, report, g, t());
     match &report.demand {
         // The decision covers the demand once applied; the quotas' `CapacityAvailable` reads the
         // fleet as it is. Until every node is done (or while one failed), say not yet, so the two
@@ -185,6 +186,18 @@ pub fn plan_status(
     }
 }
 
+/// `DraInSync`: False while a matched node's GPU DRA driver is refused (DynamicMIG) or lists
+/// devices other than the agent reports, naming the nodes; absent when all agree (or no DRA).
+fn dra_condition(c: &mut Vec<Condition>, report: &PlanReport, g: Option<i64>, now: Time) {
+    let nodes: Vec<&str> = report.dra_refused.iter().chain(&report.dra_stale).map(String::as_str).collect();
+    if nodes.is_empty() {
+        remove_condition(c, crate::dra_slices::DRA_IN_SYNC);
+        return;
+    }
+    let reason = if report.dra_refused.is_empty() { "SlicesStale" } else { "DynamicMigRefused" };
+    set_condition(c, crate::dra_slices::DRA_IN_SYNC, false, reason, nodes.join("; "), g, now);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +220,24 @@ mod tests {
             cond(&st, RECONCILING)
                 .is_some_and(|c| c.message.contains("2 matched node(s) have no node agent report yet"))
         );
+    }
+
+    #[test]
+    fn dra_disagreements_and_refusals_name_their_nodes_and_clear_when_gone() {
+        let report = PlanReport {
+            dra_refused: vec!["n1: DynamicMIG".into()],
+            dra_stale: vec!["n2: lists gpu-0-mig-14-0-2".into()],
+            ..Default::default()
+        };
+        let st = plan_status(&[], &report, Some(1), false, now());
+        let c = cond(&st, crate::dra_slices::DRA_IN_SYNC).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "DynamicMigRefused"));
+        assert_eq!(c.message, "n1: DynamicMIG; n2: lists gpu-0-mig-14-0-2");
+        let stale = PlanReport { dra_stale: report.dra_stale.clone(), ..Default::default() };
+        let st = plan_status(&st.conditions, &stale, Some(1), false, now());
+        assert_eq!(cond(&st, crate::dra_slices::DRA_IN_SYNC).unwrap().reason, "SlicesStale");
+        let st = plan_status(&st.conditions, &PlanReport::default(), Some(1), false, now());
+        assert!(cond(&st, crate::dra_slices::DRA_IN_SYNC).is_none());
     }
 
     #[test]

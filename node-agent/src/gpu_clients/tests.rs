@@ -75,6 +75,8 @@ fn clients_restart_when_asked_or_when_the_recorded_devices_differ() {
 struct Server {
     recorded: Option<String>,
     deleted: Vec<String>,
+    /// The query of each pod list (its label selector).
+    listed: Vec<String>,
 }
 
 fn client(server: Arc<Mutex<Server>>) -> Client {
@@ -82,6 +84,7 @@ fn client(server: Arc<Mutex<Server>>) -> Client {
         let server = server.clone();
         async move {
             let (method, path) = (req.method().clone(), req.uri().path().to_string());
+            let query = req.uri().query().unwrap_or_default().to_string();
             let body = req.into_body().collect_bytes().await.map_err(|e| std::io::Error::other(e.to_string()))?;
             let mut s = server.lock().unwrap();
             if method == http::Method::PATCH && path.ends_with("/gpunodes/test") {
@@ -95,6 +98,7 @@ fn client(server: Arc<Mutex<Server>>) -> Client {
             let out = if path.contains("/gpunodes/test") {
                 gpunode
             } else if path == "/api/v1/pods" {
+                s.listed.push(query);
                 json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
                        "items": [{"metadata": {"name": "dp", "namespace": "gpu"}}]})
             } else if method == http::Method::DELETE && path.starts_with("/api/v1/namespaces/") {
@@ -125,6 +129,7 @@ async fn a_restart_lost_to_a_killed_agent_is_redone_by_the_next_pass_once() {
         node: "test".into(),
         advertise_resources: false,
         gpu_client_selector: Some("app=nvidia-device-plugin-daemonset".into()),
+        dra_plugin_selector: None,
         lease_duration: Duration::from_secs(40),
     };
     agent.reconcile().await.unwrap();
@@ -134,4 +139,48 @@ async fn a_restart_lost_to_a_killed_agent_is_redone_by_the_next_pass_once() {
     assert_eq!(recorded, Some(fingerprint(&gpus)), "the restart is recorded");
     agent.reconcile().await.unwrap();
     assert_eq!(server.lock().unwrap().deleted.len(), 1, "recorded: not restarted again");
+}
+
+#[test]
+fn the_dra_kubelet_plugin_is_restarted_apart_from_the_gpu_clients() {
+    assert_eq!(DRA_KUBELET_PLUGIN_SELECTOR, "nvidia-dra-driver-gpu-component=kubelet-plugin");
+    let dp = "app in (nvidia-device-plugin-daemonset)";
+    let table: [(Option<&str>, Option<&str>, &[&str]); 5] = [
+        (Some(dp), Some(DRA_KUBELET_PLUGIN_SELECTOR), &[dp, DRA_KUBELET_PLUGIN_SELECTOR]),
+        (None, Some(DRA_KUBELET_PLUGIN_SELECTOR), &[DRA_KUBELET_PLUGIN_SELECTOR]),
+        (Some(dp), Some(" "), &[dp]),
+        (Some(dp), Some(dp), &[dp]),
+        (None, None, &[]),
+    ];
+    for (clients, dra, want) in table {
+        assert_eq!(restart_selectors(clients, dra), want, "{clients:?} {dra:?}");
+    }
+}
+
+/// An agent with only the DRA kubelet plugin to restart (no GPU client selector) still restarts
+/// it after a change (was: nothing restarted without `--gpu-client-selector`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dra_kubelet_plugin_alone_is_restarted_after_a_change() {
+    let state = temp_dir("dra-plugin").join("sim.json");
+    let mut sim = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
+    sim.set_mig_mode(0, true).unwrap();
+    sim.create_instance(0, "7g.80gb", 0).unwrap();
+    let server = Arc::new(Mutex::new(Server { recorded: Some("before".into()), ..Default::default() }));
+    let mut agent = Agent {
+        backend: SimBackend::at(&state),
+        client: client(server.clone()),
+        node: "test".into(),
+        advertise_resources: false,
+        gpu_client_selector: None,
+        dra_plugin_selector: Some(DRA_KUBELET_PLUGIN_SELECTOR.into()),
+        lease_duration: Duration::from_secs(40),
+    };
+    agent.reconcile().await.unwrap();
+    let s = server.lock().unwrap();
+    assert_eq!(s.deleted.len(), 1, "the plugin pod is restarted");
+    assert!(
+        s.listed.iter().all(|q| q.contains("labelSelector=nvidia-dra-driver-gpu-component%3Dkubelet-plugin")),
+        "{:?}",
+        s.listed
+    );
 }

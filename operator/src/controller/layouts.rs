@@ -88,7 +88,9 @@ impl Context {
             return pass;
         }
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
-        let gpunodes: Vec<&GpuNode> = nodes.iter().filter_map(|n| n.gpunode.as_deref()).collect();
+        // What the GPU DRA drivers supply beyond the agents' reports counts too (`dra_slices`).
+        let stand_ins = super::dra::supply_nodes(self.dra.get(), &self.gpunodes);
+        let gpunodes: Vec<&GpuNode> = nodes.iter().filter_map(|n| n.gpunode.as_deref()).chain(&stand_ins).collect();
         let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for n in nodes {
             if let [one] = contenders(&live_refs, n.labels).as_slice() {

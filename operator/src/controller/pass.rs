@@ -49,6 +49,7 @@ impl Context {
         }
         let (now, agents, behind) = self.read_fleet(slots);
         let mut inputs = self.node_inputs(slots, agents, behind);
+        let dra = self.dra_verdicts(slots, &mut inputs);
         self.list_draining_pods(slots, &mut inputs).await;
         let (actions, mut reports) = self.plan(&mut plans, &inputs, now, &mut plan_errors).await;
         // The nodes by position (as the reports name them), borrowed from the cached Nodes.
@@ -60,6 +61,7 @@ impl Context {
         attribute_errors(&mut reports, &names, &node_errors);
         // The lease ran out mid-pass: what follows would be written after it (see `leader`).
         self.may_write()?;
+        self.write_dra(&dra, &mut reports, slots).await;
         let failed = self.write_statuses(&plans, &mut reports, plan_errors, now, slots).await;
         match node_errors.len() + failed {
             0 => Ok(()),
@@ -121,6 +123,7 @@ impl Context {
                 cordon_annotated: slot.cordon_annotated,
                 cache_behind,
                 versions: slot.versions,
+                dra_refused: None,
             })
             .collect();
         let behind = inputs.iter().filter(|n| n.cache_behind).count();

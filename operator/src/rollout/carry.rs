@@ -118,5 +118,8 @@ impl Carry {
 /// Tessera cordon on it (whose orphan check reads the time). Versions aside, these are the
 /// inputs that change without a write to the node's objects.
 fn keepable(node: &super::NodeInput<'_>) -> bool {
-    !node.cache_behind && node.agent == crate::liveness::AgentHealth::Alive && node.cordon_annotated.is_none()
+    !node.cache_behind
+        && node.agent == crate::liveness::AgentHealth::Alive
+        && node.cordon_annotated.is_none()
+        && node.dra_refused.is_none()
 }

@@ -60,12 +60,14 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput<'static> {
         cordon_annotated: None,
         cache_behind: false,
         versions: None,
+        dra_refused: None,
     }
 }
 
 mod agents;
 mod blockers;
 mod claims;
+mod dra;
 mod kept;
 
 /// Versions that change with what the planner reads of a node (its content hashed), as

@@ -206,6 +206,7 @@ mod agent {
             node: "test".into(),
             advertise_resources: false,
             gpu_client_selector: Some("app in (nvidia-device-plugin-daemonset,nvidia-dcgm-exporter)".into()),
+            dra_plugin_selector: None,
             lease_duration: std::time::Duration::from_secs(40),
         };
         (agent, cluster, sim)

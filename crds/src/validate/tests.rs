@@ -114,6 +114,7 @@ fn quota(namespaces: &[&str], hard: &[(&str, i64)]) -> TenantGpuQuotaSpec {
         hard: hard.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         split: SplitPolicy::Even,
         unlisted: Default::default(),
+        allocation: Default::default(),
         namespace_hard: BTreeMap::new(),
         physical: None,
     }

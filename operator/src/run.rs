@@ -40,7 +40,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let (ctx, changed) =
         controller::start(client.clone(), evict_client, metrics.clone(), opts.identity.clone(), fleet_changed.clone())
             .await;
-    let quotas = QuotaController::start(client.clone(), metrics.clone(), ctx.gpunodes.clone(), fleet_changed);
+    let quotas = QuotaController::start(
+        client.clone(),
+        metrics.clone(),
+        ctx.gpunodes.clone(),
+        fleet_changed,
+        opts.gpu_drivers.clone(),
+        opts.lease_namespace.clone(),
+    );
     ctx.wait_ready().await;
     quotas.wait_ready().await;
     ready.store(true, Ordering::Relaxed);

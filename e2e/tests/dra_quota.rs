@@ -54,6 +54,13 @@ fn quota(name: &str, spec: serde_json::Value) -> TenantGpuQuota {
         .unwrap()
 }
 
+/// A quota sent as written (a value the Rust type would not hold).
+fn quota_value(name: &str, spec: serde_json::Value) -> kube::api::DynamicObject {
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+        "metadata": {"name": name}, "spec": spec}))
+    .unwrap()
+}
+
 /// A claim with one single-device request per class.
 fn claim(name: &str, classes: &[&str]) -> ResourceClaim {
     let reqs: Vec<_> = classes
@@ -147,6 +154,12 @@ async fn a_claim_of_a_gpu_reaching_class_is_refused_in_a_tenant_namespace_naming
 async fn in_resource_claims_mode_concurrent_claims_get_exactly_the_share_and_usage_counts_them() {
     let (_cp, admin, _op) = setup(&["team-b"]).await;
     let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    // A bad value is refused by the CRD's schema, naming the field.
+    let raw: Api<kube::api::DynamicObject> =
+        Api::all_with(admin.clone(), &kube::api::ApiResource::erase::<TenantGpuQuota>(&()));
+    let bad = json!({"namespaces": ["team-b"], "hard": {}, "allocation": "Claims"});
+    let err = raw.create(&PostParams::default(), &quota_value("bad", bad)).await.unwrap_err().to_string();
+    assert!(err.contains("spec.allocation") && err.contains("Claims"), "{err}");
     let spec = json!({"namespaces": ["team-b"], "hard": {"nvidia.com/mig-1g.10gb": 3}, "allocation": "ResourceClaims"});
     quotas.create(&PostParams::default(), &quota("team-b", spec)).await.unwrap();
     let ours = "mig-1g.10gb.tessera.dev";

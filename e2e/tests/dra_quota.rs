@@ -136,6 +136,11 @@ async fn a_claim_of_a_gpu_reaching_class_is_refused_in_a_tenant_namespace_naming
         "{msg}"
     );
 
+    // The params are written again when deleted (level-triggered).
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "tessera-system");
+    cms.delete("tessera-claim-classes", &Default::default()).await.unwrap();
+    wait_policy(&admin, "team-a", "mig.nvidia.com").await;
+
     // Templates: the field under spec.spec, firstAvailable alternatives each checked.
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(admin.clone(), "team-a");
     let t: ResourceClaimTemplate = serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1",

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -46,8 +46,9 @@ pub struct QuotaController {
     drivers: GpuDrivers,
     /// The operator's namespace: where the claim-class policy's params ConfigMap lives.
     namespace: String,
-    /// The params last written (not re-written while unchanged); `None` after a failed write.
-    policy_written: std::sync::Mutex<Option<BTreeMap<String, String>>>,
+    /// The claim-class policy's params ConfigMap as the cluster has it (watched by name, so a
+    /// deleted or edited one is written again).
+    policy_params: Store<ConfigMap>,
     changed: Arc<Notify>,
     /// Fires when a GpuNode's reported GPUs change (not its rollout record: see `wake`); they
     /// wake a pass after a longer pause than changes to quotas and namespaces.
@@ -79,8 +80,12 @@ impl QuotaController {
             classes: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             gpunodes,
             drivers,
+            policy_params: watch_into_store(
+                Api::namespaced(client.clone(), &namespace),
+                d().fields(&format!("metadata.name={}", crate::quota::claims::POLICY_PARAMS)),
+                changed.clone(),
+            ),
             namespace,
-            policy_written: Default::default(),
             client,
             metrics,
             changed,
@@ -109,10 +114,17 @@ impl QuotaController {
             classes,
             drivers: GpuDrivers::default(),
             namespace: "tessera-system".into(),
-            policy_written: Default::default(),
+            policy_params: kube::runtime::reflector::store().0,
             changed,
             fleet_changed: Arc::new(Notify::new()),
         }
+    }
+
+    /// [`Self::from_stores`] with the cluster's DeviceClasses and policy params ConfigMap (tests).
+    #[cfg(test)]
+    pub(crate) fn with_dra(mut self, classes: Store<DeviceClass>, policy_params: Store<ConfigMap>) -> Self {
+        (self.classes, self.policy_params) = (classes, policy_params);
+        self
     }
 
     pub async fn wait_ready(&self) {
@@ -121,7 +133,8 @@ impl QuotaController {
             self.rqs.wait_until_ready(),
             self.namespaces.wait_until_ready(),
             self.gpunodes.wait_until_ready(),
-            self.classes.wait_until_ready()
+            self.classes.wait_until_ready(),
+            self.policy_params.wait_until_ready()
         );
     }
 

@@ -41,13 +41,9 @@ impl QuotaController {
                 failed += 1;
             }
         }
-        let mut written = self.policy_written.lock().map(|w| w.clone()).unwrap_or_default();
-        if written.as_ref() != Some(&plan.policy) {
-            written = self.write_policy(&plan.policy).await.then(|| plan.policy.clone());
-            failed += usize::from(written.is_none());
-        }
-        if let Ok(mut w) = self.policy_written.lock() {
-            *w = written;
+        let have = self.policy_params.state().first().and_then(|cm| cm.data.clone()).unwrap_or_default();
+        if have != plan.policy && !self.write_policy(&plan.policy).await {
+            failed += 1;
         }
         failed
     }

@@ -201,7 +201,7 @@ fn usage_through_tessera_classes_counts_for_its_resource() {
 
 fn quota(name: &str, nss: &[&str], allocation: &str) -> TenantGpuQuota {
     serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
-        "metadata": {"name": name}, "spec": {"namespaces": nss, "hard": {"nvidia.com/mig-1g.10gb": 3},
+        "metadata": {"name": name, "uid": format!("uid-{name}")}, "spec": {"namespaces": nss, "hard": {"nvidia.com/mig-1g.10gb": 3},
         "allocation": allocation}}))
     .unwrap()
 }
@@ -257,4 +257,56 @@ fn a_claims_quota_is_planned_with_class_keys_and_counts_usage_on_both_paths() {
     assert_eq!(st.namespaces[0].used["nvidia.com/mig-1g.10gb"], 3);
     assert!(plan.device_classes.iter().any(|c| c.name == "mig-1g.10gb.tessera.dev"));
     assert_eq!(plan.policy["a.quota"], "team-a");
+}
+
+/// The writer: Tessera's classes and the policy params are applied when they differ from the
+/// cluster's, and not written again when they are current.
+#[tokio::test]
+async fn the_controller_applies_missing_classes_and_params_and_leaves_current_ones() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+
+    use crate::quota::tests::{api_refusing_writes_in_locked, store_of};
+    use crate::quota_controller::QuotaController;
+    let q = quota("team-b", &["b"], "ResourceClaims");
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "b"}})).unwrap();
+    let requests_for = |classes: Vec<DeviceClass>, params: Vec<ConfigMap>| {
+        let (q, ns) = (q.clone(), ns.clone());
+        async move {
+            let (client, requests) = api_refusing_writes_in_locked();
+            let c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![ns]))
+                .with_dra(store_of(classes), store_of(params));
+            let _ = c.reconcile().await;
+            let r = requests.lock().unwrap().clone();
+            r.into_iter().filter(|(m, _, _)| m == "PATCH").map(|(_, p, b)| (p, b)).collect::<Vec<_>>()
+        }
+    };
+    let first = requests_for(vec![], vec![]).await;
+    let class_path = "/apis/resource.k8s.io/v1/deviceclasses/mig-1g.10gb.tessera.dev";
+    let (_, body) = first.iter().find(|(p, _)| p == class_path).expect("our class applied");
+    assert_eq!(body["metadata"]["labels"]["app.kubernetes.io/managed-by"], "tessera");
+    let want = managed_class("nvidia.com/mig-1g.10gb", &nvidia()).unwrap().expression;
+    assert_eq!(body["spec"]["selectors"][0]["cel"]["expression"], json!(want));
+    let cm_path = "/api/v1/namespaces/tessera-system/configmaps/tessera-claim-classes";
+    let (_, params) = first.iter().find(|(p, _)| p == cm_path).expect("params written");
+    assert_eq!(params["data"]["b.quota"], "team-b");
+
+    // What the first pass wrote, read back: nothing of it is written again.
+    let classes: Vec<DeviceClass> = first
+        .iter()
+        .filter(|(p, _)| p.starts_with("/apis/resource.k8s.io/v1/deviceclasses/"))
+        .map(|(_, b)| serde_json::from_value(b.clone()).unwrap())
+        .collect();
+    let cm: ConfigMap = serde_json::from_value(params.clone()).unwrap();
+    let second = requests_for(classes.clone(), vec![cm]).await;
+    assert!(!second.iter().any(|(p, _)| p.contains("/deviceclasses/")), "{second:?}");
+    // The params change once: our classes now exist and are listed as GPU-reaching.
+    let (_, params) = second.iter().find(|(p, _)| p == cm_path).expect("params list the new classes");
+    assert!(params["data"]["_reaching"].as_str().unwrap().contains("mig-1g.10gb.tessera.dev"));
+    let mut cm: ConfigMap = serde_json::from_value(params.clone()).unwrap();
+    let again = requests_for(classes.clone(), vec![cm.clone()]).await;
+    assert!(!again.iter().any(|(p, _)| p.contains("/deviceclasses/") || p == cm_path), "{again:?}");
+    // Params edited by hand are written back.
+    cm.data.as_mut().unwrap().insert("b.allowed".into(), "mig.nvidia.com".into());
+    let fixed = requests_for(classes, vec![cm]).await;
+    assert!(fixed.iter().any(|(p, _)| p == cm_path), "{fixed:?}");
 }

@@ -56,6 +56,29 @@ pub struct TenantGpuQuotaSpec {
     /// `hard` grants).
     #[serde(default, skip_serializing_if = "UnlistedPolicy::is_unlimited")]
     pub unlisted: UnlistedPolicy,
+    /// Which path the limits apply to. A ResourceQuota cannot add two keys up, so a quota picks
+    /// one: the device plugin's extended resources (claims for GPUs refused in its namespaces),
+    /// or DRA ResourceClaims of Tessera's DeviceClasses (extended resources held at 0).
+    #[serde(default, skip_serializing_if = "AllocationPath::is_extended_resources")]
+    pub allocation: AllocationPath,
+}
+
+/// The path through which a quota's GPUs reach pods.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AllocationPath {
+    /// `nvidia.com/gpu` and `nvidia.com/mig-<profile>` requests of pods; every DeviceClass that
+    /// reaches GPUs gets 0 devices in the tenant's namespaces.
+    #[default]
+    ExtendedResources,
+    /// ResourceClaims of Tessera's per-profile DeviceClasses (`mig-<profile>.tessera.dev`,
+    /// `gpu.tessera.dev`); the extended resources and every other GPU-reaching class get 0.
+    ResourceClaims,
+}
+
+impl AllocationPath {
+    pub fn is_extended_resources(&self) -> bool {
+        *self == AllocationPath::ExtendedResources
+    }
 }
 
 /// What a quota grants of the GPU resources its `hard` does not name.

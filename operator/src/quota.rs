@@ -100,12 +100,14 @@ pub fn shares(spec: &TenantGpuQuotaSpec) -> BTreeMap<String, BTreeMap<String, i6
 /// every MIG resource of the catalog's boards, and every resource the fleet supplies (boards
 /// outside the catalog report their own profiles).
 pub fn unlisted_gpu_resources(spec: &TenantGpuQuotaSpec, supply: &BTreeMap<String, i64>) -> BTreeSet<String> {
+    gpu_resources(supply).into_iter().filter(|r| !spec.hard.contains_key(r)).collect()
+}
+
+/// Every GPU resource a quota can name: `nvidia.com/gpu`, the catalog's MIG resources and the
+/// fleet's.
+pub fn gpu_resources(supply: &BTreeMap<String, i64>) -> BTreeSet<String> {
     let catalog = catalog::MODELS.iter().flat_map(|m| m.profiles.iter().map(|p| catalog::mig_resource_name(p.name)));
-    std::iter::once(GPU_RESOURCE.to_string())
-        .chain(catalog)
-        .chain(supply.keys().cloned())
-        .filter(|r| !spec.hard.contains_key(r))
-        .collect()
+    std::iter::once(GPU_RESOURCE.to_string()).chain(catalog).chain(supply.keys().cloned()).collect()
 }
 
 /// What one GPU supplies per resource name: its MIG instances, or itself as a whole GPU.
@@ -205,6 +207,17 @@ pub struct QuotaPlan {
     /// Per resource the valid quotas ask for: how much more their limits add up to than the
     /// fleet's applied layouts supply (0 when the fleet covers it). For the over-commit alert.
     pub shortfall: BTreeMap<String, i64>,
+    /// Tessera's DeviceClasses to apply (while a quota allocates through claims).
+    pub device_classes: Vec<claims::ClassApply>,
+    /// The claim-class policy's params ([`claims::policy_data`]).
+    pub policy: BTreeMap<String, String>,
+}
+
+/// What the quotas know of DRA: the cluster's DeviceClasses and the GPU drivers.
+#[derive(Debug, Clone, Default)]
+pub struct Dra {
+    pub classes: claims::ClassView,
+    pub drivers: crate::dra::GpuDrivers,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -243,14 +256,34 @@ pub fn plan_quotas_with(
     capacity: &Capacity,
     now: Time,
 ) -> QuotaPlan {
+    plan_quotas_dra(quotas, existing_namespaces, resource_quotas, capacity, &Dra::default(), now)
+}
+
+/// [`plan_quotas_with`] in a cluster with DeviceClasses (`dra`): each namespace's ResourceQuota
+/// also limits claims ([`claims::claim_keys`]), and the plan lists Tessera's classes and the
+/// claim-class policy's params.
+pub fn plan_quotas_dra(
+    quotas: &[TenantGpuQuota],
+    existing_namespaces: &BTreeSet<String>,
+    resource_quotas: &[ResourceQuota],
+    capacity: &Capacity,
+    dra: &Dra,
+    now: Time,
+) -> QuotaPlan {
     let live: Vec<&TenantGpuQuota> = quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none()).collect();
     let claims =
         namespace_claims(live.iter().map(|q| (q.metadata.name.as_deref().unwrap_or_default(), &q.spec.namespaces[..])));
     // The one rule an automatic plan's `DemandMet` also follows (`coverage`).
     let demand = Demand::every(quotas).total();
     let short = coverage::shortfall(&demand, &capacity.supply);
-    let pass = steps::Pass { existing_namespaces, resource_quotas, claims, capacity, demand, short, now };
-    let mut plan = QuotaPlan::default();
+    let resources = gpu_resources(&capacity.supply);
+    let mut plan = QuotaPlan {
+        device_classes: claims::managed_classes(&live, &resources, &dra.drivers),
+        policy: claims::policy_data(&live, &resources, &dra.classes),
+        ..QuotaPlan::default()
+    };
+    let classes = &dra.classes;
+    let pass = steps::Pass { existing_namespaces, resource_quotas, claims, capacity, classes, demand, short, now };
     let mut wanted = steps::Wanted::new();
     let valid: Vec<&TenantGpuQuota> =
         live.into_iter().filter(|q| !steps::invalid(&pass, q, &mut plan, &mut wanted)).collect();
@@ -286,17 +319,18 @@ fn owned_by(rq: &ResourceQuota, q: &TenantGpuQuota) -> bool {
         && controller_uid == q.metadata.uid.as_ref()
 }
 
-/// `status.used` of our ResourceQuota in `ns`, by resource name (without `requests.`).
+/// `status.used` of our ResourceQuota in `ns`, by resource name (without `requests.`); devices
+/// of Tessera's classes count for their resource ([`claims::used_by_resource`]).
 fn used_in(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64> {
-    rqs.iter()
+    let used = rqs
+        .iter()
         .find(|rq| rq.metadata.namespace.as_deref() == Some(ns) && rq.metadata.name.as_deref() == Some(name))
         .and_then(|rq| rq.status.as_ref()?.used.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|(k, v)| Some((k.strip_prefix("requests.")?.to_string(), v.0.parse::<i64>().ok()?)))
-        .collect()
+        .unwrap_or_default();
+    claims::used_by_resource(used.into_iter().filter_map(|(k, v)| Some((k, v.0.parse::<i64>().ok()?))))
 }
 
+pub mod claims;
 mod steps;
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::Store;
@@ -22,10 +23,14 @@ use tracing::{info, warn};
 
 use crate::Error;
 use crate::controller::{MANAGER, watch_into_store};
+use crate::dra::GpuDrivers;
 use crate::metrics::Metrics;
+use crate::quota::claims::ClassView;
 use crate::quota::{
-    Apply, Capacity, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas_with, quota_label_value, report_write_failures,
+    Apply, Capacity, Dra, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas_dra, quota_label_value, report_write_failures,
 };
+
+mod claim_classes;
 
 pub struct QuotaController {
     client: Client,
@@ -35,6 +40,15 @@ pub struct QuotaController {
     namespaces: Store<Namespace>,
     /// The rollout controller's cache (one cache of GpuNodes per process).
     gpunodes: Store<GpuNode>,
+    /// Every DeviceClass: which reach GPUs decides the claim keys (see `quota::claims`).
+    classes: Store<DeviceClass>,
+    /// `--gpu-dra-drivers`.
+    drivers: GpuDrivers,
+    /// The operator's namespace: where the claim-class policy's params ConfigMap lives.
+    namespace: String,
+    /// The claim-class policy's params ConfigMap as the cluster has it (watched by name, so a
+    /// deleted or edited one is written again).
+    policy_params: Store<ConfigMap>,
     changed: Arc<Notify>,
     /// Fires when a GpuNode's reported GPUs change (not its rollout record: see `wake`); they
     /// wake a pass after a longer pause than changes to quotas and namespaces.
@@ -54,6 +68,8 @@ impl QuotaController {
         metrics: Arc<Metrics>,
         gpunodes: Store<GpuNode>,
         fleet_changed: Arc<Notify>,
+        drivers: GpuDrivers,
+        namespace: String,
     ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let d = watcher::Config::default;
@@ -63,7 +79,15 @@ impl QuotaController {
             // it is never adopted by a force-apply.
             rqs: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
+            classes: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             gpunodes,
+            drivers,
+            policy_params: watch_into_store(
+                Api::namespaced(client.clone(), &namespace),
+                d().fields(&format!("metadata.name={}", crate::quota::claims::POLICY_PARAMS)),
+                changed.clone(),
+            ),
+            namespace,
             client,
             metrics,
             changed,
@@ -81,9 +105,30 @@ impl QuotaController {
         namespaces: Store<Namespace>,
     ) -> Self {
         let gpunodes = kube::runtime::reflector::store().0;
+        let classes = kube::runtime::reflector::store().0;
         let (metrics, changed) = (Arc::new(Metrics::default()), Arc::new(Notify::new()));
-        let fleet_changed = Arc::new(Notify::new());
-        Self { client, metrics, quotas, rqs, namespaces, gpunodes, changed, fleet_changed, dra: Default::default() }
+        Self {
+            client,
+            metrics,
+            quotas,
+            rqs,
+            namespaces,
+            gpunodes,
+            classes,
+            drivers: GpuDrivers::default(),
+            namespace: "tessera-system".into(),
+            policy_params: kube::runtime::reflector::store().0,
+            changed,
+            fleet_changed: Arc::new(Notify::new()),
+            dra: Default::default(),
+        }
+    }
+
+    /// [`Self::from_stores`] with the cluster's DeviceClasses and policy params ConfigMap (tests).
+    #[cfg(test)]
+    pub(crate) fn with_dra(mut self, classes: Store<DeviceClass>, policy_params: Store<ConfigMap>) -> Self {
+        (self.classes, self.policy_params) = (classes, policy_params);
+        self
     }
 
     pub async fn wait_ready(&self) {
@@ -91,7 +136,9 @@ impl QuotaController {
             self.quotas.wait_until_ready(),
             self.rqs.wait_until_ready(),
             self.namespaces.wait_until_ready(),
-            self.gpunodes.wait_until_ready()
+            self.gpunodes.wait_until_ready(),
+            self.classes.wait_until_ready(),
+            self.policy_params.wait_until_ready()
         );
     }
 
@@ -125,8 +172,13 @@ impl QuotaController {
         let stand_ins = crate::controller::dra::supply_nodes(self.dra.get(), &self.gpunodes);
         let capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g).chain(&stand_ins));
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let plan = plan_quotas_with(&quotas, &namespaces, &rqs, &capacity, now.clone());
+        let classes = self.classes.state();
+        let dra =
+            Dra { classes: ClassView::of(classes.iter().map(|c| &**c), &self.drivers), drivers: self.drivers.clone() };
+        let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
+        // The policy's params and Tessera's classes first: they close claims, the keys below count.
+        let mut failed = self.write_claim_classes(&plan, &classes).await;
         // Errors per quota, for its status; namespaces where a ResourceQuota failed to write.
         let mut failures: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut unwritten: BTreeSet<&str> = BTreeSet::new();
@@ -166,7 +218,7 @@ impl QuotaController {
                 }
             }
         }
-        let mut failed = failures.values().map(Vec::len).sum::<usize>();
+        failed += failures.values().map(Vec::len).sum::<usize>();
         for q in &quotas {
             let Some(planned) = plan.statuses.get(&q.name_any()) else { continue };
             let mut status = planned.clone();

@@ -46,7 +46,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         opts.gpu_drivers.clone(),
     )
     .await;
-    let quotas = QuotaController::start(client.clone(), metrics.clone(), ctx.gpunodes.clone(), fleet_changed.clone());
+    let quotas = QuotaController::start(
+        client.clone(),
+        metrics.clone(),
+        ctx.gpunodes.clone(),
+        fleet_changed.clone(),
+        opts.gpu_drivers.clone(),
+        opts.lease_namespace.clone(),
+    );
     // The GPU DRA drivers' slices: a change wakes both controllers (refusals, supply).
     let dra = controller::dra::DraWatch::start(
         client.clone(),

@@ -114,6 +114,7 @@ fn quota(namespaces: &[&str], hard: &[(&str, i64)]) -> TenantGpuQuotaSpec {
         hard: hard.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         split: SplitPolicy::Even,
         unlisted: Default::default(),
+        allocation: Default::default(),
         namespace_hard: BTreeMap::new(),
         physical: None,
     }
@@ -126,6 +127,22 @@ fn a_good_quota_has_no_errors() {
     q.namespace_hard.insert("team-a".into(), [("nvidia.com/mig-1g.10gb".to_string(), 3)].into());
     q.physical = Some(PhysicalLimits { compute_slices: Some(8), memory_gb: Some(80) });
     assert_eq!(validate_quota(&q), vec![]);
+}
+
+/// Issue 24: `allocation` is read (default `ExtendedResources`, omitted when default) and a bad
+/// value is refused naming the field.
+#[test]
+fn the_allocation_path_is_read_defaulted_and_a_bad_value_named() {
+    use crate::quota::{AllocationPath, TenantGpuQuotaSpec};
+    let spec = |v: serde_json::Value| serde_json::from_value::<TenantGpuQuotaSpec>(v);
+    let plain = spec(serde_json::json!({"namespaces": ["a"], "hard": {}})).unwrap();
+    assert_eq!(plain.allocation, AllocationPath::ExtendedResources);
+    assert!(serde_json::to_value(&plain).unwrap().get("allocation").is_none());
+    let claims = spec(serde_json::json!({"namespaces": ["a"], "hard": {}, "allocation": "ResourceClaims"})).unwrap();
+    assert_eq!(claims.allocation, AllocationPath::ResourceClaims);
+    assert_eq!(validate_quota(&claims), vec![]);
+    let err = spec(serde_json::json!({"namespaces": ["a"], "hard": {}, "allocation": "Claims"})).unwrap_err();
+    assert!(err.to_string().contains("unknown variant `Claims`"), "{err}");
 }
 
 #[test]

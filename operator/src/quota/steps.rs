@@ -24,6 +24,8 @@ pub(super) struct Pass<'p> {
     /// The quotas claiming each namespace ([`super::namespace_claims`]).
     pub claims: BTreeMap<&'p str, BTreeSet<&'p str>>,
     pub capacity: &'p Capacity,
+    /// The cluster's DeviceClasses, for the claim keys.
+    pub classes: &'p super::claims::ClassView,
     /// What every quota asks for, and how much of it the fleet does not supply.
     pub demand: BTreeMap<String, i64>,
     pub short: BTreeMap<String, i64>,
@@ -194,16 +196,19 @@ fn rq_name(p: &Pass<'_>, q: &TenantGpuQuota, name: &str, ns: &str, taken: &mut V
     Some(rq_name)
 }
 
-/// A share's `spec.hard`: `requests.<resource>` per resource, and 0 for the fleet's other GPU
-/// resources when the quota says `unlisted: Zero`.
+/// A share's `spec.hard`: `requests.<resource>` per resource, 0 for the fleet's other GPU
+/// resources when the quota says `unlisted: Zero`, and the claim keys of its allocation path.
 fn hard(p: &Pass<'_>, q: &TenantGpuQuota, share: &BTreeMap<String, i64>) -> BTreeMap<String, String> {
     let mut hard: BTreeMap<String, String> =
         share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
+    let mut unlisted = BTreeSet::new();
     if q.spec.unlisted == UnlistedPolicy::Zero {
-        for r in unlisted_gpu_resources(&q.spec, &p.capacity.supply) {
+        unlisted = unlisted_gpu_resources(&q.spec, &p.capacity.supply);
+        for r in &unlisted {
             hard.insert(format!("requests.{r}"), "0".into());
         }
     }
+    super::claims::claim_keys(q.spec.allocation, share, &unlisted, p.classes, &mut hard);
     hard
 }
 

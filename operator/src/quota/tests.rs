@@ -369,11 +369,11 @@ fn write_failures_are_reported_on_their_quota_and_cleared_when_writes_succeed() 
 }
 
 /// What the fake API server was asked: (method, path, body).
-type Requests = std::sync::Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>;
+pub(crate) type Requests = std::sync::Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>;
 
 /// A client whose API server refuses every ResourceQuota write in namespace `locked` (as an
 /// admission policy would) and accepts everything else, recording each request.
-fn api_refusing_writes_in_locked() -> (kube::Client, Requests) {
+pub(crate) fn api_refusing_writes_in_locked() -> (kube::Client, Requests) {
     let requests = Requests::default();
     let seen = requests.clone();
     let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
@@ -410,7 +410,7 @@ fn api_refusing_writes_in_locked() -> (kube::Client, Requests) {
     (kube::Client::new(service, "default"), requests)
 }
 
-fn store_of<K>(objects: Vec<K>) -> kube::runtime::reflector::Store<K>
+pub(crate) fn store_of<K>(objects: Vec<K>) -> kube::runtime::reflector::Store<K>
 where
     K: kube::Resource + Clone + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,

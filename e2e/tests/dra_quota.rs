@@ -1,0 +1,199 @@
+//! TenantGpuQuota over DRA ResourceClaims on the real control plane: claims of a GPU-reaching
+//! class are refused in tenant namespaces (the claim-class policy names the field and the class),
+//! and in `allocation: ResourceClaims` the API server's quota admission holds claims of Tessera's
+//! per-profile class to the share under concurrent creates. (Claims from ResourceClaimTemplates
+//! through pods need the resource-claim controller in the test control plane; not covered here.)
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use kube::Client;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tessera_crds::TenantGpuQuota;
+use tessera_e2e::fixtures::{apply_file, create_namespace, install_crds, spawn_operator, wait_for};
+use tessera_e2e::process::Component;
+use tessera_e2e::{ControlPlane, Identity};
+
+const T: Duration = Duration::from_secs(60);
+const DEV: &str = ".deviceclass.resource.k8s.io/devices";
+
+async fn setup(namespaces: &[&str]) -> (ControlPlane, Client, Component) {
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = cp.client(Identity::Admin).await.unwrap();
+    install_crds(&admin).await.unwrap();
+    for f in ["config/base/namespace.yaml", "config/rbac/operator.yaml", "config/rbac/claim-classes.yaml"] {
+        apply_file(&admin, f).await.unwrap();
+    }
+    for ns in namespaces {
+        create_namespace(&admin, ns).await.unwrap();
+    }
+    // NVIDIA's DRA driver's MIG class, and a class of another driver (open everywhere).
+    let classes: Api<DeviceClass> = Api::all(admin.clone());
+    for (name, expr) in [
+        ("mig.nvidia.com", "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"),
+        ("fpga.example.com", "device.driver == 'fpga.example.com'"),
+    ] {
+        classes.create(&PostParams::default(), &class(name, expr)).await.unwrap();
+    }
+    let (op, _) = spawn_operator(&cp, "op").unwrap();
+    (cp, admin, op)
+}
+
+fn class(name: &str, expr: &str) -> DeviceClass {
+    serde_json::from_value(
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expr}}]}}),
+    )
+    .unwrap()
+}
+
+fn quota(name: &str, spec: serde_json::Value) -> TenantGpuQuota {
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "metadata": {"name": name}, "spec": spec}))
+        .unwrap()
+}
+
+/// A quota sent as written (a value the Rust type would not hold).
+fn quota_value(name: &str, spec: serde_json::Value) -> kube::api::DynamicObject {
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+        "metadata": {"name": name}, "spec": spec}))
+    .unwrap()
+}
+
+/// A claim with one single-device request per class.
+fn claim(name: &str, classes: &[&str]) -> ResourceClaim {
+    let reqs: Vec<_> = classes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| json!({"name": format!("r{i}"), "exactly": {"deviceClassName": c}}))
+        .collect();
+    serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name}, "spec": {"devices": {"requests": reqs}}}))
+    .unwrap()
+}
+
+/// Waits until the operator's policy params list `ns` and `_reaching` has `class`.
+async fn wait_policy(admin: &Client, ns: &str, class: &str) {
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "tessera-system");
+    wait_for(&format!("policy params for {ns}"), T, || async {
+        let data = cms.get("tessera-claim-classes").await.ok()?.data?;
+        (data.contains_key(&format!("{ns}.quota")) && data.get("_reaching")?.split(' ').any(|c| c == class))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// Waits until our ResourceQuota in `ns` holds `key` at `hard`, in spec and status.
+async fn wait_key(admin: &Client, ns: &str, quota: &str, key: &str, hard: &str) {
+    let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), ns);
+    let name = tessera_operator::quota::resource_quota_name(quota);
+    wait_for(&format!("{ns}/{name} {key}={hard}"), T, || async {
+        let rq = rqs.get(&name).await.ok()?;
+        let spec_ok = rq.spec.as_ref()?.hard.as_ref()?.get(key).map(|q| q.0.as_str()) == Some(hard);
+        let status_ok = rq.status.as_ref()?.hard.as_ref()?.get(key).map(|q| q.0.as_str()) == Some(hard);
+        (spec_ok && status_ok).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_a_gpu_reaching_class_is_refused_in_a_tenant_namespace_naming_the_field_and_class() {
+    let (_cp, admin, _op) = setup(&["team-a", "elsewhere"]).await;
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let spec = json!({"namespaces": ["team-a"], "hard": {"nvidia.com/mig-1g.10gb": 2}});
+    quotas.create(&PostParams::default(), &quota("team-a", spec)).await.unwrap();
+    wait_policy(&admin, "team-a", "mig.nvidia.com").await;
+    wait_key(&admin, "team-a", "team-a", &format!("mig.nvidia.com{DEV}"), "0").await;
+
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "team-a");
+    let err = claims
+        .create(&PostParams::default(), &claim("c1", &["fpga.example.com", "mig.nvidia.com"]))
+        .await
+        .expect_err("a claim of NVIDIA's MIG class in a tenant namespace");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(
+            "spec.devices.requests[1].exactly.deviceClassName: class mig.nvidia.com reaches GPU devices and is \
+             closed in namespaces of TenantGpuQuota team-a"
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("nvidia.com/mig-<profile>"), "says what to use instead: {msg}");
+    // A class pinned to another driver is open; outside tenant namespaces nothing is closed.
+    claims.create(&PostParams::default(), &claim("fpga", &["fpga.example.com"])).await.unwrap();
+    let elsewhere: Api<ResourceClaim> = Api::namespaced(admin.clone(), "elsewhere");
+    elsewhere.create(&PostParams::default(), &claim("mig", &["mig.nvidia.com"])).await.unwrap();
+
+    // A class created just now (no 0 written for it yet) is refused too.
+    let classes: Api<DeviceClass> = Api::all(admin.clone());
+    classes.create(&PostParams::default(), &class("brand-new.example.com", "true")).await.unwrap();
+    let msg = claims.create(&PostParams::default(), &claim("new", &["brand-new.example.com"])).await.unwrap_err();
+    assert!(
+        msg.to_string().contains("spec.devices.requests[0].exactly.deviceClassName: class brand-new.example.com"),
+        "{msg}"
+    );
+
+    // The params are written again when deleted (level-triggered).
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "tessera-system");
+    cms.delete("tessera-claim-classes", &Default::default()).await.unwrap();
+    wait_policy(&admin, "team-a", "mig.nvidia.com").await;
+
+    // Templates: the field under spec.spec, firstAvailable alternatives each checked.
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(admin.clone(), "team-a");
+    let t: ResourceClaimTemplate = serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate", "metadata": {"name": "t"}, "spec": {"spec": {"devices": {"requests": [
+            {"name": "r", "firstAvailable": [{"name": "a", "deviceClassName": "fpga.example.com"},
+                                              {"name": "b", "deviceClassName": "mig.nvidia.com"}]}]}}}}))
+    .unwrap();
+    let msg = templates.create(&PostParams::default(), &t).await.unwrap_err().to_string();
+    assert!(
+        msg.contains("spec.spec.devices.requests[0].firstAvailable[1].deviceClassName: class mig.nvidia.com reaches"),
+        "{msg}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_resource_claims_mode_concurrent_claims_get_exactly_the_share_and_usage_counts_them() {
+    let (_cp, admin, _op) = setup(&["team-b"]).await;
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    // A bad value is refused by the CRD's schema, naming the field.
+    let raw: Api<kube::api::DynamicObject> =
+        Api::all_with(admin.clone(), &kube::api::ApiResource::erase::<TenantGpuQuota>(&()));
+    let bad = json!({"namespaces": ["team-b"], "hard": {}, "allocation": "Claims"});
+    let err = raw.create(&PostParams::default(), &quota_value("bad", bad)).await.unwrap_err().to_string();
+    assert!(err.contains("spec.allocation") && err.contains("Claims"), "{err}");
+    let spec = json!({"namespaces": ["team-b"], "hard": {"nvidia.com/mig-1g.10gb": 3}, "allocation": "ResourceClaims"});
+    quotas.create(&PostParams::default(), &quota("team-b", spec)).await.unwrap();
+    let ours = "mig-1g.10gb.tessera.dev";
+    wait_policy(&admin, "team-b", ours).await;
+    wait_key(&admin, "team-b", "team-b", &format!("{ours}{DEV}"), "3").await;
+    wait_key(&admin, "team-b", "team-b", "requests.nvidia.com/mig-1g.10gb", "0").await;
+    let made = Api::<DeviceClass>::all(admin.clone()).get(ours).await.unwrap();
+    let expr = made.spec.unwrap().selectors.unwrap()[0].cel.clone().unwrap().expression;
+    assert!(expr.contains("profile == '1g.10gb'"), "{expr}");
+
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "team-b");
+    let results = futures::future::join_all((0..50).map(|i| {
+        let claims = claims.clone();
+        async move { claims.create(&PostParams::default(), &claim(&format!("c{i}"), &[ours])).await }
+    }))
+    .await;
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3, "exactly the share is admitted");
+    let refusals: Vec<String> = results.iter().filter_map(|r| r.as_ref().err().map(ToString::to_string)).collect();
+    assert!(refusals.iter().any(|m| m.contains("exceeded quota: tessera-team-b")), "{refusals:?}");
+
+    // NVIDIA's broad class stays closed, and the refusal says which class to use.
+    let msg = claims.create(&PostParams::default(), &claim("broad", &["mig.nvidia.com"])).await.unwrap_err();
+    assert!(msg.to_string().contains("TenantGpuQuota team-b; use mig-1g.10gb.tessera.dev"), "{msg}");
+
+    let st = wait_for("usage through claims reported", T, || async {
+        let st = quotas.get("team-b").await.ok()?.status?;
+        (st.resources.first()?.used == 3).then_some(st)
+    })
+    .await
+    .unwrap();
+    assert_eq!((st.resources[0].name.as_str(), st.resources[0].remaining), ("nvidia.com/mig-1g.10gb", 0));
+}

@@ -1,0 +1,283 @@
+//! Quotas over DRA ResourceClaims. A ResourceQuota limits claims per DeviceClass
+//! (`<class>.deviceclass.resource.k8s.io/devices`) and cannot add that to an extended resource,
+//! so each quota picks a path (`spec.allocation`): the other path, and every GPU-reaching class
+//! that is not Tessera's, gets 0 in the tenant's namespaces. The API server's quota admission
+//! then does all the counting (race-free); the operator only writes keys. A class created
+//! between two passes is refused by the ValidatingAdmissionPolicy in `config/dra`, which reads
+//! the allow-lists planned here ([`policy_data`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::resource::v1::DeviceClass;
+use tessera_crds::TenantGpuQuota;
+use tessera_crds::catalog;
+use tessera_crds::quota::{AllocationPath, UnlistedPolicy};
+use tessera_crds::validate::GPU_RESOURCE;
+
+use crate::dra::GpuDrivers;
+
+/// The domain of Tessera's DeviceClass names.
+pub const CLASS_SUFFIX: &str = ".tessera.dev";
+/// The ResourceQuota key suffix that counts a class's devices.
+pub const DEVICES_KEY_SUFFIX: &str = ".deviceclass.resource.k8s.io/devices";
+/// The ConfigMap (in the operator's namespace) the claim-class policy reads as its params.
+pub const POLICY_PARAMS: &str = "tessera-claim-classes";
+
+/// Tessera's DeviceClass for a resource: `nvidia.com/gpu` -> `gpu.tessera.dev`,
+/// `nvidia.com/mig-1g.10gb.me` -> `mig-1g.10gb.me.tessera.dev` (`+me` -> `.me`, like the
+/// device plugin's resource names).
+pub fn class_of_resource(res: &str) -> Option<String> {
+    if res == GPU_RESOURCE {
+        return Some(format!("gpu{CLASS_SUFFIX}"));
+    }
+    catalog::profile_of_resource(res)?;
+    Some(format!("{}{CLASS_SUFFIX}", res.strip_prefix("nvidia.com/")?))
+}
+
+/// Inverse of [`class_of_resource`]: the resource a Tessera class name stands for.
+pub fn resource_of_class(class: &str) -> Option<String> {
+    let stem = class.strip_suffix(CLASS_SUFFIX)?;
+    let res = format!("nvidia.com/{stem}");
+    (res == GPU_RESOURCE || catalog::profile_of_resource(&res).is_some()).then_some(res)
+}
+
+/// The ResourceQuota key counting `class`'s devices.
+pub fn devices_key(class: &str) -> String {
+    format!("{class}{DEVICES_KEY_SUFFIX}")
+}
+
+/// The class a ResourceQuota devices key counts.
+pub fn class_of_key(key: &str) -> Option<&str> {
+    key.strip_suffix(DEVICES_KEY_SUFFIX)
+}
+
+/// A DeviceClass Tessera manages: its name and its one CEL selector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClassApply {
+    pub name: String,
+    pub expression: String,
+}
+
+/// Tessera's class for `res`: the devices of any configured GPU driver whose `type` is `gpu`
+/// (whole GPUs) or `mig` with the resource's profile.
+pub fn managed_class(res: &str, drivers: &GpuDrivers) -> Option<ClassApply> {
+    let name = class_of_resource(res)?;
+    let profile = catalog::profile_of_resource(res);
+    let each: Vec<String> = drivers
+        .iter()
+        .map(|d| {
+            let a = format!("device.attributes['{d}']");
+            match &profile {
+                Some(p) => format!("(device.driver == '{d}' && {a}.type == 'mig' && {a}.profile == '{p}')"),
+                None => format!("(device.driver == '{d}' && {a}.type == 'gpu')"),
+            }
+        })
+        .collect();
+    // No driver configured: a selector matching nothing, never one matching everything.
+    let expression = if each.is_empty() { "false".to_string() } else { each.join(" || ") };
+    Some(ClassApply { name, expression })
+}
+
+/// The driver a CEL selector pins: `Some(X)` when the expression is a conjunction (at the top
+/// level: no `||`, `?:`) with a conjunct `device.driver == 'X'`. Anything else is `None`.
+pub fn pinned_driver(expr: &str) -> Option<String> {
+    let mut parts = vec![String::new()];
+    let (mut depth, mut quote, mut chars) = (0i32, None::<char>, expr.chars().peekable());
+    while let Some(c) = chars.next() {
+        if let Some(q) = quote {
+            if c == '\\' {
+                return None; // escapes: not read, so not trusted
+            }
+            if c == q {
+                quote = None;
+            }
+        } else if c == '\'' || c == '"' {
+            quote = Some(c);
+        } else if c == '(' || c == '[' || c == '{' {
+            depth += 1;
+        } else if c == ')' || c == ']' || c == '}' {
+            depth -= 1;
+        } else if depth == 0 && (c == '?' || (c == '|' && chars.peek() == Some(&'|'))) {
+            return None;
+        } else if depth == 0 && c == '&' && chars.peek() == Some(&'&') {
+            chars.next();
+            parts.push(String::new());
+            continue;
+        }
+        parts.last_mut()?.push(c);
+    }
+    if quote.is_some() || depth != 0 {
+        return None;
+    }
+    parts.iter().find_map(|p| driver_equals(p.trim()))
+}
+
+/// `device.driver == 'X'` (either side, either quote, outer parentheses allowed) -> X.
+fn driver_equals(term: &str) -> Option<String> {
+    let mut t = term.trim();
+    while let Some(inner) = t.strip_prefix('(').and_then(|s| s.strip_suffix(')')) {
+        t = inner.trim();
+    }
+    let (l, r) = t.split_once("==")?;
+    let (l, r) = (l.trim(), r.trim());
+    let lit = if l == "device.driver" {
+        r
+    } else if r == "device.driver" {
+        l
+    } else {
+        return None;
+    };
+    let q = lit.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+    let inner = lit.strip_prefix(q)?.strip_suffix(q)?;
+    (!inner.contains(['\'', '"', '\\'])).then(|| inner.to_string())
+}
+
+/// Whether `class` can match devices of a GPU driver: true unless one of its selectors is a
+/// conjunction pinning another driver (an upper bound: what cannot be read reaches GPUs).
+pub fn reaches_gpus(class: &DeviceClass, drivers: &GpuDrivers) -> bool {
+    let selectors = class.spec.as_ref().and_then(|s| s.selectors.as_ref());
+    !selectors
+        .into_iter()
+        .flatten()
+        .any(|s| s.cel.as_ref().and_then(|c| pinned_driver(&c.expression)).is_some_and(|d| !drivers.contains(&d)))
+}
+
+/// The cluster's DeviceClasses as quotas see them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClassView {
+    /// GPU-reaching classes (Tessera's among them).
+    pub reaching: BTreeSet<String>,
+    /// Classes proven not to reach GPUs: open in every namespace.
+    pub open: BTreeSet<String>,
+    /// `spec.extendedResourceName` of GPU-reaching classes, other than Tessera's resources.
+    pub extended: BTreeSet<String>,
+}
+
+impl ClassView {
+    pub fn of<'a>(classes: impl IntoIterator<Item = &'a DeviceClass>, drivers: &GpuDrivers) -> Self {
+        let mut v = ClassView::default();
+        for c in classes {
+            let name = c.metadata.name.clone().unwrap_or_default();
+            if !reaches_gpus(c, drivers) {
+                v.open.insert(name);
+                continue;
+            }
+            let ext = c.spec.as_ref().and_then(|s| s.extended_resource_name.clone());
+            if let Some(ext) = ext.filter(|e| e != GPU_RESOURCE && catalog::profile_of_resource(e).is_none()) {
+                v.extended.insert(ext);
+            }
+            v.reaching.insert(name);
+        }
+        v
+    }
+}
+
+/// The claim keys of one namespace's ResourceQuota, added to `hard` (`requests.<res>` keys
+/// already there). `share` is the namespace's share of `hard`; `unlisted` what `unlisted: Zero`
+/// holds at 0 (empty when unlimited).
+pub fn claim_keys(
+    mode: AllocationPath,
+    share: &BTreeMap<String, i64>,
+    unlisted: &BTreeSet<String>,
+    view: &ClassView,
+    hard: &mut BTreeMap<String, String>,
+) {
+    for ext in &view.extended {
+        hard.insert(format!("requests.{ext}"), "0".into());
+    }
+    match mode {
+        AllocationPath::ExtendedResources => {
+            for c in &view.reaching {
+                hard.insert(devices_key(c), "0".into());
+            }
+        }
+        AllocationPath::ResourceClaims => {
+            for c in view.reaching.iter().filter(|c| resource_of_class(c).is_none()) {
+                hard.insert(devices_key(c), "0".into());
+            }
+            let limits = share.iter().map(|(r, n)| (r, *n)).chain(unlisted.iter().map(|r| (r, 0)));
+            for (res, n) in limits {
+                if let Some(class) = class_of_resource(res) {
+                    hard.insert(devices_key(&class), n.to_string());
+                    hard.insert(format!("requests.{res}"), "0".into());
+                }
+            }
+        }
+    }
+}
+
+/// Adds what a ResourceQuota's `status.used` counts through Tessera's classes to the resources
+/// they stand for (both paths of one resource summed). `used` is keyed as the ResourceQuota is.
+pub fn used_by_resource(used: impl IntoIterator<Item = (String, i64)>) -> BTreeMap<String, i64> {
+    let mut out: BTreeMap<String, i64> = BTreeMap::new();
+    for (k, n) in used {
+        let res =
+            k.strip_prefix("requests.").map(str::to_string).or_else(|| class_of_key(&k).and_then(resource_of_class));
+        if let Some(res) = res {
+            *out.entry(res).or_default() += n;
+        }
+    }
+    out
+}
+
+/// The classes Tessera manages while any quota allocates through claims: one per resource of
+/// `resources` (whole GPUs, the catalog's and the fleet's profiles). They are never deleted:
+/// claims may be using them.
+pub fn managed_classes(
+    quotas: &[&TenantGpuQuota],
+    resources: &BTreeSet<String>,
+    drivers: &GpuDrivers,
+) -> Vec<ClassApply> {
+    if !quotas.iter().any(|q| q.spec.allocation == AllocationPath::ResourceClaims) {
+        return Vec::new();
+    }
+    resources.iter().filter_map(|r| managed_class(r, drivers)).collect()
+}
+
+/// The params of the claim-class policy: `_open` (classes proven not to reach GPUs),
+/// `_reaching` (those that do), and per tenant namespace `<ns>.quota` (who claims it),
+/// `<ns>.allowed` (Tessera's classes where every claiming quota allocates through claims) and
+/// `<ns>.hint` (what to use instead). Values are space-separated.
+pub fn policy_data(
+    quotas: &[&TenantGpuQuota],
+    resources: &BTreeSet<String>,
+    view: &ClassView,
+) -> BTreeMap<String, String> {
+    let join = |s: &mut dyn Iterator<Item = String>| s.collect::<Vec<_>>().join(" ");
+    let mut data = BTreeMap::new();
+    data.insert("_open".to_string(), join(&mut view.open.iter().cloned()));
+    data.insert("_reaching".to_string(), join(&mut view.reaching.iter().cloned()));
+    let mut by_ns: BTreeMap<&str, Vec<&TenantGpuQuota>> = BTreeMap::new();
+    for q in quotas {
+        for ns in &q.spec.namespaces {
+            by_ns.entry(ns.as_str()).or_default().push(q);
+        }
+    }
+    for (ns, qs) in by_ns {
+        let names = join(&mut qs.iter().map(|q| q.metadata.name.clone().unwrap_or_default()));
+        let claims = qs.iter().all(|q| q.spec.allocation == AllocationPath::ResourceClaims);
+        let (allowed, hint) = if claims {
+            // Every class of ours is open: the quota's keys limit each (0, a share, or unlimited).
+            let granted: Vec<String> =
+                qs[0].spec.hard.iter().filter(|(_, n)| **n > 0).filter_map(|(r, _)| class_of_resource(r)).collect();
+            let unlimited = qs[0].spec.unlisted == UnlistedPolicy::Unlimited;
+            let hint = if granted.is_empty() && !unlimited {
+                "this quota grants no GPU devices".to_string()
+            } else if granted.is_empty() {
+                "use a class named <mig-profile|gpu>.tessera.dev".to_string()
+            } else {
+                format!("use {}", granted.join(" or "))
+            };
+            (join(&mut resources.iter().filter_map(|r| class_of_resource(r))), hint)
+        } else {
+            (String::new(), "request nvidia.com/gpu or nvidia.com/mig-<profile> resources instead (spec.allocation: ExtendedResources)".to_string())
+        };
+        data.insert(format!("{ns}.quota"), names);
+        data.insert(format!("{ns}.allowed"), allowed);
+        data.insert(format!("{ns}.hint"), hint);
+    }
+    data
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,312 @@
+use serde_json::json;
+
+use super::*;
+
+fn class(name: &str, selectors: &[&str], ext: Option<&str>) -> DeviceClass {
+    let sel: Vec<_> = selectors.iter().map(|e| json!({"cel": {"expression": e}})).collect();
+    let mut spec = json!({"selectors": sel});
+    if let Some(e) = ext {
+        spec["extendedResourceName"] = json!(e);
+    }
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+}
+
+fn nvidia() -> GpuDrivers {
+    GpuDrivers::default()
+}
+
+#[test]
+fn class_names_follow_the_resource_names_and_map_back() {
+    assert_eq!(class_of_resource("nvidia.com/gpu").as_deref(), Some("gpu.tessera.dev"));
+    assert_eq!(class_of_resource("nvidia.com/mig-1g.10gb").as_deref(), Some("mig-1g.10gb.tessera.dev"));
+    assert_eq!(class_of_resource("nvidia.com/mig-1g.10gb.me").as_deref(), Some("mig-1g.10gb.me.tessera.dev"));
+    assert_eq!(class_of_resource("nvidia.com/mig-bogus"), None);
+    assert_eq!(class_of_resource("example.com/fpga"), None);
+    for r in ["nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-1g.10gb.me"] {
+        assert_eq!(resource_of_class(&class_of_resource(r).unwrap()).as_deref(), Some(r));
+    }
+    for not_ours in ["mig.nvidia.com", "gpu.nvidia.com", "mig-bogus.tessera.dev", "fpga.tessera.dev"] {
+        assert_eq!(resource_of_class(not_ours), None, "{not_ours}");
+    }
+    let key = devices_key("mig-1g.10gb.tessera.dev");
+    assert_eq!(key, "mig-1g.10gb.tessera.dev.deviceclass.resource.k8s.io/devices");
+    assert_eq!(class_of_key(&key), Some("mig-1g.10gb.tessera.dev"));
+}
+
+#[test]
+fn a_managed_class_selects_one_profile_of_every_gpu_driver() {
+    let two = GpuDrivers::new(["gpu.nvidia.com", "gpu.example.com"]);
+    let c = managed_class("nvidia.com/mig-1g.10gb.me", &two).unwrap();
+    assert_eq!(c.name, "mig-1g.10gb.me.tessera.dev");
+    assert_eq!(
+        c.expression,
+        "(device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig' && \
+         device.attributes['gpu.nvidia.com'].profile == '1g.10gb+me') || (device.driver == 'gpu.example.com' && \
+         device.attributes['gpu.example.com'].type == 'mig' && device.attributes['gpu.example.com'].profile == '1g.10gb+me')"
+    );
+    let g = managed_class("nvidia.com/gpu", &nvidia()).unwrap();
+    assert_eq!(
+        g.expression,
+        "(device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu')"
+    );
+    assert_eq!(managed_class("nvidia.com/gpu", &GpuDrivers::new(Vec::<String>::new())).unwrap().expression, "false");
+}
+
+#[test]
+fn only_a_plain_conjunction_pins_a_driver() {
+    let cases: &[(&str, Option<&str>)] = &[
+        ("device.driver == 'fpga.example.com'", Some("fpga.example.com")),
+        ("device.driver == \"fpga.example.com\"", Some("fpga.example.com")),
+        ("'x.example' == device.driver", Some("x.example")),
+        ("device.attributes['x.example'].model == 'a' && (device.driver == 'x.example')", Some("x.example")),
+        ("device.driver == 'x.example' || device.driver == 'gpu.nvidia.com'", None),
+        ("(device.driver == 'x.example' || true) && size(device.attributes) > 0", None),
+        ("true ? device.driver == 'x.example' : true", None),
+        ("device.driver == 'x.example\\' || true || \\'a'", None),
+        ("device.driver != 'x.example'", None),
+        ("device.driver.startsWith('x')", None),
+        ("device.driver == 'x.example' && device.driver == 'gpu.nvidia.com'", Some("x.example")),
+        ("(device.driver == 'x.example'", None),
+        ("", None),
+    ];
+    for (expr, want) in cases {
+        assert_eq!(pinned_driver(expr).as_deref(), *want, "{expr}");
+    }
+}
+
+#[test]
+fn a_class_reaches_gpus_unless_a_selector_pins_another_driver() {
+    let cases: &[(DeviceClass, bool)] = &[
+        (
+            class(
+                "mig.nvidia.com",
+                &["device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"],
+                None,
+            ),
+            true,
+        ),
+        (class("everything", &[], None), true),
+        (class("unreadable", &["device.driver in ['fpga.example.com']"], None), true),
+        (class("either", &["device.driver == 'fpga.example.com' || device.driver == 'gpu.nvidia.com'"], None), true),
+        (class("fpga", &["device.driver == 'fpga.example.com'"], None), false),
+        (
+            class(
+                "fpga-and-more",
+                &["true", "device.driver == 'fpga.example.com' && device.attributes['fpga.example.com'].x == 1"],
+                None,
+            ),
+            false,
+        ),
+    ];
+    for (c, want) in cases {
+        assert_eq!(reaches_gpus(c, &nvidia()), *want, "{:?}", c.metadata.name);
+    }
+    // A driver added to --gpu-dra-drivers makes its pinned classes GPU-reaching.
+    let fpga_gpus = GpuDrivers::new(["gpu.nvidia.com", "fpga.example.com"]);
+    assert!(reaches_gpus(&cases[4].0, &fpga_gpus));
+}
+
+fn view() -> ClassView {
+    ClassView::of(
+        &[
+            class("mig.nvidia.com", &["device.driver == 'gpu.nvidia.com'"], None),
+            class("mig-1g.10gb.tessera.dev", &["device.driver == 'gpu.nvidia.com'"], None),
+            class("fpga", &["device.driver == 'fpga.example.com'"], None),
+            class("dra-ext", &[], Some("example.com/accel")),
+            class("dra-ours", &[], Some("nvidia.com/mig-1g.10gb")),
+            class("fpga-ext", &["device.driver == 'fpga.example.com'"], Some("example.com/fpga")),
+        ],
+        &nvidia(),
+    )
+}
+
+#[test]
+fn the_class_view_sorts_classes_and_extended_resources() {
+    let v = view();
+    let s = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(v.reaching, s(&["dra-ext", "dra-ours", "mig-1g.10gb.tessera.dev", "mig.nvidia.com"]));
+    assert_eq!(v.open, s(&["fpga", "fpga-ext"]));
+    assert_eq!(v.extended, s(&["example.com/accel"]), "ours and non-GPU classes' resources are not zeroed");
+}
+
+fn keys(mode: AllocationPath, share: &[(&str, i64)], unlisted: &[&str]) -> BTreeMap<String, String> {
+    let share: BTreeMap<String, i64> = share.iter().map(|(r, n)| (r.to_string(), *n)).collect();
+    let mut hard: BTreeMap<String, String> =
+        share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
+    let unlisted = unlisted.iter().map(|s| s.to_string()).collect();
+    claim_keys(mode, &share, &unlisted, &view(), &mut hard);
+    hard
+}
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+const DEV: &str = ".deviceclass.resource.k8s.io/devices";
+
+#[test]
+fn extended_resources_mode_closes_every_gpu_reaching_class() {
+    let got = keys(AllocationPath::ExtendedResources, &[("nvidia.com/mig-1g.10gb", 3)], &[]);
+    assert_eq!(
+        got,
+        map(&[
+            ("requests.nvidia.com/mig-1g.10gb", "3"),
+            ("requests.example.com/accel", "0"),
+            (&format!("mig.nvidia.com{DEV}"), "0"),
+            (&format!("mig-1g.10gb.tessera.dev{DEV}"), "0"),
+            (&format!("dra-ext{DEV}"), "0"),
+            (&format!("dra-ours{DEV}"), "0"),
+        ])
+    );
+}
+
+#[test]
+fn resource_claims_mode_moves_each_limit_to_its_class_and_zeroes_the_rest() {
+    let got = keys(
+        AllocationPath::ResourceClaims,
+        &[("nvidia.com/mig-1g.10gb", 3), ("nvidia.com/gpu", 1)],
+        &["nvidia.com/mig-2g.20gb"],
+    );
+    assert_eq!(
+        got,
+        map(&[
+            ("requests.nvidia.com/mig-1g.10gb", "0"),
+            ("requests.nvidia.com/gpu", "0"),
+            ("requests.nvidia.com/mig-2g.20gb", "0"),
+            ("requests.example.com/accel", "0"),
+            (&format!("mig-1g.10gb.tessera.dev{DEV}"), "3"),
+            (&format!("gpu.tessera.dev{DEV}"), "1"),
+            (&format!("mig-2g.20gb.tessera.dev{DEV}"), "0"),
+            (&format!("mig.nvidia.com{DEV}"), "0"),
+            (&format!("dra-ext{DEV}"), "0"),
+            (&format!("dra-ours{DEV}"), "0"),
+        ])
+    );
+    // unlisted: Unlimited leaves unlisted resources unlimited on both paths.
+    let open = keys(AllocationPath::ResourceClaims, &[("nvidia.com/mig-1g.10gb", 3)], &[]);
+    assert!(!open.keys().any(|k| k.contains("2g.20gb") || k.contains("nvidia.com/gpu") || k.starts_with("gpu.")));
+}
+
+#[test]
+fn usage_through_tessera_classes_counts_for_its_resource() {
+    let used = used_by_resource([
+        ("requests.nvidia.com/mig-1g.10gb".to_string(), 1),
+        (format!("mig-1g.10gb.tessera.dev{DEV}"), 2),
+        (format!("gpu.tessera.dev{DEV}"), 1),
+        (format!("mig.nvidia.com{DEV}"), 5),
+        ("count/pods".to_string(), 9),
+    ]);
+    assert_eq!(used, BTreeMap::from([("nvidia.com/gpu".to_string(), 1), ("nvidia.com/mig-1g.10gb".to_string(), 3)]));
+}
+
+fn quota(name: &str, nss: &[&str], allocation: &str) -> TenantGpuQuota {
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+        "metadata": {"name": name, "uid": format!("uid-{name}")}, "spec": {"namespaces": nss, "hard": {"nvidia.com/mig-1g.10gb": 3},
+        "allocation": allocation}}))
+    .unwrap()
+}
+
+#[test]
+fn the_policy_params_list_what_each_tenant_namespace_may_use() {
+    let (a, b, c) = (
+        quota("team-a", &["a"], "ExtendedResources"),
+        quota("team-b", &["b", "shared"], "ResourceClaims"),
+        quota("team-c", &["shared"], "ExtendedResources"),
+    );
+    let resources: BTreeSet<String> = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"].map(String::from).into();
+    let d = policy_data(&[&a, &b, &c], &resources, &view());
+    assert_eq!(d["_open"], "fpga fpga-ext");
+    assert_eq!(d["_reaching"], "dra-ext dra-ours mig-1g.10gb.tessera.dev mig.nvidia.com");
+    assert_eq!((d["a.quota"].as_str(), d["a.allowed"].as_str()), ("team-a", ""));
+    assert!(d["a.hint"].contains("nvidia.com/mig-<profile>"));
+    assert_eq!(d["b.allowed"], "gpu.tessera.dev mig-1g.10gb.tessera.dev");
+    assert_eq!(d["b.hint"], "use mig-1g.10gb.tessera.dev");
+    // Claimed by two quotas: the stricter rule (only what both allow).
+    assert_eq!((d["shared.quota"].as_str(), d["shared.allowed"].as_str()), ("team-b team-c", ""));
+    assert!(managed_classes(&[&a, &c], &resources, &nvidia()).is_empty(), "no classes while no quota uses claims");
+    let made: Vec<String> = managed_classes(&[&a, &b], &resources, &nvidia()).into_iter().map(|c| c.name).collect();
+    assert_eq!(made, ["gpu.tessera.dev", "mig-1g.10gb.tessera.dev"]);
+}
+
+/// The whole pass: a claims quota's ResourceQuota carries the class keys, and its status counts
+/// devices held through claims with those held through extended resources.
+#[test]
+fn a_claims_quota_is_planned_with_class_keys_and_counts_usage_on_both_paths() {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+
+    use crate::quota::{Capacity, Dra, plan_quotas_dra, quota_label_value, resource_quota_name};
+    let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "team-a", "uid": "uid-a", "generation": 1},
+        "spec": {"namespaces": ["a"], "hard": {"nvidia.com/mig-1g.10gb": 3}, "allocation": "ResourceClaims"}}))
+    .unwrap();
+    let rq: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": resource_quota_name("team-a"),
+        "namespace": "a", "labels": {"tessera.dev/quota": quota_label_value("team-a")},
+        "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": "team-a",
+                             "uid": "uid-a", "controller": true}]},
+        "status": {"used": {"requests.nvidia.com/mig-1g.10gb": "1", format!("mig-1g.10gb.tessera.dev{DEV}"): "2"}}}))
+    .unwrap();
+    let dra = Dra { classes: view(), drivers: nvidia() };
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
+    let plan = plan_quotas_dra(&[q], &["a".to_string()].into(), &[rq], &Capacity::default(), &dra, now);
+    let hard = &plan.apply[0].hard;
+    assert_eq!(hard[&format!("mig-1g.10gb.tessera.dev{DEV}")], "3");
+    assert_eq!(hard["requests.nvidia.com/mig-1g.10gb"], "0");
+    assert_eq!(hard[&format!("mig.nvidia.com{DEV}")], "0");
+    let st = &plan.statuses["team-a"];
+    assert_eq!((st.resources[0].used, st.resources[0].remaining), (3, 0));
+    assert_eq!(st.namespaces[0].used["nvidia.com/mig-1g.10gb"], 3);
+    assert!(plan.device_classes.iter().any(|c| c.name == "mig-1g.10gb.tessera.dev"));
+    assert_eq!(plan.policy["a.quota"], "team-a");
+}
+
+/// The writer: Tessera's classes and the policy params are applied when they differ from the
+/// cluster's, and not written again when they are current.
+#[tokio::test]
+async fn the_controller_applies_missing_classes_and_params_and_leaves_current_ones() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+
+    use crate::quota::tests::{api_refusing_writes_in_locked, store_of};
+    use crate::quota_controller::QuotaController;
+    let q = quota("team-b", &["b"], "ResourceClaims");
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "b"}})).unwrap();
+    let requests_for = |classes: Vec<DeviceClass>, params: Vec<ConfigMap>| {
+        let (q, ns) = (q.clone(), ns.clone());
+        async move {
+            let (client, requests) = api_refusing_writes_in_locked();
+            let c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![ns]))
+                .with_dra(store_of(classes), store_of(params));
+            let _ = c.reconcile().await;
+            let r = requests.lock().unwrap().clone();
+            r.into_iter().filter(|(m, _, _)| m == "PATCH").map(|(_, p, b)| (p, b)).collect::<Vec<_>>()
+        }
+    };
+    let first = requests_for(vec![], vec![]).await;
+    let class_path = "/apis/resource.k8s.io/v1/deviceclasses/mig-1g.10gb.tessera.dev";
+    let (_, body) = first.iter().find(|(p, _)| p == class_path).expect("our class applied");
+    assert_eq!(body["metadata"]["labels"]["app.kubernetes.io/managed-by"], "tessera");
+    let want = managed_class("nvidia.com/mig-1g.10gb", &nvidia()).unwrap().expression;
+    assert_eq!(body["spec"]["selectors"][0]["cel"]["expression"], json!(want));
+    let cm_path = "/api/v1/namespaces/tessera-system/configmaps/tessera-claim-classes";
+    let (_, params) = first.iter().find(|(p, _)| p == cm_path).expect("params written");
+    assert_eq!(params["data"]["b.quota"], "team-b");
+
+    // What the first pass wrote, read back: nothing of it is written again.
+    let classes: Vec<DeviceClass> = first
+        .iter()
+        .filter(|(p, _)| p.starts_with("/apis/resource.k8s.io/v1/deviceclasses/"))
+        .map(|(_, b)| serde_json::from_value(b.clone()).unwrap())
+        .collect();
+    let cm: ConfigMap = serde_json::from_value(params.clone()).unwrap();
+    let second = requests_for(classes.clone(), vec![cm]).await;
+    assert!(!second.iter().any(|(p, _)| p.contains("/deviceclasses/")), "{second:?}");
+    // The params change once: our classes now exist and are listed as GPU-reaching.
+    let (_, params) = second.iter().find(|(p, _)| p == cm_path).expect("params list the new classes");
+    assert!(params["data"]["_reaching"].as_str().unwrap().contains("mig-1g.10gb.tessera.dev"));
+    let mut cm: ConfigMap = serde_json::from_value(params.clone()).unwrap();
+    let again = requests_for(classes.clone(), vec![cm.clone()]).await;
+    assert!(!again.iter().any(|(p, _)| p.contains("/deviceclasses/") || p == cm_path), "{again:?}");
+    // Params edited by hand are written back.
+    cm.data.as_mut().unwrap().insert("b.allowed".into(), "mig.nvidia.com".into());
+    let fixed = requests_for(classes, vec![cm]).await;
+    assert!(fixed.iter().any(|(p, _)| p == cm_path), "{fixed:?}");
+}

@@ -1,0 +1,78 @@
+//! Writes what `quota::claims` plans besides ResourceQuotas: Tessera's DeviceClasses
+//! (server-side apply, labelled managed-by tessera; never deleted, claims may use them) and the
+//! params ConfigMap the claim-class ValidatingAdmissionPolicy reads. A failed write is retried
+//! next pass; the ResourceQuota keys written meanwhile hold the limits either way.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::QuotaController;
+use crate::controller::MANAGER;
+use crate::quota::QuotaPlan;
+use crate::quota::claims::{ClassApply, POLICY_PARAMS};
+
+const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "tessera");
+
+impl QuotaController {
+    /// Applies the planned classes that differ from the cluster's and the policy params when
+    /// they changed; returns the number of failed writes.
+    pub(super) async fn write_claim_classes(&self, plan: &QuotaPlan, classes: &[Arc<DeviceClass>]) -> usize {
+        let mut failed = 0;
+        for c in &plan.device_classes {
+            if classes.iter().any(|have| is_current(have, c)) {
+                continue;
+            }
+            let body = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": c.name, "labels": {MANAGED_BY.0: MANAGED_BY.1}},
+                "spec": {"selectors": [{"cel": {"expression": c.expression}}]}});
+            info!(class = %c.name, "applying DeviceClass");
+            if let Err(e) = Api::<DeviceClass>::all(self.client.clone())
+                .patch(&c.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
+                .await
+            {
+                self.metrics.error("kube");
+                warn!(class = %c.name, error = %e, "could not apply a DeviceClass; retrying");
+                failed += 1;
+            }
+        }
+        let have = self.policy_params.state().first().and_then(|cm| cm.data.clone()).unwrap_or_default();
+        if have != plan.policy && !self.write_policy(&plan.policy).await {
+            failed += 1;
+        }
+        failed
+    }
+
+    async fn write_policy(&self, data: &BTreeMap<String, String>) -> bool {
+        let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": POLICY_PARAMS, "namespace": self.namespace,
+                "labels": {MANAGED_BY.0: MANAGED_BY.1}},
+            "data": data});
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
+        match api.patch(POLICY_PARAMS, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await {
+            Ok(_) => true,
+            Err(e) => {
+                self.metrics.error("kube");
+                warn!(namespace = %self.namespace, error = %e, "could not write the claim-class policy params; retrying");
+                false
+            }
+        }
+    }
+}
+
+/// Whether `have` is the class `want` describes, with our label.
+fn is_current(have: &DeviceClass, want: &ClassApply) -> bool {
+    let labelled = have.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY.0)).is_some_and(|v| v == MANAGED_BY.1);
+    let exprs: Vec<&str> = have
+        .spec
+        .iter()
+        .flat_map(|s| s.selectors.iter().flatten())
+        .filter_map(|s| s.cel.as_ref().map(|c| c.expression.as_str()))
+        .collect();
+    have.metadata.name.as_deref() == Some(&want.name) && labelled && exprs == [want.expression.as_str()]
+}

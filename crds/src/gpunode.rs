@@ -71,6 +71,9 @@ pub struct GpuNodeStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<NodeRollout>,
+    /// Allocated versus used: each device's recent activity, from the node agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<crate::activity::NodeActivity>,
 }
 
 /// Inventory and applied layout of one GPU.

@@ -5,6 +5,7 @@
 // purpose; clippy reads them as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod activity;
 pub mod admission;
 pub mod catalog;
 pub mod conditions;

@@ -1,0 +1,69 @@
+//! Allocated versus used: what each MIG instance (or whole GPU) of a node did lately, as its node
+//! agent measured it, summarised for `GpuNode.status.activity`. The agent samples often and
+//! serves every figure on its `/metrics`; this summary is written at most every few minutes and
+//! only on a meaningful change, so the API server is not flooded. The operator joins it with the
+//! holders it knows (pods, claims, tenants) to report idle slices per tenant.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+/// The summary of one node's devices.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeActivity {
+    /// When the agent last measured (the figures cover the windows ending here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_at: Option<Time>,
+    /// Every MIG instance, and every whole GPU with MIG off.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 512))]
+    pub devices: Vec<DeviceActivity>,
+}
+
+/// How activity was measured on a device.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ActivitySource {
+    /// GPU Performance Monitoring (Hopper and later): the share of time SMs were active, per
+    /// MIG instance.
+    #[default]
+    Gpm,
+    /// No GPM (A100, A30, or GPM unavailable): only compute processes and memory are seen; a
+    /// process that holds a context and computes nothing looks busy.
+    ProcessesAndMemory,
+}
+
+/// One device's recent activity.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceActivity {
+    /// The GPU's index on the node (`status.gpus[].index`).
+    pub gpu_index: i32,
+    /// The MIG instance's UUID; absent for a whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// The instance's profile (`3g.40gb`); absent for a whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// The instance's first memory slot; absent for a whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<i32>,
+    pub source: ActivitySource,
+    /// Mean SM activity over the last hour, in percent (0-100); absent without GPM or before
+    /// any sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_percent_1h: Option<i32>,
+    /// Mean SM activity over the last 24 hours (or since the agent started), in percent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_percent_24h: Option<i32>,
+    /// Since when the device has been idle without a break (GPM: SM activity under 1%; without
+    /// GPM: no compute process); absent while it is active.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<Time>,
+    /// GPU memory in use on the device, MiB.
+    #[serde(default)]
+    pub memory_used_mib: i64,
+    /// Compute processes running on the device.
+    #[serde(default)]
+    pub processes: i32,
+}

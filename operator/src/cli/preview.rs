@@ -85,12 +85,8 @@ pub struct Fleet<'a> {
     pub claims: &'a ClaimIndex,
 }
 
-/// The drain's verdict on `pod`, with "uses a GPU" decided by `gpu_use` over the claims read
-/// (extended resources and ResourceClaims alike). `drain::verdict` is handed the pod as `gpu_use`
-/// sees it: its claims dropped, and a GPU resource added where a claim holds a GPU. So the
-/// answer is the same whether `drain::verdict` reads extended resources only or (with the
-/// controller's half of issue 24) counts an unread claim as a GPU; `drain::verdict_with_claims`
-/// can replace this once both are merged.
+/// The drain's verdict on `pod`, exactly as the rollout reaches it: "uses a GPU" decided by
+/// `gpu_use` over the claims read (extended resources and ResourceClaims alike).
 fn drain_verdict(
     pod: &Pod,
     policy: &tessera_crds::plan::RolloutPolicy,

@@ -127,7 +127,7 @@ fn fit_message(model: &GpuModel) -> String {
     let unknown = format!(
         "{} + ({} + ({strangers}.size() > 0 ? ', ' + {strangers}[0] + ({strangers}.size() > 1 ? {} : {}) : '')).substring(2) + {}",
         cel_str(&format!("profiles that do not exist on {name}: ")),
-        named.join(" + "),
+        balanced(&named, "+"),
         cel_str(" and more that no catalog GPU has"),
         cel_str(" (no catalog GPU has it)"),
         cel_str(&format!("; valid profiles: {}", model.profile_names().join(", "))),
@@ -140,7 +140,7 @@ fn fit_message(model: &GpuModel) -> String {
         let arms: String = by_name.iter().map(|p| format!("{} ? {} : ", over_one(p), each(p))).collect();
         format!("({arms}{none})")
     };
-    let any_over = by_name.iter().map(|p| over_one(p)).collect::<Vec<_>>().join(" || ");
+    let any_over = balanced(&by_name.iter().map(|p| over_one(p)).collect::<Vec<_>>(), "||");
     let over_n = cel_number(&first_over(&|p| format!("self.profiles[{}]", cel_str(p.name)), "0"));
     let over_msg = first_over(
         &|p| cel_str(&format!(" x {} requested, but one {name} holds at most {}", p.name, p.max_count)),
@@ -158,7 +158,7 @@ fn fit_message(model: &GpuModel) -> String {
                 w => format!("{} * {w}", count(p.name)),
             })
             .collect();
-        format!("({})", terms.join(" + "))
+        if terms.is_empty() { "0".to_string() } else { balanced(&terms, "+") }
     };
     let media = total(|p| u8::from(p.media_extensions));
     let compute = total(|p| p.compute_slices);
@@ -184,6 +184,20 @@ fn fit_message(model: &GpuModel) -> String {
              best partial one"
         )),
     )
+}
+
+/// `items` joined by the binary operator `op` as a balanced, parenthesised tree: a flat chain of
+/// 80 names (every profile in the catalog) nests 80 deep, past what CEL parsers and interpreters
+/// recurse through; a balanced one nests 7 deep.
+fn balanced(items: &[String], op: &str) -> String {
+    match items {
+        [] => String::new(),
+        [one] => format!("({one})"),
+        _ => {
+            let (l, r) = items.split_at(items.len() / 2);
+            format!("({} {op} {})", balanced(l, op), balanced(r, op))
+        }
+    }
 }
 
 /// CEL for a profile's count in the layout, 0 when absent.

@@ -194,7 +194,7 @@ pub fn profile_counts(profiles: &BTreeMap<String, i32>, at: &str, errs: &mut Vec
     let before = errs.len();
     for (name, &n) in profiles {
         let field = format!("{at}[{name:?}]");
-        if parse_profile_name(name).is_none() || name.ends_with(".me") {
+        if parse_profile_name(name).is_none() || catalog::has_resource_suffix(name) {
             errs.push(FieldError::new(field, format!("{name:?} is not a MIG profile name like 3g.40gb or 1g.10gb+me")));
         } else if n < 0 {
             errs.push(FieldError::new(field, format!("count {n} must be >= 0")));

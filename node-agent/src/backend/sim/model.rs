@@ -86,7 +86,7 @@ pub enum Activation {
 
 /// Ampere boards need a GPU reset to change MIG mode; Hopper and later do not.
 pub fn needs_reset(product: &str) -> bool {
-    product.contains("A100") || product.contains("A30")
+    product.contains("A100") || product.contains("A800") || product.contains("A30")
 }
 
 /// Profile memory in MiB as NVML reports it. H100 80GB HBM3 values were read on the real board

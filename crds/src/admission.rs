@@ -115,11 +115,11 @@ fn fit_message(model: &GpuModel) -> String {
     let name = model.name;
     let own = cel_list(model.profiles.iter().map(|p| cel_str(p.name)));
     let everywhere = catalog_profile_names();
-    let named: Vec<String> = everywhere
-        .iter()
-        .filter(|n| model.profile(n).is_none())
-        .map(|f| format!("({} in self.profiles ? {} : '')", cel_str(f), cel_str(&format!(", {f}"))))
-        .collect();
+    // Catalog names this board lacks, each `, name`: a list literal filtered and joined, so the
+    // expression stays shallow however many boards the catalog holds (a chain of 80 `+` nests too
+    // deep for CEL evaluators) and its strings stay literals.
+    let others = cel_list(everywhere.iter().filter(|n| model.profile(n).is_none()).map(|f| cel_str(&format!(", {f}"))));
+    let named = format!("{others}.filter(n, n.substring(2) in self.profiles).join()");
     // A name no catalog board has (a typo: `3g.40b`) is named too: the first one in key order,
     // taken from a filter and indexed, so only one key of unknown length is concatenated.
     let everywhere_list = cel_list(everywhere.iter().map(|n| cel_str(n)));
@@ -127,7 +127,7 @@ fn fit_message(model: &GpuModel) -> String {
     let unknown = format!(
         "{} + ({} + ({strangers}.size() > 0 ? ', ' + {strangers}[0] + ({strangers}.size() > 1 ? {} : {}) : '')).substring(2) + {}",
         cel_str(&format!("profiles that do not exist on {name}: ")),
-        balanced(&named, "+"),
+        named,
         cel_str(" and more that no catalog GPU has"),
         cel_str(" (no catalog GPU has it)"),
         cel_str(&format!("; valid profiles: {}", model.profile_names().join(", "))),
@@ -136,11 +136,8 @@ fn fit_message(model: &GpuModel) -> String {
     let mut by_name: Vec<&ProfileSpec> = model.profiles.iter().collect();
     by_name.sort_by_key(|p| p.name);
     let over_one = |p: &ProfileSpec| format!("{} > {}", count(p.name), p.max_count);
-    let first_over = |each: &dyn Fn(&ProfileSpec) -> String, none: &str| {
-        let arms: String = by_name.iter().map(|p| format!("{} ? {} : ", over_one(p), each(p))).collect();
-        format!("({arms}{none})")
-    };
-    let any_over = balanced(&by_name.iter().map(|p| over_one(p)).collect::<Vec<_>>(), "||");
+    let first_over = |each: &dyn Fn(&ProfileSpec) -> String, none: &str| first_over(&by_name, &over_one, each, none);
+    let any_over = by_name.iter().map(|p| over_one(p)).collect::<Vec<_>>().join(" || ");
     let over_n = cel_number(&first_over(&|p| format!("self.profiles[{}]", cel_str(p.name)), "0"));
     let over_msg = first_over(
         &|p| cel_str(&format!(" x {} requested, but one {name} holds at most {}", p.name, p.max_count)),
@@ -158,7 +155,7 @@ fn fit_message(model: &GpuModel) -> String {
                 w => format!("{} * {w}", count(p.name)),
             })
             .collect();
-        if terms.is_empty() { "0".to_string() } else { balanced(&terms, "+") }
+        if terms.is_empty() { "0".to_string() } else { format!("({})", terms.join(" + ")) }
     };
     let media = total(|p| u8::from(p.media_extensions));
     let compute = total(|p| p.compute_slices);
@@ -186,16 +183,27 @@ fn fit_message(model: &GpuModel) -> String {
     )
 }
 
-/// `items` joined by the binary operator `op` as a balanced, parenthesised tree: a flat chain of
-/// 80 names (every profile in the catalog) nests 80 deep, past what CEL parsers and interpreters
-/// recurse through; a balanced one nests 7 deep.
-fn balanced(items: &[String], op: &str) -> String {
-    match items {
-        [] => String::new(),
-        [one] => format!("({one})"),
+/// CEL for `each` of the first profile (in `profiles`' order) for which `over` holds, `none` if
+/// none does: a balanced tree of conditionals (is any in the first half over? then the first
+/// half's answer, else the second's), so eleven profiles nest four deep, not eleven.
+fn first_over(
+    profiles: &[&ProfileSpec],
+    over: &dyn Fn(&ProfileSpec) -> String,
+    each: &dyn Fn(&ProfileSpec) -> String,
+    none: &str,
+) -> String {
+    match profiles {
+        [] => none.to_string(),
+        [p] => format!("({} ? {} : {none})", over(p), each(p)),
         _ => {
-            let (l, r) = items.split_at(items.len() / 2);
-            format!("({} {op} {})", balanced(l, op), balanced(r, op))
+            let (l, r) = profiles.split_at(profiles.len() / 2);
+            let any: Vec<String> = l.iter().map(|p| over(p)).collect();
+            format!(
+                "({} ? {} : {})",
+                format!("({})", any.join(" || ")),
+                first_over(l, over, each, none),
+                first_over(r, over, each, none)
+            )
         }
     }
 }

@@ -182,7 +182,7 @@ proptest! {
     #[test]
     fn the_rules_agree_with_the_solver(
         board in 0..MODELS.len(),
-        counts in proptest::collection::vec(0u32..=3, 7),
+        counts in proptest::collection::vec(0u32..=3, 11),
         extra in proptest::option::of(foreign_profile()),
         big in proptest::option::of(0usize..7),
     ) {

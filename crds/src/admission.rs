@@ -115,11 +115,14 @@ fn fit_message(model: &GpuModel) -> String {
     let name = model.name;
     let own = cel_list(model.profiles.iter().map(|p| cel_str(p.name)));
     let everywhere = catalog_profile_names();
-    // Catalog names this board lacks, each `, name`: a list literal filtered and joined, so the
-    // expression stays shallow however many boards the catalog holds (a chain of 80 `+` nests too
-    // deep for CEL evaluators) and its strings stay literals.
-    let others = cel_list(everywhere.iter().filter(|n| model.profile(n).is_none()).map(|f| cel_str(&format!(", {f}"))));
-    let named = format!("{others}.filter(n, n.substring(2) in self.profiles).join()");
+    // Catalog names this board lacks, each `, name` when present. Literals only: a list `join()`
+    // would be shorter, but the API server cannot bound its cost and refuses the CRD.
+    let named: Vec<String> = everywhere
+        .iter()
+        .filter(|n| model.profile(n).is_none())
+        .map(|f| format!("({} in self.profiles ? {} : '')", cel_str(f), cel_str(&format!(", {f}"))))
+        .collect();
+    let named = chunked_sum(&named);
     // A name no catalog board has (a typo: `3g.40b`) is named too: the first one in key order,
     // taken from a filter and indexed, so only one key of unknown length is concatenated.
     let everywhere_list = cel_list(everywhere.iter().map(|n| cel_str(n)));
@@ -181,6 +184,15 @@ fn fit_message(model: &GpuModel) -> String {
              best partial one"
         )),
     )
+}
+
+/// `terms` added up as a chain of parenthesised chains of about the square root of their number:
+/// one flat chain of 80 terms (every catalog profile name) nests 80 deep in an evaluator's tree,
+/// a balanced tree nests as deep in a parser's; this nests about 18 and 2.
+fn chunked_sum(terms: &[String]) -> String {
+    let size = (terms.len() as f64).sqrt().ceil().max(1.0) as usize;
+    let chunks: Vec<String> = terms.chunks(size).map(|c| format!("({})", c.join(" + "))).collect();
+    chunks.join(" + ")
 }
 
 /// CEL for `each` of the first profile (in `profiles`' order) for which `over` holds, `none` if

@@ -211,8 +211,8 @@ fn first_over(
             let (l, r) = profiles.split_at(profiles.len() / 2);
             let any: Vec<String> = l.iter().map(|p| over(p)).collect();
             format!(
-                "({} ? {} : {})",
-                format!("({})", any.join(" || ")),
+                "(({}) ? {} : {})",
+                any.join(" || "),
                 first_over(l, over, each, none),
                 first_over(r, over, each, none)
             )

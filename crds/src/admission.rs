@@ -115,11 +115,14 @@ fn fit_message(model: &GpuModel) -> String {
     let name = model.name;
     let own = cel_list(model.profiles.iter().map(|p| cel_str(p.name)));
     let everywhere = catalog_profile_names();
+    // Catalog names this board lacks, each `, name` when present. Literals only: a list `join()`
+    // would be shorter, but the API server cannot bound its cost and refuses the CRD.
     let named: Vec<String> = everywhere
         .iter()
         .filter(|n| model.profile(n).is_none())
         .map(|f| format!("({} in self.profiles ? {} : '')", cel_str(f), cel_str(&format!(", {f}"))))
         .collect();
+    let named = chunked_sum(&named);
     // A name no catalog board has (a typo: `3g.40b`) is named too: the first one in key order,
     // taken from a filter and indexed, so only one key of unknown length is concatenated.
     let everywhere_list = cel_list(everywhere.iter().map(|n| cel_str(n)));
@@ -127,7 +130,7 @@ fn fit_message(model: &GpuModel) -> String {
     let unknown = format!(
         "{} + ({} + ({strangers}.size() > 0 ? ', ' + {strangers}[0] + ({strangers}.size() > 1 ? {} : {}) : '')).substring(2) + {}",
         cel_str(&format!("profiles that do not exist on {name}: ")),
-        named.join(" + "),
+        named,
         cel_str(" and more that no catalog GPU has"),
         cel_str(" (no catalog GPU has it)"),
         cel_str(&format!("; valid profiles: {}", model.profile_names().join(", "))),
@@ -136,10 +139,7 @@ fn fit_message(model: &GpuModel) -> String {
     let mut by_name: Vec<&ProfileSpec> = model.profiles.iter().collect();
     by_name.sort_by_key(|p| p.name);
     let over_one = |p: &ProfileSpec| format!("{} > {}", count(p.name), p.max_count);
-    let first_over = |each: &dyn Fn(&ProfileSpec) -> String, none: &str| {
-        let arms: String = by_name.iter().map(|p| format!("{} ? {} : ", over_one(p), each(p))).collect();
-        format!("({arms}{none})")
-    };
+    let first_over = |each: &dyn Fn(&ProfileSpec) -> String, none: &str| first_over(&by_name, &over_one, each, none);
     let any_over = by_name.iter().map(|p| over_one(p)).collect::<Vec<_>>().join(" || ");
     let over_n = cel_number(&first_over(&|p| format!("self.profiles[{}]", cel_str(p.name)), "0"));
     let over_msg = first_over(
@@ -158,7 +158,7 @@ fn fit_message(model: &GpuModel) -> String {
                 w => format!("{} * {w}", count(p.name)),
             })
             .collect();
-        format!("({})", terms.join(" + "))
+        if terms.is_empty() { "0".to_string() } else { format!("({})", terms.join(" + ")) }
     };
     let media = total(|p| u8::from(p.media_extensions));
     let compute = total(|p| p.compute_slices);
@@ -184,6 +184,40 @@ fn fit_message(model: &GpuModel) -> String {
              best partial one"
         )),
     )
+}
+
+/// `terms` added up as a chain of parenthesised chains of about the square root of their number:
+/// one flat chain of 80 terms (every catalog profile name) nests 80 deep in an evaluator's tree,
+/// a balanced tree nests as deep in a parser's; this nests about 18 and 2.
+fn chunked_sum(terms: &[String]) -> String {
+    let size = (terms.len() as f64).sqrt().ceil().max(1.0) as usize;
+    let chunks: Vec<String> = terms.chunks(size).map(|c| format!("({})", c.join(" + "))).collect();
+    chunks.join(" + ")
+}
+
+/// CEL for `each` of the first profile (in `profiles`' order) for which `over` holds, `none` if
+/// none does: a balanced tree of conditionals (is any in the first half over? then the first
+/// half's answer, else the second's), so eleven profiles nest four deep, not eleven.
+fn first_over(
+    profiles: &[&ProfileSpec],
+    over: &dyn Fn(&ProfileSpec) -> String,
+    each: &dyn Fn(&ProfileSpec) -> String,
+    none: &str,
+) -> String {
+    match profiles {
+        [] => none.to_string(),
+        [p] => format!("({} ? {} : {none})", over(p), each(p)),
+        _ => {
+            let (l, r) = profiles.split_at(profiles.len() / 2);
+            let any: Vec<String> = l.iter().map(|p| over(p)).collect();
+            format!(
+                "(({}) ? {} : {})",
+                any.join(" || "),
+                first_over(l, over, each, none),
+                first_over(r, over, each, none)
+            )
+        }
+    }
 }
 
 /// CEL for a profile's count in the layout, 0 when absent.

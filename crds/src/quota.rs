@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::conditions::conditions_schema;
 
-const RESOURCE_MAP_RULE: &str = r"self.all(k, (k == 'nvidia.com/gpu' || k.matches('^nvidia\\.com/mig-[0-9]+g\\.[0-9]+gb(\\.me)?$')) && self[k] >= 0)";
+const RESOURCE_MAP_RULE: &str = r"self.all(k, (k == 'nvidia.com/gpu' || k.matches('^nvidia\\.com/mig-[0-9]+g\\.[0-9]+gb(\\.me|\\.me\\.all|\\.gfx|-me)?$')) && self[k] >= 0)";
 const RESOURCE_MAP_MESSAGE: &str =
     "keys must be nvidia.com/gpu or nvidia.com/mig-<profile> (e.g. nvidia.com/mig-1g.10gb), values >= 0";
 

@@ -194,7 +194,14 @@ pub fn profile_counts(profiles: &BTreeMap<String, i32>, at: &str, errs: &mut Vec
     let before = errs.len();
     for (name, &n) in profiles {
         let field = format!("{at}[{name:?}]");
-        if parse_profile_name(name).is_none() || name.ends_with(".me") {
+        if parse_profile_name(name).is_some() && catalog::has_resource_suffix(name) {
+            // The CRD's pattern takes NVML's spelling only (`+me`, `+gfx`, `+me.all`).
+            let nvml = catalog::normalize_profile(name);
+            errs.push(FieldError::new(
+                field,
+                format!("{name:?} is not a MIG profile name (that is the device plugin's spelling): write {nvml:?}"),
+            ));
+        } else if parse_profile_name(name).is_none() {
             errs.push(FieldError::new(field, format!("{name:?} is not a MIG profile name like 3g.40gb or 1g.10gb+me")));
         } else if n < 0 {
             errs.push(FieldError::new(field, format!("count {n} must be >= 0")));

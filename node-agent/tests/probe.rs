@@ -1,5 +1,6 @@
 //! `node-agent probe` over the simulated NVML library prints the tables the real H100 printed
-//! (docs/hardware/h100-80gb-hbm3.node-agent-probe.*), UUID aside.
+//! (docs/hardware/h100-80gb-hbm3.node-agent-probe.*), UUID aside, and the catalog's table for
+//! boards we have no hardware record of.
 
 use std::process::Command;
 
@@ -8,7 +9,11 @@ use tessera_node_agent::testutil::nvml_sim;
 const HARDWARE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/hardware/h100-80gb-hbm3.node-agent-probe");
 
 fn probe(args: &[&str]) -> String {
-    let (lib, _) = nvml_sim(&["H100-80GB"]);
+    probe_board("H100-80GB", args)
+}
+
+fn probe_board(board: &str, args: &[&str]) -> String {
+    let (lib, _) = nvml_sim(&[board]);
     let out = Command::new(env!("CARGO_BIN_EXE_node-agent"))
         .args(["probe", "--backend", "nvml", "--nvml-library"])
         .arg(&lib)
@@ -42,6 +47,24 @@ fn probe_json_over_the_library_matches_the_real_h100_record() {
     let mut got: serde_json::Value = serde_json::from_str(&probe(&["--json"])).unwrap();
     got[0]["gpu"]["uuid"] = real[0]["gpu"]["uuid"].clone();
     assert_eq!(got, real);
+}
+
+/// A board only the catalog knows (no hardware record): the library serves its table, graphics
+/// and media variants included, and the probe reads every profile back and finds it matches.
+#[test]
+fn probe_over_the_library_reads_every_rtx_pro_6000_profile() {
+    let model = tessera_crds::catalog::lookup("RTX-PRO-6000-96GB").unwrap();
+    let out = probe_board(model.name, &[]);
+    assert!(out.starts_with("GPU 0 NVIDIA RTX PRO 6000 Blackwell Server Edition ("), "{out}");
+    for p in model.profiles {
+        let want = format!(
+            "  {:<12} id {:>2}  compute {}  memory slices {}  max {}  starts {:?}",
+            p.name, p.id, p.compute_slices, p.memory_slices, p.max_count, p.starts
+        );
+        assert!(out.lines().any(|l| l.starts_with(&want)), "{want:?} missing from\n{out}");
+    }
+    assert_eq!(out.lines().filter(|l| l.contains(" id ")).count(), model.profiles.len(), "{out}");
+    assert!(out.lines().any(|l| l.trim() == "catalog: matches"), "{out}");
 }
 
 /// `node-agent probe | head -0`: killed by SIGPIPE like `cat`, not a panic with exit 101.

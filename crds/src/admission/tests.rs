@@ -182,7 +182,7 @@ proptest! {
     #[test]
     fn the_rules_agree_with_the_solver(
         board in 0..MODELS.len(),
-        counts in proptest::collection::vec(0u32..=3, 7),
+        counts in proptest::collection::vec(0u32..=3, 11),
         extra in proptest::option::of(foreign_profile()),
         big in proptest::option::of(0usize..7),
     ) {
@@ -311,4 +311,22 @@ proptest! {
         let by_cel = MODELS.iter().find(|m| product_keys(m).contains(&key)).map(|m| m.name);
         prop_assert_eq!(by_cel, catalog::lookup(&product).map(|m| m.name), "{:?} -> {:?}", product, key);
     }
+}
+
+/// The RTX PRO 6000's variants share slots: graphics, no-media and plain 1g instances fill the
+/// four slots together, and `+me` with `+me.all` is two media-engine instances.
+#[test]
+fn rtx_pro_6000_variants_share_the_four_slots_and_one_media_instance() {
+    let board = "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition";
+    assert_eq!(admit(&layout(board, &[("1g.24gb+gfx", 2), ("1g.24gb-me", 1), ("1g.24gb", 1)])), Ok(()));
+    assert_eq!(admit(&layout(board, &[("2g.48gb+gfx", 1), ("1g.24gb+me.all", 1), ("1g.24gb-me", 1)])), Ok(()));
+    let got = admit(&layout(board, &[("1g.24gb+gfx", 2), ("2g.48gb-me", 1), ("1g.24gb", 1)])).unwrap_err();
+    assert_eq!(
+        got,
+        ["does not fit RTX-PRO-6000-96GB: the layout needs 5 compute slices, but one RTX-PRO-6000-96GB has 4"]
+    );
+    let got = admit(&layout(board, &[("1g.24gb+me", 1), ("1g.24gb+me.all", 1)])).unwrap_err();
+    assert!(got[0].contains("2 instances with media extensions (+me) requested"), "{got:?}");
+    let got = admit(&layout(board, &[("1g.10gb", 1)])).unwrap_err();
+    assert!(got[0].contains("profiles that do not exist on RTX-PRO-6000-96GB: 1g.10gb"), "{got:?}");
 }

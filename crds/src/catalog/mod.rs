@@ -138,7 +138,7 @@ pub fn model_from_table(product: &str, table: &[crate::gpunode::GpuProfileInfo])
             memory_slices: p.memory_slices,
             max_count: p.max_count,
             starts: Box::leak(p.starts.clone().into_boxed_slice()),
-            media_extensions: p.name.ends_with("+me"),
+            media_extensions: parse_profile_name(&p.name).is_some_and(|n| n.media_extensions),
         })
         .collect();
     let model: &'static GpuModel = Box::leak(Box::new(GpuModel {
@@ -176,40 +176,64 @@ fn strip_gfd_suffix(s: &str) -> &str {
     }
 }
 
-/// `1g.10gb.me` (resource spelling) and `1G.10GB+ME` both become `1g.10gb+me`.
+/// Variant suffixes a profile name may carry, in NVML spelling, longest first: `+me` (media
+/// extensions), `+me.all` (all media engines), `+gfx` (graphics-capable, RTX PRO Blackwell) and
+/// `-me` (no media engines). The device plugin's resource names replace `+` with `.`.
+pub const PROFILE_SUFFIXES: &[&str] = &["+me.all", "+gfx", "+me", "-me"];
+
+/// `1g.10gb.me` (resource spelling) and `1G.10GB+ME` both become `1g.10gb+me`; likewise
+/// `.me.all` and `.gfx` become `+me.all` and `+gfx`. `-me` has one spelling.
 pub fn normalize_profile(name: &str) -> String {
     let lower = name.trim().to_ascii_lowercase();
-    match lower.strip_suffix(".me") {
-        Some(base) => format!("{base}+me"),
-        None => lower,
+    for suffix in ["+me.all", "+gfx", "+me"] {
+        let dotted = suffix.replace('+', ".");
+        if let Some(base) = lower.strip_suffix(dotted.as_str()) {
+            return format!("{base}{suffix}");
+        }
     }
+    lower
 }
 
-/// The parts of a profile name `<G>g.<M>gb[+me]`.
+/// Whether `name` ends in the device plugin's resource spelling of a suffix (`.me`, `.me.all`,
+/// `.gfx`): plans name profiles as NVML does (`+me`), quotas as the device plugin does.
+pub fn has_resource_suffix(name: &str) -> bool {
+    let lower = name.trim().to_ascii_lowercase();
+    [".me", ".me.all", ".gfx"].iter().any(|s| lower.ends_with(s))
+}
+
+/// The parts of a profile name `<G>g.<M>gb[suffix]` (see [`PROFILE_SUFFIXES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProfileName {
     pub compute_slices: u32,
     pub memory_gb: u32,
+    /// `+me` or `+me.all`: holds media engines another instance cannot have (one per GPU).
     pub media_extensions: bool,
+    /// The suffix as NVML spells it (`+gfx`, `-me`, ...), empty for a plain profile.
+    pub suffix: &'static str,
 }
 
-/// Parses `<G>g.<M>gb` with an optional `+me` (or `.me`) suffix; `None` if it is not of that form.
+/// Parses `<G>g.<M>gb` with an optional suffix (`+me`, `+me.all`, `+gfx`, `-me`, or the resource
+/// spellings `.me`, `.me.all`, `.gfx`); `None` if it is not of that form.
 pub fn parse_profile_name(name: &str) -> Option<ProfileName> {
     let n = normalize_profile(name);
-    let (base, media_extensions) = match n.strip_suffix("+me") {
-        Some(b) => (b, true),
-        None => (n.as_str(), false),
-    };
+    let (base, suffix) =
+        PROFILE_SUFFIXES.iter().find_map(|s| n.strip_suffix(s).map(|b| (b, *s))).unwrap_or((n.as_str(), ""));
     let (g, m) = base.split_once("g.")?;
     let m = m.strip_suffix("gb")?;
     let digits = |s: &str| !s.is_empty() && s.len() <= 4 && s.bytes().all(|b| b.is_ascii_digit());
     if !digits(g) || !digits(m) {
         return None;
     }
-    Some(ProfileName { compute_slices: g.parse().ok()?, memory_gb: m.parse().ok()?, media_extensions })
+    Some(ProfileName {
+        compute_slices: g.parse().ok()?,
+        memory_gb: m.parse().ok()?,
+        media_extensions: suffix.starts_with("+me"),
+        suffix,
+    })
 }
 
-/// Mixed-strategy resource name: `1g.10gb+me` -> `nvidia.com/mig-1g.10gb.me`.
+/// Mixed-strategy resource name: `1g.10gb+me` -> `nvidia.com/mig-1g.10gb.me`, `1g.24gb+gfx` ->
+/// `nvidia.com/mig-1g.24gb.gfx`, `1g.24gb-me` -> `nvidia.com/mig-1g.24gb-me`.
 pub fn mig_resource_name(profile: &str) -> String {
     format!("nvidia.com/mig-{}", normalize_profile(profile).replace('+', "."))
 }

@@ -227,3 +227,30 @@ fn exactly_one_of_layouts_and_layouts_from_is_required_and_its_fields_are_checke
     auto.layouts_from = Some(Default::default());
     assert_eq!(validate_plan(&auto), vec![]);
 }
+
+/// RTX PRO Blackwell variants: plans name them as NVML does (`+gfx`, `+me.all`, `-me`), quotas as
+/// the device plugin does (`+` becomes `.`); the other spelling is refused in each, as for `+me`.
+#[test]
+fn gfx_profiles_are_named_as_nvml_in_plans_and_as_the_device_plugin_in_quotas() {
+    let good = plan(vec![layout(
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        &[("1g.24gb+gfx", 2), ("1g.24gb-me", 1), ("1g.24gb+me.all", 1)],
+        None,
+    )]);
+    assert_eq!(validate_plan(&good), vec![]);
+    let bad = plan(vec![layout("RTX-PRO-6000-96GB", &[("1g.24gb.gfx", 1), ("2g.48gb.me.all", 1)], None)]);
+    let errs = validate_plan(&bad);
+    for (name, nvml) in [("1g.24gb.gfx", "1g.24gb+gfx"), ("2g.48gb.me.all", "2g.48gb+me.all")] {
+        assert!(
+            errs.iter().any(|e| e.field.contains(name) && e.reason.contains(&format!("write {nvml:?}"))),
+            "{name}: {errs:#?}"
+        );
+    }
+    let q = quota(
+        &["team-a"],
+        &[("nvidia.com/mig-1g.24gb.gfx", 2), ("nvidia.com/mig-1g.24gb-me", 1), ("nvidia.com/mig-2g.48gb.me.all", 1)],
+    );
+    assert_eq!(validate_quota(&q), vec![]);
+    let errs = validate_quota(&quota(&["team-a"], &[("nvidia.com/mig-1g.24gb+gfx", 1)]));
+    assert!(errs.iter().any(|e| e.reason.contains("write \"nvidia.com/mig-1g.24gb.gfx\"")), "{errs:#?}");
+}

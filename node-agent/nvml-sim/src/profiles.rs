@@ -7,22 +7,33 @@ use tessera_node_agent::backend::sim::model;
 
 /// The `NVML_GPU_INSTANCE_PROFILE_*` enum of a profile, by its shape (nvml.h): 1 slice = 0,
 /// 2 = 1, 3 = 2, 4 = 3, 7 = 4, 8 = 5, 6 = 6; `+me` 1 slice = 7 (`_REV1`), 2 slices = 8;
-/// a 1-slice profile with two memory slices = 9 (`_REV2`). On the H100 this gives the enum ->
-/// id pairs read on the hardware (docs/hardware/h100-80gb-hbm3.nvml.json).
+/// a 1-slice profile with two memory slices = 9 (`_REV2`); RTX PRO Blackwell variants: `+gfx`
+/// 1/2/4 slices = 10/11/12 (3 = 17), `-me` 1/2 = 13/14, `+me.all` 1/2 = 15/16. On the H100 this
+/// gives the enum -> id pairs read on the hardware (docs/hardware/h100-80gb-hbm3.nvml.json).
 pub fn gi_enum(p: &HardwareProfile) -> Option<u32> {
-    let me = p.name.ends_with("+me");
-    Some(match (p.compute_slices, p.memory_slices, me) {
-        (1, _, true) => 7,
-        (2, _, true) => 8,
-        (_, _, true) => return None,
-        (1, 1, false) => 0,
-        (1, 2, false) => 9,
-        (2, _, false) => 1,
-        (3, _, false) => 2,
-        (4, _, false) => 3,
-        (7, _, false) => 4,
-        (8, _, false) => 5,
-        (6, _, false) => 6,
+    let suffix = tessera_crds::catalog::parse_profile_name(&p.name).map_or("", |n| n.suffix);
+    Some(match (p.compute_slices, p.memory_slices, suffix) {
+        (1, _, "+gfx") => 10,
+        (2, _, "+gfx") => 11,
+        (4, _, "+gfx") => 12,
+        (3, _, "+gfx") => 17,
+        (1, _, "-me") => 13,
+        (2, _, "-me") => 14,
+        (1, _, "+me.all") => 15,
+        (2, _, "+me.all") => 16,
+        (1, _, "+me") => 7,
+        (2, _, "+me") => 8,
+        (_, _, "") => match (p.compute_slices, p.memory_slices) {
+            (1, 1) => 0,
+            (1, 2) => 9,
+            (2, _) => 1,
+            (3, _) => 2,
+            (4, _) => 3,
+            (7, _) => 4,
+            (8, _) => 5,
+            (6, _) => 6,
+            _ => return None,
+        },
         _ => return None,
     })
 }

@@ -106,7 +106,7 @@ pub enum Activation {
 /// Ampere boards change MIG mode through a GPU reset (done by the driver itself on bare metal
 /// when the GPU is idle; impossible from a VM guest), and keep the mode across reboots.
 pub fn is_ampere(product: &str) -> bool {
-    product.contains("A100") || product.contains("A30")
+    product.contains("A100") || product.contains("A800") || product.contains("A30")
 }
 
 /// The product and options of one `$TESSERA_SIM_GPUS` entry: `A100-40GB` or

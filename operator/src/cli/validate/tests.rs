@@ -205,11 +205,15 @@ fn profile_name() -> impl Strategy<Value = String> {
             "3g.40gb",
             "7g.80gb",
             "1g.10gb+me",
+            "1g.24gb+gfx",
+            "1g.24gb.gfx",
+            "2g.48gb+me.all",
+            "1g.24gb-me",
             "1g.5gb",
             "2g.10gb"
         ])
         .prop_map(String::from),
-        "[0-9]{1,5}g\\.[0-9]{1,5}gb(\\+me|\\.me)?",
+        "[0-9]{1,5}g\\.[0-9]{1,5}gb(\\+me|\\.me|\\+gfx|\\.gfx|\\+me\\.all|\\.me\\.all|-me)?",
         "[a-z0-9.+]{0,8}",
     ]
 }

@@ -28,6 +28,9 @@ case $name in
     # e2e/tests/gpu_feature_discovery.rs. go-nvml loads the library with dlopen: cgo, and a C
     # compiler, are needed (CGO_ENABLED=1, Go's default when one is installed).
     pkg=github.com/NVIDIA/k8s-device-plugin/cmd/gpu-feature-discovery
+    export CGO_ENABLED=1
+    command -v cc >/dev/null || command -v gcc >/dev/null ||
+      { echo "tools/build.sh: $name needs a C compiler (cgo): install gcc" >&2; exit 1; }
     tags=
     version=$(awk '$1 == "require" && $2 == "github.com/NVIDIA/k8s-device-plugin" {print $3}' "$here/$name/go.mod")
     ldflags="-s -w -X github.com/NVIDIA/k8s-device-plugin/internal/info.version=$version"

@@ -199,8 +199,10 @@ fn the_gpu_client_selector_and_the_pod_fence_come_from_one_list() {
     let (expr, msg) = fence_rule(&docs);
     assert_eq!(
         expr,
-        "has(oldObject.metadata.labels) && 'app.kubernetes.io/name' in oldObject.metadata.labels && \
-         oldObject.metadata.labels['app.kubernetes.io/name'] in ['my-device-plugin', 'my-exporter']"
+        "has(oldObject.metadata.labels) && (('app.kubernetes.io/name' in oldObject.metadata.labels && \
+         oldObject.metadata.labels['app.kubernetes.io/name'] in ['my-device-plugin', 'my-exporter']) || \
+         ('nvidia-dra-driver-gpu-component' in oldObject.metadata.labels && \
+         oldObject.metadata.labels['nvidia-dra-driver-gpu-component'] == 'kubelet-plugin'))"
     );
     assert!(msg.contains("(label app.kubernetes.io/name: my-device-plugin or my-exporter)"), "{msg}");
 }
@@ -213,8 +215,17 @@ fn without_the_gpu_operator_defaults_the_agent_gets_only_what_its_values_say() {
     assert!(agent.get("runtimeClassName").is_none(), "no `nvidia` RuntimeClass without the GPU Operator: {agent}");
     assert_eq!(selector_arg(&docs), None, "no GPU clients named: the agent restarts none");
     let (expr, msg) = fence_rule(&docs);
-    assert!(expr.ends_with("in []"), "and the fence lets it delete none: {expr}");
-    assert!(msg.contains("may delete no pods"), "{msg}");
+    // No GPU clients: the fence lets it delete none of them, only NVIDIA's DRA kubelet plugin
+    // (agent.draKubeletPlugin, independent of the GPU Operator).
+    assert!(
+        expr.contains("oldObject.metadata.labels['app'] in []"),
+        "and the fence lets it delete no GPU client: {expr}"
+    );
+    assert!(
+        expr.contains("oldObject.metadata.labels['nvidia-dra-driver-gpu-component'] == 'kubelet-plugin'"),
+        "{expr}"
+    );
+    assert!(msg.contains("(label app: none)"), "{msg}");
     // Affinity alone also says where the agent runs; a RuntimeClass can still be named.
     let docs = helm_template(&[
         "--set",

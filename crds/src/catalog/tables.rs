@@ -52,7 +52,9 @@ macro_rules! eight_slot {
 
 /// The four-memory-slot pattern of the RTX PRO 6000 Blackwell (GB202, four compute slices):
 /// plain, graphics-capable (`+gfx`), no-media (`-me`), one-media (`+me`) and all-media
-/// (`+me.all`) 1g and 2g profiles, and the whole GPU with or without graphics.
+/// (`+me.all`) 1g and 2g profiles, and the whole GPU with or without graphics. ASSUMED: `+me.all`
+/// shares the one-media-instance rule with `+me`; the driver may also refuse it beside instances
+/// that keep media engines (not modelled; not checked on hardware).
 macro_rules! four_slot_rtx {
     ($one:literal, $two:literal, $all:literal) => {
         &[

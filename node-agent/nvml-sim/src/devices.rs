@@ -43,15 +43,20 @@ pub fn parse_bus_id(s: &str) -> Option<(u32, u32, u32, u32)> {
 }
 
 /// CUDA compute capability by the catalog's model name (the board's architecture): Ampere 8.0,
-/// Hopper 9.0, Blackwell datacenter 10.0.
+/// Hopper 9.0, Blackwell datacenter 10.0 (Blackwell Ultra B300/GB300 10.3), RTX PRO Blackwell
+/// 12.0.
 pub fn compute_capability(product: &str) -> Option<(i32, i32)> {
     let name = model::model(product).ok()?.name;
     Some(if name.starts_with("A30") || name.starts_with("A100") {
         (8, 0)
     } else if name.starts_with("H100") || name.starts_with("H200") || name.starts_with("GH200") {
         (9, 0)
-    } else if name.starts_with("B200") || name.starts_with("GB200") || name.starts_with("B300") {
+    } else if name.starts_with("B200") || name.starts_with("GB200") {
         (10, 0)
+    } else if name.starts_with("B300") || name.starts_with("GB300") {
+        (10, 3)
+    } else if name.starts_with("RTX-PRO") {
+        (12, 0)
     } else {
         return None;
     })

@@ -157,8 +157,16 @@ pub fn compute_instances(lib: &Lib, gi: nvmlGpuInstance_t) -> Result<Vec<nvmlCom
 /// Every compute instance of a GPU instance with its profile enum.
 fn compute_instances_by_profile(lib: &Lib, gi: nvmlGpuInstance_t) -> Result<Vec<(u32, nvmlComputeInstance_t)>, Error> {
     let mut out = Vec::new();
+    let mut seen_ids = Vec::new();
     for profile_enum in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT + 8 {
         let Some((id, max)) = compute_profile(lib, gi, profile_enum)? else { continue };
+        // A later enum (a `_REV` variant) may answer with an id already read: its instances are
+        // the same ones, listed once under the first (standard) enum, or the full-size compute
+        // instance would also count as a smaller one and be destroyed twice.
+        if seen_ids.contains(&id) {
+            continue;
+        }
+        seen_ids.push(id);
         let mut cis: Vec<nvmlComputeInstance_t> = vec![std::ptr::null_mut(); max.max(1) as usize];
         let mut count = 0u32;
         // SAFETY: `cis` has `instanceCount` slots, as nvml.h asks; NVML writes at most that.

@@ -189,6 +189,11 @@ pub struct NodeRollout {
     /// When the node was handed to its agent (`Applying`), for `applyTimeoutSeconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub apply_started_at: Option<Time>,
+    /// When the agent's report of the new layout was seen on a node whose GPU DRA driver
+    /// publishes ResourceSlices (`Uncordoning`): the cordon is held until the slices list the new
+    /// devices, or for a bounded time after this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra_wait_started_at: Option<Time>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
 }

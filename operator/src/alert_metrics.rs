@@ -9,7 +9,7 @@ use tessera_crds::conditions::STALLED;
 use tessera_crds::plan::{GpuPartitionPlanSpec, RolloutPolicy};
 
 use crate::metrics::{CordonedNode, StalledPlan};
-use crate::rollout::NodeInput;
+use crate::rollout::{DRA_WAIT_SECS, DraSlices, NodeInput};
 
 /// Each plan whose `Stalled` condition is true (from the status about to be written, or the
 /// stored one), with the condition's lastTransitionTime in Unix seconds.
@@ -30,7 +30,8 @@ pub fn stalled_plans<'a>(
 
 /// The nodes Tessera cordoned that are still cordoned: since when (its cordon annotation, else
 /// the drain's start in the rollout record) and, where the plan sets an apply timeout, the plan's
-/// drain + apply timeouts. A node whose record names no plan, or a plan that is gone, is held to
+/// drain + apply timeouts (plus the bounded wait for its GPU DRA driver's slices, when it has
+/// any: `rollout::DRA_WAIT_SECS`). A node whose record names no plan, or a plan that is gone, is held to
 /// the default timeouts: such a cordon should have been undone already.
 pub fn cordons(
     nodes: &[NodeInput<'_>],
@@ -49,7 +50,9 @@ pub fn cordons(
         let policy = specs.get(plan.as_str()).map(|s| &s.rollout).unwrap_or(&default_policy);
         let key = CordonedNode { node: n.name.to_string(), plan };
         if policy.apply_timeout_seconds > 0 {
-            limit.insert(key.clone(), policy.drain_timeout_seconds.saturating_add(policy.apply_timeout_seconds));
+            let slices = if n.dra_slices == DraSlices::None { 0 } else { DRA_WAIT_SECS };
+            let allowed = policy.drain_timeout_seconds.saturating_add(policy.apply_timeout_seconds);
+            limit.insert(key.clone(), allowed.saturating_add(slices));
         }
         since.insert(key, started.as_second());
     }
@@ -99,6 +102,7 @@ mod tests {
             cache_behind: false,
             versions: None,
             dra_refused: None,
+            dra_slices: Default::default(),
         }
     }
 
@@ -150,6 +154,15 @@ mod tests {
             .into(),
             "applyTimeoutSeconds 0 disables the timeout, so no limit"
         );
+    }
+
+    #[test]
+    fn a_node_whose_gpu_driver_publishes_slices_may_stay_cordoned_for_the_slices_wait_too() {
+        let applying = json!({"phase": "Applying", "plan": "p", "cordonedByUs": true});
+        let mut n = node("n1", true, Some(1000), Some(applying));
+        n.dra_slices = DraSlices::Stale("lists gpu-0-mig-9-0-4".into());
+        let (_, limit) = cordons(&[n], &[plan("p", 100, 200)]);
+        assert_eq!(limit, [(key("n1", "p"), 300 + DRA_WAIT_SECS)].into());
     }
 
     #[test]

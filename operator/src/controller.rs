@@ -363,6 +363,10 @@ impl Context {
             self.quotas.wait_until_ready(),
             self.claims.wait_ready()
         );
+        // Set by `run` before the loop starts; a pass never plans on slices not listed yet.
+        if let Some(dra) = self.dra.get() {
+            dra.wait_ready().await;
+        }
     }
 
     /// Forgets what passes kept between them: the fleet's slots, verdicts and stranded slices.
@@ -779,7 +783,7 @@ impl Context {
 pub fn rollout_patch(rollout: Option<&NodeRollout>) -> serde_json::Value {
     let Some(r) = rollout else { return json!({"status": {"rollout": null}}) };
     let mut record = json!({"plan": null, "planGeneration": null, "drainStartedAt": null, "applyStartedAt": null,
-                            "message": null});
+                            "draWaitStartedAt": null, "message": null});
     if let (Some(all), Ok(serde_json::Value::Object(set))) = (record.as_object_mut(), serde_json::to_value(r)) {
         all.extend(set);
     }
@@ -854,6 +858,7 @@ mod tests {
             cordoned_by_us: true,
             drain_started_at: Some(Time("2026-06-01T00:00:00Z".parse().unwrap())),
             apply_started_at: Some(Time("2026-06-01T00:01:00Z".parse().unwrap())),
+            dra_wait_started_at: Some(Time("2026-06-01T00:02:00Z".parse().unwrap())),
             message: "blocked".into(),
         };
         let all = rollout_patch(Some(&full))["status"]["rollout"].clone();

@@ -28,9 +28,11 @@ use crate::liveness::AgentHealth;
 use crate::selector::matches;
 
 mod carry;
+mod dra_wait;
 mod phases;
 use carry::Verdict;
 pub use carry::{Carry, Versions};
+pub use dra_wait::{DRA_WAIT_SECS, DraSlices};
 
 /// One Kubernetes node as the planner sees it.
 #[derive(Debug, Clone)]
@@ -66,6 +68,9 @@ pub struct NodeInput<'a> {
     /// Why Tessera must not manage this node's GPUs, from its GPU DRA driver's ResourceSlices
     /// (`dra_slices::dynamic_mig`): the plan hands it nothing and releases it. `None`: eligible.
     pub dra_refused: Option<String>,
+    /// What its GPU DRA driver's ResourceSlices say of the agent's report: a node whose driver
+    /// publishes is kept cordoned after a change until they list the new devices (see [`DraSlices`]).
+    pub dra_slices: DraSlices,
 }
 
 /// Set on a Node (to the time) in the same patch as Tessera's cordon and removed with the
@@ -808,6 +813,7 @@ fn idle(base: NodeRollout) -> NodeRollout {
         cordoned_by_us: false,
         drain_started_at: None,
         apply_started_at: None,
+        dra_wait_started_at: None,
         message: String::new(),
         ..base
     }

@@ -64,8 +64,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let _ = quotas.dra.set(dra.clone());
     ctx.wait_ready().await;
     quotas.wait_ready().await;
-    if !dra.wait_ready_for(std::time::Duration::from_secs(30)).await {
-        warn!("ResourceSlices not listed within 30s (no resource.k8s.io/v1?); going on without them until they are");
+    // As with the claims: no pass runs on an empty slice cache that may not be empty (a
+    // DynamicMIG node would be drained and carved). A cluster without the API is ready at once.
+    while tokio::time::timeout(std::time::Duration::from_secs(30), dra.wait_ready()).await.is_err() {
+        warn!("ResourceSlices not listed yet (is list/watch of resourceslices allowed?); rollouts wait for them");
     }
     ready.store(true, Ordering::Relaxed);
     info!("caches synced");

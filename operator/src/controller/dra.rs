@@ -5,26 +5,25 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tessera_crds::GpuNode;
 use tessera_crds::conditions;
 use tokio::sync::Notify;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::Context;
 use super::slots::Slots;
 use crate::dra::GpuDrivers;
 use crate::dra_slices::{self, DRA_IN_SYNC, NodeCondition};
-use crate::rollout::{NodeInput, PlanReport};
-use crate::wake::Waker;
+use crate::rollout::{DraSlices, NodeInput, PlanReport};
 
 /// Field manager of the `DraInSync` conditions on GpuNodes.
 pub const DRA_MANAGER: &str = "tessera-operator-dra";
@@ -37,24 +36,41 @@ pub struct DraWatch {
 
 impl DraWatch {
     /// Watches the slices (of the one driver by field selector when there is one), waking
-    /// `wake` on every change. A cluster without `resource.k8s.io/v1` keeps the cache empty and
-    /// the watch retrying: nothing is refused or counted from it.
+    /// `wake` on every change. A cluster that does not serve ResourceSlices in
+    /// `resource.k8s.io/v1` has none: the cache is ready and empty. One that serves them but
+    /// cannot list them (the RBAC rule missing) keeps the cache not ready, and the caller holds
+    /// rollouts: planned with no slices, a DynamicMIG node would be drained and carved.
     pub fn start(client: Client, drivers: GpuDrivers, wake: Vec<Arc<Notify>>) -> Arc<Self> {
         let mut config = watcher::Config::default();
         if let [one] = drivers.iter().collect::<Vec<_>>().as_slice() {
             config = config.fields(&format!("spec.driver={one}"));
         }
-        let wakers = wake.into_iter().map(Waker::always).collect();
-        let api = Api::<ResourceSlice>::all(client);
-        let (store, _) =
-            super::watch_into_store_waking(api, config, wakers, super::trim_metadata, Default::default(), None);
+        let (store, writer) = reflector::store();
+        tokio::spawn(async move {
+            if !super::claims::served(&client, "resourceslices").await {
+                info!("resource.k8s.io/v1 ResourceSlices are not served: no GPU DRA driver publishes devices");
+                super::claims::mark_synced_empty::<ResourceSlice>(writer);
+                wake.iter().for_each(|n| n.notify_one());
+                return;
+            }
+            let events =
+                watcher(Api::<ResourceSlice>::all(client), config).default_backoff().modify(super::trim_metadata);
+            let stream = reflector::reflector(writer, events);
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(_) => wake.iter().for_each(|n| n.notify_one()),
+                    Err(e) => warn!(error = %e, "ResourceSlice watch error; retrying with backoff"),
+                }
+            }
+        });
         Arc::new(DraWatch { store, drivers })
     }
 
-    /// Waits for the first list, at most `limit` (it may never come: no DRA API). Until it
-    /// comes, a DynamicMIG node is not recognised; the bound keeps the operator starting.
-    pub async fn wait_ready_for(&self, limit: Duration) -> bool {
-        tokio::time::timeout(limit, self.store.wait_until_ready()).await.is_ok_and(|r| r.is_ok())
+    /// Until the first list of slices is in (or the API is known not to serve them). Until then
+    /// no rollout pass may run: a DynamicMIG node would not be recognised.
+    pub async fn wait_ready(&self) {
+        let _ = self.store.wait_until_ready().await;
     }
 
     pub fn slices(&self) -> Vec<Arc<ResourceSlice>> {
@@ -115,6 +131,16 @@ fn name_stale(
     }
 }
 
+/// What the rollout reads of a node's slices (whether to hold its cordon after a change).
+fn slices_of(condition: &NodeCondition) -> DraSlices {
+    match condition {
+        NodeCondition::Absent => DraSlices::None,
+        NodeCondition::Keep => DraSlices::Publishing,
+        NodeCondition::Set(true, ..) => DraSlices::InSync,
+        NodeCondition::Set(false, _, why) => DraSlices::Stale(why.clone()),
+    }
+}
+
 impl Context {
     /// This pass's DRA verdicts per node (empty without a DRA cache); marks refused inputs.
     pub(super) fn dra_verdicts(
@@ -124,8 +150,9 @@ impl Context {
     ) -> Vec<(NodeCondition, Option<String>)> {
         let Some(dra) = self.dra.get() else { return Vec::new() };
         let verdicts = verdicts(&dra.slices(), dra.drivers(), slots);
-        for (input, (_, refused)) in inputs.iter_mut().zip(&verdicts) {
+        for (input, (condition, refused)) in inputs.iter_mut().zip(&verdicts) {
             input.dra_refused = refused.clone();
+            input.dra_slices = slices_of(condition);
         }
         verdicts
     }
@@ -189,5 +216,66 @@ mod tests {
         name_stale(&mut reports, &verdicts, &["n0", "n1", "n2", "n3"]);
         assert_eq!(reports["a"].dra_stale, ["n0: lists gpu-0-mig-14-0-2"]);
         assert_eq!(reports["b"].dra_stale, ["n3: misses gpu 0 1g.10gb at 0"], "a position past the pass is skipped");
+    }
+
+    /// An API server: discovery of `resource.k8s.io/v1` answers `discovery` (404: not served),
+    /// a list of slices answers `list` (one slice of n1) and a watch never answers.
+    fn api(discovery: u16, list: u16) -> Client {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| async move {
+            let (status, body) = match (req.uri().path(), req.uri().query().unwrap_or_default()) {
+                ("/apis/resource.k8s.io/v1", _) => (
+                    discovery,
+                    json!({"kind": "APIResourceList", "groupVersion": "resource.k8s.io/v1", "resources": [
+                        {"name": "resourceslices", "singularName": "resourceslice", "namespaced": false,
+                         "kind": "ResourceSlice", "verbs": ["get", "list", "watch"]}]}),
+                ),
+                ("/apis/resource.k8s.io/v1/resourceslices", q) if q.contains("watch=true") => {
+                    futures::future::pending::<()>().await;
+                    unreachable!()
+                }
+                ("/apis/resource.k8s.io/v1/resourceslices", _) => (
+                    list,
+                    json!({"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
+                        "metadata": {"resourceVersion": "5"}, "items": [{"metadata": {"name": "n1-gpu"},
+                        "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1",
+                                 "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1}}}]}),
+                ),
+                (path, _) => panic!("unexpected request {path}"),
+            };
+            let body = if status == 200 { body } else { json!({"kind": "Status", "code": status, "message": "no"}) };
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(status)
+                    .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap(),
+            )
+        });
+        Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn slices_that_cannot_be_listed_hold_the_passes_and_no_api_means_none() {
+        let within = |ms: u64| std::time::Duration::from_millis(ms);
+        let listed = DraWatch::start(api(200, 200), GpuDrivers::default(), vec![]);
+        tokio::time::timeout(within(5000), listed.wait_ready()).await.expect("ready once listed");
+        assert_eq!(listed.slices().len(), 1);
+        // Served but not listable (the RBAC rule missing): never ready, so no pass plans blind.
+        let forbidden = DraWatch::start(api(200, 403), GpuDrivers::default(), vec![]);
+        assert!(tokio::time::timeout(within(300), forbidden.wait_ready()).await.is_err());
+        // Not served at all: no GPU driver can publish; ready and empty.
+        let woken = Arc::new(Notify::new());
+        let none = DraWatch::start(api(404, 500), GpuDrivers::default(), vec![woken.clone()]);
+        tokio::time::timeout(within(5000), none.wait_ready()).await.expect("ready without the API");
+        assert!(none.slices().is_empty());
+        tokio::time::timeout(within(5000), woken.notified()).await.expect("the passes are woken");
+    }
+
+    #[test]
+    fn the_rollout_waits_on_stale_or_publishing_slices_only() {
+        assert_eq!(slices_of(&NodeCondition::Absent), DraSlices::None);
+        assert_eq!(slices_of(&NodeCondition::Keep), DraSlices::Publishing);
+        assert_eq!(slices_of(&NodeCondition::Set(true, "InSync", "ok".into())), DraSlices::InSync);
+        let stale = NodeCondition::Set(false, "SlicesStale", "lists gpu-0-mig-14-0-2".into());
+        assert_eq!(slices_of(&stale), DraSlices::Stale("lists gpu-0-mig-14-0-2".into()));
     }
 }

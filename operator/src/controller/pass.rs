@@ -124,6 +124,7 @@ impl Context {
                 cache_behind,
                 versions: slot.versions,
                 dra_refused: None,
+                dra_slices: Default::default(),
             })
             .collect();
         let behind = inputs.iter().filter(|n| n.cache_behind).count();

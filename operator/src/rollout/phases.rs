@@ -9,6 +9,7 @@ use tessera_crds::conditions::RECONCILING;
 use tessera_crds::gpunode::{GpuIntent, NodePhase, NodeRollout};
 use tessera_crds::{GpuNode, GpuPartitionPlan};
 
+use super::dra_wait::{self, Hold};
 use super::{
     Action, NodeInput, PlanReport, agent_condition, agent_stalled, applied, failed_here, finish, idle, reported_holds,
 };
@@ -183,6 +184,7 @@ fn start(s: &Step<'_>, base: NodeRollout, actions: &mut Vec<Action>, report: &mu
         cordoned_by_us: !s.node.unschedulable,
         drain_started_at: Some(Time(s.now)),
         apply_started_at: None,
+        dra_wait_started_at: None,
         message: String::new(),
         ..base
     };
@@ -347,7 +349,7 @@ fn apply(s: &Step<'_>, r: &NodeRollout, actions: &mut Vec<Action>, report: &mut 
     let (n, gn, desired) = (s.node.name, s.gn, s.desired);
     let base = s.base(r);
     if applied(gn, desired) {
-        complete(s, r, base, actions, report);
+        complete(s, base, actions, report);
     } else if let Some(why) = agent_stalled(gn).filter(|w| gn.spec.gpus == *desired && w.starts_with("ResetRequired")) {
         // Mid-change GPUs: keep the node cordoned and ask for the reset; the agent
         // finishes by itself afterwards.
@@ -360,17 +362,11 @@ fn apply(s: &Step<'_>, r: &NodeRollout, actions: &mut Vec<Action>, report: &mut 
     }
 }
 
-/// The agent applied the layout: record `Uncordoning`, count the change, then uncordon.
-fn complete(s: &Step<'_>, r: &NodeRollout, base: NodeRollout, actions: &mut Vec<Action>, report: &mut PlanReport) {
-    let n = s.node.name;
-    report.updated += 1;
-    actions.push(s.rollout(NodeRollout { phase: NodePhase::Uncordoning, ..base.clone() }));
-    if let Some(started) = &r.drain_started_at {
-        let seconds = s.now.duration_since(started.0).as_secs_f64().max(0.0);
-        actions.push(Action::Completed { node: n.to_string(), seconds });
-    }
-    finish(n, r.cordoned_by_us, base, actions);
-    actions.push(s.event("Applied", format!("{n} has its new MIG layout"), false));
+/// The agent applied the layout: record `Uncordoning`, then uncordon, unless the node's GPU DRA
+/// driver has not re-published yet (see [`uncordon`]); the record says so in the same write.
+fn complete(s: &Step<'_>, base: NodeRollout, actions: &mut Vec<Action>, report: &mut PlanReport) {
+    let next = NodeRollout { phase: NodePhase::Uncordoning, dra_wait_started_at: None, ..base };
+    uncordon_from(s, &next, false, actions, report);
 }
 
 /// The agent stalled on the layout: record `Failed`, then uncordon what we cordoned.
@@ -439,6 +435,38 @@ fn wait_for_agent(
 
 /// `Uncordoning`: the change is done; uncordon what we cordoned and record `Idle`.
 fn uncordon(s: &Step<'_>, r: &NodeRollout, actions: &mut Vec<Action>, report: &mut PlanReport) {
-    report.updated += 1;
-    finish(s.node.name, r.cordoned_by_us, s.base(r), actions);
+    uncordon_from(s, &s.base(r), true, actions, report);
+}
+
+/// From the `Uncordoning` record `r` (`recorded`: as the cache shows it; else still to write):
+/// keep our cordon while the node's slices do not list the new layout (bounded, see
+/// `dra_wait`), else uncordon, record `Idle`, and count the change once that is written.
+fn uncordon_from(s: &Step<'_>, r: &NodeRollout, recorded: bool, actions: &mut Vec<Action>, report: &mut PlanReport) {
+    let n = s.node.name;
+    match dra_wait::hold(n, &s.node.dra_slices, r, s.node.unschedulable, s.now) {
+        Hold::Wait { since, why } => {
+            report.in_progress += 1;
+            let message = dra_wait::waiting_message(since, &why);
+            if !recorded || r.dra_wait_started_at.is_none() || r.message != message {
+                let waiting = NodeRollout { dra_wait_started_at: Some(Time(since)), message, ..r.clone() };
+                actions.push(s.rollout(waiting));
+            }
+        }
+        Hold::Finish(late) => {
+            report.updated += 1;
+            if !recorded {
+                actions.push(s.rollout(r.clone()));
+            }
+            finish(n, r.cordoned_by_us, r.clone(), actions);
+            // After the `Idle` write: a pass that fails before it does not count the change.
+            if let Some(started) = &r.drain_started_at {
+                let seconds = s.now.duration_since(started.0).as_secs_f64().max(0.0);
+                actions.push(Action::Completed { node: n.to_string(), seconds });
+            }
+            if let Some(warning) = late {
+                actions.push(s.event("DraSlicesStale", warning, true));
+            }
+            actions.push(s.event("Applied", format!("{n} has its new MIG layout"), false));
+        }
+    }
 }

@@ -61,6 +61,7 @@ fn node(name: &str, unschedulable: bool, gn: GpuNode) -> NodeInput<'static> {
         cache_behind: false,
         versions: None,
         dra_refused: None,
+        dra_slices: Default::default(),
     }
 }
 
@@ -68,6 +69,7 @@ mod agents;
 mod blockers;
 mod claims;
 mod dra;
+mod dra_wait;
 mod kept;
 
 /// Versions that change with what the planner reads of a node (its content hashed), as

@@ -1,8 +1,8 @@
 //! TenantGpuQuota over DRA ResourceClaims on the real control plane: claims of a GPU-reaching
 //! class are refused in tenant namespaces (the claim-class policy names the field and the class),
 //! and in `allocation: ResourceClaims` the API server's quota admission holds claims of Tessera's
-//! per-profile class to the share under concurrent creates. (Claims from ResourceClaimTemplates
-//! through pods need the resource-claim controller in the test control plane; not covered here.)
+//! per-profile class to the share under concurrent creates. (Claims the resource-claim controller
+//! makes from ResourceClaimTemplates: `dra_rollout.rs`.)
 
 use std::time::Duration;
 

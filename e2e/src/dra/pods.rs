@@ -155,3 +155,15 @@ pub fn device_attribute(slice: &ResourceSlice, device: &str, attribute: &str) ->
     let d = slice.spec.devices.iter().flatten().find(|d| d.name == device)?;
     d.attributes.as_ref()?.get(attribute)?.string.clone()
 }
+
+/// A ReplicaSet of `replicas` copies of `pod` (its spec and labels; `app=<name>` selects them),
+/// so that an evicted pod comes back with a new UID and the drain's controller checks pass.
+pub fn replica_set(ns: &str, name: &str, replicas: i32, pod: &Pod) -> k8s_openapi::api::apps::v1::ReplicaSet {
+    let mut labels = pod.metadata.labels.clone().unwrap_or_default();
+    labels.insert("app".into(), name.into());
+    serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": labels}, "spec": pod.spec}}}))
+    .expect("a valid ReplicaSet")
+}

@@ -61,6 +61,45 @@ pub struct TenantGpuQuotaSpec {
     /// or DRA ResourceClaims of Tessera's DeviceClasses (extended resources held at 0).
     #[serde(default, skip_serializing_if = "AllocationPath::is_extended_resources")]
     pub allocation: AllocationPath,
+    /// How long a device the tenant holds must stay idle before Tessera reports it idle
+    /// (`30m`, `1h`, `2h30m`, `1d`); 1h when absent. Per tenant: notebooks idle between cells,
+    /// batch jobs should not idle at all. Tessera reports; it evicts nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxLength" = 32))]
+    pub idle_after: Option<String>,
+}
+
+/// The longest `idleAfter`: a month; a longer wait reports nothing useful.
+pub const MAX_IDLE_AFTER_SECS: u64 = 30 * 24 * 3600;
+
+/// Parses an `idleAfter` duration: one or more `<whole number><unit>`, unit `s`, `m`, `h` or
+/// `d` (`90s`, `1h30m`); more than 0 and at most 30 days.
+pub fn parse_idle_after(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a duration like 30m, 1h or 1h30m (units s, m, h, d)");
+    let (mut total, mut digits) = (0u64, String::new());
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            _ => return Err(bad()),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        total = n.checked_mul(unit).and_then(|v| total.checked_add(v)).ok_or_else(bad)?;
+        digits.clear();
+    }
+    if !digits.is_empty() || s.is_empty() {
+        return Err(bad());
+    }
+    if total == 0 || total > MAX_IDLE_AFTER_SECS {
+        return Err(format!("{s:?} must be more than 0 and at most 30d"));
+    }
+    Ok(total)
 }
 
 /// The path through which a quota's GPUs reach pods.

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -177,6 +177,54 @@ pub struct TenantGpuQuotaStatus {
     /// Per namespace: the share applied and what is used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<NamespaceUsage>,
+    /// Allocated versus used: the devices the tenant's pods hold and how many sit idle, from
+    /// the node agents' activity (absent until the operator has read pods and activity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<TenantActivity>,
+}
+
+/// The most idle holders a quota's status lists (the oldest first); `kubectl tessera idle`
+/// lists them all.
+pub const MAX_IDLE_HOLDERS: usize = 20;
+
+/// A tenant's devices, allocated versus used.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantActivity {
+    /// The threshold applied (`spec.idleAfter`, else `1h`).
+    pub idle_after: String,
+    /// Devices (MIG instances or whole GPUs) the tenant's pods hold.
+    pub allocated: i64,
+    /// Held devices measured busy, or idle for less than `idleAfter`.
+    pub active: i64,
+    /// Held devices idle for at least `idleAfter`.
+    pub idle: i64,
+    /// Held devices no agent reported a figure for (never counted idle).
+    #[serde(default)]
+    pub unmeasured: i64,
+    /// The oldest idle holders, at most 20.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 20))]
+    pub idle_holders: Vec<IdleSlice>,
+}
+
+/// One idle device and the pod holding it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IdleSlice {
+    /// `namespace/name`.
+    pub pod: String,
+    pub node: String,
+    pub gpu: i32,
+    /// The MIG profile, or `whole`.
+    pub profile: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<i32>,
+    pub memory_used_mib: i64,
+    pub idle_since: Time,
+    /// False when the holder is a guess (extended resources of one profile shared by several
+    /// pods on a node).
+    pub exact: bool,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

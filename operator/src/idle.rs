@@ -14,11 +14,12 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde::Serialize;
 use tessera_crds::activity::DeviceActivity;
-use tessera_crds::quota::parse_idle_after;
+use tessera_crds::quota::{IdleSlice, MAX_IDLE_HOLDERS, TenantActivity, parse_idle_after};
 use tessera_crds::{GpuNode, TenantGpuQuota};
 
 use crate::cli::status::{FleetStatus, Holder};
@@ -103,6 +104,62 @@ pub fn idle_thresholds(quotas: &[TenantGpuQuota]) -> BTreeMap<String, SignedDura
             Some((q.name_any(), SignedDuration::from_secs(i64::try_from(secs).ok()?)))
         })
         .collect()
+}
+
+/// `1h30m` for 5400 s: a threshold as `spec.idleAfter` spells it.
+pub fn format_duration(d: SignedDuration) -> String {
+    let s = d.as_secs().max(0);
+    let mut out = String::new();
+    for (unit, n) in [("d", s / 86400), ("h", s % 86400 / 3600), ("m", s % 3600 / 60), ("s", s % 60)] {
+        if n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    if out.is_empty() { "0s".into() } else { out }
+}
+
+/// A tenant's figures for its quota's status: the counts and its oldest idle holders.
+pub fn tenant_activity(report: &IdleReport, tenant: &str, threshold: SignedDuration) -> TenantActivity {
+    let u = report.tenants.get(tenant).cloned().unwrap_or_default();
+    let idle_holders = report
+        .idle
+        .iter()
+        .filter(|h| h.tenant.as_deref() == Some(tenant))
+        .take(MAX_IDLE_HOLDERS)
+        .map(|h| IdleSlice {
+            pod: h.pod.clone(),
+            node: h.node.clone(),
+            gpu: h.gpu,
+            profile: h.profile.clone(),
+            start: h.start,
+            memory_used_mib: h.memory_used_mib,
+            idle_since: Time(h.idle_since),
+            exact: h.exact,
+        })
+        .collect();
+    TenantActivity {
+        idle_after: format_duration(threshold),
+        allocated: u.allocated,
+        active: u.active,
+        idle: u.idle,
+        unmeasured: u.unmeasured,
+        idle_holders,
+    }
+}
+
+/// A quota's `status.activity` for this pass: from `report` when pods and activity were read,
+/// else the figures it had (a failed read neither drops nor zeroes them; they stay as old as
+/// they are until a read succeeds).
+pub fn status_activity(
+    report: Option<&IdleReport>,
+    previous: Option<&TenantActivity>,
+    tenant: &str,
+    thresholds: &BTreeMap<String, SignedDuration>,
+) -> Option<TenantActivity> {
+    match report {
+        Some(r) => Some(tenant_activity(r, tenant, thresholds.get(tenant).copied().unwrap_or(DEFAULT_IDLE_AFTER))),
+        None => previous.cloned(),
+    }
 }
 
 /// One device as the placement drew it.

@@ -162,3 +162,41 @@ fn thresholds_come_from_quotas_and_a_bad_one_falls_back_to_the_default() {
     assert_eq!(t.get("ml"), None, "absent: the default applies");
     assert_eq!(t.get("bad"), None, "unparsable: the default applies");
 }
+
+#[test]
+fn a_quota_status_gets_its_own_tenants_figures_oldest_idle_first_and_bounded() {
+    let act = vec![mig_act(0, Some("2026-06-01T09:00:00Z"), 10), mig_act(4, Some("2026-05-30T00:00:00Z"), 20)];
+    let r = report(act, &[mig_pod("ml", "a", 2)], &[]);
+    let a = tenant_activity(&r, "ml", SignedDuration::from_secs(5400));
+    assert_eq!((a.idle_after.as_str(), a.allocated, a.active, a.idle, a.unmeasured), ("1h30m", 2, 0, 2, 0));
+    let mibs: Vec<_> = a.idle_holders.iter().map(|h| h.memory_used_mib).collect();
+    assert_eq!(mibs, vec![20, 10], "oldest idle first");
+    let other = tenant_activity(&r, "web", DEFAULT_IDLE_AFTER);
+    assert_eq!((other.idle_after.as_str(), other.allocated, other.idle_holders.len()), ("1h", 0, 0));
+    // At most MAX_IDLE_HOLDERS listed, the count still whole.
+    let mut many = r.clone();
+    many.idle = (0..30).map(|_| r.idle[0].clone()).collect();
+    many.tenants.get_mut("ml").unwrap().idle = 30;
+    let a = tenant_activity(&many, "ml", DEFAULT_IDLE_AFTER);
+    assert_eq!((a.idle, a.idle_holders.len()), (30, MAX_IDLE_HOLDERS));
+}
+
+#[test]
+fn durations_are_spelled_as_idle_after_takes_them() {
+    for (secs, text) in [(0, "0s"), (90, "1m30s"), (3600, "1h"), (90061, "1d1h1m1s")] {
+        assert_eq!(format_duration(SignedDuration::from_secs(secs)), text);
+        if secs > 0 {
+            assert_eq!(parse_idle_after(text), Ok(secs as u64));
+        }
+    }
+}
+
+#[test]
+fn a_failed_read_keeps_the_quotas_previous_figures() {
+    let r = report(vec![mig_act(0, Some("2026-05-30T00:00:00Z"), 0)], &[mig_pod("ml", "a", 1)], &[]);
+    let t: BTreeMap<String, SignedDuration> = [("ml".to_string(), SignedDuration::from_secs(600))].into();
+    let fresh = status_activity(Some(&r), None, "ml", &t).unwrap();
+    assert_eq!((fresh.idle_after.as_str(), fresh.idle), ("10m", 1));
+    assert_eq!(status_activity(None, Some(&fresh), "ml", &t), Some(fresh.clone()), "kept, not dropped");
+    assert_eq!(status_activity(None, None, "ml", &t), None);
+}

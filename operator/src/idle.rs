@@ -94,6 +94,23 @@ pub struct IdleReport {
     pub leaked: Vec<Leaked>,
 }
 
+/// Marks the devices of `report`'s idle holders on `status` (the placement it was computed
+/// from), for `kubectl tessera status`.
+pub fn mark_idle(status: &mut FleetStatus, report: &IdleReport) {
+    for h in &report.idle {
+        let Some(node) = status.nodes.iter_mut().find(|n| n.name == h.node) else { continue };
+        let Some(g) = node.gpus.iter_mut().find(|g| g.index == h.gpu) else { continue };
+        match h.start {
+            Some(start) => {
+                if let Some(i) = g.instances.iter_mut().find(|i| i.start == start) {
+                    i.idle_since = Some(h.idle_since);
+                }
+            }
+            None => g.idle_since = Some(h.idle_since),
+        }
+    }
+}
+
 /// Each quota's `idleAfter`. A value that does not parse (the quota controller reports it on
 /// the quota's `Ready` condition) falls back to the default rather than hiding the tenant.
 pub fn idle_thresholds(quotas: &[TenantGpuQuota]) -> BTreeMap<String, SignedDuration> {

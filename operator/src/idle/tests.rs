@@ -200,3 +200,25 @@ fn a_failed_read_keeps_the_quotas_previous_figures() {
     assert_eq!(status_activity(None, Some(&fresh), "ml", &t), Some(fresh.clone()), "kept, not dropped");
     assert_eq!(status_activity(None, None, "ml", &t), None);
 }
+
+#[test]
+fn status_marks_idle_devices_in_the_diagram_the_lines_and_json() {
+    let act = vec![mig_act(0, None, 0), mig_act(4, Some("2026-05-31T12:00:00Z"), 0), whole_act(None, 0, 0)];
+    let nodes = [gpunode("n1", act)];
+    let quotas = [quota("ml", &["ml"])];
+    let pods = [mig_pod("ml", "a", 2)];
+    let mut status = fleet_status(&nodes, &[], &quotas, &pods);
+    let before = crate::cli::status::text(&status, false);
+    let r = idle_report(&status, &nodes, &pods, &BTreeMap::new(), now());
+    mark_idle(&mut status, &r);
+    let t = crate::cli::status::text(&status, false);
+    assert!(before.contains("[AAAABBBB]") && !before.contains("idle since"), "{before}");
+    assert!(t.contains("[AAAAbbbb]"), "the idle instance in lower case: {t}");
+    assert!(t.contains("B  ml  ml/a  idle since 2026-05-31T12:00:00Z"), "{t}");
+    assert!(t.contains("lower case / idle since"), "{t}");
+    let v = serde_json::to_value(&status).unwrap();
+    let inst = &v["nodes"][0]["gpus"][0]["instances"];
+    assert_eq!(inst[1]["idleSince"], "2026-05-31T12:00:00Z");
+    assert!(inst[0].get("idleSince").is_none());
+    assert_eq!(v["nodes"][0]["gpus"][0]["slots"], "AAAABBBB", "JSON keeps the letters");
+}

@@ -329,3 +329,6 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     let annotated = rq.metadata.annotations.as_ref().and_then(|m| m.get(QUOTA_NAME_ANNOTATION)) == Some(&a.quota);
     hard_ok && annotated
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +61,45 @@ pub struct TenantGpuQuotaSpec {
     /// or DRA ResourceClaims of Tessera's DeviceClasses (extended resources held at 0).
     #[serde(default, skip_serializing_if = "AllocationPath::is_extended_resources")]
     pub allocation: AllocationPath,
+    /// How long a device the tenant holds must stay idle before Tessera reports it idle
+    /// (`30m`, `1h`, `2h30m`, `1d`); 1h when absent. Per tenant: notebooks idle between cells,
+    /// batch jobs should not idle at all. Tessera reports; it evicts nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxLength" = 32))]
+    pub idle_after: Option<String>,
+}
+
+/// The longest `idleAfter`: a month; a longer wait reports nothing useful.
+pub const MAX_IDLE_AFTER_SECS: u64 = 30 * 24 * 3600;
+
+/// Parses an `idleAfter` duration: one or more `<whole number><unit>`, unit `s`, `m`, `h` or
+/// `d` (`90s`, `1h30m`); more than 0 and at most 30 days.
+pub fn parse_idle_after(s: &str) -> Result<u64, String> {
+    let bad = || format!("{s:?} is not a duration like 30m, 1h or 1h30m (units s, m, h, d)");
+    let (mut total, mut digits) = (0u64, String::new());
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            _ => return Err(bad()),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        total = n.checked_mul(unit).and_then(|v| total.checked_add(v)).ok_or_else(bad)?;
+        digits.clear();
+    }
+    if !digits.is_empty() || s.is_empty() {
+        return Err(bad());
+    }
+    if total == 0 || total > MAX_IDLE_AFTER_SECS {
+        return Err(format!("{s:?} must be more than 0 and at most 30d"));
+    }
+    Ok(total)
 }
 
 /// The path through which a quota's GPUs reach pods.
@@ -138,6 +177,54 @@ pub struct TenantGpuQuotaStatus {
     /// Per namespace: the share applied and what is used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<NamespaceUsage>,
+    /// Allocated versus used: the devices the tenant's pods hold and how many sit idle, from
+    /// the node agents' activity (absent until the operator has read pods and activity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<TenantActivity>,
+}
+
+/// The most idle holders a quota's status lists (the oldest first); `kubectl tessera idle`
+/// lists them all.
+pub const MAX_IDLE_HOLDERS: usize = 20;
+
+/// A tenant's devices, allocated versus used.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantActivity {
+    /// The threshold applied (`spec.idleAfter`, else `1h`).
+    pub idle_after: String,
+    /// Devices (MIG instances or whole GPUs) the tenant's pods hold.
+    pub allocated: i64,
+    /// Held devices measured busy, or idle for less than `idleAfter`.
+    pub active: i64,
+    /// Held devices idle for at least `idleAfter`.
+    pub idle: i64,
+    /// Held devices no agent reported a figure for (never counted idle).
+    #[serde(default)]
+    pub unmeasured: i64,
+    /// The oldest idle holders, at most 20.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 20))]
+    pub idle_holders: Vec<IdleSlice>,
+}
+
+/// One idle device and the pod holding it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IdleSlice {
+    /// `namespace/name`.
+    pub pod: String,
+    pub node: String,
+    pub gpu: i32,
+    /// The MIG profile, or `whole`.
+    pub profile: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<i32>,
+    pub memory_used_mib: i64,
+    pub idle_since: Time,
+    /// False when the holder is a guess (extended resources of one profile shared by several
+    /// pods on a node).
+    pub exact: bool,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

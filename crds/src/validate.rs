@@ -298,6 +298,9 @@ pub fn validate_quota(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
         SplitPolicy::Even => {}
         SplitPolicy::Explicit => validate_explicit_split(spec, &mut errs),
     }
+    if let Some(reason) = spec.idle_after.as_deref().and_then(|d| crate::quota::parse_idle_after(d).err()) {
+        errs.push(FieldError::new("spec.idleAfter", reason));
+    }
     if let Some(p) = &spec.physical {
         for (name, v) in [("computeSlices", p.compute_slices), ("memoryGB", p.memory_gb)] {
             if let Some(v) = v.filter(|v| *v < 0) {

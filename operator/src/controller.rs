@@ -27,7 +27,7 @@ use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-mod claims;
+pub(crate) mod claims;
 pub mod dra;
 mod eviction;
 mod fence;
@@ -113,7 +113,7 @@ pub struct Context {
     /// The quotas automatic plans serve (and `fragmentedSlices` is measured against).
     pub quotas: Store<TenantGpuQuota>,
     /// ResourceClaims: which pods use a GPU through DRA (the drain scope, the busy check).
-    claims: claims::ClaimCache,
+    pub(crate) claims: claims::ClaimCache,
     /// Agents' heartbeats as observed pass after pass.
     pub liveness: std::sync::Mutex<Liveness>,
     /// Each node's verdict of the last pass, reused while its inputs stay the same.

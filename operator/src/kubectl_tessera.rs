@@ -1,4 +1,5 @@
-//! `kubectl-tessera`, the kubectl plugin: `kubectl tessera status` shows the fleet; `preview`,
+//! `kubectl-tessera`, the kubectl plugin: `kubectl tessera status` shows the fleet, `idle` the
+//! slices pods hold and do not use; `preview`,
 //! `validate` and `mig` are `tessera-operator`'s commands of those names. Connects like kubectl
 //! (`--kubeconfig`, `--context`, `KUBECONFIG`, the current context).
 
@@ -41,6 +42,19 @@ enum Command {
         #[command(flatten)]
         dra: DraArgs,
     },
+    /// GPU slices pods hold that sat idle beyond their tenant's `idleAfter` (TenantGpuQuota),
+    /// with the memory they hold and since when; and memory on slices no pod holds. Reports;
+    /// evicts nothing (exit 1 when part of the fleet could not be read).
+    Idle {
+        /// Read GpuNodes, quotas, pods, ResourceClaims and ResourceSlices from these files
+        /// instead of the cluster.
+        #[arg(long = "from", value_name = "FILE")]
+        from: Vec<String>,
+        #[arg(long, value_enum, default_value_t)]
+        sort: cli::idle::SortBy,
+        #[command(flatten)]
+        dra: DraArgs,
+    },
     /// What applying plans would change, against the cluster (`-o markdown` for a pull request).
     Preview(PreviewArgs),
     /// Validate YAML files (or the YAML files in directories) of GpuPartitionPlans and
@@ -67,7 +81,7 @@ fn main() {
     let args = Cli::parse();
     // `status` writes its report in one piece and handles a closed pipe itself: it still exits 1
     // when part of the fleet was unreadable (and says which part).
-    if !matches!(args.command, Command::Status { .. }) {
+    if !matches!(args.command, Command::Status { .. } | Command::Idle { .. }) {
         cli::die_on_closed_stdout();
     }
     let output = args.output;
@@ -75,6 +89,9 @@ fn main() {
         Command::Status { from, dra } => output.plain("status").and_then(|output| {
             runtime().block_on(cli::status::run(&args.cluster, &from, &dra.drivers(), output, args.colour.enabled()))
         }),
+        Command::Idle { from, sort, dra } => output
+            .plain("idle")
+            .and_then(|output| runtime().block_on(cli::idle::run(&args.cluster, &from, &dra.drivers(), output, sort))),
         Command::Preview(preview) => preview.run(&args.cluster, output),
         Command::Validate { files } => output.plain("validate").and_then(|output| cli::validate::run(&files, output)),
         Command::Mig { command } => output.plain("mig").and_then(|output| command.run(output)),

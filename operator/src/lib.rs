@@ -14,6 +14,7 @@ pub mod events;
 pub mod expectations;
 pub mod fleet;
 pub mod gpu_use;
+pub mod idle;
 pub mod leader;
 pub mod liveness;
 pub mod metrics;

@@ -42,6 +42,18 @@ pub struct CordonedNode {
     pub plan: String,
 }
 
+/// A tenant's devices in one state: `allocated`, `active`, `idle` or `unmeasured`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct TenantState {
+    pub tenant: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct ResourceLabel {
     pub resource: String,
@@ -93,6 +105,8 @@ pub struct Metrics {
     node_cordoned_since: GaugeSet<CordonedNode>,
     node_cordon_limit: GaugeSet<CordonedNode>,
     quota_shortfall: GaugeSet<ResourceLabel>,
+    tenant_slices: GaugeSet<TenantState>,
+    tenant_idle_since: GaugeSet<TenantLabel>,
 }
 
 impl Default for Metrics {
@@ -116,6 +130,8 @@ impl Default for Metrics {
             node_cordoned_since: GaugeSet::new(),
             node_cordon_limit: GaugeSet::new(),
             quota_shortfall: GaugeSet::new(),
+            tenant_slices: GaugeSet::new(),
+            tenant_idle_since: GaugeSet::new(),
         };
         for kind in crate::Error::KINDS {
             let _ = m.errors.get_or_create(&KindLabel { kind: kind.into() });
@@ -173,6 +189,17 @@ impl Default for Metrics {
             "How much all tenants' quota limits together exceed what the fleet's applied layouts supply, \
              by resource (0: the fleet honours every quota at once)",
             m.quota_shortfall.family.clone(),
+        );
+        registry.register(
+            "tenant_slices",
+            "Devices (MIG instances or whole GPUs) a tenant's pods hold, by state: allocated, active, \
+             idle (past the quota's idleAfter) or unmeasured",
+            m.tenant_slices.family.clone(),
+        );
+        registry.register(
+            "tenant_idle_since_timestamp_seconds",
+            "Since when a tenant's longest-idle held device has been idle (Unix time; absent while none is)",
+            m.tenant_idle_since.family.clone(),
         );
         *m.registry.lock().expect("fresh mutex") = registry;
         m
@@ -241,12 +268,33 @@ impl Metrics {
         self.quota_shortfall.replace(&values);
     }
 
+    /// Per tenant: devices by state (`idle`: past its quota's `idleAfter`), and since when its
+    /// longest-idle device has been idle (no series while none is idle).
+    pub fn set_tenant_activity(&self, report: &crate::idle::IdleReport) {
+        let mut slices = BTreeMap::new();
+        for (tenant, u) in &report.tenants {
+            for (state, n) in
+                [("allocated", u.allocated), ("active", u.active), ("idle", u.idle), ("unmeasured", u.unmeasured)]
+            {
+                slices.insert(TenantState { tenant: tenant.clone(), state: state.into() }, n);
+            }
+        }
+        self.tenant_slices.replace(&slices);
+        let mut since: BTreeMap<TenantLabel, i64> = BTreeMap::new();
+        for h in &report.idle {
+            let e = since.entry(TenantLabel { tenant: h.tenant.clone().unwrap_or_default() }).or_insert(i64::MAX);
+            *e = (*e).min(h.idle_since.as_second());
+        }
+        self.tenant_idle_since.replace(&since);
+    }
+
     /// On losing the lease: what only the leader knows goes stale, so it goes (the new leader
     /// exports it); the alerts must not fire on a follower's leftovers.
     pub fn forget_leader_state(&self) {
         self.set_stalled_plans(&BTreeMap::new());
         self.set_cordons(&BTreeMap::new(), &BTreeMap::new());
         self.set_quota_shortfall(&BTreeMap::new());
+        self.set_tenant_activity(&Default::default());
         self.nodes.clear();
         self.fragmented.clear();
     }
@@ -276,6 +324,7 @@ mod tests {
         m.set_phases(&[("Draining".to_string(), 2)].into());
         m.set_fragmented(&[("gone".to_string(), 1)].into());
         m.set_fragmented(&[("p".to_string(), 3)].into());
+        m.set_tenant_activity(&idle_report());
         let text = m.render();
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/observability/grafana-dashboard.json");
@@ -326,7 +375,48 @@ mod tests {
         let node = CordonedNode { node: "n".into(), plan: "p".into() };
         m.set_cordons(&[(node.clone(), 1000)].into(), &[(node, 1200)].into());
         m.set_quota_shortfall(&[("nvidia.com/gpu".to_string(), 2)].into());
+        m.set_tenant_activity(&idle_report());
         m.render()
+    }
+
+    /// Tenant `ml` holds two devices, one idle since 1000 s after the epoch.
+    fn idle_report() -> crate::idle::IdleReport {
+        let mut r = crate::idle::IdleReport::default();
+        r.tenants.insert("ml".into(), crate::idle::TenantUse { allocated: 2, active: 1, idle: 1, unmeasured: 0 });
+        r.idle.push(crate::idle::IdleHolder {
+            pod: "ml/a".into(),
+            tenant: Some("ml".into()),
+            virtual_pod: None,
+            claim: None,
+            node: "n".into(),
+            gpu: 0,
+            profile: "3g.40gb".into(),
+            start: Some(0),
+            memory_used_mib: 0,
+            idle_since: k8s_openapi::jiff::Timestamp::from_second(1000).unwrap(),
+            exact: true,
+        });
+        r
+    }
+
+    #[test]
+    fn tenant_slices_follow_the_report_and_go_with_the_lease() {
+        let m = Metrics::default();
+        m.set_tenant_activity(&idle_report());
+        let text = m.render();
+        for series in [
+            "tessera_operator_tenant_slices{tenant=\"ml\",state=\"allocated\"} 2",
+            "tessera_operator_tenant_slices{tenant=\"ml\",state=\"idle\"} 1",
+            "tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"ml\"} 1000",
+        ] {
+            assert!(text.contains(series), "{series}:\n{text}");
+        }
+        let mut none_idle = idle_report();
+        none_idle.idle.clear();
+        m.set_tenant_activity(&none_idle);
+        assert!(!m.render().contains("tenant_idle_since_timestamp_seconds{"), "no idle device: no series");
+        m.forget_leader_state();
+        assert!(!m.render().contains("tenant=\"ml\""));
     }
 
     /// Every metric the shipped alerts query exists, with the labels they group by; and the

@@ -9,10 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -55,7 +55,15 @@ pub struct QuotaController {
     fleet_changed: Arc<Notify>,
     /// The GPU DRA drivers' ResourceSlices (`run` sets it): their supply counts too.
     pub dra: std::sync::OnceLock<Arc<crate::controller::dra::DraWatch>>,
+    /// The rollout controller's ResourceClaim cache (`run` sets it): exact holders of claims.
+    pub(crate) claims: std::sync::OnceLock<crate::controller::claims::ClaimCache>,
+    /// The last idle report and when its pods were listed (see `idle_report`).
+    idle: std::sync::Mutex<Option<(std::time::Instant, crate::idle::IdleReport)>>,
 }
+
+/// How often the idle report lists every pod: the agents' activity summaries change every few
+/// minutes at most, and a list of every pod each 5 s pass would load the API server.
+const IDLE_REFRESH: Duration = Duration::from_secs(60);
 
 /// How long changes are batched before a quota pass; GpuNode changes for longer (see above).
 const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -93,6 +101,8 @@ impl QuotaController {
             changed,
             fleet_changed,
             dra: Default::default(),
+            claims: Default::default(),
+            idle: Default::default(),
         })
     }
 
@@ -121,6 +131,8 @@ impl QuotaController {
             changed,
             fleet_changed: Arc::new(Notify::new()),
             dra: Default::default(),
+            claims: Default::default(),
+            idle: Default::default(),
         }
     }
 
@@ -219,9 +231,13 @@ impl QuotaController {
             }
         }
         failed += failures.values().map(Vec::len).sum::<usize>();
+        let idle = self.idle_report(&quotas).await;
+        let thresholds = crate::idle::idle_thresholds(&quotas);
         for q in &quotas {
             let Some(planned) = plan.statuses.get(&q.name_any()) else { continue };
             let mut status = planned.clone();
+            let previous = q.status.as_ref().and_then(|s| s.activity.as_ref());
+            status.activity = crate::idle::status_activity(idle.as_ref(), previous, &q.name_any(), &thresholds);
             let errors = failures.get(&q.name_any()).map(Vec::as_slice).unwrap_or_default();
             report_write_failures(&mut status, errors, q.metadata.generation, &now);
             if q.status.as_ref() == Some(&status) {
@@ -241,6 +257,49 @@ impl QuotaController {
             0 => Ok(()),
             n => Err(Error::PartialPass(n)),
         }
+    }
+
+    /// Allocated versus used now: every pod listed (paged) at most each `IDLE_REFRESH`, placed on
+    /// the GpuNodes as `kubectl tessera status` places them, joined with their activity. `None`
+    /// when pods cannot be listed (the quotas keep their figures; the metrics keep theirs).
+    async fn idle_report(&self, quotas: &[TenantGpuQuota]) -> Option<crate::idle::IdleReport> {
+        let fresh = |at: &std::time::Instant| at.elapsed() < IDLE_REFRESH;
+        if let Some((_, r)) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).as_ref().filter(|(at, _)| fresh(at)) {
+            return Some(r.clone());
+        }
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let mut pods = Vec::new();
+        let mut lp = ListParams::default().limit(500);
+        loop {
+            match api.list(&lp).await {
+                Ok(page) => {
+                    pods.extend(page.items);
+                    match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                        Some(token) => lp = lp.continue_token(&token),
+                        None => break,
+                    }
+                }
+                Err(e) => {
+                    self.metrics.error("kube");
+                    warn!(error = %e, "could not list pods for the idle report; keeping the last figures");
+                    return None;
+                }
+            }
+        }
+        let gpunodes: Vec<GpuNode> = self.gpunodes.state().iter().map(|g| (**g).clone()).collect();
+        let dra = crate::cli::status::Dra {
+            claims: self.claims.get().map(|c| c.index()).unwrap_or_else(crate::gpu_use::ClaimIndex::empty),
+            slices: crate::cli::status::SliceIndex::new(
+                self.dra.get().map(|d| d.slices()).unwrap_or_default().iter().map(|s| &**s),
+            ),
+        };
+        let status = crate::cli::status::fleet_status_with(&gpunodes, &[], quotas, &pods, &dra);
+        let thresholds = crate::idle::idle_thresholds(quotas);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let report = crate::idle::idle_report(&status, &gpunodes, &pods, &thresholds, now);
+        self.metrics.set_tenant_activity(&report);
+        *self.idle.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), report.clone()));
+        Some(report)
     }
 
     /// Server-side-applies one ResourceQuota, owned by and labelled for `owner`.
@@ -270,3 +329,6 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     let annotated = rq.metadata.annotations.as_ref().and_then(|m| m.get(QUOTA_NAME_ANNOTATION)) == Some(&a.quota);
     hard_ok && annotated
 }
+
+#[cfg(test)]
+mod tests;

@@ -117,7 +117,26 @@ fn quota(namespaces: &[&str], hard: &[(&str, i64)]) -> TenantGpuQuotaSpec {
         allocation: Default::default(),
         namespace_hard: BTreeMap::new(),
         physical: None,
+        idle_after: None,
     }
+}
+
+#[test]
+fn idle_after_is_parsed_and_a_bad_value_named() {
+    use crate::quota::parse_idle_after;
+    for (good, secs) in [("90s", 90), ("30m", 1800), ("1h", 3600), ("1h30m", 5400), ("1d", 86400), ("30d", 2592000)] {
+        assert_eq!(parse_idle_after(good), Ok(secs), "{good}");
+    }
+    for bad in ["", "1", "h", "1x", "-1h", "0m", "31d", "1.5h", "1h 30m", "99999999999999999999s"] {
+        assert!(parse_idle_after(bad).is_err(), "{bad}");
+    }
+    let mut q = quota(&["a"], &[]);
+    q.idle_after = Some("1h".into());
+    assert!(validate_quota(&q).is_empty());
+    q.idle_after = Some("an hour".into());
+    let errs = validate_quota(&q);
+    assert_eq!(fields(&errs), vec!["spec.idleAfter"]);
+    assert!(errs[0].reason.contains("not a duration like 30m"), "{}", errs[0].reason);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 pub mod commands;
 pub mod connect;
+pub mod idle;
 pub mod markdown;
 pub mod mig;
 pub mod preview;

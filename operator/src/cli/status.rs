@@ -28,7 +28,7 @@ use tessera_crds::gpunode::{GpuIntent, GpuState};
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
 
 pub use claims::{SliceIndex, locate};
-pub use fetch::{Inputs, run};
+pub use fetch::{Inputs, from_cluster, from_snapshot, run};
 pub use held::gpu_resources;
 use held::{extended_held, holds_devices};
 
@@ -114,6 +114,10 @@ pub struct GpuStatus {
     pub holder: Option<Holder>,
     /// For a whole GPU, whether the API pins its state down (see the module comment).
     pub exact: bool,
+    /// Since when its holder has left it idle, past the tenant's `idleAfter` (see
+    /// `kubectl tessera idle`); absent when busy, free or not measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<k8s_openapi::jiff::Timestamp>,
     /// MIG mode changes at the next GPU reset.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub mig_pending: bool,
@@ -134,6 +138,10 @@ pub struct InstanceStatus {
     pub holder: Option<Holder>,
     /// Whether the API pins this instance's state down (see the module comment).
     pub exact: bool,
+    /// Since when its holder has left it idle, past the tenant's `idleAfter` (see
+    /// `kubectl tessera idle`); absent when busy, free or not measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 /// A pod holding a device, and its tenant.
@@ -371,6 +379,7 @@ fn gpu_status(g: &GpuState, intents: &[GpuIntent]) -> GpuStatus {
             size: i.size,
             holder: None,
             exact: true,
+            idle_since: None,
         })
         .collect();
     let mut slots = String::new();
@@ -401,6 +410,7 @@ fn gpu_status(g: &GpuState, intents: &[GpuIntent]) -> GpuStatus {
         instances,
         holder: None,
         exact: true,
+        idle_since: None,
         mig_pending: g.mig_pending,
         target,
     }

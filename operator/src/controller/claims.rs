@@ -15,6 +15,7 @@ use crate::dra::GpuDrivers;
 use crate::gpu_use::ClaimIndex;
 
 /// The claim cache and the drivers whose devices are GPUs.
+#[derive(Clone)]
 pub struct ClaimCache {
     store: Store<ResourceClaim>,
     drivers: GpuDrivers,

@@ -133,7 +133,11 @@ pub async fn run(
         from_snapshot(Snapshot::read(from)?)
     };
     inputs.drivers = drivers.clone();
-    let report = inputs.report();
+    let mut report = inputs.report();
+    let thresholds = crate::idle::idle_thresholds(&inputs.quotas);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let idle = crate::idle::idle_report(&report, &inputs.gpunodes, &inputs.pods, &thresholds, now);
+    crate::idle::mark_idle(&mut report, &idle);
     let text = match output {
         Output::Json => format!("{}\n", serde_json::to_string_pretty(&report)?),
         Output::Text => render::text(&report, colour),

@@ -159,6 +159,17 @@ pub fn text(s: &FleetStatus, colour: bool) -> String {
             let _ = writeln!(out, "  {}  {}", pen.paint(Paint::Cyan, &label), list.join(" "));
         }
     }
+    let any_idle = s
+        .nodes
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .any(|g| g.idle_since.is_some() || g.instances.iter().any(|i| i.idle_since.is_some()));
+    if any_idle {
+        let _ = writeln!(
+            out,
+            "\nlower case / idle since: held, idle past the tenant's idleAfter (`kubectl tessera idle` lists them)"
+        );
+    }
     if inexact {
         let _ = writeln!(
             out,
@@ -245,7 +256,8 @@ fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize, unknown
             inexact |= !i.exact;
             let indent = " ".repeat(head.chars().count());
             let h = i.holder.as_ref().map(|h| holder(h, pen)).unwrap_or_default();
-            let _ = writeln!(out, "{indent}{}{mark} {h}", pen.paint(Paint::Red, &i.letter.to_string()));
+            let _ = write!(out, "{indent}{}{mark} {h}", pen.paint(Paint::Red, &i.letter.to_string()));
+            let _ = writeln!(out, "{}", idle(i.idle_since, pen));
         }
     } else {
         let what = if g.mode == "whole" { "whole GPU" } else { "whole GPU (no MIG)" };
@@ -255,6 +267,7 @@ fn gpu(out: &mut String, g: &GpuStatus, pen: &Pen, pw: usize, dw: usize, unknown
                 let mark = if g.exact { "" } else { "~" };
                 inexact |= !g.exact;
                 let _ = write!(line, "  {}{mark}  {}", pen.paint(Paint::Red, "busy"), holder(h, pen));
+                line.push_str(&idle(g.idle_since, pen));
             }
             None if !known => {
                 let _ = write!(line, "  {}", pen.paint(Paint::Yellow, "busy: unknown"));
@@ -274,16 +287,25 @@ fn slots(g: &GpuStatus, pen: &Pen, known: bool) -> String {
     let mut s = String::from("[");
     for c in g.slots.chars() {
         let busy = g.instances.iter().any(|i| i.letter == c && i.holder.is_some());
+        // Lower case: held but idle (readable without colour).
+        let idle = g.instances.iter().any(|i| i.letter == c && i.idle_since.is_some());
         let p = match c {
             '.' => Paint::Dim,
             _ if !known => Paint::Yellow,
+            _ if idle => Paint::Yellow,
             _ if busy => Paint::Red,
             _ => Paint::Green,
         };
+        let c = if idle { c.to_ascii_lowercase() } else { c };
         s.push_str(&pen.paint(p, &c.to_string()));
     }
     s.push(']');
     s
+}
+
+/// `  idle since T` for a device idle past its tenant's `idleAfter`, else nothing.
+fn idle(since: Option<k8s_openapi::jiff::Timestamp>, pen: &Pen) -> String {
+    since.map(|t| format!("  {}", pen.paint(Paint::Yellow, &format!("idle since {t}")))).unwrap_or_default()
 }
 
 fn tail(line: &mut String, g: &GpuStatus, pen: &Pen) {

@@ -1,0 +1,93 @@
+//! The idle figures through a whole quota pass, against a fake API server.
+
+use k8s_openapi::api::core::v1::Namespace;
+use serde_json::{Value, json};
+use tessera_crds::quota::TenantGpuQuotaStatus;
+
+use super::*;
+use crate::quota::tests::{Requests, store_of};
+
+/// A client whose API server answers the pod list with `pods` (or a 500 when `None`) and
+/// accepts every write, recording each request.
+fn api(pods: Option<Value>) -> (Client, Requests) {
+    let requests = Requests::default();
+    let seen = requests.clone();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (seen, pods) = (seen.clone(), pods.clone());
+        async move {
+            let (parts, body) = req.into_parts();
+            let body: Value = serde_json::from_slice(&body.collect_bytes().await.unwrap()).unwrap_or_default();
+            let (method, path) = (parts.method.to_string(), parts.uri.path().to_string());
+            seen.lock().unwrap().push((method.clone(), path.clone(), body.clone()));
+            let (code, answer) = match (method.as_str(), path.as_str(), pods) {
+                ("GET", "/api/v1/pods", Some(items)) => {
+                    (200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}))
+                }
+                ("GET", "/api/v1/pods", None) => (500, json!({"kind": "Status", "apiVersion": "v1", "code": 500})),
+                _ if path.ends_with("/status") => (
+                    200,
+                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+                           "metadata": {"name": "q"}, "spec": {"namespaces": [], "hard": {}}}),
+                ),
+                _ => (200, body),
+            };
+            let bytes = serde_json::to_vec(&answer).unwrap();
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder().status(code).body(kube::client::Body::from(bytes)).unwrap(),
+            )
+        }
+    });
+    (Client::new(service, "default"), requests)
+}
+
+fn controller(client: Client, previous: Option<Value>) -> QuotaController {
+    let mut q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "ml", "uid": "uid-ml", "generation": 1},
+        "spec": {"namespaces": ["ml"], "hard": {"nvidia.com/mig-3g.40gb": 2}, "idleAfter": "30m"}}))
+    .unwrap();
+    q.status = previous.map(|a| serde_json::from_value(json!({"activity": a})).unwrap());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "ml"}})).unwrap();
+    let node: GpuNode = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+        "metadata": {"name": "n1"}, "spec": {}, "status": {
+            "gpus": [{"index": 0, "uuid": "GPU-0", "product": "NVIDIA H100 80GB HBM3", "migCapable": true,
+                      "migEnabled": true, "instances": [{"profile": "3g.40gb", "start": 0, "size": 4}]}],
+            "activity": {"devices": [{"gpuIndex": 0, "profile": "3g.40gb", "start": 0, "source": "Gpm",
+                                      "idleSince": "2020-01-01T00:00:00Z", "memoryUsedMib": 300, "processes": 1}]}}}))
+    .unwrap();
+    let mut c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![ns]));
+    c.gpunodes = store_of(vec![node]);
+    c
+}
+
+fn written_activity(requests: &Requests) -> Option<Value> {
+    let requests = requests.lock().unwrap();
+    let path = "/apis/tessera.dev/v1alpha1/tenantgpuquotas/ml/status";
+    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("status written");
+    let status: TenantGpuQuotaStatus = serde_json::from_value(body["status"].clone()).unwrap();
+    status.activity.map(|a| serde_json::to_value(a).unwrap())
+}
+
+#[tokio::test]
+async fn the_quota_status_write_carries_the_tenants_idle_slices() {
+    let pod = json!({"metadata": {"name": "nb", "namespace": "ml"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c",
+                 "resources": {"limits": {"nvidia.com/mig-3g.40gb": 1}}}]},
+        "status": {"phase": "Running"}});
+    let (client, requests) = api(Some(json!([pod])));
+    let c = controller(client, None);
+    c.reconcile().await.unwrap();
+    let a = written_activity(&requests).expect("activity written");
+    assert_eq!((a["idleAfter"].as_str(), a["allocated"].as_i64(), a["idle"].as_i64()), (Some("30m"), Some(1), Some(1)));
+    assert_eq!(a["idleHolders"][0]["pod"], "ml/nb");
+    assert_eq!(a["idleHolders"][0]["memoryUsedMib"], 300);
+    assert!(c.metrics.render().contains("tessera_operator_tenant_slices{tenant=\"ml\",state=\"idle\"} 1"));
+}
+
+#[tokio::test]
+async fn pods_that_cannot_be_listed_keep_the_figures_the_quota_had() {
+    let previous = json!({"idleAfter": "30m", "allocated": 4, "active": 1, "idle": 3, "unmeasured": 0});
+    let (client, requests) = api(None);
+    let c = controller(client, Some(previous.clone()));
+    let _ = c.reconcile().await;
+    assert_eq!(written_activity(&requests), Some(previous), "kept, not dropped or zeroed");
+}

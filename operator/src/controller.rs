@@ -27,7 +27,7 @@ use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-mod claims;
+pub(crate) mod claims;
 pub mod dra;
 mod eviction;
 mod fence;

@@ -339,4 +339,4 @@ pub mod claims;
 mod steps;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

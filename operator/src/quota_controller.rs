@@ -79,7 +79,7 @@ impl QuotaController {
             // it is never adopted by a force-apply.
             rqs: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
-            classes: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
+            classes: watch_classes(client.clone(), changed.clone()),
             gpunodes,
             drivers,
             policy_params: watch_into_store(
@@ -131,19 +131,32 @@ impl QuotaController {
         self
     }
 
+    /// Until the caches every quota reads are listed. Not the DeviceClasses: where they cannot
+    /// be listed (RBAC) only the quota passes wait for them ([`Self::run`]); the rollout
+    /// controller, which `run.rs` starts after this, does not.
     pub async fn wait_ready(&self) {
         let _ = tokio::join!(
             self.quotas.wait_until_ready(),
             self.rqs.wait_until_ready(),
             self.namespaces.wait_until_ready(),
             self.gpunodes.wait_until_ready(),
-            self.classes.wait_until_ready(),
             self.policy_params.wait_until_ready()
         );
     }
 
+    /// Until the DeviceClasses are listed (at once where `resource.k8s.io/v1` is not served): a
+    /// pass blind to them would write no `0` for GPU-reaching classes. Warns every 30 s.
+    async fn wait_classes(&self) {
+        while tokio::time::timeout(Duration::from_secs(30), self.classes.wait_until_ready()).await.is_err() {
+            warn!(
+                "DeviceClasses not listed yet (RBAC for deviceclasses.resource.k8s.io?): no quota pass runs until they are"
+            );
+        }
+    }
+
     pub async fn run(self: Arc<Self>) {
         self.wait_ready().await;
+        self.wait_classes().await;
         loop {
             if let Err(e) = self.reconcile().await {
                 if !matches!(e, Error::PartialPass(_)) {
@@ -261,6 +274,34 @@ impl QuotaController {
     }
 }
 
+/// The cluster's DeviceClasses, waking `changed` on each change. Where `resource.k8s.io/v1`
+/// serves none (before Kubernetes 1.34, or DRA off) no class can exist: the store is ready and
+/// empty (enabling DRA later needs a restart, as for the claim cache).
+fn watch_classes(client: Client, changed: Arc<Notify>) -> Store<DeviceClass> {
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    let (store, writer) = kube::runtime::reflector::store();
+    tokio::spawn(async move {
+        if !crate::controller::claims::served(&client, "deviceclasses").await {
+            info!("resource.k8s.io/v1 is not served: no DeviceClass to hold at 0");
+            crate::controller::claims::mark_synced_empty(writer);
+            return;
+        }
+        let events = watcher(Api::<DeviceClass>::all(client), watcher::Config::default())
+            .default_backoff()
+            .modify(|c: &mut DeviceClass| c.metadata.managed_fields = None);
+        let stream = kube::runtime::reflector::reflector(writer, events);
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => changed.notify_one(),
+                Err(e) => warn!(error = %e, "DeviceClass watch error; retrying with backoff"),
+            }
+        }
+    });
+    store
+}
+
 /// Whether `rq` already is what `a` would write (the plan checked that it is this quota's).
 fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     let hard_ok =
@@ -269,4 +310,74 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
         });
     let annotated = rq.metadata.annotations.as_ref().and_then(|m| m.get(QUOTA_NAME_ANNOTATION)) == Some(&a.quota);
     hard_ok && annotated
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::api::resource::v1::DeviceClass;
+    use kube::Client;
+    use serde_json::json;
+
+    use super::*;
+    use crate::quota::tests::store_of;
+
+    /// An API server whose `resource.k8s.io/v1` discovery answers `discovery` (404: not served)
+    /// and whose DeviceClass list answers `list`; a watch never answers.
+    fn api(discovery: u16, list: u16) -> Client {
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| async move {
+            let (status, body) = match (req.uri().path(), req.uri().query().unwrap_or_default()) {
+                ("/apis/resource.k8s.io/v1", _) => (
+                    discovery,
+                    json!({"kind": "APIResourceList", "groupVersion": "resource.k8s.io/v1",
+                    "resources": [{"name": "deviceclasses", "singularName": "deviceclass", "namespaced": false,
+                    "kind": "DeviceClass", "verbs": ["get", "list", "watch"]}]}),
+                ),
+                ("/apis/resource.k8s.io/v1/deviceclasses", q) if q.contains("watch=true") => {
+                    futures::future::pending::<()>().await;
+                    unreachable!()
+                }
+                ("/apis/resource.k8s.io/v1/deviceclasses", _) => (
+                    list,
+                    json!({"kind": "DeviceClassList", "apiVersion": "resource.k8s.io/v1",
+                    "metadata": {"resourceVersion": "5"}, "items": []}),
+                ),
+                (path, _) => panic!("unexpected request {path}"),
+            };
+            let body = if status == 200 { body } else { json!({"kind": "Status", "code": status, "message": "no"}) };
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(status)
+                    .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap(),
+            )
+        });
+        Client::new(service, "default")
+    }
+
+    /// Finding 5: without `resource.k8s.io/v1` the DeviceClass cache is ready and empty (it
+    /// used to wait forever, and the whole operator with it); forbidden, it is not ready.
+    #[tokio::test]
+    async fn device_classes_are_ready_and_empty_without_the_api_and_not_ready_while_forbidden() {
+        let none = watch_classes(api(404, 500), Arc::new(Notify::new()));
+        tokio::time::timeout(Duration::from_secs(5), none.wait_until_ready()).await.expect("ready").unwrap();
+        assert!(none.state().is_empty());
+        let listed = watch_classes(api(200, 200), Arc::new(Notify::new()));
+        tokio::time::timeout(Duration::from_secs(5), listed.wait_until_ready()).await.expect("ready").unwrap();
+        let forbidden = watch_classes(api(200, 403), Arc::new(Notify::new()));
+        assert!(tokio::time::timeout(Duration::from_millis(300), forbidden.wait_until_ready()).await.is_err());
+    }
+
+    /// Finding 5: DeviceClasses that cannot be listed hold the quota passes, not the caches
+    /// `run.rs` waits on before the rollout controller starts.
+    #[tokio::test]
+    async fn the_quota_caches_are_ready_while_device_classes_are_not() {
+        let (classes, _writer) = kube::runtime::reflector::store::<DeviceClass>();
+        let c = QuotaController::from_stores(api(404, 500), store_of(vec![]), store_of(vec![]), store_of(vec![]))
+            .with_dra(classes, store_of(Vec::<ConfigMap>::new()));
+        tokio::time::timeout(Duration::from_secs(2), c.wait_ready()).await.expect("ready without DeviceClasses");
+        assert!(tokio::time::timeout(Duration::from_millis(200), c.wait_classes()).await.is_err());
+    }
 }

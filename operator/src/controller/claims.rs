@@ -26,7 +26,7 @@ impl ClaimCache {
     pub fn start(client: Client, drivers: GpuDrivers) -> Self {
         let (store, writer) = reflector::store();
         tokio::spawn(async move {
-            if !served(&client).await {
+            if !served(&client, "resourceclaims").await {
                 info!("resource.k8s.io/v1 is not served: no pod uses a GPU through a ResourceClaim");
                 mark_synced_empty(writer);
                 return;
@@ -63,13 +63,13 @@ impl ClaimCache {
     }
 }
 
-/// Whether the API server serves ResourceClaims in `resource.k8s.io/v1`. Asked until it
-/// answers: any answer but "not found" counts as served, and the watch then retries (and holds
-/// the passes) until it can list them, rather than plan a drain blind to claims.
-async fn served(client: &Client) -> bool {
+/// Whether the API server serves `resource` (e.g. `resourceclaims`) in `resource.k8s.io/v1`.
+/// Asked until it answers: any answer but "not found" counts as served, and the watch then
+/// retries (and holds the passes) until it can list them, rather than plan blind to them.
+pub(crate) async fn served(client: &Client, resource: &str) -> bool {
     loop {
         match client.list_api_group_resources("resource.k8s.io/v1").await {
-            Ok(list) => return list.resources.iter().any(|r| r.name == "resourceclaims"),
+            Ok(list) => return list.resources.iter().any(|r| r.name == resource),
             Err(kube::Error::Api(s)) if s.code == 404 => return false,
             Err(e) => {
                 warn!(error = %e, "could not tell whether resource.k8s.io/v1 is served; asking again");
@@ -80,7 +80,11 @@ async fn served(client: &Client) -> bool {
 }
 
 /// An empty list, fully read: the store is ready and holds nothing.
-fn mark_synced_empty(mut writer: Writer<ResourceClaim>) {
+pub(crate) fn mark_synced_empty<K>(mut writer: Writer<K>)
+where
+    K: kube::Resource + Clone,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
     writer.apply_watcher_event(&watcher::Event::Init);
     writer.apply_watcher_event(&watcher::Event::InitDone);
 }

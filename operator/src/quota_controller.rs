@@ -191,7 +191,8 @@ impl QuotaController {
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.
-        let mut failed = self.write_claim_classes(&plan, &classes).await;
+        let shared = self.write_claim_classes(&plan, &classes).await;
+        let mut failed = shared.len();
         // Errors per quota, for its status; namespaces where a ResourceQuota failed to write.
         let mut failures: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut unwritten: BTreeSet<&str> = BTreeSet::new();
@@ -235,8 +236,9 @@ impl QuotaController {
         for q in &quotas {
             let Some(planned) = plan.statuses.get(&q.name_any()) else { continue };
             let mut status = planned.clone();
-            let errors = failures.get(&q.name_any()).map(Vec::as_slice).unwrap_or_default();
-            report_write_failures(&mut status, errors, q.metadata.generation, &now);
+            let mut errors = failures.get(&q.name_any()).cloned().unwrap_or_default();
+            errors.extend(shared.iter().cloned());
+            report_write_failures(&mut status, &errors, q.metadata.generation, &now);
             if q.status.as_ref() == Some(&status) {
                 continue;
             }
@@ -379,5 +381,28 @@ mod tests {
             .with_dra(classes, store_of(Vec::<ConfigMap>::new()));
         tokio::time::timeout(Duration::from_secs(2), c.wait_ready()).await.expect("ready without DeviceClasses");
         assert!(tokio::time::timeout(Duration::from_millis(200), c.wait_classes()).await.is_err());
+    }
+
+    /// Finding 4: a failed write of the policy params is reported on the quotas' status
+    /// (`WriteFailed`, naming the ConfigMap), not only logged.
+    #[tokio::test]
+    async fn a_failed_params_write_is_reported_on_the_quota_status() {
+        use tessera_crds::TenantGpuQuota;
+        use tessera_crds::conditions::{RECONCILING, find};
+        let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+            "kind": "TenantGpuQuota", "metadata": {"name": "team-b", "uid": "uid-b"},
+            "spec": {"namespaces": ["b"], "hard": {"nvidia.com/mig-1g.10gb": 3}, "allocation": "ResourceClaims"}}))
+        .unwrap();
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "b"}})).unwrap();
+        let (client, requests) = crate::quota::tests::api_refusing_writes_in_locked();
+        let mut c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![ns]));
+        c.namespace = "locked".into(); // the params' namespace refuses writes
+        assert!(matches!(c.reconcile().await, Err(crate::Error::PartialPass(_))));
+        let requests = requests.lock().unwrap().clone();
+        let path = "/apis/tessera.dev/v1alpha1/tenantgpuquotas/team-b/status";
+        let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("status written");
+        let st: tessera_crds::quota::TenantGpuQuotaStatus = serde_json::from_value(body["status"].clone()).unwrap();
+        let msg = &find(&st.conditions, RECONCILING).expect("Reconciling").message;
+        assert!(msg.contains("tessera-claim-classes") && msg.contains("lock-quotas"), "{msg}");
     }
 }

@@ -21,9 +21,10 @@ const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "tessera");
 
 impl QuotaController {
     /// Applies the planned classes that differ from the cluster's and the policy params when
-    /// they changed; returns the number of failed writes.
-    pub(super) async fn write_claim_classes(&self, plan: &QuotaPlan, classes: &[Arc<DeviceClass>]) -> usize {
-        let mut failed = 0;
+    /// they changed; returns what failed (reported on every quota's status: the params serve all
+    /// tenant namespaces).
+    pub(super) async fn write_claim_classes(&self, plan: &QuotaPlan, classes: &[Arc<DeviceClass>]) -> Vec<String> {
+        let mut failed = Vec::new();
         for c in &plan.device_classes {
             if classes.iter().any(|have| is_current(have, c)) {
                 continue;
@@ -38,28 +39,30 @@ impl QuotaController {
             {
                 self.metrics.error("kube");
                 warn!(class = %c.name, error = %e, "could not apply a DeviceClass; retrying");
-                failed += 1;
+                failed.push(format!("DeviceClass {}: {e}", c.name));
             }
         }
         let have = self.policy_params.state().first().and_then(|cm| cm.data.clone()).unwrap_or_default();
-        if have != plan.policy && !self.write_policy(&plan.policy).await {
-            failed += 1;
+        if have != plan.policy
+            && let Err(e) = self.write_policy(&plan.policy).await
+        {
+            failed.push(format!("claim-class policy params ConfigMap {}/{POLICY_PARAMS}: {e}", self.namespace));
         }
         failed
     }
 
-    async fn write_policy(&self, data: &BTreeMap<String, String>) -> bool {
+    async fn write_policy(&self, data: &BTreeMap<String, String>) -> Result<(), kube::Error> {
         let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": POLICY_PARAMS, "namespace": self.namespace,
                 "labels": {MANAGED_BY.0: MANAGED_BY.1}},
             "data": data});
         let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
         match api.patch(POLICY_PARAMS, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await {
-            Ok(_) => true,
+            Ok(_) => Ok(()),
             Err(e) => {
                 self.metrics.error("kube");
                 warn!(namespace = %self.namespace, error = %e, "could not write the claim-class policy params; retrying");
-                false
+                Err(e)
             }
         }
     }

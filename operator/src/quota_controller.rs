@@ -17,6 +17,8 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+use tessera_crds::conditions::set_condition;
+use tessera_crds::quota::TenantGpuQuotaStatus;
 use tessera_crds::{GpuNode, TenantGpuQuota};
 use tokio::sync::Notify;
 use tracing::{info, warn};
@@ -25,7 +27,7 @@ use crate::Error;
 use crate::controller::{MANAGER, watch_into_store};
 use crate::dra::GpuDrivers;
 use crate::metrics::Metrics;
-use crate::quota::claims::ClassView;
+use crate::quota::claims::{CLAIM_POLICY, ClassView};
 use crate::quota::{
     Apply, Capacity, Dra, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas_dra, quota_label_value, report_write_failures,
 };
@@ -55,6 +57,8 @@ pub struct QuotaController {
     fleet_changed: Arc<Notify>,
     /// The GPU DRA drivers' ResourceSlices (`run` sets it): their supply counts too.
     pub dra: std::sync::OnceLock<Arc<crate::controller::dra::DraWatch>>,
+    /// The claim-class binding's problem last seen (logged when it changes).
+    binding_problem: std::sync::Mutex<Option<String>>,
 }
 
 /// How long changes are batched before a quota pass; GpuNode changes for longer (see above).
@@ -93,6 +97,7 @@ impl QuotaController {
             changed,
             fleet_changed,
             dra: Default::default(),
+            binding_problem: Default::default(),
         })
     }
 
@@ -121,6 +126,7 @@ impl QuotaController {
             changed,
             fleet_changed: Arc::new(Notify::new()),
             dra: Default::default(),
+            binding_problem: Default::default(),
         }
     }
 
@@ -192,6 +198,7 @@ impl QuotaController {
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.
         let shared = self.write_claim_classes(&plan, &classes).await;
+        let binding = self.check_binding().await;
         let mut failed = shared.len();
         // Errors per quota, for its status; namespaces where a ResourceQuota failed to write.
         let mut failures: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -239,6 +246,7 @@ impl QuotaController {
             let mut errors = failures.get(&q.name_any()).cloned().unwrap_or_default();
             errors.extend(shared.iter().cloned());
             report_write_failures(&mut status, &errors, q.metadata.generation, &now);
+            report_binding(&mut status, binding.as_ref(), q.metadata.generation, &now);
             if q.status.as_ref() == Some(&status) {
                 continue;
             }
@@ -302,6 +310,27 @@ fn watch_classes(client: Client, changed: Arc<Notify>) -> Store<DeviceClass> {
         }
     });
     store
+}
+
+/// [`CLAIM_POLICY`] on a quota's status: `False` naming what keeps the claim-class policy from
+/// reading the operator's params, `True` when it reads them, unchanged where the binding cannot
+/// be read (`binding` is `None`).
+fn report_binding(st: &mut TenantGpuQuotaStatus, binding: Option<&Option<String>>, g: Option<i64>, now: &Time) {
+    match binding {
+        Some(Some(problem)) => {
+            set_condition(&mut st.conditions, CLAIM_POLICY, false, "ParamsNotRead", problem, g, now.clone())
+        }
+        Some(None) => set_condition(
+            &mut st.conditions,
+            CLAIM_POLICY,
+            true,
+            "Bound",
+            "the claim-class policy reads the operator's params",
+            g,
+            now.clone(),
+        ),
+        None => {}
+    }
 }
 
 /// Whether `rq` already is what `a` would write (the plan checked that it is this quota's).

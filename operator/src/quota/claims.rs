@@ -365,5 +365,36 @@ pub fn reduce_for_other_path(
     notes
 }
 
+/// The status condition on every quota that says whether the claim-class policy reads the
+/// params the operator writes.
+pub const CLAIM_POLICY: &str = "ClaimPolicyBound";
+
+/// What is wrong with the claim-class policy's binding (`tessera-claim-classes`), read by the
+/// operator whose params live in `namespace`: `None` when its `paramRef` names our ConfigMap
+/// there. With `parameterNotFoundAction: Allow` a binding pointing elsewhere finds no params
+/// and allows every class, silently; `binding` is `None` when the binding does not exist.
+pub fn binding_problem(
+    binding: Option<&k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>,
+    namespace: &str,
+) -> Option<String> {
+    let Some(b) = binding else {
+        return Some(format!(
+            "ValidatingAdmissionPolicyBinding {POLICY_PARAMS} not found: claims of a DeviceClass created between two \
+             quota passes are not refused in tenant namespaces (install config/rbac/claim-classes.yaml or the chart)"
+        ));
+    };
+    let r = b.spec.param_ref.as_ref();
+    let (name, ns) = (r.and_then(|r| r.name.as_deref()), r.and_then(|r| r.namespace.as_deref()));
+    (name != Some(POLICY_PARAMS) || ns != Some(namespace)).then(|| {
+        format!(
+            "ValidatingAdmissionPolicyBinding {POLICY_PARAMS} reads params {}/{} but the operator writes \
+             {namespace}/{POLICY_PARAMS}: the policy finds no params and allows every class \
+             (parameterNotFoundAction: Allow); set its spec.paramRef.namespace to {namespace}",
+            ns.unwrap_or("<unset>"),
+            name.unwrap_or("<unset>")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests;

@@ -6,16 +6,17 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::QuotaController;
 use crate::controller::MANAGER;
 use crate::quota::QuotaPlan;
-use crate::quota::claims::{ClassApply, POLICY_PARAMS};
+use crate::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem};
 
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "tessera");
 
@@ -65,6 +66,31 @@ impl QuotaController {
                 Err(e)
             }
         }
+    }
+}
+
+impl QuotaController {
+    /// Reads the claim-class policy's binding: `Some(problem)` ([`binding_problem`]), or `None`
+    /// where it cannot be read (no RBAC for `validatingadmissionpolicybindings`: not checked).
+    /// A problem is logged when it changes and counted every pass (`claim_policy_binding`).
+    pub(super) async fn check_binding(&self) -> Option<Option<String>> {
+        let api = Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone());
+        let found = match api.get_opt(POLICY_PARAMS).await {
+            Ok(b) => binding_problem(b.as_ref(), &self.namespace),
+            Err(e) => {
+                debug!(error = %e, "could not read the claim-class policy binding; not checked");
+                return None;
+            }
+        };
+        let mut last = self.binding_problem.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = &found {
+            self.metrics.error("claim_policy_binding");
+            if last.as_ref() != Some(p) {
+                warn!(problem = %p, "the claim-class policy does not read the operator's params");
+            }
+        }
+        *last = found.clone();
+        Some(found)
     }
 }
 

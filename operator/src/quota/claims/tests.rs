@@ -453,3 +453,24 @@ fn a_switched_path_gets_the_share_less_what_the_old_path_still_holds() {
     let p = plan_of(&[a], &["b"], &[rq]);
     assert_eq!((p.apply[0].hard[rq_name].as_str(), p.apply[0].hard[&mig].as_str()), ("0", "0"));
 }
+
+/// Finding 6: a binding whose paramRef is not the operator's params ConfigMap (another
+/// namespace) turns the policy off silently (`parameterNotFoundAction: Allow`): it is named.
+#[test]
+fn a_binding_reading_params_elsewhere_or_missing_is_named() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+    let binding = |name: &str, ns: Option<&str>| -> ValidatingAdmissionPolicyBinding {
+        serde_json::from_value(json!({"metadata": {"name": "tessera-claim-classes"},
+            "spec": {"policyName": "tessera-claim-classes", "paramRef": {"name": name, "namespace": ns,
+                     "parameterNotFoundAction": "Allow"}}}))
+        .unwrap()
+    };
+    assert_eq!(binding_problem(Some(&binding("tessera-claim-classes", Some("gpu-ops"))), "gpu-ops"), None);
+    let elsewhere = binding_problem(Some(&binding("tessera-claim-classes", Some("tessera-system"))), "gpu-ops");
+    let msg = elsewhere.expect("named");
+    assert!(msg.contains("tessera-system/tessera-claim-classes") && msg.contains("gpu-ops/tessera-claim-classes"));
+    assert!(msg.contains("allows every class"), "{msg}");
+    assert!(binding_problem(Some(&binding("other", Some("gpu-ops"))), "gpu-ops").is_some());
+    assert!(binding_problem(Some(&binding("tessera-claim-classes", None)), "gpu-ops").is_some());
+    assert!(binding_problem(None, "gpu-ops").unwrap().contains("not found"));
+}

@@ -21,6 +21,8 @@ use crate::dra::GpuDrivers;
 pub const CLASS_SUFFIX: &str = ".tessera.dev";
 /// The ResourceQuota key suffix that counts a class's devices.
 pub const DEVICES_KEY_SUFFIX: &str = ".deviceclass.resource.k8s.io/devices";
+/// The params key listing all of Tessera's classes, and the `<ns>.allowed` value meaning "all".
+pub const ALL_OURS: &str = "_tessera";
 /// The ConfigMap (in the operator's namespace) the claim-class policy reads as its params.
 pub const POLICY_PARAMS: &str = "tessera-claim-classes";
 
@@ -249,8 +251,9 @@ pub fn managed_classes(
 }
 
 /// The params of the claim-class policy: `_open` (classes proven not to reach GPUs),
-/// `_reaching` (those that do), and per tenant namespace `<ns>.quota` (who claims it),
-/// `<ns>.allowed` and `<ns>.hint` (what to use instead). Values are space-separated.
+/// `_reaching` (those that do), `_tessera` (all of Tessera's), and per tenant namespace
+/// `<ns>.quota` (who claims it), `<ns>.allowed` (`_tessera` when all of ours) and `<ns>.hint`
+/// (what to use instead). Values are space-separated.
 ///
 /// A class of Tessera's is allowed in a namespace only where one valid quota alone claims it,
 /// allocates through claims, and its ResourceQuota there as cached (so: written) already limits
@@ -269,6 +272,10 @@ pub fn policy_data(
     let mut data = BTreeMap::new();
     data.insert("_open".to_string(), join(&mut view.open.iter().cloned()));
     data.insert("_reaching".to_string(), join(&mut view.reaching.iter().cloned()));
+    // Every class of ours, once: a namespace where all are open says `_tessera` (no class name
+    // starts with `_`), which keeps the ConfigMap far under its 1 MiB with thousands of tenants.
+    let all: BTreeSet<String> = resources.iter().filter_map(|r| class_of_resource(r)).collect();
+    data.insert(ALL_OURS.to_string(), join(&mut all.iter().cloned()));
     let mut by_ns: BTreeMap<&str, Vec<&TenantGpuQuota>> = BTreeMap::new();
     for q in quotas {
         // An invalid quota may list a name that is no valid ConfigMap key: it would fail the
@@ -307,7 +314,12 @@ pub fn policy_data(
             } else {
                 format!("use {}", granted.join(" or "))
             };
-            (join(&mut allowed.into_iter()), hint)
+            let listed = if !allowed.is_empty() && allowed == all {
+                ALL_OURS.to_string()
+            } else {
+                join(&mut allowed.into_iter())
+            };
+            (listed, hint)
         };
         data.insert(format!("{ns}.quota"), names);
         data.insert(format!("{ns}.allowed"), allowed);

@@ -242,7 +242,11 @@ fn the_policy_params_list_what_each_tenant_namespace_may_use() {
     assert_eq!(d["_reaching"], "dra-ext dra-ours mig-1g.10gb.tessera.dev mig.nvidia.com");
     assert_eq!((d["a.quota"].as_str(), d["a.allowed"].as_str()), ("team-a", ""));
     assert!(d["a.hint"].contains("nvidia.com/mig-<profile>"));
-    assert_eq!(d["b.allowed"], "gpu.tessera.dev mig-1g.10gb.tessera.dev");
+    // All of ours: named once under `_tessera`.
+    assert_eq!(
+        (d["b.allowed"].as_str(), d["_tessera"].as_str()),
+        ("_tessera", "gpu.tessera.dev mig-1g.10gb.tessera.dev")
+    );
     assert_eq!(d["b.hint"], "use mig-1g.10gb.tessera.dev");
     // Claimed by two quotas: the stricter rule (only what both allow).
     assert_eq!((d["shared.quota"].as_str(), d["shared.allowed"].as_str()), ("team-b team-c", ""));
@@ -473,4 +477,28 @@ fn a_binding_reading_params_elsewhere_or_missing_is_named() {
     assert!(binding_problem(Some(&binding("other", Some("gpu-ops"))), "gpu-ops").is_some());
     assert!(binding_problem(Some(&binding("tessera-claim-classes", None)), "gpu-ops").is_some());
     assert!(binding_problem(None, "gpu-ops").unwrap().contains("not found"));
+}
+
+/// Finding 4: the list of all of Tessera's classes is written once (`_tessera`), not per
+/// namespace, so thousands of tenant namespaces stay far under a ConfigMap's 1 MiB.
+#[test]
+fn all_of_our_classes_are_listed_once_and_thousands_of_namespaces_fit_a_config_map() {
+    let nss: Vec<String> = (0..3000).map(|i| format!("tenant-namespace-{i:05}")).collect();
+    let quotas: Vec<TenantGpuQuota> = nss
+        .chunks(60)
+        .enumerate()
+        .map(|(i, c)| quota(&format!("team-{i}"), &c.iter().map(String::as_str).collect::<Vec<_>>(), "ResourceClaims"))
+        .collect();
+    let mig = format!("mig-1g.10gb.tessera.dev{DEV}");
+    let rqs: Vec<_> = quotas
+        .iter()
+        .flat_map(|q| q.spec.namespaces.iter().map(move |ns| (q.metadata.name.clone().unwrap(), ns.clone())))
+        .map(|(q, ns)| our_rq(&q, &ns, &[(&mig, "3")], &[]))
+        .collect();
+    let names: Vec<&str> = nss.iter().map(String::as_str).collect();
+    let p = plan_of(&quotas, &names, &rqs);
+    assert_eq!(p.policy["tenant-namespace-00000.allowed"], "_tessera");
+    assert!(p.policy["_tessera"].split(' ').any(|c| c == "mig-1g.10gb.tessera.dev"));
+    let size: usize = p.policy.iter().map(|(k, v)| k.len() + v.len()).sum();
+    assert!(size < 1024 * 1024, "{size} bytes");
 }

@@ -371,7 +371,8 @@ fn too_many(errs: &mut Vec<FieldError>, field: &str, len: usize, max: usize) {
     }
 }
 
-fn is_dns1123_label(s: &str) -> bool {
+/// A DNS-1123 label (a namespace name): also what makes a safe ConfigMap key prefix.
+pub fn is_dns1123_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63

@@ -277,16 +277,16 @@ pub fn plan_quotas_dra(
     let demand = Demand::every(quotas).total();
     let short = coverage::shortfall(&demand, &capacity.supply);
     let resources = gpu_resources(&capacity.supply);
-    let mut plan = QuotaPlan {
-        device_classes: claims::managed_classes(&live, &resources, &dra.drivers),
-        policy: claims::policy_data(&live, &resources, &dra.classes),
-        ..QuotaPlan::default()
-    };
+    let mut plan = QuotaPlan::default();
     let classes = &dra.classes;
     let pass = steps::Pass { existing_namespaces, resource_quotas, claims, capacity, classes, demand, short, now };
     let mut wanted = steps::Wanted::new();
     let valid: Vec<&TenantGpuQuota> =
-        live.into_iter().filter(|q| !steps::invalid(&pass, q, &mut plan, &mut wanted)).collect();
+        live.iter().copied().filter(|q| !steps::invalid(&pass, q, &mut plan, &mut wanted)).collect();
+    // Classes and params from validated quotas only (see `claims::policy_data`).
+    let valid_names: BTreeSet<&str> = valid.iter().filter_map(|q| q.metadata.name.as_deref()).collect();
+    plan.device_classes = claims::managed_classes(&valid, &resources, &dra.drivers);
+    plan.policy = claims::policy_data(&live, &valid_names, resource_quotas, &resources, &dra.classes);
     plan.shortfall = pass.demand.keys().map(|r| (r.clone(), pass.short.get(r).copied().unwrap_or(0))).collect();
     for q in valid {
         steps::plan_quota(&pass, q, &mut plan, &mut wanted);
@@ -322,12 +322,17 @@ fn owned_by(rq: &ResourceQuota, q: &TenantGpuQuota) -> bool {
 /// `status.used` of our ResourceQuota in `ns`, by resource name (without `requests.`); devices
 /// of Tessera's classes count for their resource ([`claims::used_by_resource`]).
 fn used_in(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64> {
+    claims::used_by_resource(used_raw(rqs, ns, name))
+}
+
+/// `status.used` of our ResourceQuota in `ns`, keyed as the ResourceQuota is.
+fn used_raw(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64> {
     let used = rqs
         .iter()
         .find(|rq| rq.metadata.namespace.as_deref() == Some(ns) && rq.metadata.name.as_deref() == Some(name))
         .and_then(|rq| rq.status.as_ref()?.used.clone())
         .unwrap_or_default();
-    claims::used_by_resource(used.into_iter().filter_map(|(k, v)| Some((k, v.0.parse::<i64>().ok()?))))
+    used.into_iter().filter_map(|(k, v)| Some((k, v.0.parse::<i64>().ok()?))).collect()
 }
 
 pub mod claims;

@@ -17,6 +17,8 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
+use tessera_crds::conditions::set_condition;
+use tessera_crds::quota::TenantGpuQuotaStatus;
 use tessera_crds::{GpuNode, TenantGpuQuota};
 use tokio::sync::Notify;
 use tracing::{info, warn};
@@ -25,7 +27,7 @@ use crate::Error;
 use crate::controller::{MANAGER, watch_into_store};
 use crate::dra::GpuDrivers;
 use crate::metrics::Metrics;
-use crate::quota::claims::ClassView;
+use crate::quota::claims::{CLAIM_POLICY, ClassView};
 use crate::quota::{
     Apply, Capacity, Dra, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas_dra, quota_label_value, report_write_failures,
 };
@@ -59,6 +61,8 @@ pub struct QuotaController {
     pub(crate) claims: std::sync::OnceLock<crate::controller::claims::ClaimCache>,
     /// The last idle report and when its pods were listed (see `idle_report`).
     idle: std::sync::Mutex<Option<(std::time::Instant, crate::idle::IdleReport)>>,
+    /// The claim-class binding's problem last seen (logged when it changes).
+    binding_problem: std::sync::Mutex<Option<String>>,
 }
 
 /// How often the idle report lists every pod: the agents' activity summaries change every few
@@ -87,7 +91,7 @@ impl QuotaController {
             // it is never adopted by a force-apply.
             rqs: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
-            classes: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
+            classes: watch_classes(client.clone(), changed.clone()),
             gpunodes,
             drivers,
             policy_params: watch_into_store(
@@ -103,6 +107,7 @@ impl QuotaController {
             dra: Default::default(),
             claims: Default::default(),
             idle: Default::default(),
+            binding_problem: Default::default(),
         })
     }
 
@@ -133,6 +138,7 @@ impl QuotaController {
             dra: Default::default(),
             claims: Default::default(),
             idle: Default::default(),
+            binding_problem: Default::default(),
         }
     }
 
@@ -143,19 +149,32 @@ impl QuotaController {
         self
     }
 
+    /// Until the caches every quota reads are listed. Not the DeviceClasses: where they cannot
+    /// be listed (RBAC) only the quota passes wait for them ([`Self::run`]); the rollout
+    /// controller, which `run.rs` starts after this, does not.
     pub async fn wait_ready(&self) {
         let _ = tokio::join!(
             self.quotas.wait_until_ready(),
             self.rqs.wait_until_ready(),
             self.namespaces.wait_until_ready(),
             self.gpunodes.wait_until_ready(),
-            self.classes.wait_until_ready(),
             self.policy_params.wait_until_ready()
         );
     }
 
+    /// Until the DeviceClasses are listed (at once where `resource.k8s.io/v1` is not served): a
+    /// pass blind to them would write no `0` for GPU-reaching classes. Warns every 30 s.
+    async fn wait_classes(&self) {
+        while tokio::time::timeout(Duration::from_secs(30), self.classes.wait_until_ready()).await.is_err() {
+            warn!(
+                "DeviceClasses not listed yet (RBAC for deviceclasses.resource.k8s.io?): no quota pass runs until they are"
+            );
+        }
+    }
+
     pub async fn run(self: Arc<Self>) {
         self.wait_ready().await;
+        self.wait_classes().await;
         loop {
             if let Err(e) = self.reconcile().await {
                 if !matches!(e, Error::PartialPass(_)) {
@@ -190,7 +209,9 @@ impl QuotaController {
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.
-        let mut failed = self.write_claim_classes(&plan, &classes).await;
+        let shared = self.write_claim_classes(&plan, &classes).await;
+        let binding = self.check_binding().await;
+        let mut failed = shared.len();
         // Errors per quota, for its status; namespaces where a ResourceQuota failed to write.
         let mut failures: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut unwritten: BTreeSet<&str> = BTreeSet::new();
@@ -238,8 +259,10 @@ impl QuotaController {
             let mut status = planned.clone();
             let previous = q.status.as_ref().and_then(|s| s.activity.as_ref());
             status.activity = crate::idle::status_activity(idle.as_ref(), previous, &q.name_any(), &thresholds);
-            let errors = failures.get(&q.name_any()).map(Vec::as_slice).unwrap_or_default();
-            report_write_failures(&mut status, errors, q.metadata.generation, &now);
+            let mut errors = failures.get(&q.name_any()).cloned().unwrap_or_default();
+            errors.extend(shared.iter().cloned());
+            report_write_failures(&mut status, &errors, q.metadata.generation, &now);
+            report_binding(&mut status, binding.as_ref(), q.metadata.generation, &now);
             if q.status.as_ref() == Some(&status) {
                 continue;
             }
@@ -320,6 +343,55 @@ impl QuotaController {
     }
 }
 
+/// The cluster's DeviceClasses, waking `changed` on each change. Where `resource.k8s.io/v1`
+/// serves none (before Kubernetes 1.34, or DRA off) no class can exist: the store is ready and
+/// empty (enabling DRA later needs a restart, as for the claim cache).
+fn watch_classes(client: Client, changed: Arc<Notify>) -> Store<DeviceClass> {
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    let (store, writer) = kube::runtime::reflector::store();
+    tokio::spawn(async move {
+        if !crate::controller::claims::served(&client, "deviceclasses").await {
+            info!("resource.k8s.io/v1 is not served: no DeviceClass to hold at 0");
+            crate::controller::claims::mark_synced_empty(writer);
+            return;
+        }
+        let events = watcher(Api::<DeviceClass>::all(client), watcher::Config::default())
+            .default_backoff()
+            .modify(|c: &mut DeviceClass| c.metadata.managed_fields = None);
+        let stream = kube::runtime::reflector::reflector(writer, events);
+        futures::pin_mut!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(_) => changed.notify_one(),
+                Err(e) => warn!(error = %e, "DeviceClass watch error; retrying with backoff"),
+            }
+        }
+    });
+    store
+}
+
+/// [`CLAIM_POLICY`] on a quota's status: `False` naming what keeps the claim-class policy from
+/// reading the operator's params, `True` when it reads them, unchanged where the binding cannot
+/// be read (`binding` is `None`).
+fn report_binding(st: &mut TenantGpuQuotaStatus, binding: Option<&Option<String>>, g: Option<i64>, now: &Time) {
+    match binding {
+        Some(Some(problem)) => {
+            set_condition(&mut st.conditions, CLAIM_POLICY, false, "ParamsNotRead", problem, g, now.clone())
+        }
+        Some(None) => set_condition(
+            &mut st.conditions,
+            CLAIM_POLICY,
+            true,
+            "Bound",
+            "the claim-class policy reads the operator's params",
+            g,
+            now.clone(),
+        ),
+        None => {}
+    }
+}
+
 /// Whether `rq` already is what `a` would write (the plan checked that it is this quota's).
 fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     let hard_ok =
@@ -330,5 +402,7 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     hard_ok && annotated
 }
 
+#[cfg(test)]
+mod start_tests;
 #[cfg(test)]
 mod tests;

@@ -64,11 +64,10 @@ impl ClaimCache {
     }
 }
 
-/// Whether the API server serves `resource` (ResourceClaims, ResourceSlices) in
-/// `resource.k8s.io/v1`. Asked until it answers: any answer but "not found" counts as served, and
-/// the watch then retries (and holds the passes) until it can list them, rather than plan a
-/// drain blind to claims or slices.
-pub(super) async fn served(client: &Client, resource: &str) -> bool {
+/// Whether the API server serves `resource` (e.g. `resourceclaims`) in `resource.k8s.io/v1`.
+/// Asked until it answers: any answer but "not found" counts as served, and the watch then
+/// retries (and holds the passes) until it can list them, rather than plan blind to them.
+pub(crate) async fn served(client: &Client, resource: &str) -> bool {
     loop {
         match client.list_api_group_resources("resource.k8s.io/v1").await {
             Ok(list) => return list.resources.iter().any(|r| r.name == resource),
@@ -82,7 +81,7 @@ pub(super) async fn served(client: &Client, resource: &str) -> bool {
 }
 
 /// An empty list, fully read: the store is ready and holds nothing.
-pub(super) fn mark_synced_empty<K>(mut writer: Writer<K>)
+pub(crate) fn mark_synced_empty<K>(mut writer: Writer<K>)
 where
     K: kube::Resource + Clone + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,

@@ -8,11 +8,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use tessera_crds::TenantGpuQuota;
 use tessera_crds::catalog;
 use tessera_crds::quota::{AllocationPath, UnlistedPolicy};
-use tessera_crds::validate::GPU_RESOURCE;
+use tessera_crds::validate::{GPU_RESOURCE, is_dns1123_label};
 
 use crate::dra::GpuDrivers;
 
@@ -20,6 +21,8 @@ use crate::dra::GpuDrivers;
 pub const CLASS_SUFFIX: &str = ".tessera.dev";
 /// The ResourceQuota key suffix that counts a class's devices.
 pub const DEVICES_KEY_SUFFIX: &str = ".deviceclass.resource.k8s.io/devices";
+/// The params key listing all of Tessera's classes, and the `<ns>.allowed` value meaning "all".
+pub const ALL_OURS: &str = "_tessera";
 /// The ConfigMap (in the operator's namespace) the claim-class policy reads as its params.
 pub const POLICY_PARAMS: &str = "tessera-claim-classes";
 
@@ -79,11 +82,21 @@ pub fn managed_class(res: &str, drivers: &GpuDrivers) -> Option<ClassApply> {
 }
 
 /// The driver a CEL selector pins: `Some(X)` when the expression is a conjunction (at the top
-/// level: no `||`, `?:`) with a conjunct `device.driver == 'X'`. Anything else is `None`.
+/// level: no `||`, `?:`) with a conjunct `device.driver == 'X'`. Anything else is `None`, and so
+/// is any text this reader does not follow: comments (`//`), line breaks, triple-quoted strings
+/// and prefixed (raw or bytes) strings, each of which can hide an `||` from it.
 pub fn pinned_driver(expr: &str) -> Option<String> {
+    if ["//", "\n", "\r", "'''", r#"""""#].iter().any(|s| expr.contains(s)) {
+        return None;
+    }
     let mut parts = vec![String::new()];
     let (mut depth, mut quote, mut chars) = (0i32, None::<char>, expr.chars().peekable());
+    let mut prev = ' ';
     while let Some(c) = chars.next() {
+        let before = std::mem::replace(&mut prev, c);
+        if quote.is_none() && (c == '\'' || c == '"') && before.is_ascii_alphanumeric() {
+            return None; // r'..', R"..", b'..': a prefixed string is not read
+        }
         if let Some(q) = quote {
             if c == '\\' {
                 return None; // escapes: not read, so not trusted
@@ -134,12 +147,15 @@ fn driver_equals(term: &str) -> Option<String> {
 
 /// Whether `class` can match devices of a GPU driver: true unless one of its selectors is a
 /// conjunction pinning another driver (an upper bound: what cannot be read reaches GPUs).
+/// NVIDIA's driver always counts, even when `--gpu-dra-drivers` leaves it out: its devices are
+/// GPUs whatever the flag says, so a class of them is never open.
 pub fn reaches_gpus(class: &DeviceClass, drivers: &GpuDrivers) -> bool {
     let selectors = class.spec.as_ref().and_then(|s| s.selectors.as_ref());
+    let gpu_driver = |d: &str| d == crate::dra::NVIDIA_GPU_DRIVER || drivers.contains(d);
     !selectors
         .into_iter()
         .flatten()
-        .any(|s| s.cel.as_ref().and_then(|c| pinned_driver(&c.expression)).is_some_and(|d| !drivers.contains(&d)))
+        .any(|s| s.cel.as_ref().and_then(|c| pinned_driver(&c.expression)).is_some_and(|d| !gpu_driver(&d)))
 }
 
 /// The cluster's DeviceClasses as quotas see them.
@@ -235,11 +251,20 @@ pub fn managed_classes(
 }
 
 /// The params of the claim-class policy: `_open` (classes proven not to reach GPUs),
-/// `_reaching` (those that do), and per tenant namespace `<ns>.quota` (who claims it),
-/// `<ns>.allowed` (Tessera's classes where every claiming quota allocates through claims) and
-/// `<ns>.hint` (what to use instead). Values are space-separated.
+/// `_reaching` (those that do), `_tessera` (all of Tessera's), and per tenant namespace
+/// `<ns>.quota` (who claims it), `<ns>.allowed` (`_tessera` when all of ours) and `<ns>.hint`
+/// (what to use instead). Values are space-separated.
+///
+/// A class of Tessera's is allowed in a namespace only where one valid quota alone claims it,
+/// allocates through claims, and its ResourceQuota there as cached (so: written) already limits
+/// that class ([`allowed_classes`]). The params are written before the ResourceQuotas, so they
+/// close at once and open only a pass after the limit is in place: a failed write, or a process
+/// that dies in between, leaves a class closed, never unlimited. An invalid or conflicted quota
+/// closes its namespaces. `quotas` are the live ones; `valid` names those that passed validation.
 pub fn policy_data(
     quotas: &[&TenantGpuQuota],
+    valid: &BTreeSet<&str>,
+    rqs: &[ResourceQuota],
     resources: &BTreeSet<String>,
     view: &ClassView,
 ) -> BTreeMap<String, String> {
@@ -247,36 +272,140 @@ pub fn policy_data(
     let mut data = BTreeMap::new();
     data.insert("_open".to_string(), join(&mut view.open.iter().cloned()));
     data.insert("_reaching".to_string(), join(&mut view.reaching.iter().cloned()));
+    // Every class of ours, once: a namespace where all are open says `_tessera` (no class name
+    // starts with `_`), which keeps the ConfigMap far under its 1 MiB with thousands of tenants.
+    let all: BTreeSet<String> = resources.iter().filter_map(|r| class_of_resource(r)).collect();
+    data.insert(ALL_OURS.to_string(), join(&mut all.iter().cloned()));
     let mut by_ns: BTreeMap<&str, Vec<&TenantGpuQuota>> = BTreeMap::new();
     for q in quotas {
-        for ns in &q.spec.namespaces {
+        // An invalid quota may list a name that is no valid ConfigMap key: it would fail the
+        // whole write, for every tenant. No such namespace can exist, so nothing is lost.
+        for ns in q.spec.namespaces.iter().filter(|ns| is_dns1123_label(ns)) {
             by_ns.entry(ns.as_str()).or_default().push(q);
         }
     }
     for (ns, qs) in by_ns {
         let names = join(&mut qs.iter().map(|q| q.metadata.name.clone().unwrap_or_default()));
-        let claims = qs.iter().all(|q| q.spec.allocation == AllocationPath::ResourceClaims);
-        let (allowed, hint) = if claims {
-            // Every class of ours is open: the quota's keys limit each (0, a share, or unlimited).
+        let q = qs[0];
+        let name = q.metadata.name.as_deref().unwrap_or_default();
+        let (allowed, hint) = if qs.len() > 1 {
+            (String::new(), "the namespace is claimed by more than one TenantGpuQuota (see their Conflict condition); no GPU class is open until one lets go".to_string())
+        } else if !valid.contains(name) {
+            (
+                String::new(),
+                format!("TenantGpuQuota {name} is invalid (see its status); no GPU class is open until it is fixed"),
+            )
+        } else if q.spec.allocation == AllocationPath::ExtendedResources {
+            (String::new(), "request nvidia.com/gpu or nvidia.com/mig-<profile> resources instead (spec.allocation: ExtendedResources)".to_string())
+        } else {
+            let allowed = allowed_classes(q, ns, rqs, resources);
             let granted: Vec<String> =
-                qs[0].spec.hard.iter().filter(|(_, n)| **n > 0).filter_map(|(r, _)| class_of_resource(r)).collect();
-            let unlimited = qs[0].spec.unlisted == UnlistedPolicy::Unlimited;
+                q.spec.hard.iter().filter(|(_, n)| **n > 0).filter_map(|(r, _)| class_of_resource(r)).collect();
+            let unlimited = q.spec.unlisted == UnlistedPolicy::Unlimited;
             let hint = if granted.is_empty() && !unlimited {
                 "this quota grants no GPU devices".to_string()
+            } else if granted.iter().any(|c| !allowed.contains(c)) {
+                format!(
+                    "the tenant's ResourceQuota is still being written; retry shortly (use {})",
+                    granted.join(" or ")
+                )
             } else if granted.is_empty() {
                 "use a class named <mig-profile|gpu>.tessera.dev".to_string()
             } else {
                 format!("use {}", granted.join(" or "))
             };
-            (join(&mut resources.iter().filter_map(|r| class_of_resource(r))), hint)
-        } else {
-            (String::new(), "request nvidia.com/gpu or nvidia.com/mig-<profile> resources instead (spec.allocation: ExtendedResources)".to_string())
+            let listed = if !allowed.is_empty() && allowed == all {
+                ALL_OURS.to_string()
+            } else {
+                join(&mut allowed.into_iter())
+            };
+            (listed, hint)
         };
         data.insert(format!("{ns}.quota"), names);
         data.insert(format!("{ns}.allowed"), allowed);
         data.insert(format!("{ns}.hint"), hint);
     }
     data
+}
+
+/// Tessera's classes a valid claims quota `q` opens in `ns`: those its ResourceQuota there
+/// already limits (a devices key in `spec.hard`), and with `unlisted: Unlimited` the classes of
+/// resources its `hard` does not list (unlimited by the spec itself, written or not).
+fn allowed_classes(
+    q: &TenantGpuQuota,
+    ns: &str,
+    rqs: &[ResourceQuota],
+    resources: &BTreeSet<String>,
+) -> BTreeSet<String> {
+    let ours = rqs.iter().filter(|rq| rq.metadata.namespace.as_deref() == Some(ns) && super::owned_by(rq, q));
+    let mut out: BTreeSet<String> = ours
+        .flat_map(|rq| rq.spec.iter().flat_map(|s| s.hard.iter().flatten()))
+        .filter_map(|(k, _)| class_of_key(k))
+        .filter(|c| resource_of_class(c).is_some())
+        .map(str::to_string)
+        .collect();
+    if q.spec.unlisted == UnlistedPolicy::Unlimited {
+        out.extend(resources.iter().filter(|r| !q.spec.hard.contains_key(*r)).filter_map(|r| class_of_resource(r)));
+    }
+    out
+}
+
+/// After a switch of `spec.allocation` the other path's objects stay (pods holding the extended
+/// resource, allocated claims): the new path gets the share less what the other path still
+/// holds in this namespace (`used`: the ResourceQuota's `status.used`, keyed as written), never
+/// below 0. The other path's limit is 0, so its usage only falls and each pass gives back what
+/// it freed. Returns a note per reduced resource, for the status.
+pub fn reduce_for_other_path(
+    mode: AllocationPath,
+    share: &BTreeMap<String, i64>,
+    used: &BTreeMap<String, i64>,
+    hard: &mut BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (res, &n) in share {
+        let Some(class) = class_of_resource(res) else { continue };
+        let (new_key, old_key, old_path) = match mode {
+            AllocationPath::ResourceClaims => (devices_key(&class), format!("requests.{res}"), "extended resources"),
+            AllocationPath::ExtendedResources => (format!("requests.{res}"), devices_key(&class), "claims"),
+        };
+        let held = used.get(&old_key).copied().unwrap_or(0);
+        if held > 0 && hard.contains_key(&new_key) {
+            hard.insert(new_key, (n - held).max(0).to_string());
+            notes.push(format!("{res}: share {n} reduced while the other path ({old_path}) still holds {held}"));
+        }
+    }
+    notes
+}
+
+/// The status condition on every quota that says whether the claim-class policy reads the
+/// params the operator writes.
+pub const CLAIM_POLICY: &str = "ClaimPolicyBound";
+
+/// What is wrong with the claim-class policy's binding (`tessera-claim-classes`), read by the
+/// operator whose params live in `namespace`: `None` when its `paramRef` names our ConfigMap
+/// there. With `parameterNotFoundAction: Allow` a binding pointing elsewhere finds no params
+/// and allows every class, silently; `binding` is `None` when the binding does not exist.
+pub fn binding_problem(
+    binding: Option<&k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>,
+    namespace: &str,
+) -> Option<String> {
+    let Some(b) = binding else {
+        return Some(format!(
+            "ValidatingAdmissionPolicyBinding {POLICY_PARAMS} not found: claims of a DeviceClass created between two \
+             quota passes are not refused in tenant namespaces (install config/rbac/claim-classes.yaml or the chart)"
+        ));
+    };
+    let r = b.spec.param_ref.as_ref();
+    let (name, ns) = (r.and_then(|r| r.name.as_deref()), r.and_then(|r| r.namespace.as_deref()));
+    (name != Some(POLICY_PARAMS) || ns != Some(namespace)).then(|| {
+        format!(
+            "ValidatingAdmissionPolicyBinding {POLICY_PARAMS} reads params {}/{} but the operator writes \
+             {namespace}/{POLICY_PARAMS}: the policy finds no params and allows every class \
+             (parameterNotFoundAction: Allow); set its spec.paramRef.namespace to {namespace}",
+            ns.unwrap_or("<unset>"),
+            name.unwrap_or("<unset>")
+        )
+    })
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use tessera_crds::validate::validate_quota;
 
 use super::{
     Apply, Capacity, Delete, QUOTA_LABEL, QuotaPlan, fallback_resource_quota_name, owned_by, physical,
-    quota_label_value, resource_quota_name, shares, unlisted_gpu_resources, used_in, written_by,
+    quota_label_value, resource_quota_name, shares, unlisted_gpu_resources, used_in, used_raw, written_by,
 };
 
 /// What every quota's steps read: the pass's inputs and the fleet-wide facts.
@@ -82,7 +82,7 @@ pub(super) fn plan_quota(p: &Pass<'_>, q: &TenantGpuQuota, plan: &mut QuotaPlan,
     let conflicts = conflicts(p, q, &name);
     let missing: Vec<&String> = q.spec.namespaces.iter().filter(|ns| !p.existing_namespaces.contains(*ns)).collect();
     st.namespaces.clear();
-    let (used_total, taken) = enforce(p, q, &name, plan, wanted, &mut st.namespaces);
+    let (used_total, taken, reduced) = enforce(p, q, &name, plan, wanted, &mut st.namespaces);
     st.resources = q
         .spec
         .hard
@@ -94,7 +94,8 @@ pub(super) fn plan_quota(p: &Pass<'_>, q: &TenantGpuQuota, plan: &mut QuotaPlan,
         .collect();
     set_conflict_and_stalled(p, &mut st, &conflicts, &taken, g);
     set_capacity(p, &mut st, g);
-    let notes = notes(p, q, &missing, &used_total);
+    let mut notes = notes(p, q, &missing, &used_total);
+    notes.extend(reduced);
     let over_physical = notes.iter().any(|n| n.contains("over the physical limit"));
     let ready = conflicts.is_empty() && taken.is_empty() && missing.is_empty() && !over_physical;
     let (reason, msg) = if !conflicts.is_empty() {
@@ -128,7 +129,8 @@ fn conflicts(p: &Pass<'_>, q: &TenantGpuQuota, name: &str) -> Vec<String> {
 }
 
 /// Applies the quota's share in each namespace it alone claims and that exists; returns the
-/// usage summed over them, and why a share could not go under its usual name.
+/// usage summed over them, why a share could not go under its usual name, and where a share is
+/// cut while the other allocation path still holds devices ([`super::claims::reduce_for_other_path`]).
 fn enforce(
     p: &Pass<'_>,
     q: &TenantGpuQuota,
@@ -136,9 +138,9 @@ fn enforce(
     plan: &mut QuotaPlan,
     wanted: &mut Wanted,
     namespaces: &mut Vec<NamespaceUsage>,
-) -> (BTreeMap<String, i64>, Vec<String>) {
+) -> (BTreeMap<String, i64>, Vec<String>, Vec<String>) {
     let mut used_total: BTreeMap<String, i64> = BTreeMap::new();
-    let mut taken: Vec<String> = Vec::new();
+    let (mut taken, mut reduced): (Vec<String>, Vec<String>) = Default::default();
     for (ns, share) in shares(&q.spec) {
         if p.claimed_twice(&ns) {
             // A GitOps typo in another quota must not lift this tenant's limits.
@@ -152,7 +154,10 @@ fn enforce(
             p.keep_enforced(q, &ns, wanted);
             continue;
         };
-        let hard = hard(p, q, &share);
+        let mut hard = hard(p, q, &share);
+        let raw = used_raw(p.resource_quotas, &ns, &rq_name);
+        let cut = super::claims::reduce_for_other_path(q.spec.allocation, &share, &raw, &mut hard);
+        reduced.extend(cut.into_iter().map(|c| format!("namespace {ns}: {c}")));
         let used = used_in(p.resource_quotas, &ns, &rq_name);
         plan.apply.push(Apply { namespace: ns.clone(), quota: name.to_string(), name: rq_name.clone(), hard });
         wanted.insert((ns.clone(), rq_name));
@@ -161,7 +166,7 @@ fn enforce(
         }
         namespaces.push(NamespaceUsage { namespace: ns, hard: share, used });
     }
-    (used_total, taken)
+    (used_total, taken, reduced)
 }
 
 /// The name of the quota's ResourceQuota in `ns`: [`resource_quota_name`], or the fallback when

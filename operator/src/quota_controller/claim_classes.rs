@@ -6,24 +6,26 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::QuotaController;
 use crate::controller::MANAGER;
 use crate::quota::QuotaPlan;
-use crate::quota::claims::{ClassApply, POLICY_PARAMS};
+use crate::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem};
 
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "tessera");
 
 impl QuotaController {
     /// Applies the planned classes that differ from the cluster's and the policy params when
-    /// they changed; returns the number of failed writes.
-    pub(super) async fn write_claim_classes(&self, plan: &QuotaPlan, classes: &[Arc<DeviceClass>]) -> usize {
-        let mut failed = 0;
+    /// they changed; returns what failed (reported on every quota's status: the params serve all
+    /// tenant namespaces).
+    pub(super) async fn write_claim_classes(&self, plan: &QuotaPlan, classes: &[Arc<DeviceClass>]) -> Vec<String> {
+        let mut failed = Vec::new();
         for c in &plan.device_classes {
             if classes.iter().any(|have| is_current(have, c)) {
                 continue;
@@ -38,30 +40,57 @@ impl QuotaController {
             {
                 self.metrics.error("kube");
                 warn!(class = %c.name, error = %e, "could not apply a DeviceClass; retrying");
-                failed += 1;
+                failed.push(format!("DeviceClass {}: {e}", c.name));
             }
         }
         let have = self.policy_params.state().first().and_then(|cm| cm.data.clone()).unwrap_or_default();
-        if have != plan.policy && !self.write_policy(&plan.policy).await {
-            failed += 1;
+        if have != plan.policy
+            && let Err(e) = self.write_policy(&plan.policy).await
+        {
+            failed.push(format!("claim-class policy params ConfigMap {}/{POLICY_PARAMS}: {e}", self.namespace));
         }
         failed
     }
 
-    async fn write_policy(&self, data: &BTreeMap<String, String>) -> bool {
+    async fn write_policy(&self, data: &BTreeMap<String, String>) -> Result<(), kube::Error> {
         let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": POLICY_PARAMS, "namespace": self.namespace,
                 "labels": {MANAGED_BY.0: MANAGED_BY.1}},
             "data": data});
         let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
         match api.patch(POLICY_PARAMS, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await {
-            Ok(_) => true,
+            Ok(_) => Ok(()),
             Err(e) => {
                 self.metrics.error("kube");
                 warn!(namespace = %self.namespace, error = %e, "could not write the claim-class policy params; retrying");
-                false
+                Err(e)
             }
         }
+    }
+}
+
+impl QuotaController {
+    /// Reads the claim-class policy's binding: `Some(problem)` ([`binding_problem`]), or `None`
+    /// where it cannot be read (no RBAC for `validatingadmissionpolicybindings`: not checked).
+    /// A problem is logged when it changes and counted every pass (`claim_policy_binding`).
+    pub(super) async fn check_binding(&self) -> Option<Option<String>> {
+        let api = Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone());
+        let found = match api.get_opt(POLICY_PARAMS).await {
+            Ok(b) => binding_problem(b.as_ref(), &self.namespace),
+            Err(e) => {
+                debug!(error = %e, "could not read the claim-class policy binding; not checked");
+                return None;
+            }
+        };
+        let mut last = self.binding_problem.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = &found {
+            self.metrics.error("claim_policy_binding");
+            if last.as_ref() != Some(p) {
+                warn!(problem = %p, "the claim-class policy does not read the operator's params");
+            }
+        }
+        *last = found.clone();
+        Some(found)
     }
 }
 

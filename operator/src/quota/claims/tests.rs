@@ -68,6 +68,15 @@ fn only_a_plain_conjunction_pins_a_driver() {
         ("device.driver == 'x.example' && device.driver == 'gpu.nvidia.com'", Some("x.example")),
         ("(device.driver == 'x.example'", None),
         ("", None),
+        // Comments, newlines, triple-quoted and raw strings are not read: each can hide an `||`.
+        ("device.driver == 'fpga.example.com' && true // (\n|| true // )", None),
+        ("device.driver == 'fpga.example.com' && true // (", None),
+        ("device.driver == 'fpga.example.com'\n&& true", None),
+        ("device.driver == 'fpga.example.com' && '''a' || true || 'b'''.size() > 0", None),
+        (r#"device.driver == 'fpga.example.com' && """a" || true || "b""".size() > 0"#, None),
+        ("device.driver == r'fpga.example.com' && true", None),
+        (r#"device.driver == 'fpga.example.com' && R"x\" || true || \"" != ''"#, None),
+        ("device.driver == 'fpga.example.com' && b'x' != b''", None),
     ];
     for (expr, want) in cases {
         assert_eq!(pinned_driver(expr).as_deref(), *want, "{expr}");
@@ -104,6 +113,18 @@ fn a_class_reaches_gpus_unless_a_selector_pins_another_driver() {
     // A driver added to --gpu-dra-drivers makes its pinned classes GPU-reaching.
     let fpga_gpus = GpuDrivers::new(["gpu.nvidia.com", "fpga.example.com"]);
     assert!(reaches_gpus(&cases[4].0, &fpga_gpus));
+}
+
+/// `--gpu-dra-drivers` empty (or without NVIDIA's driver): NVIDIA's own classes still reach GPUs,
+/// so tenant namespaces hold them at 0 and the policy does not list them as open.
+#[test]
+fn nvidias_driver_reaches_gpus_whatever_the_driver_list_says() {
+    let nvidia_class = class("gpu.nvidia.com", &["device.driver == 'gpu.nvidia.com'"], None);
+    for drivers in [GpuDrivers::new(Vec::<String>::new()), GpuDrivers::new(["gpu.example.com"])] {
+        assert!(reaches_gpus(&nvidia_class, &drivers), "{drivers:?}");
+        let v = ClassView::of([&nvidia_class], &drivers);
+        assert!(v.reaching.contains("gpu.nvidia.com") && v.open.is_empty(), "{v:?}");
+    }
 }
 
 fn view() -> ClassView {
@@ -214,12 +235,18 @@ fn the_policy_params_list_what_each_tenant_namespace_may_use() {
         quota("team-c", &["shared"], "ExtendedResources"),
     );
     let resources: BTreeSet<String> = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"].map(String::from).into();
-    let d = policy_data(&[&a, &b, &c], &resources, &view());
+    let valid: BTreeSet<&str> = ["team-a", "team-b", "team-c"].into();
+    let written = our_rq("team-b", "b", &[(&format!("mig-1g.10gb.tessera.dev{DEV}"), "3")], &[]);
+    let d = policy_data(&[&a, &b, &c], &valid, &[written], &resources, &view());
     assert_eq!(d["_open"], "fpga fpga-ext");
     assert_eq!(d["_reaching"], "dra-ext dra-ours mig-1g.10gb.tessera.dev mig.nvidia.com");
     assert_eq!((d["a.quota"].as_str(), d["a.allowed"].as_str()), ("team-a", ""));
     assert!(d["a.hint"].contains("nvidia.com/mig-<profile>"));
-    assert_eq!(d["b.allowed"], "gpu.tessera.dev mig-1g.10gb.tessera.dev");
+    // All of ours: named once under `_tessera`.
+    assert_eq!(
+        (d["b.allowed"].as_str(), d["_tessera"].as_str()),
+        ("_tessera", "gpu.tessera.dev mig-1g.10gb.tessera.dev")
+    );
     assert_eq!(d["b.hint"], "use mig-1g.10gb.tessera.dev");
     // Claimed by two quotas: the stricter rule (only what both allow).
     assert_eq!((d["shared.quota"].as_str(), d["shared.allowed"].as_str()), ("team-b team-c", ""));
@@ -249,7 +276,8 @@ fn a_claims_quota_is_planned_with_class_keys_and_counts_usage_on_both_paths() {
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let plan = plan_quotas_dra(&[q], &["a".to_string()].into(), &[rq], &Capacity::default(), &dra, now);
     let hard = &plan.apply[0].hard;
-    assert_eq!(hard[&format!("mig-1g.10gb.tessera.dev{DEV}")], "3");
+    // One device is still held through the extended resource: the claims path gets 3 - 1.
+    assert_eq!(hard[&format!("mig-1g.10gb.tessera.dev{DEV}")], "2");
     assert_eq!(hard["requests.nvidia.com/mig-1g.10gb"], "0");
     assert_eq!(hard[&format!("mig.nvidia.com{DEV}")], "0");
     let st = &plan.statuses["team-a"];
@@ -309,4 +337,168 @@ async fn the_controller_applies_missing_classes_and_params_and_leaves_current_on
     cm.data.as_mut().unwrap().insert("b.allowed".into(), "mig.nvidia.com".into());
     let fixed = requests_for(classes, vec![cm]).await;
     assert!(fixed.iter().any(|(p, _)| p == cm_path), "{fixed:?}");
+}
+
+/// Our ResourceQuota of quota `q` (uid `uid-<q>`) in `ns` with `hard` and `used`.
+fn our_rq(
+    q: &str,
+    ns: &str,
+    hard: &[(&str, &str)],
+    used: &[(&str, &str)],
+) -> k8s_openapi::api::core::v1::ResourceQuota {
+    use crate::quota::{quota_label_value, resource_quota_name};
+    let m = |p: &[(&str, &str)]| p.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>();
+    serde_json::from_value(json!({"metadata": {"name": resource_quota_name(q), "namespace": ns,
+        "labels": {"tessera.dev/quota": quota_label_value(q)},
+        "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": q,
+                             "uid": format!("uid-{q}"), "controller": true}]},
+        "spec": {"hard": m(hard)}, "status": {"used": m(used)}}))
+    .unwrap()
+}
+
+fn plan_of(
+    quotas: &[TenantGpuQuota],
+    nss: &[&str],
+    rqs: &[k8s_openapi::api::core::v1::ResourceQuota],
+) -> crate::quota::QuotaPlan {
+    use crate::quota::{Capacity, Dra, plan_quotas_dra};
+    let dra = Dra { classes: view(), drivers: nvidia() };
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
+    let nss = nss.iter().map(|s| s.to_string()).collect();
+    plan_quotas_dra(quotas, &nss, rqs, &Capacity::default(), &dra, now)
+}
+
+/// Finding 1: the policy opens a class of ours in a namespace only once the quota's own
+/// ResourceQuota there (as cached: written) limits it; never for an invalid or conflicted quota,
+/// whatever the specs say. Otherwise a failed or not-yet-made write leaves the class unlimited.
+#[test]
+fn the_policy_opens_a_class_only_where_a_written_resource_quota_limits_it() {
+    let mig = format!("mig-1g.10gb.tessera.dev{DEV}");
+    let mut b = quota("team-b", &["b"], "ResourceClaims");
+    // With `unlisted: Unlimited` the classes of unlisted resources are open (no limit by the
+    // spec itself), but never the class of a limited resource before its key is written.
+    let p = plan_of(std::slice::from_ref(&b), &["b"], &[]);
+    let open: Vec<&str> = p.policy["b.allowed"].split(' ').collect();
+    assert!(open.contains(&"gpu.tessera.dev") && !open.contains(&"mig-1g.10gb.tessera.dev"), "{open:?}");
+    assert!(p.policy["b.hint"].contains("still being written"), "{:?}", p.policy["b.hint"]);
+    b.spec.unlisted = UnlistedPolicy::Zero;
+    // Nothing written yet (first pass, or the write failed, or the process died after the params).
+    let p = plan_of(std::slice::from_ref(&b), &["b"], &[]);
+    assert_eq!((p.policy["b.quota"].as_str(), p.policy["b.allowed"].as_str()), ("team-b", ""));
+    // An extended-resources ResourceQuota (no key of ours): still closed.
+    let old = our_rq("team-b", "b", &[("requests.nvidia.com/mig-1g.10gb", "3")], &[]);
+    assert_eq!(plan_of(std::slice::from_ref(&b), &["b"], &[old]).policy["b.allowed"], "");
+    // Written with the class's key: that class opens, and only it.
+    let written = our_rq("team-b", "b", &[("requests.nvidia.com/mig-1g.10gb", "0"), (&mig, "3")], &[]);
+    let p = plan_of(std::slice::from_ref(&b), &["b"], std::slice::from_ref(&written));
+    assert_eq!(p.policy["b.allowed"], "mig-1g.10gb.tessera.dev");
+    // A user's ResourceQuota carrying the key does not open it (only ours counts).
+    let mut theirs = written.clone();
+    theirs.metadata.owner_references = None;
+    assert_eq!(plan_of(std::slice::from_ref(&b), &["b"], &[theirs]).policy["b.allowed"], "");
+
+    // A mode switch whose edit also makes the spec invalid: the old ResourceQuota is kept and
+    // nothing opens (nor are classes made for it).
+    let mut bad = b.clone();
+    bad.spec.hard.insert("nvidia.com/mig-bogus".into(), 1);
+    let old = our_rq("team-b", "b", &[("requests.nvidia.com/mig-1g.10gb", "3")], &[]);
+    let p = plan_of(&[bad], &["b"], &[old]);
+    assert_eq!(p.policy["b.allowed"], "", "{:?}", p.policy);
+    assert!(p.policy["b.hint"].contains("invalid"), "{:?}", p.policy);
+    assert!(p.device_classes.is_empty());
+    // Invalid even with our keys written before: closed until it is fixed.
+    let mut bad = b.clone();
+    bad.spec.hard.insert("nvidia.com/mig-bogus".into(), 1);
+    assert_eq!(plan_of(&[bad], &["b"], std::slice::from_ref(&written)).policy["b.allowed"], "");
+
+    // Claimed by two claims quotas: a conflict, closed.
+    let mut c = quota("team-c", &["b"], "ResourceClaims");
+    c.spec.unlisted = UnlistedPolicy::Zero;
+    let p = plan_of(&[b, c], &["b"], &[written]);
+    assert_eq!((p.policy["b.quota"].as_str(), p.policy["b.allowed"].as_str()), ("team-b team-c", ""));
+}
+
+/// Finding 4: params come from valid quotas only; a namespace that is no valid name never
+/// becomes a ConfigMap key (which would fail the write for every tenant).
+#[test]
+fn an_invalid_namespace_name_never_becomes_a_params_key() {
+    let mut q = quota("team-x", &["a/b", "ok"], "ResourceClaims");
+    q.spec.unlisted = UnlistedPolicy::Zero;
+    let p = plan_of(&[q], &["ok"], &[]);
+    assert!(p.policy.keys().all(|k| !k.contains('/')), "{:?}", p.policy);
+    assert_eq!(p.policy["ok.allowed"], "");
+}
+
+/// Finding 2: switching `spec.allocation` gives the new path the share less what the old path
+/// still holds in that namespace (the old path is at 0, so that only falls), and says so.
+#[test]
+fn a_switched_path_gets_the_share_less_what_the_old_path_still_holds() {
+    let mig = format!("mig-1g.10gb.tessera.dev{DEV}");
+    let rq_name = "requests.nvidia.com/mig-1g.10gb";
+    // To claims: 2 of 3 still held by pods through the extended resource.
+    let b = quota("team-b", &["b"], "ResourceClaims");
+    let rq = our_rq("team-b", "b", &[(rq_name, "0"), (&mig, "3")], &[(rq_name, "2"), (&mig, "0")]);
+    let p = plan_of(std::slice::from_ref(&b), &["b"], &[rq]);
+    assert_eq!((p.apply[0].hard[&mig].as_str(), p.apply[0].hard[rq_name].as_str()), ("1", "0"));
+    let ready = p.statuses["team-b"].conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert!(ready.message.contains("still holds 2") && ready.message.contains("nvidia.com/mig-1g.10gb"), "{ready:?}");
+    // More held than the share: 0, never negative.
+    let rq = our_rq("team-b", "b", &[(rq_name, "0"), (&mig, "3")], &[(rq_name, "5")]);
+    assert_eq!(plan_of(std::slice::from_ref(&b), &["b"], &[rq]).apply[0].hard[&mig], "0");
+    // Once the old path is empty: the whole share.
+    let rq = our_rq("team-b", "b", &[(rq_name, "0"), (&mig, "1")], &[(rq_name, "0"), (&mig, "3")]);
+    let p = plan_of(std::slice::from_ref(&b), &["b"], &[rq]);
+    assert_eq!(p.apply[0].hard[&mig], "3");
+    let ready = p.statuses["team-b"].conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert!(!ready.message.contains("still holds"), "{ready:?}");
+    // Back to extended resources: 3 claims allocated leave the extended resource at 0.
+    let a = quota("team-b", &["b"], "ExtendedResources");
+    let rq = our_rq("team-b", "b", &[(rq_name, "0"), (&mig, "3")], &[(rq_name, "0"), (&mig, "3")]);
+    let p = plan_of(&[a], &["b"], &[rq]);
+    assert_eq!((p.apply[0].hard[rq_name].as_str(), p.apply[0].hard[&mig].as_str()), ("0", "0"));
+}
+
+/// Finding 6: a binding whose paramRef is not the operator's params ConfigMap (another
+/// namespace) turns the policy off silently (`parameterNotFoundAction: Allow`): it is named.
+#[test]
+fn a_binding_reading_params_elsewhere_or_missing_is_named() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+    let binding = |name: &str, ns: Option<&str>| -> ValidatingAdmissionPolicyBinding {
+        serde_json::from_value(json!({"metadata": {"name": "tessera-claim-classes"},
+            "spec": {"policyName": "tessera-claim-classes", "paramRef": {"name": name, "namespace": ns,
+                     "parameterNotFoundAction": "Allow"}}}))
+        .unwrap()
+    };
+    assert_eq!(binding_problem(Some(&binding("tessera-claim-classes", Some("gpu-ops"))), "gpu-ops"), None);
+    let elsewhere = binding_problem(Some(&binding("tessera-claim-classes", Some("tessera-system"))), "gpu-ops");
+    let msg = elsewhere.expect("named");
+    assert!(msg.contains("tessera-system/tessera-claim-classes") && msg.contains("gpu-ops/tessera-claim-classes"));
+    assert!(msg.contains("allows every class"), "{msg}");
+    assert!(binding_problem(Some(&binding("other", Some("gpu-ops"))), "gpu-ops").is_some());
+    assert!(binding_problem(Some(&binding("tessera-claim-classes", None)), "gpu-ops").is_some());
+    assert!(binding_problem(None, "gpu-ops").unwrap().contains("not found"));
+}
+
+/// Finding 4: the list of all of Tessera's classes is written once (`_tessera`), not per
+/// namespace, so thousands of tenant namespaces stay far under a ConfigMap's 1 MiB.
+#[test]
+fn all_of_our_classes_are_listed_once_and_thousands_of_namespaces_fit_a_config_map() {
+    let nss: Vec<String> = (0..3000).map(|i| format!("tenant-namespace-{i:05}")).collect();
+    let quotas: Vec<TenantGpuQuota> = nss
+        .chunks(60)
+        .enumerate()
+        .map(|(i, c)| quota(&format!("team-{i}"), &c.iter().map(String::as_str).collect::<Vec<_>>(), "ResourceClaims"))
+        .collect();
+    let mig = format!("mig-1g.10gb.tessera.dev{DEV}");
+    let rqs: Vec<_> = quotas
+        .iter()
+        .flat_map(|q| q.spec.namespaces.iter().map(move |ns| (q.metadata.name.clone().unwrap(), ns.clone())))
+        .map(|(q, ns)| our_rq(&q, &ns, &[(&mig, "3")], &[]))
+        .collect();
+    let names: Vec<&str> = nss.iter().map(String::as_str).collect();
+    let p = plan_of(&quotas, &names, &rqs);
+    assert_eq!(p.policy["tenant-namespace-00000.allowed"], "_tessera");
+    assert!(p.policy["_tessera"].split(' ').any(|c| c == "mig-1g.10gb.tessera.dev"));
+    let size: usize = p.policy.iter().map(|(k, v)| k.len() + v.len()).sum();
+    assert!(size < 1024 * 1024, "{size} bytes");
 }

@@ -1,0 +1,91 @@
+//! The quota controller's start (DeviceClass cache) and its reports of failed shared writes.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::Client;
+use serde_json::json;
+
+use super::*;
+use crate::quota::tests::store_of;
+
+/// An API server whose `resource.k8s.io/v1` discovery answers `discovery` (404: not served)
+/// and whose DeviceClass list answers `list`; a watch never answers.
+fn api(discovery: u16, list: u16) -> Client {
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| async move {
+        let (status, body) = match (req.uri().path(), req.uri().query().unwrap_or_default()) {
+            ("/apis/resource.k8s.io/v1", _) => (
+                discovery,
+                json!({"kind": "APIResourceList", "groupVersion": "resource.k8s.io/v1",
+                "resources": [{"name": "deviceclasses", "singularName": "deviceclass", "namespaced": false,
+                "kind": "DeviceClass", "verbs": ["get", "list", "watch"]}]}),
+            ),
+            ("/apis/resource.k8s.io/v1/deviceclasses", q) if q.contains("watch=true") => {
+                futures::future::pending::<()>().await;
+                unreachable!()
+            }
+            ("/apis/resource.k8s.io/v1/deviceclasses", _) => (
+                list,
+                json!({"kind": "DeviceClassList", "apiVersion": "resource.k8s.io/v1",
+                "metadata": {"resourceVersion": "5"}, "items": []}),
+            ),
+            (path, _) => panic!("unexpected request {path}"),
+        };
+        let body = if status == 200 { body } else { json!({"kind": "Status", "code": status, "message": "no"}) };
+        Ok::<_, std::convert::Infallible>(
+            http::Response::builder()
+                .status(status)
+                .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap(),
+        )
+    });
+    Client::new(service, "default")
+}
+
+/// Finding 5: without `resource.k8s.io/v1` the DeviceClass cache is ready and empty (it
+/// used to wait forever, and the whole operator with it); forbidden, it is not ready.
+#[tokio::test]
+async fn device_classes_are_ready_and_empty_without_the_api_and_not_ready_while_forbidden() {
+    let none = watch_classes(api(404, 500), Arc::new(Notify::new()));
+    tokio::time::timeout(Duration::from_secs(5), none.wait_until_ready()).await.expect("ready").unwrap();
+    assert!(none.state().is_empty());
+    let listed = watch_classes(api(200, 200), Arc::new(Notify::new()));
+    tokio::time::timeout(Duration::from_secs(5), listed.wait_until_ready()).await.expect("ready").unwrap();
+    let forbidden = watch_classes(api(200, 403), Arc::new(Notify::new()));
+    assert!(tokio::time::timeout(Duration::from_millis(300), forbidden.wait_until_ready()).await.is_err());
+}
+
+/// Finding 5: DeviceClasses that cannot be listed hold the quota passes, not the caches
+/// `run.rs` waits on before the rollout controller starts.
+#[tokio::test]
+async fn the_quota_caches_are_ready_while_device_classes_are_not() {
+    let (classes, _writer) = kube::runtime::reflector::store::<DeviceClass>();
+    let c = QuotaController::from_stores(api(404, 500), store_of(vec![]), store_of(vec![]), store_of(vec![]))
+        .with_dra(classes, store_of(Vec::<ConfigMap>::new()));
+    tokio::time::timeout(Duration::from_secs(2), c.wait_ready()).await.expect("ready without DeviceClasses");
+    assert!(tokio::time::timeout(Duration::from_millis(200), c.wait_classes()).await.is_err());
+}
+
+/// Finding 4: a failed write of the policy params is reported on the quotas' status
+/// (`WriteFailed`, naming the ConfigMap), not only logged.
+#[tokio::test]
+async fn a_failed_params_write_is_reported_on_the_quota_status() {
+    use tessera_crds::TenantGpuQuota;
+    use tessera_crds::conditions::{RECONCILING, find};
+    let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "team-b", "uid": "uid-b"},
+        "spec": {"namespaces": ["b"], "hard": {"nvidia.com/mig-1g.10gb": 3}, "allocation": "ResourceClaims"}}))
+    .unwrap();
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "b"}})).unwrap();
+    let (client, requests) = crate::quota::tests::api_refusing_writes_in_locked();
+    let mut c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![ns]));
+    c.namespace = "locked".into(); // the params' namespace refuses writes
+    assert!(matches!(c.reconcile().await, Err(crate::Error::PartialPass(_))));
+    let requests = requests.lock().unwrap().clone();
+    let path = "/apis/tessera.dev/v1alpha1/tenantgpuquotas/team-b/status";
+    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("status written");
+    let st: tessera_crds::quota::TenantGpuQuotaStatus = serde_json::from_value(body["status"].clone()).unwrap();
+    let msg = &find(&st.conditions, RECONCILING).expect("Reconciling").message;
+    assert!(msg.contains("tessera-claim-classes") && msg.contains("lock-quotas"), "{msg}");
+}

@@ -170,6 +170,18 @@ enum SimCommand {
         #[arg(long)]
         mib: u64,
     },
+    /// The SM activity GPM reports for a MIG device (or, without --mig-uuid, a whole GPU with MIG
+    /// off), percent.
+    SetActivity {
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        mig_uuid: Option<String>,
+        #[arg(long)]
+        percent: f64,
+    },
     /// Make the simulated NVML library fail (or abort in) the n-th call of the functions whose
     /// name starts with a prefix.
     FailCall {
@@ -238,6 +250,9 @@ fn main() -> anyhow::Result<()> {
                 SimCommand::DriverRestart { state } => sim::driver_restart(&state)?,
                 SimCommand::HoldDevice { state, gpu, name, release } => sim::hold_device(&state, gpu, &name, !release)?,
                 SimCommand::LeakMemory { state, gpu, mig_uuid, mib } => sim::leak_memory(&state, gpu, &mig_uuid, mib)?,
+                SimCommand::SetActivity { state, gpu, mig_uuid, percent } => {
+                    sim::set_activity(&state, gpu, mig_uuid.as_deref(), percent)?
+                }
                 SimCommand::FailCall { state, function, nth, code, crash } => {
                     sim::add_call_fault(&state, sim::CallFault { function, nth, code, crash, seen: 0 })?
                 }

@@ -238,6 +238,31 @@ pub fn leak_memory(state: &Path, gpu: u32, mig_uuid: &str, mib: u64) -> Result<(
     sim.save(&st)
 }
 
+/// Sets the SM activity GPM reports (percent, 0-100) for a MIG device (by UUID) or, without one,
+/// for the whole GPU with MIG off.
+pub fn set_activity(state: &Path, gpu: u32, mig_uuid: Option<&str>, percent: f64) -> Result<(), Error> {
+    if !(0.0..=100.0).contains(&percent) {
+        return Err(Error::InvalidArgument(format!("--percent {percent}: SM activity is a percentage, 0 to 100")));
+    }
+    let sim = SimBackend::at(state);
+    let _lock = sim.lock()?;
+    let mut st = sim.load()?;
+    let g = model::gpu(&mut st, gpu)?;
+    match mig_uuid {
+        None => g.whole_sm_active_percent = percent,
+        Some(uuid) => {
+            let gi = g
+                .instances
+                .iter()
+                .find(|i| i.uuid == uuid)
+                .ok_or_else(|| Error::NotFound(format!("MIG device {uuid} on GPU {gpu}")))?
+                .gpu_instance_id;
+            g.sm_active_percent.insert(gi, percent);
+        }
+    }
+    sim.save(&st)
+}
+
 /// A client (by name) starts or stops holding a GPU's device open (see `SimGpu::holders`).
 pub fn hold_device(state: &Path, gpu: u32, holder: &str, holding: bool) -> Result<(), Error> {
     let sim = SimBackend::at(state);

@@ -7,5 +7,6 @@
 pub mod sample;
 pub mod tracker;
 pub mod write;
+pub mod writer;
 
 pub use tracker::{DeviceKey, Observation, Tracker};

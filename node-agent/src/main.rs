@@ -95,6 +95,13 @@ enum Command {
         /// Validity of the heartbeat lease the operator watches; renewed four times per period.
         #[arg(long, default_value_t = 40)]
         lease_duration_seconds: u64,
+        /// How often each MIG device's (or whole GPU's) activity is sampled.
+        #[arg(long, default_value_t = 30)]
+        activity_sample_seconds: u64,
+        /// At most one write of GpuNode.status.activity per this many seconds (and only on a
+        /// meaningful change).
+        #[arg(long, default_value_t = 300)]
+        activity_write_interval_seconds: u64,
     },
     /// Read-only: print the inventory and the NVML profile/placement table, and any difference
     /// from the built-in catalog.
@@ -220,6 +227,8 @@ fn main() -> anyhow::Result<()> {
             gpu_client_selector,
             dra_plugin_selector,
             lease_duration_seconds,
+            activity_sample_seconds,
+            activity_write_interval_seconds,
         } => {
             let advertise = advertise_resources.unwrap_or(backend.backend == BackendKind::Sim);
             let backend = backend.open()?;
@@ -234,6 +243,13 @@ fn main() -> anyhow::Result<()> {
                     gpu_client_selector,
                     dra_plugin_selector: Some(dra_plugin_selector),
                     lease_duration: Duration::from_secs(lease_duration_seconds.max(4)),
+                    activity: tessera_node_agent::activity::writer::Writer {
+                        sample_interval: Duration::from_secs(activity_sample_seconds.max(1)),
+                        write_interval: k8s_openapi::jiff::SignedDuration::from_secs(
+                            activity_write_interval_seconds as i64,
+                        ),
+                        ..Default::default()
+                    },
                 };
                 tokio::select! {
                     r = agent.run(Duration::from_secs(resync_seconds)) => r.map_err(anyhow::Error::from),

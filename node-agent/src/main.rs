@@ -95,6 +95,10 @@ enum Command {
         /// Validity of the heartbeat lease the operator watches; renewed four times per period.
         #[arg(long, default_value_t = 40)]
         lease_duration_seconds: u64,
+        /// Where to serve the devices' activity as Prometheus metrics (`/metrics`); empty: not
+        /// served. A port already taken is logged and the agent runs on without it.
+        #[arg(long, env = "TESSERA_METRICS_ADDR", default_value = "0.0.0.0:9402")]
+        metrics_addr: String,
         /// How often each MIG device's (or whole GPU's) activity is sampled.
         #[arg(long, default_value_t = 30)]
         activity_sample_seconds: u64,
@@ -229,6 +233,7 @@ fn main() -> anyhow::Result<()> {
             lease_duration_seconds,
             activity_sample_seconds,
             activity_write_interval_seconds,
+            metrics_addr,
         } => {
             let advertise = advertise_resources.unwrap_or(backend.backend == BackendKind::Sim);
             let backend = backend.open()?;
@@ -251,6 +256,15 @@ fn main() -> anyhow::Result<()> {
                         ..Default::default()
                     },
                 };
+                if !metrics_addr.is_empty() {
+                    match tokio::net::TcpListener::bind(&metrics_addr).await {
+                        Ok(l) => {
+                            let text = agent.activity.metrics.clone();
+                            tokio::spawn(tessera_node_agent::activity::metrics::serve(l, text));
+                        }
+                        Err(e) => tracing::warn!(%metrics_addr, error = %e, "cannot serve /metrics; running without"),
+                    }
+                }
                 tokio::select! {
                     r = agent.run(Duration::from_secs(resync_seconds)) => r.map_err(anyhow::Error::from),
                     _ = tokio::signal::ctrl_c() => Ok(()),

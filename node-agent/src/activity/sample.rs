@@ -32,9 +32,11 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
             let (source, sm_active_percent) = gpm(backend, g.index, None);
             out.push(Observation {
                 gpu_index: g.index,
+                model_name: g.product.clone(),
                 uuid: None,
                 profile: None,
                 start: None,
+                gpu_instance_id: None,
                 source,
                 sm_active_percent,
                 memory_used_mib: backend.gpu_memory_used_mib(g.index)?,
@@ -48,9 +50,11 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
             let (source, sm_active_percent) = gpm(backend, g.index, Some(gi));
             out.push(Observation {
                 gpu_index: g.index,
+                model_name: g.product.clone(),
                 uuid: Some(i.uuid),
                 profile: Some(i.profile),
                 start: Some(i.start),
+                gpu_instance_id: Some(gi),
                 source,
                 sm_active_percent,
                 memory_used_mib: backend.memory_used_mib(g.index, gi)?,

@@ -24,9 +24,13 @@ const DAY: i64 = 24 * HOUR;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observation {
     pub gpu_index: u32,
+    /// The GPU's product name (DCGM's `modelName` label).
+    pub model_name: String,
     pub uuid: Option<String>,
     pub profile: Option<String>,
     pub start: Option<u8>,
+    /// The MIG device's GPU instance id (DCGM's `GPU_I_ID`); none for a whole GPU.
+    pub gpu_instance_id: Option<u32>,
     pub source: ActivitySource,
     /// GPM's SM activity since the previous sample, percent; `None` without GPM or on a first
     /// sample.
@@ -153,6 +157,12 @@ impl Tracker {
             next.insert(key, h);
         }
         self.devices = next;
+    }
+
+    /// Every device's latest observation with its summary, for `/metrics`.
+    pub fn latest(&self, now: Timestamp) -> Vec<(&Observation, DeviceActivity)> {
+        let summary = self.summary(now);
+        self.devices.values().map(|h| &h.last).zip(summary.devices).collect()
     }
 
     /// The summary for `GpuNode.status.activity`, as of `now`.

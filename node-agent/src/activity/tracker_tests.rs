@@ -7,9 +7,11 @@ fn t(s: i64) -> Timestamp {
 fn mig(uuid: &str, source: ActivitySource, sm: Option<f64>, processes: u32) -> Observation {
     Observation {
         gpu_index: 0,
+        model_name: "NVIDIA H100 80GB HBM3".into(),
         uuid: Some(uuid.into()),
         profile: Some("3g.40gb".into()),
         start: Some(4),
+        gpu_instance_id: Some(2),
         source,
         sm_active_percent: sm,
         memory_used_mib: 512,

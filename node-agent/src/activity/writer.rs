@@ -31,6 +31,8 @@ pub struct Writer {
     pub write_interval: SignedDuration,
     /// How often devices are sampled (`--activity-sample-seconds`, default 30).
     pub sample_interval: Duration,
+    /// The latest `/metrics` text, rendered every sample (served by `metrics::serve`).
+    pub metrics: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Default for Writer {
@@ -40,6 +42,7 @@ impl Default for Writer {
             last: None,
             write_interval: SignedDuration::from_mins(5),
             sample_interval: Duration::from_secs(30),
+            metrics: Default::default(),
         }
     }
 }
@@ -53,6 +56,7 @@ impl<B: GpuBackend> Agent<B> {
         let w = &mut self.activity;
         w.tracker.observe(now, observations);
         let summary = w.tracker.summary(now);
+        *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) = super::metrics::render(&self.node, &w.tracker, now);
         let Some(reason) = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval) else {
             return Ok(());
         };
@@ -138,6 +142,8 @@ mod tests {
         a.sample_activity().await.unwrap();
         let patches = server.lock().unwrap().patches.clone();
         assert_eq!(patches.len(), 1, "{patches:?}");
+        let text = a.activity.metrics.lock().unwrap().clone();
+        assert!(text.contains(&format!("tessera_gpu_sm_active_ratio{{gpu=\"0\",UUID=\"{}\"", mig.uuid)), "{text}");
         let (query, body) = &patches[0];
         assert!(query.contains("fieldManager=tessera-node-agent-activity"), "{query}");
         assert!(query.contains("force=true"), "{query}");

@@ -408,7 +408,7 @@ impl<B: GpuBackend> Agent<B> {
 
     /// The pods behind PIDs, from their cgroups and this node's pods (empty where the PID
     /// namespace or the API does not tell). Called from blocking code inside `block_in_place`.
-    fn pods_of(&self, pids: &[u32]) -> std::collections::BTreeMap<u32, String> {
+    pub(crate) fn pods_of(&self, pids: &[u32]) -> std::collections::BTreeMap<u32, String> {
         let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
         let Ok(pods) = tokio::runtime::Handle::current().block_on(Api::<Pod>::all(self.client.clone()).list(&lp))
         else {

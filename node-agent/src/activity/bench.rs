@@ -59,6 +59,7 @@ pub fn writes(load: Load, devices: u32, hours: i64, sample: SignedDuration, writ
                     sm_active_percent: Some(percent),
                     memory_used_mib: 0,
                     processes: u32::from(percent > 0.0),
+                    pids: vec![],
                 }
             })
             .collect();

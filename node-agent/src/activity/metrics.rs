@@ -4,6 +4,7 @@
 //! dashboards can join the two; for a MIG device `UUID` is the MIG device's UUID, and
 //! `GPU_I_START` (Tessera's own) its first memory slot, as Tessera names instances by placement.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use k8s_openapi::jiff::Timestamp;
@@ -17,7 +18,10 @@ fn escape(v: &str) -> String {
 
 /// Renders every current device's figures. A figure not known (no GPM, no sample yet) is left
 /// out rather than shown as 0.
-pub fn render(hostname: &str, tracker: &Tracker, now: Timestamp) -> String {
+///
+/// `holders` maps PIDs to the pods running them (`namespace/name`): a device whose processes all
+/// belong to one pod is labelled with its `namespace` and `pod`, as DCGM's exporter does.
+pub fn render(hostname: &str, tracker: &Tracker, now: Timestamp, holders: &BTreeMap<u32, String>) -> String {
     let families: [(&str, &str); 6] = [
         (
             "tessera_gpu_sm_active_ratio",
@@ -60,6 +64,12 @@ pub fn render(hostname: &str, tracker: &Tracker, now: Timestamp) -> String {
             );
             if let (Some(id), Some(p), Some(s)) = (o.gpu_instance_id, &o.profile, o.start) {
                 let _ = write!(out, ",GPU_I_ID=\"{id}\",GPU_I_PROFILE=\"{}\",GPU_I_START=\"{s}\"", escape(p));
+            }
+            let pods: BTreeSet<&String> = o.pids.iter().filter_map(|p| holders.get(p)).collect();
+            if let [pod] = pods.into_iter().collect::<Vec<_>>()[..]
+                && let Some((ns, name)) = pod.split_once('/')
+            {
+                let _ = write!(out, ",namespace=\"{}\",pod=\"{}\"", escape(ns), escape(name));
             }
             let _ = writeln!(out, "}} {value}");
         }
@@ -120,6 +130,7 @@ mod tests {
                     sm_active_percent: sm,
                     memory_used_mib: 1024,
                     processes: procs,
+                    pids: vec![4242],
                 },
                 Observation {
                     gpu_index: 1,
@@ -132,13 +143,15 @@ mod tests {
                     sm_active_percent: None,
                     memory_used_mib: 0,
                     processes: 0,
+                    pids: vec![],
                 },
             ]
         };
         tr.observe(t(0), obs(None, 1));
         tr.observe(t(30), obs(Some(25.0), 1));
-        let text = render("node-1", &tr, t(90));
-        let mig = r#"gpu="0",UUID="MIG-a",modelName="NVIDIA H100 80GB HBM3",Hostname="node-1",source="Gpm",GPU_I_ID="2",GPU_I_PROFILE="3g.40gb",GPU_I_START="4""#;
+        let holders = BTreeMap::from([(4242, "ml/train-0".to_string())]);
+        let text = render("node-1", &tr, t(90), &holders);
+        let mig = r#"gpu="0",UUID="MIG-a",modelName="NVIDIA H100 80GB HBM3",Hostname="node-1",source="Gpm",GPU_I_ID="2",GPU_I_PROFILE="3g.40gb",GPU_I_START="4",namespace="ml",pod="train-0""#;
         let whole =
             r#"gpu="1",UUID="",modelName="NVIDIA A100-SXM4-40GB",Hostname="node-1",source="ProcessesAndMemory""#;
         for line in [

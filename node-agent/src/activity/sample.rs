@@ -41,6 +41,7 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
                 sm_active_percent,
                 memory_used_mib: backend.gpu_memory_used_mib(g.index)?,
                 processes: procs.len() as u32,
+                pids: procs.iter().map(|p| p.pid).collect(),
             });
             continue;
         }
@@ -59,6 +60,7 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
                 sm_active_percent,
                 memory_used_mib: backend.memory_used_mib(g.index, gi)?,
                 processes: procs.iter().filter(|p| p.gpu_instance_id == Some(gi)).count() as u32,
+                pids: procs.iter().filter(|p| p.gpu_instance_id == Some(gi)).map(|p| p.pid).collect(),
             });
         }
     }

@@ -37,6 +37,8 @@ pub struct Observation {
     pub sm_active_percent: Option<f64>,
     pub memory_used_mib: u64,
     pub processes: u32,
+    /// The compute processes' PIDs (to name the pod holding the device on `/metrics`).
+    pub pids: Vec<u32>,
 }
 
 impl Observation {

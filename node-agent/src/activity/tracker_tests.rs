@@ -16,6 +16,7 @@ fn mig(uuid: &str, source: ActivitySource, sm: Option<f64>, processes: u32) -> O
         sm_active_percent: sm,
         memory_used_mib: 512,
         processes,
+        pids: vec![],
     }
 }
 

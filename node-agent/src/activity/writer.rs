@@ -33,6 +33,8 @@ pub struct Writer {
     pub sample_interval: Duration,
     /// The latest `/metrics` text, rendered every sample (served by `metrics::serve`).
     pub metrics: std::sync::Arc<std::sync::Mutex<String>>,
+    /// PID -> pod of the devices' processes, looked up (one pod list) only when the PIDs change.
+    pub holders: (Vec<u32>, std::collections::BTreeMap<u32, String>),
 }
 
 impl Default for Writer {
@@ -43,6 +45,7 @@ impl Default for Writer {
             write_interval: SignedDuration::from_mins(5),
             sample_interval: Duration::from_secs(30),
             metrics: Default::default(),
+            holders: Default::default(),
         }
     }
 }
@@ -52,11 +55,19 @@ impl<B: GpuBackend> Agent<B> {
     /// summary is recomputed then; nothing is queued).
     pub async fn sample_activity(&mut self) -> Result<(), Error> {
         let observations = tokio::task::block_in_place(|| super::sample::observe(&mut self.backend))?;
+        let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
+        pids.sort_unstable();
+        if pids != self.activity.holders.0 {
+            let pods =
+                if pids.is_empty() { Default::default() } else { tokio::task::block_in_place(|| self.pods_of(&pids)) };
+            self.activity.holders = (pids, pods);
+        }
         let now = Timestamp::now();
         let w = &mut self.activity;
         w.tracker.observe(now, observations);
         let summary = w.tracker.summary(now);
-        *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) = super::metrics::render(&self.node, &w.tracker, now);
+        *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
+            super::metrics::render(&self.node, &w.tracker, now, &w.holders.1);
         let Some(reason) = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval) else {
             return Ok(());
         };
@@ -95,6 +106,8 @@ mod tests {
     struct Server {
         patches: Vec<(String, Value)>,
         fail: u32,
+        /// Pod lists (the holder lookups).
+        pod_lists: u32,
     }
 
     fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBackend> {
@@ -108,6 +121,12 @@ mod tests {
                     let body =
                         req.into_body().collect_bytes().await.map_err(|e| std::io::Error::other(e.to_string()))?;
                     let mut s = server.lock().unwrap();
+                    if path == "/api/v1/pods" {
+                        s.pod_lists += 1;
+                        let list =
+                            serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []});
+                        return Ok(http::Response::new(kube::client::Body::from(list.to_string().into_bytes())));
+                    }
                     assert!(path.ends_with("/gpunodes/test/status"), "only the status is written: {path}");
                     if s.fail > 0 {
                         s.fail -= 1;
@@ -158,5 +177,24 @@ mod tests {
         let patches = server.lock().unwrap().patches.clone();
         assert_eq!(patches.len(), 2);
         assert!(patches[1].1["status"]["activity"]["devices"][0]["idleSince"].is_string());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn holders_are_looked_up_only_when_the_processes_change() {
+        let state = temp_dir("activity-holders").join("sim.json");
+        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
+        let server = Arc::new(Mutex::new(Server::default()));
+        let mut a = agent(&state, server.clone());
+        a.sample_activity().await.unwrap();
+        assert_eq!(server.lock().unwrap().pod_lists, 0, "no process, no lookup");
+        sim::run_process(&state, 0, Some(&mig.uuid), 4242, "python", Some(100)).unwrap();
+        a.sample_activity().await.unwrap();
+        a.sample_activity().await.unwrap();
+        assert_eq!(server.lock().unwrap().pod_lists, 1, "the same PIDs: looked up once");
+        sim::run_process(&state, 0, Some(&mig.uuid), 4243, "python", Some(100)).unwrap();
+        a.sample_activity().await.unwrap();
+        assert_eq!(server.lock().unwrap().pod_lists, 2);
     }
 }

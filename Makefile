@@ -86,6 +86,7 @@ bench: controlplane
 	bin=$$($(CONTROLPLANE_BUILD)) && TESSERA_CONTROLPLANE_BIN=$$bin \
 	  TESSERA_OPERATOR_BIN=target/release/tessera-operator target/release/bench-rollout $(BENCH_NODES)
 	target/release/bench-fleet $(BENCH_GPUS)
+	target/release/bench-activity
 
 ## The demo: an embedded cluster with simulated GPUs, left running (`make demo-down` stops it).
 demo:

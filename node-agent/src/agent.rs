@@ -47,6 +47,8 @@ pub struct Agent<B: GpuBackend> {
     pub dra_plugin_selector: Option<String>,
     /// How long the heartbeat lease stays valid; it is renewed four times per duration.
     pub lease_duration: Duration,
+    /// Allocated versus used: the devices' activity, sampled and written apart from the passes.
+    pub activity: crate::activity::writer::Writer,
 }
 
 #[cfg(test)]
@@ -75,6 +77,7 @@ impl<B: GpuBackend> Agent<B> {
             gpu_client_selector: None,
             dra_plugin_selector: None,
             lease_duration: Duration::from_secs(40),
+            activity: Default::default(),
         }
     }
 }
@@ -90,8 +93,15 @@ impl<B: GpuBackend> Agent<B> {
         // The heartbeat shares this loop with the reconcile passes: an agent stuck in a driver
         // call stops renewing, and the operator sees it as not responding.
         let mut heartbeat = tokio::time::interval(self.lease_duration / 4);
+        let mut activity = tokio::time::interval(self.activity.sample_interval);
         loop {
             tokio::select! {
+                _ = activity.tick() => {
+                    if let Err(e) = self.sample_activity().await {
+                        warn!(error = %e, "activity sample failed; retrying on the next one");
+                    }
+                    continue;
+                }
                 ev = events.next() => match ev {
                     Some(Err(e)) => warn!(error = %e, "watch error; the watcher retries"),
                     None => return Ok(()),
@@ -398,7 +408,7 @@ impl<B: GpuBackend> Agent<B> {
 
     /// The pods behind PIDs, from their cgroups and this node's pods (empty where the PID
     /// namespace or the API does not tell). Called from blocking code inside `block_in_place`.
-    fn pods_of(&self, pids: &[u32]) -> std::collections::BTreeMap<u32, String> {
+    pub(crate) fn pods_of(&self, pids: &[u32]) -> std::collections::BTreeMap<u32, String> {
         let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
         let Ok(pods) = tokio::runtime::Handle::current().block_on(Api::<Pod>::all(self.client.clone()).list(&lp))
         else {

@@ -1,6 +1,7 @@
 //! Tessera's node agent: applies the MIG layout its node's `GpuNode` asks for, with the fewest
 //! changes, and reports what the GPUs really hold.
 
+pub mod activity;
 pub mod agent;
 pub mod backend;
 pub mod error;

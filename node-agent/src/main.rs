@@ -95,6 +95,17 @@ enum Command {
         /// Validity of the heartbeat lease the operator watches; renewed four times per period.
         #[arg(long, default_value_t = 40)]
         lease_duration_seconds: u64,
+        /// Where to serve the devices' activity as Prometheus metrics (`/metrics`); empty: not
+        /// served. A port already taken is logged and the agent runs on without it.
+        #[arg(long, env = "TESSERA_METRICS_ADDR", default_value = "0.0.0.0:9402")]
+        metrics_addr: String,
+        /// How often each MIG device's (or whole GPU's) activity is sampled.
+        #[arg(long, default_value_t = 30)]
+        activity_sample_seconds: u64,
+        /// At most one write of GpuNode.status.activity per this many seconds (and only on a
+        /// meaningful change).
+        #[arg(long, default_value_t = 300)]
+        activity_write_interval_seconds: u64,
     },
     /// Read-only: print the inventory and the NVML profile/placement table, and any difference
     /// from the built-in catalog.
@@ -170,6 +181,18 @@ enum SimCommand {
         #[arg(long)]
         mib: u64,
     },
+    /// The SM activity GPM reports for a MIG device (or, without --mig-uuid, a whole GPU with MIG
+    /// off), percent.
+    SetActivity {
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long)]
+        gpu: u32,
+        #[arg(long)]
+        mig_uuid: Option<String>,
+        #[arg(long)]
+        percent: f64,
+    },
     /// Make the simulated NVML library fail (or abort in) the n-th call of the functions whose
     /// name starts with a prefix.
     FailCall {
@@ -208,6 +231,9 @@ fn main() -> anyhow::Result<()> {
             gpu_client_selector,
             dra_plugin_selector,
             lease_duration_seconds,
+            activity_sample_seconds,
+            activity_write_interval_seconds,
+            metrics_addr,
         } => {
             let advertise = advertise_resources.unwrap_or(backend.backend == BackendKind::Sim);
             let backend = backend.open()?;
@@ -222,7 +248,23 @@ fn main() -> anyhow::Result<()> {
                     gpu_client_selector,
                     dra_plugin_selector: Some(dra_plugin_selector),
                     lease_duration: Duration::from_secs(lease_duration_seconds.max(4)),
+                    activity: tessera_node_agent::activity::writer::Writer {
+                        sample_interval: Duration::from_secs(activity_sample_seconds.max(1)),
+                        write_interval: k8s_openapi::jiff::SignedDuration::from_secs(
+                            activity_write_interval_seconds as i64,
+                        ),
+                        ..Default::default()
+                    },
                 };
+                if !metrics_addr.is_empty() {
+                    match tokio::net::TcpListener::bind(&metrics_addr).await {
+                        Ok(l) => {
+                            let text = agent.activity.metrics.clone();
+                            tokio::spawn(tessera_node_agent::activity::metrics::serve(l, text));
+                        }
+                        Err(e) => tracing::warn!(%metrics_addr, error = %e, "cannot serve /metrics; running without"),
+                    }
+                }
                 tokio::select! {
                     r = agent.run(Duration::from_secs(resync_seconds)) => r.map_err(anyhow::Error::from),
                     _ = tokio::signal::ctrl_c() => Ok(()),
@@ -238,6 +280,9 @@ fn main() -> anyhow::Result<()> {
                 SimCommand::DriverRestart { state } => sim::driver_restart(&state)?,
                 SimCommand::HoldDevice { state, gpu, name, release } => sim::hold_device(&state, gpu, &name, !release)?,
                 SimCommand::LeakMemory { state, gpu, mig_uuid, mib } => sim::leak_memory(&state, gpu, &mig_uuid, mib)?,
+                SimCommand::SetActivity { state, gpu, mig_uuid, percent } => {
+                    sim::set_activity(&state, gpu, mig_uuid.as_deref(), percent)?
+                }
                 SimCommand::FailCall { state, function, nth, code, crash } => {
                     sim::add_call_fault(&state, sim::CallFault { function, nth, code, crash, seen: 0 })?
                 }

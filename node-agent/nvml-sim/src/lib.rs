@@ -33,11 +33,14 @@ macro_rules! stubs {
 mod devices;
 mod events;
 mod exports;
+mod gpm;
 mod profiles;
 mod session;
 mod stubs;
 mod system;
 
+#[cfg(test)]
+mod gpm_tests;
 #[cfg(test)]
 mod mig_tests;
 #[cfg(test)]

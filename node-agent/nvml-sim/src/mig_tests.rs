@@ -23,13 +23,13 @@ const INVALID: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
 const NOT_FOUND: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
 const NOT_SUPPORTED: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 
-struct Fixture {
+pub(crate) struct Fixture {
     _lock: std::sync::MutexGuard<'static, ()>,
-    state: PathBuf,
-    h100: nvmlDevice_t,
-    a100: nvmlDevice_t,
+    pub(crate) state: PathBuf,
+    pub(crate) h100: nvmlDevice_t,
+    pub(crate) a100: nvmlDevice_t,
     /// MIG devices by index: the 3g.40gb, then the 2g.20gb.
-    migs: Vec<nvmlDevice_t>,
+    pub(crate) migs: Vec<nvmlDevice_t>,
     /// The half-made 1g.10gb GPU instance's UUID (it names no MIG device).
     half_made_uuid: String,
 }
@@ -41,13 +41,13 @@ impl Drop for Fixture {
     }
 }
 
-fn uuid(dev: nvmlDevice_t) -> String {
+pub(crate) fn uuid(dev: nvmlDevice_t) -> String {
     let mut buf = [0 as c_char; 96];
     assert_eq!(unsafe { nvmlDeviceGetUUID(dev, buf.as_mut_ptr(), 96) }, OK);
     unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap().to_string()
 }
 
-fn fixture() -> Fixture {
+pub(crate) fn fixture() -> Fixture {
     let lock = SESSION_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -60,6 +60,17 @@ pub struct GpuProcess {
     pub name: String,
 }
 
+/// What GPM says a device's SMs did between this sample and the previous one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SmActivity {
+    /// The board has no GPM (A100, A30): only processes and memory can be seen.
+    Unsupported,
+    /// The device's first sample: a figure needs two.
+    FirstSample,
+    /// The share of time SMs were busy, percent (GPM's SM_UTIL, DCGM's SM_ACTIVE).
+    Percent(f64),
+}
+
 /// What a MIG mode change did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModeChange {
@@ -104,6 +115,11 @@ pub trait GpuBackend: Send {
     fn processes(&mut self, gpu: u32) -> Result<Vec<GpuProcess>, Error>;
     /// Device memory in use in a GPU instance's MIG device, in MiB.
     fn memory_used_mib(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<u64, Error>;
+    /// Device memory in use on a whole GPU, in MiB.
+    fn gpu_memory_used_mib(&mut self, gpu: u32) -> Result<u64, Error>;
+    /// SM activity of a MIG instance (`Some(gpu_instance_id)`) or a whole GPU since the previous
+    /// call for the same device: each call takes a GPM sample and keeps it for the next.
+    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>) -> Result<SmActivity, Error>;
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error>;
     /// Creates a GPU instance at `start` and its full-size compute instance.
     fn create_instance(&mut self, gpu: u32, profile: &str, start: u8) -> Result<Instance, Error>;
@@ -173,6 +189,12 @@ impl GpuBackend for Box<dyn GpuBackend> {
     }
     fn memory_used_mib(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<u64, Error> {
         (**self).memory_used_mib(gpu, gpu_instance_id)
+    }
+    fn gpu_memory_used_mib(&mut self, gpu: u32) -> Result<u64, Error> {
+        (**self).gpu_memory_used_mib(gpu)
+    }
+    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>) -> Result<SmActivity, Error> {
+        (**self).sm_activity(gpu, gpu_instance_id)
     }
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {
         (**self).set_mig_mode(gpu, enabled)

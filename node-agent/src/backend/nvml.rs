@@ -6,13 +6,15 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
 use super::nvml_raw::{self, PROFILE_ENUMS};
-use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChange, mode_change};
+use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChange, SmActivity, mode_change};
 use crate::Error;
 
 pub struct NvmlBackend {
     nvml: Nvml,
     /// The library it was opened from, to open it again after a driver restart.
     library: Option<std::path::PathBuf>,
+    /// Each device's previous GPM sample.
+    gpm: gpm::Samples,
 }
 
 fn nvml_err(what: &str) -> impl Fn(NvmlError) -> Error + '_ {
@@ -38,7 +40,11 @@ fn open(library: Option<&std::path::Path>) -> Result<Nvml, Error> {
 impl NvmlBackend {
     /// Loads NVML from `library` (a path to a `libnvidia-ml.so.1`), or the system's library.
     pub fn init(library: Option<&std::path::Path>) -> Result<Self, Error> {
-        Ok(Self { nvml: open(library)?, library: library.map(std::path::Path::to_path_buf) })
+        Ok(Self {
+            nvml: open(library)?,
+            library: library.map(std::path::Path::to_path_buf),
+            gpm: gpm::Samples::default(),
+        })
     }
 
     pub fn driver_version(&self) -> String {
@@ -81,6 +87,7 @@ impl GpuBackend for NvmlBackend {
             Err(NvmlError::GpuLost | NvmlError::Uninitialized | NvmlError::DriverNotLoaded) => {
                 tracing::warn!("NVML lost its GPUs (driver restarted?); opening it again");
                 self.nvml = open(self.library.as_deref())?;
+                self.gpm.forget();
                 self.nvml.device_count()
             }
             other => other,
@@ -183,6 +190,14 @@ impl GpuBackend for NvmlBackend {
             .collect())
     }
 
+    fn gpu_memory_used_mib(&mut self, gpu: u32) -> Result<u64, Error> {
+        Ok(self.device(gpu)?.memory_info().map_err(nvml_err("memory"))?.used / (1024 * 1024))
+    }
+
+    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>) -> Result<SmActivity, Error> {
+        self.gpm.sample(&self.nvml, gpu, gpu_instance_id)
+    }
+
     /// What happened is NVML's activation status (nvml.h, nvmlDeviceSetMigMode): `IN_USE` means
     /// the GPU must be idled and the call retried, only `RESET_REQUIRED` asks for a reset.
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {
@@ -230,5 +245,6 @@ impl GpuBackend for NvmlBackend {
     }
 }
 
+mod gpm;
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 pub use self::model::{CallFault, SimGpu, SimProcess, SimState};
-use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChange, mode_change};
+use super::{GpuBackend, GpuInfo, GpuProcess, HardwareProfile, Instance, ModeChange, SmActivity, mode_change};
 use crate::Error;
 
 pub mod model;
@@ -238,6 +238,31 @@ pub fn leak_memory(state: &Path, gpu: u32, mig_uuid: &str, mib: u64) -> Result<(
     sim.save(&st)
 }
 
+/// Sets the SM activity GPM reports (percent, 0-100) for a MIG device (by UUID) or, without one,
+/// for the whole GPU with MIG off.
+pub fn set_activity(state: &Path, gpu: u32, mig_uuid: Option<&str>, percent: f64) -> Result<(), Error> {
+    if !(0.0..=100.0).contains(&percent) {
+        return Err(Error::InvalidArgument(format!("--percent {percent}: SM activity is a percentage, 0 to 100")));
+    }
+    let sim = SimBackend::at(state);
+    let _lock = sim.lock()?;
+    let mut st = sim.load()?;
+    let g = model::gpu(&mut st, gpu)?;
+    match mig_uuid {
+        None => g.whole_sm_active_percent = percent,
+        Some(uuid) => {
+            let gi = g
+                .instances
+                .iter()
+                .find(|i| i.uuid == uuid)
+                .ok_or_else(|| Error::NotFound(format!("MIG device {uuid} on GPU {gpu}")))?
+                .gpu_instance_id;
+            g.sm_active_percent.insert(gi, percent);
+        }
+    }
+    sim.save(&st)
+}
+
 /// A client (by name) starts or stops holding a GPU's device open (see `SimGpu::holders`).
 pub fn hold_device(state: &Path, gpu: u32, holder: &str, holding: bool) -> Result<(), Error> {
     let sim = SimBackend::at(state);
@@ -300,6 +325,29 @@ impl GpuBackend for SimBackend {
 
     fn memory_used_mib(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<u64, Error> {
         Ok(model::memory_used_mib(&self.load()?, &self.all_processes()?, gpu, gpu_instance_id))
+    }
+
+    fn gpu_memory_used_mib(&mut self, gpu: u32) -> Result<u64, Error> {
+        let st = self.load()?;
+        let g = st.gpus.get(gpu as usize).ok_or_else(|| Error::NotFound(format!("GPU {gpu}")))?;
+        let procs: u64 = self.all_processes()?.iter().filter(|p| p.gpu == gpu).map(|p| p.used_mib).sum();
+        Ok(procs + g.leaked_mib.values().sum::<u64>())
+    }
+
+    /// Hopper and later report the set activity (`sim set-activity`) at once: the simulator's
+    /// activity is a level, so no first sample is needed. Ampere has no GPM.
+    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>) -> Result<SmActivity, Error> {
+        let st = self.load()?;
+        let g = st.gpus.get(gpu as usize).ok_or_else(|| Error::NotFound(format!("GPU {gpu}")))?;
+        if model::is_ampere(&g.info.product) {
+            return Ok(SmActivity::Unsupported);
+        }
+        if let Some(gi) = gpu_instance_id
+            && !g.instances.iter().any(|i| i.gpu_instance_id == gi)
+        {
+            return Err(Error::NotFound(format!("GPU instance {gi} on GPU {gpu}")));
+        }
+        Ok(SmActivity::Percent(model::sm_active_percent(&st, gpu, gpu_instance_id)))
     }
 
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {

@@ -131,6 +131,7 @@ async fn a_restart_lost_to_a_killed_agent_is_redone_by_the_next_pass_once() {
         gpu_client_selector: Some("app=nvidia-device-plugin-daemonset".into()),
         dra_plugin_selector: None,
         lease_duration: Duration::from_secs(40),
+        activity: Default::default(),
     };
     agent.reconcile().await.unwrap();
     assert_eq!(server.lock().unwrap().deleted, vec!["/api/v1/namespaces/gpu/pods/dp".to_string()]);
@@ -174,6 +175,7 @@ async fn the_dra_kubelet_plugin_alone_is_restarted_after_a_change() {
         gpu_client_selector: None,
         dra_plugin_selector: Some(DRA_KUBELET_PLUGIN_SELECTOR.into()),
         lease_duration: Duration::from_secs(40),
+        activity: Default::default(),
     };
     agent.reconcile().await.unwrap();
     let s = server.lock().unwrap();

@@ -52,6 +52,40 @@ pub struct SimGpu {
     /// exporter): not listed as processes, but a MIG mode change cannot activate past them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<String>,
+    /// GPU instance id -> the share of time its SMs are active, percent (0-100), as GPM
+    /// (`nvmlGpmMigSampleGet`) reports it; unset is 0. Set with `node-agent sim set-activity`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sm_active_percent: BTreeMap<u32, f64>,
+    /// The whole GPU's SM activity with MIG off, percent (with MIG on, the GPU's figure is its
+    /// instances' mean weighted by compute slices).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub whole_sm_active_percent: f64,
+}
+
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
+}
+
+/// SM activity of a device as GPM reports it: a MIG instance's set figure, or a whole GPU's (with
+/// MIG on, its instances' figures weighted by compute slices over the GPU's slices).
+pub fn sm_active_percent(st: &SimState, gpu: u32, gi: Option<u32>) -> f64 {
+    let Some(g) = st.gpus.get(gpu as usize) else { return 0.0 };
+    match gi {
+        Some(gi) => g.sm_active_percent.get(&gi).copied().unwrap_or(0.0),
+        None if !g.info.mig_enabled => g.whole_sm_active_percent,
+        None => {
+            let Ok(m) = model(&g.info.product) else { return 0.0 };
+            let busy: f64 = g
+                .instances
+                .iter()
+                .map(|i| {
+                    let slices = m.profile(&i.profile).map_or(0, |p| p.compute_slices);
+                    f64::from(slices) * g.sm_active_percent.get(&i.gpu_instance_id).copied().unwrap_or(0.0)
+                })
+                .sum();
+            busy / f64::from(m.compute_slices.max(1))
+        }
+    }
 }
 
 /// A compute instance smaller than its GPU instance (e.g. one of three 1-slice ones in a 3g).
@@ -217,6 +251,8 @@ pub fn new_gpu(host: &str, index: u32, spec: &str) -> Result<SimGpu, Error> {
         split: BTreeMap::new(),
         leaked_mib: BTreeMap::new(),
         holders: Vec::new(),
+        sm_active_percent: BTreeMap::new(),
+        whole_sm_active_percent: 0.0,
     })
 }
 
@@ -358,6 +394,7 @@ pub fn destroy_gpu_instance(st: &mut SimState, gpu_index: u32, gi: u32) -> Resul
     g.split.remove(&gi);
     g.instances.retain(|i| i.gpu_instance_id != gi);
     g.leaked_mib.remove(&gi);
+    g.sm_active_percent.remove(&gi);
     Ok(())
 }
 
@@ -368,6 +405,7 @@ pub fn reboot(st: &mut SimState) {
         g.instances.clear();
         g.split.clear();
         g.leaked_mib.clear();
+        g.sm_active_percent.clear();
         g.info.mig_enabled = is_ampere(&g.info.product) && g.info.mig_pending.unwrap_or(g.info.mig_enabled);
         g.info.mig_pending = None;
     }

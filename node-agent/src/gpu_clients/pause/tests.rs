@@ -208,6 +208,7 @@ mod agent {
             gpu_client_selector: Some("app in (nvidia-device-plugin-daemonset,nvidia-dcgm-exporter)".into()),
             dra_plugin_selector: None,
             lease_duration: std::time::Duration::from_secs(40),
+            activity: Default::default(),
         };
         (agent, cluster, sim)
     }

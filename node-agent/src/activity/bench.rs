@@ -1,0 +1,93 @@
+//! The activity writer's cost at rest, on a simulated clock: a node's devices sampled every 30 s
+//! for a day through the real tracker and write rule, counting the status writes it would send.
+//! Run by `make bench` (`bench-activity`) and bounded by a test.
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tessera_crds::activity::ActivitySource;
+
+use super::write::should_write;
+use super::{Observation, Tracker};
+
+/// How each device's SM activity moves over the day.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Load {
+    /// Every device idle all day.
+    Idle,
+    /// Every device steadily busy (60% ± 5 points of noise per sample).
+    Steady,
+    /// Busy 09:00-17:00 (60% ± 5), idle otherwise.
+    Workday,
+    /// Worst case: each sample 0% or 100% at random.
+    Flapping,
+}
+
+/// Writes a node of `devices` MIG devices would send in `hours` of `sample` intervals under
+/// `load`, with writes at most every `write_interval`.
+pub fn writes(load: Load, devices: u32, hours: i64, sample: SignedDuration, write_interval: SignedDuration) -> u32 {
+    let start = Timestamp::from_second(1_800_000_000 - 1_800_000_000 % 86_400).unwrap_or(Timestamp::UNIX_EPOCH);
+    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut tracker = Tracker::default();
+    let mut last: Option<(Timestamp, tessera_crds::activity::NodeActivity)> = None;
+    let mut count = 0;
+    let mut at = start;
+    while at < start + SignedDuration::from_hours(hours) {
+        let hour = (at.as_second() - start.as_second()).rem_euclid(86_400) / 3600;
+        let obs = (0..devices)
+            .map(|d| {
+                let noise = (next() % 11) as f64 - 5.0;
+                let percent = match load {
+                    Load::Idle => 0.0,
+                    Load::Steady => 60.0 + noise,
+                    Load::Workday if (9..17).contains(&hour) => 60.0 + noise,
+                    Load::Workday => 0.0,
+                    Load::Flapping => (next() % 2) as f64 * 100.0,
+                };
+                Observation {
+                    gpu_index: d / 7,
+                    model_name: "NVIDIA H100 80GB HBM3".into(),
+                    uuid: Some(format!("MIG-{d}")),
+                    profile: Some("1g.10gb".into()),
+                    start: Some((d % 7) as u8),
+                    gpu_instance_id: Some(d % 7 + 9),
+                    source: ActivitySource::Gpm,
+                    sm_active_percent: Some(percent),
+                    memory_used_mib: 0,
+                    processes: u32::from(percent > 0.0),
+                    pids: vec![],
+                }
+            })
+            .collect();
+        tracker.observe(at, obs);
+        let summary = tracker.summary(at);
+        if should_write(last.as_ref().map(|(t, a)| (*t, a)), &summary, at, write_interval).is_some() {
+            count += 1;
+            last = Some((at, summary));
+        }
+        at += sample;
+    }
+    count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_at_rest_writes_about_once_a_day_and_never_more_than_the_interval_allows() {
+        let (s, w) = (SignedDuration::from_secs(30), SignedDuration::from_mins(5));
+        // The first summary (no share yet), then its first 1 h figure 5 min later; then nothing.
+        assert_eq!(writes(Load::Idle, 56, 24, s, w), 2);
+        let steady = writes(Load::Steady, 56, 24, s, w);
+        assert!(steady <= 3, "noise under 10 points is no news: {steady}");
+        // Two transitions a day, each followed by the 1 h share moving in 10-point steps.
+        let workday = writes(Load::Workday, 56, 24, s, w);
+        assert!((2..=20).contains(&workday), "{workday}");
+        assert!(writes(Load::Flapping, 56, 24, s, w) <= 24 * 12 + 1, "at most one per 5 min");
+    }
+}

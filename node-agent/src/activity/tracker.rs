@@ -1,0 +1,194 @@
+//! Per-device history of SM activity and idleness. Pure: every call takes `now`; nothing reads a
+//! clock. History is kept in minute buckets (at most 24 h of them per device), so memory stays
+//! bounded whatever the sampling rate. Not persisted: after an agent restart the windows start
+//! again (documented in docs/failure-modes.md).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use tessera_crds::activity::{ActivitySource, DeviceActivity, NodeActivity};
+
+/// A device: its GPU index, and the MIG instance's UUID (none for a whole GPU).
+pub type DeviceKey = (u32, Option<String>);
+
+/// Below this SM activity (percent) a GPM device counts as idle.
+pub const IDLE_BELOW_PERCENT: f64 = 1.0;
+/// An interval longer than this between two observations is not credited to either window (the
+/// agent was stopped or stuck; what happened then is unknown).
+pub const MAX_INTERVAL: SignedDuration = SignedDuration::from_mins(10);
+const HOUR: i64 = 3600;
+const DAY: i64 = 24 * HOUR;
+
+/// One device as sampled at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub gpu_index: u32,
+    /// The GPU's product name (DCGM's `modelName` label).
+    pub model_name: String,
+    pub uuid: Option<String>,
+    pub profile: Option<String>,
+    pub start: Option<u8>,
+    /// The MIG device's GPU instance id (DCGM's `GPU_I_ID`); none for a whole GPU.
+    pub gpu_instance_id: Option<u32>,
+    pub source: ActivitySource,
+    /// GPM's SM activity since the previous sample, percent; `None` without GPM or on a first
+    /// sample.
+    pub sm_active_percent: Option<f64>,
+    pub memory_used_mib: u64,
+    pub processes: u32,
+    /// The compute processes' PIDs (to name the pod holding the device on `/metrics`).
+    pub pids: Vec<u32>,
+}
+
+impl Observation {
+    pub fn key(&self) -> DeviceKey {
+        (self.gpu_index, self.uuid.clone())
+    }
+
+    /// Idle now: GPM under 1%; without GPM, no compute process. `None`: GPM with no figure yet.
+    fn idle(&self) -> Option<bool> {
+        match self.source {
+            ActivitySource::Gpm => self.sm_active_percent.map(|p| p < IDLE_BELOW_PERCENT),
+            ActivitySource::ProcessesAndMemory => Some(self.processes == 0),
+        }
+    }
+}
+
+/// Seconds observed and SM-active seconds in one minute.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Bucket {
+    minute: i64,
+    seconds: f64,
+    active_seconds: f64,
+}
+
+#[derive(Debug, Clone)]
+struct History {
+    last: Observation,
+    last_at: Timestamp,
+    buckets: VecDeque<Bucket>,
+    idle_since: Option<Timestamp>,
+}
+
+impl History {
+    fn new(o: Observation, now: Timestamp) -> Self {
+        let idle_since = (o.idle() == Some(true)).then_some(now);
+        Self { last: o, last_at: now, buckets: VecDeque::new(), idle_since }
+    }
+
+    fn observe(&mut self, o: Observation, now: Timestamp) {
+        let interval = now.duration_since(self.last_at);
+        if let Some(p) = o.sm_active_percent
+            && interval > SignedDuration::ZERO
+            && interval <= MAX_INTERVAL
+        {
+            self.credit(now, interval.as_secs_f64(), p.clamp(0.0, 100.0));
+        }
+        match o.idle() {
+            // GPM's figure covers the interval since the previous sample: idle from its start.
+            Some(true) if self.idle_since.is_none() => {
+                let began =
+                    if o.source == ActivitySource::Gpm && interval <= MAX_INTERVAL { self.last_at } else { now };
+                self.idle_since = Some(began);
+            }
+            Some(false) => self.idle_since = None,
+            _ => {}
+        }
+        // A board losing GPM (or gaining it) changes what "idle" means: the other kind's record
+        // does not carry over.
+        if o.source != self.last.source {
+            self.buckets.clear();
+            self.idle_since = (o.idle() == Some(true)).then_some(now);
+        }
+        self.last = o;
+        self.last_at = now;
+        let oldest = now.as_second().div_euclid(60) - DAY / 60;
+        while self.buckets.front().is_some_and(|b| b.minute <= oldest) {
+            self.buckets.pop_front();
+        }
+    }
+
+    /// Credits `seconds` ending at `now` at `percent`, to the minute `now` falls in (a sample
+    /// interval is short against a minute; its whole weight goes to its end).
+    fn credit(&mut self, now: Timestamp, seconds: f64, percent: f64) {
+        let minute = now.as_second().div_euclid(60);
+        let active = seconds * percent / 100.0;
+        match self.buckets.back_mut() {
+            Some(b) if b.minute == minute => {
+                b.seconds += seconds;
+                b.active_seconds += active;
+            }
+            _ => self.buckets.push_back(Bucket { minute, seconds, active_seconds: active }),
+        }
+    }
+
+    /// Mean SM activity over the `window` seconds ending at `now`, percent (rounded); `None`
+    /// when nothing was measured in it.
+    fn mean(&self, now: Timestamp, window: i64) -> Option<i32> {
+        let first = now.as_second().div_euclid(60) - window / 60;
+        let (s, a) = self
+            .buckets
+            .iter()
+            .filter(|b| b.minute > first)
+            .fold((0.0, 0.0), |(s, a), b| (s + b.seconds, a + b.active_seconds));
+        (s > 0.0).then(|| (100.0 * a / s).round() as i32)
+    }
+}
+
+/// Every current device's history.
+#[derive(Debug, Clone, Default)]
+pub struct Tracker {
+    devices: BTreeMap<DeviceKey, History>,
+}
+
+impl Tracker {
+    /// Takes one pass's observations of all devices: a device missing from them (destroyed, or
+    /// its GPU's MIG mode changed) drops out; a new one starts with no history.
+    pub fn observe(&mut self, now: Timestamp, observations: Vec<Observation>) {
+        let mut next = BTreeMap::new();
+        for o in observations {
+            let key = o.key();
+            let h = match self.devices.remove(&key) {
+                Some(mut h) => {
+                    h.observe(o, now);
+                    h
+                }
+                None => History::new(o, now),
+            };
+            next.insert(key, h);
+        }
+        self.devices = next;
+    }
+
+    /// Every device's latest observation with its summary, for `/metrics`.
+    pub fn latest(&self, now: Timestamp) -> Vec<(&Observation, DeviceActivity)> {
+        let summary = self.summary(now);
+        self.devices.values().map(|h| &h.last).zip(summary.devices).collect()
+    }
+
+    /// The summary for `GpuNode.status.activity`, as of `now`.
+    pub fn summary(&self, now: Timestamp) -> NodeActivity {
+        let devices = self
+            .devices
+            .values()
+            .map(|h| DeviceActivity {
+                gpu_index: h.last.gpu_index as i32,
+                uuid: h.last.uuid.clone(),
+                profile: h.last.profile.clone(),
+                start: h.last.start.map(i32::from),
+                source: h.last.source,
+                active_percent_1h: h.mean(now, HOUR),
+                active_percent_24h: h.mean(now, DAY),
+                idle_since: h.idle_since.map(Time),
+                memory_used_mib: h.last.memory_used_mib as i64,
+                processes: h.last.processes as i32,
+            })
+            .collect();
+        NodeActivity { measured_at: Some(Time(now)), devices }
+    }
+}
+
+#[cfg(test)]
+#[path = "tracker_tests.rs"]
+mod tests;

@@ -1,0 +1,146 @@
+use super::*;
+
+fn t(s: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + s).unwrap()
+}
+
+fn mig(uuid: &str, source: ActivitySource, sm: Option<f64>, processes: u32) -> Observation {
+    Observation {
+        gpu_index: 0,
+        model_name: "NVIDIA H100 80GB HBM3".into(),
+        uuid: Some(uuid.into()),
+        profile: Some("3g.40gb".into()),
+        start: Some(4),
+        gpu_instance_id: Some(2),
+        source,
+        sm_active_percent: sm,
+        memory_used_mib: 512,
+        processes,
+        pids: vec![],
+    }
+}
+
+fn gpm(uuid: &str, sm: f64) -> Observation {
+    mig(uuid, ActivitySource::Gpm, Some(sm), 1)
+}
+
+/// Feeds `tracker` one device sampled every `step` seconds from `from` to `to` (exclusive).
+fn run(tracker: &mut Tracker, from: i64, to: i64, step: i64, o: impl Fn(i64) -> Vec<Observation>) {
+    let mut s = from;
+    while s < to {
+        tracker.observe(t(s), o(s));
+        s += step;
+    }
+}
+
+fn device(tracker: &Tracker, now: i64, uuid: &str) -> DeviceActivity {
+    let summary = tracker.summary(t(now));
+    summary.devices.into_iter().find(|d| d.uuid.as_deref() == Some(uuid)).expect("device in summary")
+}
+
+#[test]
+fn windows_and_idle_since_per_case() {
+    struct Case {
+        name: &'static str,
+        /// (from, to, percent) phases, sampled every 30 s.
+        phases: &'static [(i64, i64, f64)],
+        now: i64,
+        want_1h: Option<i32>,
+        want_24h: Option<i32>,
+        want_idle_since: Option<i64>,
+    }
+    let cases = [
+        Case {
+            name: "steady 30% for two hours",
+            phases: &[(0, 7200, 30.0)],
+            now: 7170,
+            want_1h: Some(30),
+            want_24h: Some(30),
+            want_idle_since: None,
+        },
+        Case {
+            name: "busy an hour, then idle an hour: idle since the first idle interval began",
+            phases: &[(0, 3600, 100.0), (3600, 7200, 0.0)],
+            now: 7170,
+            want_1h: Some(0),
+            want_24h: Some(50),
+            want_idle_since: Some(3570),
+        },
+        Case {
+            name: "under 1% is idle, 1% is not",
+            phases: &[(0, 600, 0.5), (600, 1200, 1.0)],
+            now: 1170,
+            want_1h: Some(1),
+            want_24h: Some(1),
+            want_idle_since: None,
+        },
+        Case {
+            name: "a day and a half busy, then two hours idle: old minutes leave the 24 h window",
+            phases: &[(0, 36 * 3600, 100.0), (36 * 3600, 38 * 3600, 0.0)],
+            now: 38 * 3600 - 30,
+            want_1h: Some(0),
+            want_24h: Some(92),
+            want_idle_since: Some(36 * 3600 - 30),
+        },
+    ];
+    for c in cases {
+        let mut tr = Tracker::default();
+        for &(from, to, p) in c.phases {
+            run(&mut tr, from, to, 30, |_| vec![gpm("MIG-a", p)]);
+        }
+        let d = device(&tr, c.now, "MIG-a");
+        assert_eq!(d.source, ActivitySource::Gpm, "{}", c.name);
+        assert_eq!(d.active_percent_1h, c.want_1h, "{}: 1 h", c.name);
+        assert_eq!(d.active_percent_24h, c.want_24h, "{}: 24 h", c.name);
+        assert_eq!(d.idle_since, c.want_idle_since.map(|s| Time(t(s))), "{}: idle since", c.name);
+    }
+}
+
+#[test]
+fn without_gpm_idle_means_no_compute_process_and_no_share_is_claimed() {
+    let mut tr = Tracker::default();
+    let pm = |procs| vec![mig("MIG-a", ActivitySource::ProcessesAndMemory, None, procs)];
+    tr.observe(t(0), pm(0));
+    tr.observe(t(30), pm(0));
+    let d = device(&tr, 30, "MIG-a");
+    assert_eq!((d.active_percent_1h, d.active_percent_24h), (None, None));
+    assert_eq!(d.idle_since, Some(Time(t(0))));
+    assert_eq!((d.memory_used_mib, d.processes), (512, 0));
+    tr.observe(t(60), pm(1));
+    assert_eq!(device(&tr, 60, "MIG-a").idle_since, None);
+    tr.observe(t(90), pm(0));
+    assert_eq!(device(&tr, 90, "MIG-a").idle_since, Some(Time(t(90))));
+}
+
+#[test]
+fn a_first_gpm_sample_decides_nothing() {
+    let mut tr = Tracker::default();
+    tr.observe(t(0), vec![mig("MIG-a", ActivitySource::Gpm, None, 0)]);
+    let d = device(&tr, 0, "MIG-a");
+    assert_eq!((d.active_percent_1h, d.idle_since), (None, None));
+}
+
+#[test]
+fn destroyed_devices_drop_out_and_new_ones_start_fresh() {
+    let mut tr = Tracker::default();
+    run(&mut tr, 0, 600, 30, |_| vec![gpm("MIG-a", 80.0), gpm("MIG-b", 0.0)]);
+    // MIG-b destroyed, MIG-c made in its place.
+    tr.observe(t(600), vec![gpm("MIG-a", 80.0), mig("MIG-c", ActivitySource::Gpm, None, 0)]);
+    let s = tr.summary(t(600));
+    let uuids: Vec<_> = s.devices.iter().map(|d| d.uuid.clone().unwrap()).collect();
+    assert_eq!(uuids, vec!["MIG-a", "MIG-c"]);
+    let c = device(&tr, 600, "MIG-c");
+    assert_eq!((c.active_percent_1h, c.idle_since), (None, None));
+    assert_eq!(device(&tr, 600, "MIG-a").active_percent_1h, Some(80));
+}
+
+#[test]
+fn a_long_gap_is_not_credited_to_either_window() {
+    let mut tr = Tracker::default();
+    run(&mut tr, 0, 600, 30, |_| vec![gpm("MIG-a", 0.0)]);
+    // Stopped for an hour; the first sample after reports 100% for the (unknown) gap.
+    run(&mut tr, 4200, 4800, 30, |_| vec![gpm("MIG-a", 100.0)]);
+    let d = device(&tr, 4770, "MIG-a");
+    assert_eq!(d.active_percent_24h, Some(50), "570 s idle against 570 s busy, the gap left out");
+    assert_eq!(d.idle_since, None);
+}

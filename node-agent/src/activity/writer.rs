@@ -1,0 +1,200 @@
+//! The agent's activity pass: sample every device, feed the tracker, and write the summary to
+//! `GpuNode.status.activity` when [`should_write`] says so. Its own field manager applies only
+//! that field, so the reconcile pass's status apply (which omits it) never removes it, and this
+//! one never touches the reconcile's fields.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use tessera_crds::activity::NodeActivity;
+use tessera_crds::gpunode::GpuNode;
+use tracing::{debug, warn};
+
+use super::Tracker;
+use super::write::should_write;
+use crate::Error;
+use crate::agent::Agent;
+use crate::backend::GpuBackend;
+
+/// The field manager of `status.activity` (apart from the agent's other writes; see above).
+pub const ACTIVITY_MANAGER: &str = "tessera-node-agent-activity";
+
+/// State of the activity pass between samples.
+#[derive(Debug, Clone)]
+pub struct Writer {
+    pub tracker: Tracker,
+    /// What this agent last wrote, and when (`None`: nothing since it started).
+    pub last: Option<(Timestamp, NodeActivity)>,
+    /// At most one write per this interval (`--activity-write-interval-seconds`, default 300).
+    pub write_interval: SignedDuration,
+    /// How often devices are sampled (`--activity-sample-seconds`, default 30).
+    pub sample_interval: Duration,
+    /// The latest `/metrics` text, rendered every sample (served by `metrics::serve`).
+    pub metrics: std::sync::Arc<std::sync::Mutex<String>>,
+    /// PID -> pod of the devices' processes, looked up (one pod list) only when the PIDs change.
+    pub holders: (Vec<u32>, std::collections::BTreeMap<u32, String>),
+}
+
+impl Default for Writer {
+    fn default() -> Self {
+        Self {
+            tracker: Tracker::default(),
+            last: None,
+            write_interval: SignedDuration::from_mins(5),
+            sample_interval: Duration::from_secs(30),
+            metrics: Default::default(),
+            holders: Default::default(),
+        }
+    }
+}
+
+impl<B: GpuBackend> Agent<B> {
+    /// One activity pass. A failed write is logged and retried on the next sample (the
+    /// summary is recomputed then; nothing is queued).
+    pub async fn sample_activity(&mut self) -> Result<(), Error> {
+        let observations = tokio::task::block_in_place(|| super::sample::observe(&mut self.backend))?;
+        let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
+        pids.sort_unstable();
+        if pids != self.activity.holders.0 {
+            let pods =
+                if pids.is_empty() { Default::default() } else { tokio::task::block_in_place(|| self.pods_of(&pids)) };
+            self.activity.holders = (pids, pods);
+        }
+        let now = Timestamp::now();
+        let w = &mut self.activity;
+        w.tracker.observe(now, observations);
+        let summary = w.tracker.summary(now);
+        *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
+            super::metrics::render(&self.node, &w.tracker, now, &w.holders.1);
+        let Some(reason) = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval) else {
+            return Ok(());
+        };
+        debug!(?reason, devices = summary.devices.len(), "writing GpuNode.status.activity");
+        let body = json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+            "status": {"activity": summary}
+        });
+        let api: Api<GpuNode> = Api::all(self.client.clone());
+        match api.patch_status(&self.node, &PatchParams::apply(ACTIVITY_MANAGER).force(), &Patch::Apply(&body)).await {
+            Ok(_) => {
+                self.activity.last = Some((now, summary));
+                Ok(())
+            }
+            Err(e) => {
+                warn!(error = %e, "could not write GpuNode.status.activity; retrying on the next sample");
+                Err(e.into())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use kube::Client;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::backend::sim::{self, SimBackend};
+    use crate::testutil::temp_dir;
+
+    /// The API server's side: each status patch as (query, body); fail the next `fail` writes.
+    #[derive(Default)]
+    struct Server {
+        patches: Vec<(String, Value)>,
+        fail: u32,
+        /// Pod lists (the holder lookups).
+        pod_lists: u32,
+    }
+
+    fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBackend> {
+        let mut agent = Agent::offline(SimBackend::at(state));
+        agent.client = Client::new(
+            tower::service_fn(move |req: http::Request<kube::client::Body>| {
+                let server = server.clone();
+                async move {
+                    let query = req.uri().query().unwrap_or_default().to_string();
+                    let path = req.uri().path().to_string();
+                    let body =
+                        req.into_body().collect_bytes().await.map_err(|e| std::io::Error::other(e.to_string()))?;
+                    let mut s = server.lock().unwrap();
+                    if path == "/api/v1/pods" {
+                        s.pod_lists += 1;
+                        let list =
+                            serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []});
+                        return Ok(http::Response::new(kube::client::Body::from(list.to_string().into_bytes())));
+                    }
+                    assert!(path.ends_with("/gpunodes/test/status"), "only the status is written: {path}");
+                    if s.fail > 0 {
+                        s.fail -= 1;
+                        return Err(std::io::Error::other("API server unavailable"));
+                    }
+                    s.patches.push((query, serde_json::from_slice(&body).unwrap()));
+                    let out = serde_json::json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+                        "metadata": {"name": "test"}, "spec": {}});
+                    Ok::<_, std::io::Error>(http::Response::new(kube::client::Body::from(out.to_string().into_bytes())))
+                }
+            }),
+            "default",
+        );
+        agent
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_only_activity_under_its_own_manager_once_per_change_and_retries_a_failed_write() {
+        let state = temp_dir("activity-writer").join("sim.json");
+        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
+        sim::set_activity(&state, 0, Some(&mig.uuid), 50.0).unwrap();
+        let server = Arc::new(Mutex::new(Server { fail: 1, ..Default::default() }));
+        let mut a = agent(&state, server.clone());
+        a.activity.write_interval = SignedDuration::ZERO;
+        // The first write fails: nothing counts as written, the next sample writes.
+        assert!(a.sample_activity().await.is_err());
+        assert!(a.activity.last.is_none());
+        a.sample_activity().await.unwrap();
+        // Unchanged: no write.
+        a.sample_activity().await.unwrap();
+        let patches = server.lock().unwrap().patches.clone();
+        assert_eq!(patches.len(), 1, "{patches:?}");
+        let text = a.activity.metrics.lock().unwrap().clone();
+        assert!(text.contains(&format!("tessera_gpu_sm_active_ratio{{gpu=\"0\",UUID=\"{}\"", mig.uuid)), "{text}");
+        let (query, body) = &patches[0];
+        assert!(query.contains("fieldManager=tessera-node-agent-activity"), "{query}");
+        assert!(query.contains("force=true"), "{query}");
+        let status = body["status"].as_object().unwrap();
+        assert_eq!(status.keys().collect::<Vec<_>>(), vec!["activity"], "only the activity is applied");
+        let dev = &body["status"]["activity"]["devices"][0];
+        assert_eq!(dev["uuid"], mig.uuid.as_str());
+        assert_eq!(dev["source"], "Gpm");
+        // Going idle is news.
+        sim::set_activity(&state, 0, Some(&mig.uuid), 0.0).unwrap();
+        a.sample_activity().await.unwrap();
+        let patches = server.lock().unwrap().patches.clone();
+        assert_eq!(patches.len(), 2);
+        assert!(patches[1].1["status"]["activity"]["devices"][0]["idleSince"].is_string());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn holders_are_looked_up_only_when_the_processes_change() {
+        let state = temp_dir("activity-holders").join("sim.json");
+        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
+        let server = Arc::new(Mutex::new(Server::default()));
+        let mut a = agent(&state, server.clone());
+        a.sample_activity().await.unwrap();
+        assert_eq!(server.lock().unwrap().pod_lists, 0, "no process, no lookup");
+        sim::run_process(&state, 0, Some(&mig.uuid), 4242, "python", Some(100)).unwrap();
+        a.sample_activity().await.unwrap();
+        a.sample_activity().await.unwrap();
+        assert_eq!(server.lock().unwrap().pod_lists, 1, "the same PIDs: looked up once");
+        sim::run_process(&state, 0, Some(&mig.uuid), 4243, "python", Some(100)).unwrap();
+        a.sample_activity().await.unwrap();
+        assert_eq!(server.lock().unwrap().pod_lists, 2);
+    }
+}

@@ -65,7 +65,7 @@ pub struct TenantGpuQuotaSpec {
     /// (`30m`, `1h`, `2h30m`, `1d`); 1h when absent. Per tenant: notebooks idle between cells,
     /// batch jobs should not idle at all. Tessera reports; it evicts nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("maxLength" = 32))]
+    #[schemars(extend("maxLength" = 32, "pattern" = "^([0-9]+[smhd])+$"))]
     pub idle_after: Option<String>,
 }
 

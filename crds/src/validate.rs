@@ -265,9 +265,22 @@ pub fn max_unavailable(value: &IntOrString, matched: usize) -> Result<usize, Str
     }
 }
 
-/// Checks a quota: namespaces, resource names (known MIG profiles only, so a typo cannot leave a
-/// real resource unlimited), non-negative limits and a consistent split.
+/// Checks a quota: everything [`validate_quota_limits`] checks, and the reporting-only fields
+/// (`spec.idleAfter`). What `validate` and `plan preview` report.
 pub fn validate_quota(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
+    let mut errs = validate_quota_limits(spec);
+    if let Some(reason) = spec.idle_after.as_deref().and_then(|d| crate::quota::parse_idle_after(d).err()) {
+        errs.push(FieldError::new("spec.idleAfter", reason));
+    }
+    errs
+}
+
+/// Checks what enforcement depends on: namespaces, resource names (known MIG profiles only, so
+/// a typo cannot leave a real resource unlimited), non-negative limits and a consistent split.
+/// The controller enforces a quota that passes this even with a bad `idleAfter` (a reporting
+/// field: the idle report then uses the default), so a typo there never stops a tenant's limits
+/// from following its edits.
+pub fn validate_quota_limits(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
     let mut errs = Vec::new();
     if spec.namespaces.is_empty() {
         errs.push(FieldError::new("spec.namespaces", "at least one namespace is required"));
@@ -297,9 +310,6 @@ pub fn validate_quota(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
         }
         SplitPolicy::Even => {}
         SplitPolicy::Explicit => validate_explicit_split(spec, &mut errs),
-    }
-    if let Some(reason) = spec.idle_after.as_deref().and_then(|d| crate::quota::parse_idle_after(d).err()) {
-        errs.push(FieldError::new("spec.idleAfter", reason));
     }
     if let Some(p) = &spec.physical {
         for (name, v) in [("computeSlices", p.compute_slices), ("memoryGB", p.memory_gb)] {

@@ -10,12 +10,12 @@
 use std::collections::BTreeMap;
 
 use tessera_crds::TenantGpuQuota;
-use tessera_crds::validate::validate_quota;
+use tessera_crds::validate::validate_quota_limits;
 
 /// Whether a quota's limits are guaranteed: live (not being deleted) and valid (the quota
 /// controller enforces nothing new for an invalid one).
 pub fn guaranteed(q: &TenantGpuQuota) -> bool {
-    q.metadata.deletion_timestamp.is_none() && validate_quota(&q.spec).is_empty()
+    q.metadata.deletion_timestamp.is_none() && validate_quota_limits(&q.spec).is_empty()
 }
 
 /// What the fleet must supply, per resource name.

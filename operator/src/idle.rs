@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde::Serialize;
-use tessera_crds::activity::DeviceActivity;
+use tessera_crds::activity::{ActivitySource, DeviceActivity};
 use tessera_crds::quota::{IdleSlice, MAX_IDLE_HOLDERS, TenantActivity, parse_idle_after};
 use tessera_crds::{GpuNode, TenantGpuQuota};
 
@@ -199,6 +199,10 @@ pub fn idle_report(
 ) -> IdleReport {
     let virtual_of: BTreeMap<String, String> =
         pods.iter().filter_map(|p| Some((host_key(p), virtual_name(p)?))).collect();
+    // A pod idles no longer than it has run: a device idle since before its holder started (a
+    // notebook handed a slice that sat free) counts from the pod's start.
+    let started: BTreeMap<String, Timestamp> =
+        pods.iter().filter_map(|p| Some((host_key(p), p.status.as_ref()?.start_time.as_ref()?.0))).collect();
     let mut report = IdleReport::default();
     for node in &status.nodes {
         let activity = gpunodes
@@ -226,11 +230,17 @@ pub fn idle_report(
             let threshold = idle_after.get(&tenant).copied().unwrap_or(DEFAULT_IDLE_AFTER);
             let t = report.tenants.entry(tenant).or_default();
             t.allocated += 1;
-            let Some(d) = measured else {
+            // GPM with neither a share nor an idle time: no second sample yet (an agent just
+            // started), or its calls fail: not measured, never "active".
+            let unmeasured_gpm = |d: &&DeviceActivity| {
+                d.source == ActivitySource::Gpm && d.idle_since.is_none() && d.active_percent_1h.is_none()
+            };
+            let Some(d) = measured.filter(|d| !unmeasured_gpm(d)) else {
                 t.unmeasured += 1;
                 continue;
             };
-            match d.idle_since.as_ref().map(|s| s.0).filter(|s| now.duration_since(*s) >= threshold) {
+            let since = d.idle_since.as_ref().map(|s| s.0).map(|s| started.get(&h.pod).map_or(s, |p| s.max(*p)));
+            match since.filter(|s| now.duration_since(*s) >= threshold) {
                 None => t.active += 1,
                 Some(since) => {
                     t.idle += 1;
@@ -283,10 +293,18 @@ fn placed(node: &crate::cli::status::NodeStatus) -> Vec<Placed<'_>> {
 }
 
 /// The agent's figure for a device: same GPU and, for a MIG instance, same start slot (a start
-/// is unique on a GPU). A MIG figure never matches a whole GPU and back, so a layout change the
-/// agent has not measured yet reads as unmeasured.
+/// is unique on a GPU) and same profile. A MIG figure never matches a whole GPU and back, and an
+/// instance re-made at the same start with another profile does not take the old one's figure,
+/// so a layout change the agent has not measured yet reads as unmeasured.
 fn matches(d: &DeviceActivity, p: &Placed) -> bool {
-    d.gpu_index == p.gpu && d.start == p.start
+    let profile = |s: &str| tessera_crds::catalog::normalize_profile(s);
+    d.gpu_index == p.gpu
+        && d.start == p.start
+        && match (&d.profile, p.start) {
+            (Some(dp), Some(_)) => profile(dp) == profile(&p.profile),
+            (None, None) => true,
+            _ => false,
+        }
 }
 
 fn host_key(p: &Pod) -> String {

@@ -61,6 +61,8 @@ pub struct QuotaController {
     pub(crate) claims: std::sync::OnceLock<crate::controller::claims::ClaimCache>,
     /// The last idle report and when its pods were listed (see `idle_report`).
     idle: std::sync::Mutex<Option<(std::time::Instant, crate::idle::IdleReport)>>,
+    /// When listing pods for the idle report last failed: the next try waits `IDLE_REFRESH`.
+    idle_failed: std::sync::Mutex<Option<std::time::Instant>>,
     /// The claim-class binding's problem last seen (logged when it changes).
     binding_problem: std::sync::Mutex<Option<String>>,
 }
@@ -107,6 +109,7 @@ impl QuotaController {
             dra: Default::default(),
             claims: Default::default(),
             idle: Default::default(),
+            idle_failed: Default::default(),
             binding_problem: Default::default(),
         })
     }
@@ -138,6 +141,7 @@ impl QuotaController {
             dra: Default::default(),
             claims: Default::default(),
             idle: Default::default(),
+            idle_failed: Default::default(),
             binding_problem: Default::default(),
         }
     }
@@ -290,9 +294,21 @@ impl QuotaController {
         if let Some((_, r)) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).as_ref().filter(|(at, _)| fresh(at)) {
             return Some(r.clone());
         }
+        // Nothing to report on: no tenant, or no node has measured anything yet. And a failed
+        // list is not retried every pass (a full pod list is the costliest read the operator
+        // makes).
+        let measured = self.gpunodes.state().iter().any(|g| g.status.as_ref().is_some_and(|s| s.activity.is_some()));
+        if quotas.is_empty() || !measured {
+            return None;
+        }
+        if self.idle_failed.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|at| fresh(&at)) {
+            return None;
+        }
         let api: Api<Pod> = Api::all(self.client.clone());
         let mut pods = Vec::new();
-        let mut lp = ListParams::default().limit(500);
+        // Only pods that can hold a device: bound, not finished.
+        let mut lp =
+            ListParams::default().fields("spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed").limit(500);
         loop {
             match api.list(&lp).await {
                 Ok(page) => {
@@ -305,6 +321,7 @@ impl QuotaController {
                 Err(e) => {
                     self.metrics.error("kube");
                     warn!(error = %e, "could not list pods for the idle report; keeping the last figures");
+                    *self.idle_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
                     return None;
                 }
             }

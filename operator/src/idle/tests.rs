@@ -23,9 +23,11 @@ fn gpunode(name: &str, activity: Vec<Value>) -> GpuNode {
     .unwrap()
 }
 
+/// A GPM figure: idle since `idle_since`, or busy (a 1h share of 40%) without one.
 fn mig_act(start: i32, idle_since: Option<&str>, mib: i64) -> Value {
+    let share = if idle_since.is_some() { 0 } else { 40 };
     json!({"gpuIndex": 0, "profile": "3g.40gb", "start": start, "source": "Gpm", "idleSince": idle_since,
-           "memoryUsedMib": mib, "processes": i32::from(mib > 0)})
+           "activePercent1h": share, "memoryUsedMib": mib, "processes": i32::from(mib > 0)})
 }
 
 fn whole_act(idle_since: Option<&str>, mib: i64, processes: i32) -> Value {
@@ -84,6 +86,36 @@ fn idle_beyond_the_default_hour_counts_idle_and_lists_the_holder() {
     assert_eq!((h.gpu, h.profile.as_str(), h.start, h.memory_used_mib), (0, "3g.40gb", Some(0), 512));
     assert_eq!(h.idle_since, "2026-05-31T12:00:00Z".parse::<Timestamp>().unwrap());
     assert!(!h.exact, "one pod holds one of two instances of its profile: which one is a guess");
+}
+
+#[test]
+fn a_gpm_device_without_a_share_or_idle_time_is_unmeasured_not_active() {
+    // An agent just started (no second GPM sample yet) or whose GPM calls fail.
+    let first = json!({"gpuIndex": 0, "profile": "3g.40gb", "start": 0, "source": "Gpm", "memoryUsedMib": 0,
+                       "processes": 0});
+    let r = report(vec![first], &[mig_pod("ml", "a", 1)], &[]);
+    assert_eq!(tenant(&r, "ml"), (1, 0, 0, 1));
+}
+
+#[test]
+fn an_instance_made_again_at_the_same_start_with_another_profile_does_not_take_the_old_figure() {
+    let mut old = mig_act(0, Some("2026-05-01T00:00:00Z"), 0);
+    old["profile"] = json!("4g.40gb");
+    let r = report(vec![old], &[mig_pod("ml", "a", 1)], &[]);
+    assert_eq!(tenant(&r, "ml"), (1, 0, 0, 1));
+}
+
+#[test]
+fn a_pod_idles_no_longer_than_it_has_run() {
+    // The slice sat idle since May; the notebook holding it started an hour and a half ago.
+    let mut p = mig_pod("ml", "a", 1);
+    p.status.get_or_insert_default().start_time = Some(Time("2026-06-01T10:30:00Z".parse().unwrap()));
+    let r = report(vec![mig_act(0, Some("2026-05-01T00:00:00Z"), 0)], &[p.clone()], &[]);
+    assert_eq!(r.idle[0].idle_since, "2026-06-01T10:30:00Z".parse::<Timestamp>().unwrap());
+    // Started 30 minutes ago: not idle past the 1h default yet, whatever the device's history.
+    p.status.get_or_insert_default().start_time = Some(Time("2026-06-01T11:30:00Z".parse().unwrap()));
+    let r = report(vec![mig_act(0, Some("2026-05-01T00:00:00Z"), 0)], &[p], &[]);
+    assert_eq!(tenant(&r, "ml"), (1, 1, 0, 0));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tessera_crds::TenantGpuQuota;
 use tessera_crds::conditions::{CAPACITY_AVAILABLE, CONFLICT, READY, STALLED, remove_condition, set_condition};
 use tessera_crds::quota::{NamespaceUsage, ResourceUsage, TenantGpuQuotaStatus, UnlistedPolicy};
-use tessera_crds::validate::validate_quota;
+use tessera_crds::validate::validate_quota_limits;
 
 use super::{
     Apply, Capacity, Delete, QUOTA_LABEL, QuotaPlan, fallback_resource_quota_name, owned_by, physical,
@@ -53,7 +53,7 @@ impl Pass<'_> {
 /// An invalid quota: `Stalled` and not `Ready`, and what it applied before is kept. False when
 /// the quota is valid (nothing done).
 pub(super) fn invalid(p: &Pass<'_>, q: &TenantGpuQuota, plan: &mut QuotaPlan, wanted: &mut Wanted) -> bool {
-    let errors = validate_quota(&q.spec);
+    let errors = validate_quota_limits(&q.spec);
     if errors.is_empty() {
         return false;
     }

@@ -182,6 +182,20 @@ fn an_invalid_spec_is_reported_and_keeps_what_was_enforced() {
 }
 
 #[test]
+fn a_bad_idle_after_never_stops_a_quotas_limits_from_being_enforced() {
+    // `idleAfter` only tunes the idle report: a value that slips past the CRD's pattern (`0m`,
+    // `99999d`) must not make the quota InvalidSpec, which would freeze its ResourceQuotas at
+    // their last state and close its DRA classes.
+    for bad in ["0m", "99999d"] {
+        let q = quota("a", json!({"namespaces": ["a"], "hard": {"nvidia.com/mig-1g.10gb": 4}, "idleAfter": bad}));
+        let p = plan_quotas(&[q], &ns(&["a"]), &[], &[], now());
+        assert_eq!(p.apply.len(), 1, "{bad}: {p:?}");
+        let st = &p.statuses["a"];
+        assert!(st.conditions.iter().all(|c| c.reason != "InvalidSpec"), "{bad}: {:?}", st.conditions);
+    }
+}
+
+#[test]
 fn stale_resource_quotas_are_deleted_and_usage_is_summed() {
     let q = quota("a", json!({"namespaces": ["a1"], "hard": {"nvidia.com/mig-1g.10gb": 4}}));
     let rq = |ns: &str, used: &str| ours("a", ns, used);

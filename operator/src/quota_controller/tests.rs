@@ -91,3 +91,13 @@ async fn pods_that_cannot_be_listed_keep_the_figures_the_quota_had() {
     let _ = c.reconcile().await;
     assert_eq!(written_activity(&requests), Some(previous), "kept, not dropped or zeroed");
 }
+
+#[tokio::test]
+async fn a_failed_pod_list_is_not_retried_every_pass() {
+    let (client, requests) = api(None);
+    let c = controller(client, None);
+    let _ = c.reconcile().await;
+    let _ = c.reconcile().await;
+    let lists = requests.lock().unwrap().iter().filter(|(m, p, _)| m == "GET" && p == "/api/v1/pods").count();
+    assert_eq!(lists, 1, "the second pass waits out IDLE_REFRESH");
+}

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 use tessera_crds::TenantGpuQuota;
 use tessera_crds::conditions::CAPACITY_AVAILABLE;
-use tessera_crds::validate::validate_quota;
+use tessera_crds::validate::validate_quota_limits;
 
 use crate::quota::{Capacity, QuotaPlan, plan_quotas_with};
 
@@ -89,7 +89,7 @@ pub fn short(quotas: &[TenantGpuQuota], before: &Capacity, after: &Capacity) -> 
     }
     let mut out = Vec::new();
     // An invalid quota asks for nothing (the controller leaves its conditions as they were).
-    for q in quotas.iter().filter(|q| validate_quota(&q.spec).is_empty()) {
+    for q in quotas.iter().filter(|q| validate_quota_limits(&q.spec).is_empty()) {
         let name = q.metadata.name.clone().unwrap_or_default();
         let (then, now) = (capacity_available(&was, &name), capacity_available(&will, &name));
         if now.as_deref() != Some("False") {

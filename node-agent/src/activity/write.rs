@@ -49,7 +49,11 @@ pub fn should_write(
     let mut share = false;
     for d in &current.devices {
         let Some(w) = before(d.uuid.as_deref(), d.gpu_index) else { return Some(Reason::DeviceSet) };
-        if w.idle_since.is_some() != d.idle_since.is_some() {
+        // Idle now and then, or idle again after a short burst: a later `idleSince` than the
+        // one written (the written one would overstate how long it has idled).
+        if w.idle_since.is_some() != d.idle_since.is_some()
+            || d.idle_since.as_ref().is_some_and(|n| w.idle_since.as_ref().is_some_and(|o| n.0 > o.0))
+        {
             return Some(Reason::IdleTransition);
         }
         share |= match (w.active_percent_1h, d.active_percent_1h) {

@@ -101,3 +101,12 @@ fn a_source_change_is_a_device_set_change() {
     let got = should_write(Some((t(0), &written)), &now, t(300), SignedDuration::from_mins(5));
     assert_eq!(got, Some(Reason::DeviceSet));
 }
+
+#[test]
+fn idle_again_after_a_short_burst_is_written_with_its_later_idle_since() {
+    let written = node(vec![dev("MIG-b", Some(0), true)]);
+    let mut again = dev("MIG-b", Some(0), true);
+    again.idle_since = Some(Time(t(900)));
+    let got = should_write(Some((t(0), &written)), &node(vec![again]), t(1200), SignedDuration::from_mins(5));
+    assert_eq!(got, Some(Reason::IdleTransition));
+}

@@ -190,11 +190,14 @@ impl ClassView {
 
 /// The claim keys of one namespace's ResourceQuota, added to `hard` (`requests.<res>` keys
 /// already there). `share` is the namespace's share of `hard`; `unlisted` what `unlisted: Zero`
-/// holds at 0 (empty when unlimited).
+/// holds at 0 (empty when unlimited); `unlimited` the resources `unlisted: Unlimited` leaves
+/// unlimited (empty under `Zero`). Only the classes of these resources are exempt from the 0 of
+/// GPU-reaching classes: a class merely named like ours (a made-up profile) is held at 0.
 pub fn claim_keys(
     mode: AllocationPath,
     share: &BTreeMap<String, i64>,
     unlisted: &BTreeSet<String>,
+    unlimited: &BTreeSet<String>,
     view: &ClassView,
     hard: &mut BTreeMap<String, String>,
 ) {
@@ -208,7 +211,9 @@ pub fn claim_keys(
             }
         }
         AllocationPath::ResourceClaims => {
-            for c in view.reaching.iter().filter(|c| resource_of_class(c).is_none()) {
+            let exempt: BTreeSet<String> =
+                share.keys().chain(unlisted).chain(unlimited).filter_map(|r| class_of_resource(r)).collect();
+            for c in view.reaching.iter().filter(|c| !exempt.contains(*c)) {
                 hard.insert(devices_key(c), "0".into());
             }
             let limits = share.iter().map(|(r, n)| (r, *n)).chain(unlisted.iter().map(|r| (r, 0)));

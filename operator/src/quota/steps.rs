@@ -216,7 +216,12 @@ fn hard(p: &Pass<'_>, q: &TenantGpuQuota, share: &BTreeMap<String, i64>) -> BTre
             hard.insert(format!("requests.{r}"), "0".into());
         }
     }
-    super::claims::claim_keys(q.spec.allocation, share, &unlisted, p.classes, &mut hard);
+    let mut unlimited = super::gpu_resources(&p.capacity.supply);
+    if q.spec.unlisted == UnlistedPolicy::Zero {
+        unlimited.clear();
+    }
+    unlimited.retain(|r| !q.spec.hard.contains_key(r));
+    super::claims::claim_keys(q.spec.allocation, share, &unlisted, &unlimited, p.classes, &mut hard);
     hard
 }
 

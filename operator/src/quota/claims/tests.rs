@@ -155,7 +155,7 @@ fn keys(mode: AllocationPath, share: &[(&str, i64)], unlisted: &[&str]) -> BTree
     let mut hard: BTreeMap<String, String> =
         share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
     let unlisted = unlisted.iter().map(|s| s.to_string()).collect();
-    claim_keys(mode, &share, &unlisted, &view(), &mut hard);
+    claim_keys(mode, &share, &unlisted, &BTreeSet::new(), &view(), &mut hard);
     hard
 }
 
@@ -572,4 +572,28 @@ fn a_switched_path_gets_0_while_the_old_paths_usage_is_unknown() {
     // Synced: the share less what is held.
     let rq = our_rq("team-b", "b", &[(rq_name, "0"), (&mig, "0")], &[(rq_name, "1"), (&mig, "0")]);
     assert_eq!(plan_of(std::slice::from_ref(&b), &["b"], &[rq]).apply[0].hard[&mig], "2");
+}
+
+/// Review 3, finding 2: only the classes of the share (and of what `unlisted` names) are exempt
+/// from the 0 of GPU-reaching classes, not every class named like ours.
+#[test]
+fn a_class_named_like_ours_but_outside_the_share_is_held_at_0() {
+    let made_up = ["mig-7g.999gb.tessera.dev", "mig-01g.10gb.tessera.dev", "mig-2g.20gb.tessera.dev"];
+    let mut classes = vec![class("mig-1g.10gb.tessera.dev", &["device.driver == 'gpu.nvidia.com'"], None)];
+    classes.extend(made_up.iter().map(|n| class(n, &["device.driver == 'gpu.nvidia.com'"], None)));
+    let v = ClassView::of(&classes, &nvidia());
+    let share: BTreeMap<String, i64> = [("nvidia.com/mig-1g.10gb".to_string(), 3)].into();
+    let none = BTreeSet::new();
+    let mut hard = BTreeMap::new();
+    claim_keys(AllocationPath::ResourceClaims, &share, &none, &none, &v, &mut hard);
+    assert_eq!(hard[&format!("mig-1g.10gb.tessera.dev{DEV}")], "3");
+    for c in made_up {
+        assert_eq!(hard.get(&format!("{c}{DEV}")).map(String::as_str), Some("0"), "{c}: {hard:?}");
+    }
+    // `unlisted: Unlimited`: the class of a resource left unlimited is not held (and only it).
+    let unlimited: BTreeSet<String> = ["nvidia.com/mig-2g.20gb".to_string()].into();
+    let mut hard = BTreeMap::new();
+    claim_keys(AllocationPath::ResourceClaims, &share, &none, &unlimited, &v, &mut hard);
+    assert!(!hard.contains_key(&format!("mig-2g.20gb.tessera.dev{DEV}")), "{hard:?}");
+    assert_eq!(hard[&format!("mig-7g.999gb.tessera.dev{DEV}")], "0");
 }

@@ -167,6 +167,21 @@ pub struct ClassView {
     pub open: BTreeSet<String>,
     /// `spec.extendedResourceName` of GPU-reaching classes, other than Tessera's resources.
     pub extended: BTreeSet<String>,
+    /// Classes named as Tessera's whose spec is not what the operator writes (made by someone
+    /// else first, with a broader selector, and our apply failed): held at 0, never open.
+    pub mismatched: BTreeSet<String>,
+}
+
+/// Whether `have` is the class `want` describes: its name and its one selector (the writer's
+/// test too, which also wants our label).
+pub fn spec_matches(have: &DeviceClass, want: &ClassApply) -> bool {
+    let exprs: Vec<&str> = have
+        .spec
+        .iter()
+        .flat_map(|s| s.selectors.iter().flatten())
+        .map(|s| s.cel.as_ref().map_or("", |c| c.expression.as_str()))
+        .collect();
+    have.metadata.name.as_deref() == Some(&want.name) && exprs == [want.expression.as_str()]
 }
 
 impl ClassView {
@@ -181,6 +196,10 @@ impl ClassView {
             let ext = c.spec.as_ref().and_then(|s| s.extended_resource_name.clone());
             if let Some(ext) = ext.filter(|e| e != GPU_RESOURCE && catalog::profile_of_resource(e).is_none()) {
                 v.extended.insert(ext);
+            }
+            let want = resource_of_class(&name).and_then(|r| managed_class(&r, drivers));
+            if want.is_some_and(|w| !spec_matches(c, &w)) {
+                v.mismatched.insert(name.clone());
             }
             v.reaching.insert(name);
         }
@@ -213,12 +232,14 @@ pub fn claim_keys(
         AllocationPath::ResourceClaims => {
             let exempt: BTreeSet<String> =
                 share.keys().chain(unlisted).chain(unlimited).filter_map(|r| class_of_resource(r)).collect();
-            for c in view.reaching.iter().filter(|c| !exempt.contains(*c)) {
+            let exempt: BTreeSet<&String> = exempt.iter().filter(|c| !view.mismatched.contains(*c)).collect();
+            for c in view.reaching.iter().filter(|c| !exempt.contains(c)) {
                 hard.insert(devices_key(c), "0".into());
             }
             let limits = share.iter().map(|(r, n)| (r, *n)).chain(unlisted.iter().map(|r| (r, 0)));
             for (res, n) in limits {
                 if let Some(class) = class_of_resource(res) {
+                    let n = if view.mismatched.contains(&class) { 0 } else { n };
                     hard.insert(devices_key(&class), n.to_string());
                     hard.insert(format!("requests.{res}"), "0".into());
                 }
@@ -304,7 +325,7 @@ pub fn policy_data(
         } else if q.spec.allocation == AllocationPath::ExtendedResources {
             (String::new(), "request nvidia.com/gpu or nvidia.com/mig-<profile> resources instead (spec.allocation: ExtendedResources)".to_string())
         } else {
-            let allowed = allowed_classes(q, ns, rqs, applies, resources);
+            let allowed = allowed_classes(q, ns, rqs, applies, resources, view);
             let granted: Vec<String> =
                 q.spec.hard.iter().filter(|(_, n)| **n > 0).filter_map(|(r, _)| class_of_resource(r)).collect();
             let unlimited = q.spec.unlisted == UnlistedPolicy::Unlimited;
@@ -345,6 +366,7 @@ fn allowed_classes(
     rqs: &[ResourceQuota],
     applies: &[super::Apply],
     resources: &BTreeSet<String>,
+    view: &ClassView,
 ) -> BTreeSet<String> {
     let name = q.metadata.name.as_deref().unwrap_or_default();
     let planned = applies.iter().find(|a| a.namespace == ns && a.quota == name);
@@ -370,6 +392,7 @@ fn allowed_classes(
     if q.spec.unlisted == UnlistedPolicy::Unlimited {
         out.extend(resources.iter().filter(|r| !q.spec.hard.contains_key(*r)).filter_map(|r| class_of_resource(r)));
     }
+    out.retain(|c| !view.mismatched.contains(c));
     out
 }
 

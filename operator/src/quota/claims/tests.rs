@@ -127,11 +127,17 @@ fn nvidias_driver_reaches_gpus_whatever_the_driver_list_says() {
     }
 }
 
+/// Tessera's class for `res` as the operator writes it.
+fn ours(res: &str) -> DeviceClass {
+    let c = managed_class(res, &nvidia()).unwrap();
+    class(&c.name, &[&c.expression], None)
+}
+
 fn view() -> ClassView {
     ClassView::of(
         &[
             class("mig.nvidia.com", &["device.driver == 'gpu.nvidia.com'"], None),
-            class("mig-1g.10gb.tessera.dev", &["device.driver == 'gpu.nvidia.com'"], None),
+            ours("nvidia.com/mig-1g.10gb"),
             class("fpga", &["device.driver == 'fpga.example.com'"], None),
             class("dra-ext", &[], Some("example.com/accel")),
             class("dra-ours", &[], Some("nvidia.com/mig-1g.10gb")),
@@ -579,8 +585,14 @@ fn a_switched_path_gets_0_while_the_old_paths_usage_is_unknown() {
 #[test]
 fn a_class_named_like_ours_but_outside_the_share_is_held_at_0() {
     let made_up = ["mig-7g.999gb.tessera.dev", "mig-01g.10gb.tessera.dev", "mig-2g.20gb.tessera.dev"];
-    let mut classes = vec![class("mig-1g.10gb.tessera.dev", &["device.driver == 'gpu.nvidia.com'"], None)];
-    classes.extend(made_up.iter().map(|n| class(n, &["device.driver == 'gpu.nvidia.com'"], None)));
+    // Each with the selector the operator would write (so only the name decides).
+    let like_ours =
+        |n: &str| match managed_class(&format!("nvidia.com/{}", n.trim_end_matches(".tessera.dev")), &nvidia()) {
+            Some(c) => class(&c.name, &[&c.expression], None),
+            None => class(n, &["device.driver == 'gpu.nvidia.com'"], None),
+        };
+    let mut classes = vec![ours("nvidia.com/mig-1g.10gb")];
+    classes.extend(made_up.iter().map(|n| like_ours(n)));
     let v = ClassView::of(&classes, &nvidia());
     let share: BTreeMap<String, i64> = [("nvidia.com/mig-1g.10gb".to_string(), 3)].into();
     let none = BTreeSet::new();
@@ -596,4 +608,29 @@ fn a_class_named_like_ours_but_outside_the_share_is_held_at_0() {
     claim_keys(AllocationPath::ResourceClaims, &share, &none, &unlimited, &v, &mut hard);
     assert!(!hard.contains_key(&format!("mig-2g.20gb.tessera.dev{DEV}")), "{hard:?}");
     assert_eq!(hard[&format!("mig-7g.999gb.tessera.dev{DEV}")], "0");
+}
+
+/// Review 3, finding 3: a class named as ours but made by someone else first (a broad selector;
+/// our apply failed) is held at 0 and never opened, whatever the ResourceQuota enforces.
+#[test]
+fn a_class_of_ours_with_another_selector_is_held_at_0_and_closed() {
+    let mig = format!("mig-1g.10gb.tessera.dev{DEV}");
+    let broad = class("mig-1g.10gb.tessera.dev", &["device.driver == 'gpu.nvidia.com'"], None);
+    let v = ClassView::of([&broad, &ours("nvidia.com/gpu")], &nvidia());
+    assert_eq!(v.mismatched, ["mig-1g.10gb.tessera.dev".to_string()].into());
+    let share: BTreeMap<String, i64> = [("nvidia.com/mig-1g.10gb".to_string(), 3)].into();
+    let mut hard = BTreeMap::new();
+    claim_keys(AllocationPath::ResourceClaims, &share, &BTreeSet::new(), &BTreeSet::new(), &v, &mut hard);
+    assert_eq!(hard[&mig], "0", "{hard:?}");
+    // Enforced at 0 (so no more than planned), yet not allowed.
+    let mut b = quota("team-b", &["b"], "ResourceClaims");
+    b.spec.unlisted = UnlistedPolicy::Zero;
+    let rq = our_rq("team-b", "b", &[("requests.nvidia.com/mig-1g.10gb", "0"), (&mig, "0")], &[]);
+    let dra = crate::quota::Dra { classes: v, drivers: nvidia() };
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
+    let p = crate::quota::plan_quotas_dra(&[b], &["b".to_string()].into(), &[rq], &Default::default(), &dra, now);
+    assert_eq!(p.apply[0].hard[&mig], "0");
+    assert_eq!(p.policy["b.allowed"], "", "{:?}", p.policy);
+    // The writer still applies ours over it.
+    assert!(p.device_classes.iter().any(|c| c.name == "mig-1g.10gb.tessera.dev"));
 }

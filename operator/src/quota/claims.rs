@@ -225,8 +225,11 @@ pub fn claim_keys(
     }
     match mode {
         AllocationPath::ExtendedResources => {
-            for c in &view.reaching {
-                hard.insert(devices_key(c), "0".into());
+            // The share's classes whether they exist or not: a class of ours deleted and made
+            // again (by anyone) is closed from its first claim.
+            let share_classes = share.keys().filter_map(|r| class_of_resource(r));
+            for c in view.reaching.iter().cloned().chain(share_classes) {
+                hard.insert(devices_key(&c), "0".into());
             }
         }
         AllocationPath::ResourceClaims => {
@@ -407,6 +410,7 @@ pub fn reduce_for_other_path(
     mode: AllocationPath,
     share: &BTreeMap<String, i64>,
     rq: Option<&k8s_openapi::api::core::v1::ResourceQuotaStatus>,
+    view: &ClassView,
     hard: &mut BTreeMap<String, String>,
 ) -> Vec<String> {
     let mut notes = Vec::new();
@@ -423,6 +427,12 @@ pub fn reduce_for_other_path(
             m.as_ref()?.get(&old_key)?.0.parse::<i64>().ok()
         };
         let held = rq.filter(|s| num(&s.hard) == Some(0)).and_then(|s| num(&s.used));
+        // Back on extended resources with no class of ours to claim through and no claims
+        // limit ever enforced here: the claims path holds nothing (a plain quota's first pass).
+        let never_open = mode == AllocationPath::ExtendedResources
+            && !view.reaching.contains(&class)
+            && !rq.and_then(|s| s.hard.as_ref()).is_some_and(|h| h.contains_key(&old_key));
+        let held = held.or(never_open.then_some(0));
         match held {
             Some(0) => {}
             Some(held) => {

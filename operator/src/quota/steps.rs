@@ -159,7 +159,7 @@ fn enforce(
             rq.metadata.namespace.as_deref() == Some(ns.as_str()) && rq.metadata.name.as_deref() == Some(&rq_name)
         });
         let status = rq.and_then(|rq| rq.status.as_ref());
-        let cut = super::claims::reduce_for_other_path(q.spec.allocation, &share, status, &mut hard);
+        let cut = super::claims::reduce_for_other_path(q.spec.allocation, &share, status, p.classes, &mut hard);
         reduced.extend(cut.into_iter().map(|c| format!("namespace {ns}: {c}")));
         let used = used_in(p.resource_quotas, &ns, &rq_name);
         plan.apply.push(Apply { namespace: ns.clone(), quota: name.to_string(), name: rq_name.clone(), hard });

@@ -634,3 +634,25 @@ fn a_class_of_ours_with_another_selector_is_held_at_0_and_closed() {
     // The writer still applies ours over it.
     assert!(p.device_classes.iter().any(|c| c.name == "mig-1g.10gb.tessera.dev"));
 }
+
+/// Review 3, finding 4: in extended-resources mode the class of every resource of the share is
+/// held at 0 whether it exists or not: a class of ours deleted (and made again by anyone) is
+/// closed from its first claim. A plain quota's first pass still gets its whole share.
+#[test]
+fn extended_resources_mode_holds_the_shares_classes_at_0_even_when_they_do_not_exist() {
+    let share: BTreeMap<String, i64> = [("nvidia.com/mig-3g.40gb".to_string(), 2)].into();
+    let mut hard: BTreeMap<String, String> = [("requests.nvidia.com/mig-3g.40gb".to_string(), "2".to_string())].into();
+    let none = BTreeSet::new();
+    claim_keys(AllocationPath::ExtendedResources, &share, &none, &none, &ClassView::default(), &mut hard);
+    assert_eq!(hard[&format!("mig-3g.40gb.tessera.dev{DEV}")], "0", "{hard:?}");
+    let q = quota("team-a", &["a"], "ExtendedResources");
+    let p = crate::quota::plan_quotas_with(
+        &[q],
+        &["a".to_string()].into(),
+        &[],
+        &Default::default(),
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap()),
+    );
+    assert_eq!(p.apply[0].hard["requests.nvidia.com/mig-1g.10gb"], "3");
+    assert_eq!(p.apply[0].hard[&format!("mig-1g.10gb.tessera.dev{DEV}")], "0");
+}

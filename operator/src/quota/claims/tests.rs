@@ -77,6 +77,8 @@ fn only_a_plain_conjunction_pins_a_driver() {
         ("device.driver == r'fpga.example.com' && true", None),
         (r#"device.driver == 'fpga.example.com' && R"x\" || true || \"" != ''"#, None),
         ("device.driver == 'fpga.example.com' && b'x' != b''", None),
+        // Review 3, finding 5: triple-quoted strings holding a quote hide the `||`s between.
+        ("device.driver == 'x' && '''a'b''' != '' || true || '''c'd''' != ''", None),
     ];
     for (expr, want) in cases {
         assert_eq!(pinned_driver(expr).as_deref(), *want, "{expr}");

@@ -286,11 +286,12 @@ pub fn plan_quotas_dra(
     // Classes and params from validated quotas only (see `claims::policy_data`).
     let valid_names: BTreeSet<&str> = valid.iter().filter_map(|q| q.metadata.name.as_deref()).collect();
     plan.device_classes = claims::managed_classes(&valid, &resources, &dra.drivers);
-    plan.policy = claims::policy_data(&live, &valid_names, resource_quotas, &resources, &dra.classes);
     plan.shortfall = pass.demand.keys().map(|r| (r.clone(), pass.short.get(r).copied().unwrap_or(0))).collect();
-    for q in valid {
+    for q in &valid {
         steps::plan_quota(&pass, q, &mut plan, &mut wanted);
     }
+    // After the shares: a class opens only where its planned limit is already enforced.
+    plan.policy = claims::policy_data(&live, &valid_names, resource_quotas, &plan.apply, &resources, &dra.classes);
     steps::sweep_stale(resource_quotas, &wanted, &mut plan.delete);
     plan
 }

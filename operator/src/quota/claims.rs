@@ -167,6 +167,21 @@ pub struct ClassView {
     pub open: BTreeSet<String>,
     /// `spec.extendedResourceName` of GPU-reaching classes, other than Tessera's resources.
     pub extended: BTreeSet<String>,
+    /// Classes named as Tessera's whose spec is not what the operator writes (made by someone
+    /// else first, with a broader selector, and our apply failed): held at 0, never open.
+    pub mismatched: BTreeSet<String>,
+}
+
+/// Whether `have` is the class `want` describes: its name and its one selector (the writer's
+/// test too, which also wants our label).
+pub fn spec_matches(have: &DeviceClass, want: &ClassApply) -> bool {
+    let exprs: Vec<&str> = have
+        .spec
+        .iter()
+        .flat_map(|s| s.selectors.iter().flatten())
+        .map(|s| s.cel.as_ref().map_or("", |c| c.expression.as_str()))
+        .collect();
+    have.metadata.name.as_deref() == Some(&want.name) && exprs == [want.expression.as_str()]
 }
 
 impl ClassView {
@@ -182,6 +197,10 @@ impl ClassView {
             if let Some(ext) = ext.filter(|e| e != GPU_RESOURCE && catalog::profile_of_resource(e).is_none()) {
                 v.extended.insert(ext);
             }
+            let want = resource_of_class(&name).and_then(|r| managed_class(&r, drivers));
+            if want.is_some_and(|w| !spec_matches(c, &w)) {
+                v.mismatched.insert(name.clone());
+            }
             v.reaching.insert(name);
         }
         v
@@ -190,11 +209,14 @@ impl ClassView {
 
 /// The claim keys of one namespace's ResourceQuota, added to `hard` (`requests.<res>` keys
 /// already there). `share` is the namespace's share of `hard`; `unlisted` what `unlisted: Zero`
-/// holds at 0 (empty when unlimited).
+/// holds at 0 (empty when unlimited); `unlimited` the resources `unlisted: Unlimited` leaves
+/// unlimited (empty under `Zero`). Only the classes of these resources are exempt from the 0 of
+/// GPU-reaching classes: a class merely named like ours (a made-up profile) is held at 0.
 pub fn claim_keys(
     mode: AllocationPath,
     share: &BTreeMap<String, i64>,
     unlisted: &BTreeSet<String>,
+    unlimited: &BTreeSet<String>,
     view: &ClassView,
     hard: &mut BTreeMap<String, String>,
 ) {
@@ -203,17 +225,24 @@ pub fn claim_keys(
     }
     match mode {
         AllocationPath::ExtendedResources => {
-            for c in &view.reaching {
-                hard.insert(devices_key(c), "0".into());
+            // The share's classes whether they exist or not: a class of ours deleted and made
+            // again (by anyone) is closed from its first claim.
+            let share_classes = share.keys().filter_map(|r| class_of_resource(r));
+            for c in view.reaching.iter().cloned().chain(share_classes) {
+                hard.insert(devices_key(&c), "0".into());
             }
         }
         AllocationPath::ResourceClaims => {
-            for c in view.reaching.iter().filter(|c| resource_of_class(c).is_none()) {
+            let exempt: BTreeSet<String> =
+                share.keys().chain(unlisted).chain(unlimited).filter_map(|r| class_of_resource(r)).collect();
+            let exempt: BTreeSet<&String> = exempt.iter().filter(|c| !view.mismatched.contains(*c)).collect();
+            for c in view.reaching.iter().filter(|c| !exempt.contains(c)) {
                 hard.insert(devices_key(c), "0".into());
             }
             let limits = share.iter().map(|(r, n)| (r, *n)).chain(unlisted.iter().map(|r| (r, 0)));
             for (res, n) in limits {
                 if let Some(class) = class_of_resource(res) {
+                    let n = if view.mismatched.contains(&class) { 0 } else { n };
                     hard.insert(devices_key(&class), n.to_string());
                     hard.insert(format!("requests.{res}"), "0".into());
                 }
@@ -265,6 +294,7 @@ pub fn policy_data(
     quotas: &[&TenantGpuQuota],
     valid: &BTreeSet<&str>,
     rqs: &[ResourceQuota],
+    applies: &[super::Apply],
     resources: &BTreeSet<String>,
     view: &ClassView,
 ) -> BTreeMap<String, String> {
@@ -298,7 +328,7 @@ pub fn policy_data(
         } else if q.spec.allocation == AllocationPath::ExtendedResources {
             (String::new(), "request nvidia.com/gpu or nvidia.com/mig-<profile> resources instead (spec.allocation: ExtendedResources)".to_string())
         } else {
-            let allowed = allowed_classes(q, ns, rqs, resources);
+            let allowed = allowed_classes(q, ns, rqs, applies, resources, view);
             let granted: Vec<String> =
                 q.spec.hard.iter().filter(|(_, n)| **n > 0).filter_map(|(r, _)| class_of_resource(r)).collect();
             let unlimited = q.spec.unlisted == UnlistedPolicy::Unlimited;
@@ -328,37 +358,59 @@ pub fn policy_data(
     data
 }
 
-/// Tessera's classes a valid claims quota `q` opens in `ns`: those its ResourceQuota there
-/// already limits (a devices key in `spec.hard`), and with `unlisted: Unlimited` the classes of
-/// resources its `hard` does not list (unlimited by the spec itself, written or not).
+/// Tessera's classes a valid claims quota `q` opens in `ns`: those whose key this pass plans
+/// (`applies`) and its ResourceQuota there already enforces at no more than planned. The API
+/// server's quota admission enforces `status.hard` (copied from `spec.hard` by the controller
+/// manager later), so a key only in `spec.hard` limits nothing yet. With `unlisted: Unlimited`
+/// the classes of resources its `hard` does not list open too (unlimited by the spec itself).
 fn allowed_classes(
     q: &TenantGpuQuota,
     ns: &str,
     rqs: &[ResourceQuota],
+    applies: &[super::Apply],
     resources: &BTreeSet<String>,
+    view: &ClassView,
 ) -> BTreeSet<String> {
-    let ours = rqs.iter().filter(|rq| rq.metadata.namespace.as_deref() == Some(ns) && super::owned_by(rq, q));
-    let mut out: BTreeSet<String> = ours
-        .flat_map(|rq| rq.spec.iter().flat_map(|s| s.hard.iter().flatten()))
-        .filter_map(|(k, _)| class_of_key(k))
-        .filter(|c| resource_of_class(c).is_some())
-        .map(str::to_string)
+    let name = q.metadata.name.as_deref().unwrap_or_default();
+    let planned = applies.iter().find(|a| a.namespace == ns && a.quota == name);
+    let enforced = planned
+        .and_then(|a| {
+            rqs.iter().find(|rq| {
+                rq.metadata.namespace.as_deref() == Some(ns)
+                    && rq.metadata.name.as_deref() == Some(a.name.as_str())
+                    && super::owned_by(rq, q)
+            })
+        })
+        .and_then(|rq| rq.status.as_ref()?.hard.clone())
+        .unwrap_or_default();
+    let mut out: BTreeSet<String> = planned
+        .into_iter()
+        .flat_map(|a| a.hard.iter())
+        .filter_map(|(k, want)| {
+            let class = class_of_key(k).filter(|c| resource_of_class(c).is_some())?;
+            let have: i64 = enforced.get(k)?.0.parse().ok()?;
+            (have <= want.parse().ok()?).then(|| class.to_string())
+        })
         .collect();
     if q.spec.unlisted == UnlistedPolicy::Unlimited {
         out.extend(resources.iter().filter(|r| !q.spec.hard.contains_key(*r)).filter_map(|r| class_of_resource(r)));
     }
+    out.retain(|c| !view.mismatched.contains(c));
     out
 }
 
 /// After a switch of `spec.allocation` the other path's objects stay (pods holding the extended
 /// resource, allocated claims): the new path gets the share less what the other path still
-/// holds in this namespace (`used`: the ResourceQuota's `status.used`, keyed as written), never
-/// below 0. The other path's limit is 0, so its usage only falls and each pass gives back what
-/// it freed. Returns a note per reduced resource, for the status.
+/// holds in this namespace, never below 0. The other path's limit is 0, so its usage only falls
+/// and each pass gives back what it freed. What it holds is known only from the ResourceQuota's
+/// `status` (`rq`) once `status.hard` enforces the old key at 0 and `status.used` counts it; until
+/// then (a new ResourceQuota, a status not synced yet) the new path gets 0. Only where this plan
+/// closes the old path (its key in `hard`). Returns a note per reduced resource, for the status.
 pub fn reduce_for_other_path(
     mode: AllocationPath,
     share: &BTreeMap<String, i64>,
-    used: &BTreeMap<String, i64>,
+    rq: Option<&k8s_openapi::api::core::v1::ResourceQuotaStatus>,
+    view: &ClassView,
     hard: &mut BTreeMap<String, String>,
 ) -> Vec<String> {
     let mut notes = Vec::new();
@@ -368,10 +420,33 @@ pub fn reduce_for_other_path(
             AllocationPath::ResourceClaims => (devices_key(&class), format!("requests.{res}"), "extended resources"),
             AllocationPath::ExtendedResources => (format!("requests.{res}"), devices_key(&class), "claims"),
         };
-        let held = used.get(&old_key).copied().unwrap_or(0);
-        if held > 0 && hard.contains_key(&new_key) {
-            hard.insert(new_key, (n - held).max(0).to_string());
-            notes.push(format!("{res}: share {n} reduced while the other path ({old_path}) still holds {held}"));
+        if !hard.contains_key(&new_key) || !hard.contains_key(&old_key) {
+            continue;
+        }
+        let num = |m: &Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
+            m.as_ref()?.get(&old_key)?.0.parse::<i64>().ok()
+        };
+        let held = rq.filter(|s| num(&s.hard) == Some(0)).and_then(|s| num(&s.used));
+        // Back on extended resources with no class of ours to claim through and no claims
+        // limit ever enforced here: the claims path holds nothing (a plain quota's first pass).
+        let never_open = mode == AllocationPath::ExtendedResources
+            && !view.reaching.contains(&class)
+            && !rq.and_then(|s| s.hard.as_ref()).is_some_and(|h| h.contains_key(&old_key));
+        let held = held.or(never_open.then_some(0));
+        match held {
+            Some(0) => {}
+            Some(held) => {
+                hard.insert(new_key, (n - held).max(0).to_string());
+                notes.push(format!("{res}: share {n} reduced while the other path ({old_path}) still holds {held}"));
+            }
+            None if n > 0 => {
+                hard.insert(new_key, "0".into());
+                notes.push(format!(
+                    "{res}: share {n} held at 0 until the ResourceQuota's status shows what the other path \
+                     ({old_path}) holds"
+                ));
+            }
+            None => {}
         }
     }
     notes

@@ -14,7 +14,7 @@ use tessera_crds::validate::validate_quota_limits;
 
 use super::{
     Apply, Capacity, Delete, QUOTA_LABEL, QuotaPlan, fallback_resource_quota_name, owned_by, physical,
-    quota_label_value, resource_quota_name, shares, unlisted_gpu_resources, used_in, used_raw, written_by,
+    quota_label_value, resource_quota_name, shares, unlisted_gpu_resources, used_in, written_by,
 };
 
 /// What every quota's steps read: the pass's inputs and the fleet-wide facts.
@@ -155,8 +155,11 @@ fn enforce(
             continue;
         };
         let mut hard = hard(p, q, &share);
-        let raw = used_raw(p.resource_quotas, &ns, &rq_name);
-        let cut = super::claims::reduce_for_other_path(q.spec.allocation, &share, &raw, &mut hard);
+        let rq = p.resource_quotas.iter().find(|rq| {
+            rq.metadata.namespace.as_deref() == Some(ns.as_str()) && rq.metadata.name.as_deref() == Some(&rq_name)
+        });
+        let status = rq.and_then(|rq| rq.status.as_ref());
+        let cut = super::claims::reduce_for_other_path(q.spec.allocation, &share, status, p.classes, &mut hard);
         reduced.extend(cut.into_iter().map(|c| format!("namespace {ns}: {c}")));
         let used = used_in(p.resource_quotas, &ns, &rq_name);
         plan.apply.push(Apply { namespace: ns.clone(), quota: name.to_string(), name: rq_name.clone(), hard });
@@ -213,7 +216,12 @@ fn hard(p: &Pass<'_>, q: &TenantGpuQuota, share: &BTreeMap<String, i64>) -> BTre
             hard.insert(format!("requests.{r}"), "0".into());
         }
     }
-    super::claims::claim_keys(q.spec.allocation, share, &unlisted, p.classes, &mut hard);
+    let mut unlimited = super::gpu_resources(&p.capacity.supply);
+    if q.spec.unlisted == UnlistedPolicy::Zero {
+        unlimited.clear();
+    }
+    unlimited.retain(|r| !q.spec.hard.contains_key(r));
+    super::claims::claim_keys(q.spec.allocation, share, &unlisted, &unlimited, p.classes, &mut hard);
     hard
 }
 

@@ -72,7 +72,9 @@ fn unlisted_gpu_resources_are_unlimited_by_default_and_zero_on_request() {
     let fleet = [gpunode(json!([{"index": 0, "uuid": "u", "product": "NVIDIA RTX PRO 6000 Blackwell",
         "migEnabled": true, "instances": [{"profile": "1g.24gb", "start": 0, "size": 1}]}]))];
     let plain = plan_quotas(&[quota("team-b", spec.clone())], &ns(&["b"]), &[], &fleet, now());
-    assert_eq!(plain.apply[0].hard.keys().collect::<Vec<_>>(), ["requests.nvidia.com/mig-2g.20gb"]);
+    // The claims key of its class is 0 (extended resources mode), whether the class exists or not.
+    let claims_key = "mig-2g.20gb.tessera.dev.deviceclass.resource.k8s.io/devices";
+    assert_eq!(plain.apply[0].hard.keys().collect::<Vec<_>>(), [claims_key, "requests.nvidia.com/mig-2g.20gb"]);
 
     let mut strict = spec;
     strict["unlisted"] = json!("Zero");
@@ -88,7 +90,8 @@ fn unlisted_gpu_resources_are_unlimited_by_default_and_zero_on_request() {
     ] {
         assert_eq!(hard.get(&format!("requests.{r}")).map(String::as_str), Some("0"), "{r} in {hard:?}");
     }
-    assert!(hard.keys().all(|k| k.starts_with("requests.nvidia.com/")), "{hard:?}");
+    let claims_key = "mig-2g.20gb.tessera.dev.deviceclass.resource.k8s.io/devices";
+    assert!(hard.keys().all(|k| k.starts_with("requests.nvidia.com/") || k == claims_key), "{hard:?}");
     let st = &p.statuses["team-b"];
     assert_eq!(st.resources.len(), 1, "status reports what hard lists: {:?}", st.resources);
 }
@@ -112,7 +115,11 @@ fn resource_quotas_are_planned_per_namespace_with_requests_prefix() {
         namespace: ns.into(),
         quota: "team-a".into(),
         name: "tessera-team-a".into(),
-        hard: [("requests.nvidia.com/mig-3g.40gb".to_string(), "1".to_string())].into(),
+        hard: [
+            ("requests.nvidia.com/mig-3g.40gb".to_string(), "1".to_string()),
+            ("mig-3g.40gb.tessera.dev.deviceclass.resource.k8s.io/devices".to_string(), "0".to_string()),
+        ]
+        .into(),
     };
     assert_eq!(p.apply, vec![apply("a1"), apply("a2")]);
     assert_eq!(cond(&p.statuses["team-a"], READY).status, "True");
@@ -300,7 +307,11 @@ fn a_users_own_resource_quota_named_like_ours_is_left_alone_and_the_share_enforc
     let fallback = fallback_resource_quota_name("a", "uid-a");
     assert_eq!(fallback, "tessera-a-uida");
     let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[mine.clone(), stale_looking.clone()], &[], now());
-    let hard: BTreeMap<String, String> = [("requests.nvidia.com/mig-1g.10gb".into(), "4".into())].into();
+    let hard: BTreeMap<String, String> = [
+        ("requests.nvidia.com/mig-1g.10gb".into(), "4".into()),
+        ("mig-1g.10gb.tessera.dev.deviceclass.resource.k8s.io/devices".into(), "0".into()),
+    ]
+    .into();
     let enforce =
         |name: &str| Apply { namespace: "x".into(), quota: "a".into(), name: name.into(), hard: hard.clone() };
     assert_eq!(p.apply, vec![enforce(&fallback)], "not overwritten, and the tenant's limit is still enforced");

@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 use super::QuotaController;
 use crate::controller::MANAGER;
 use crate::quota::QuotaPlan;
-use crate::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem};
+use crate::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem, spec_matches};
 
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "tessera");
 
@@ -94,14 +94,8 @@ impl QuotaController {
     }
 }
 
-/// Whether `have` is the class `want` describes, with our label.
+/// Whether `have` is the class `want` describes ([`spec_matches`]), with our label.
 fn is_current(have: &DeviceClass, want: &ClassApply) -> bool {
     let labelled = have.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY.0)).is_some_and(|v| v == MANAGED_BY.1);
-    let exprs: Vec<&str> = have
-        .spec
-        .iter()
-        .flat_map(|s| s.selectors.iter().flatten())
-        .filter_map(|s| s.cel.as_ref().map(|c| c.expression.as_str()))
-        .collect();
-    have.metadata.name.as_deref() == Some(&want.name) && labelled && exprs == [want.expression.as_str()]
+    labelled && spec_matches(have, want)
 }

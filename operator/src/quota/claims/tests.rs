@@ -77,6 +77,8 @@ fn only_a_plain_conjunction_pins_a_driver() {
         ("device.driver == r'fpga.example.com' && true", None),
         (r#"device.driver == 'fpga.example.com' && R"x\" || true || \"" != ''"#, None),
         ("device.driver == 'fpga.example.com' && b'x' != b''", None),
+        // Review 3, finding 5: triple-quoted strings holding a quote hide the `||`s between.
+        ("device.driver == 'x' && '''a'b''' != '' || true || '''c'd''' != ''", None),
     ];
     for (expr, want) in cases {
         assert_eq!(pinned_driver(expr).as_deref(), *want, "{expr}");
@@ -127,11 +129,17 @@ fn nvidias_driver_reaches_gpus_whatever_the_driver_list_says() {
     }
 }
 
+/// Tessera's class for `res` as the operator writes it.
+fn ours(res: &str) -> DeviceClass {
+    let c = managed_class(res, &nvidia()).unwrap();
+    class(&c.name, &[&c.expression], None)
+}
+
 fn view() -> ClassView {
     ClassView::of(
         &[
             class("mig.nvidia.com", &["device.driver == 'gpu.nvidia.com'"], None),
-            class("mig-1g.10gb.tessera.dev", &["device.driver == 'gpu.nvidia.com'"], None),
+            ours("nvidia.com/mig-1g.10gb"),
             class("fpga", &["device.driver == 'fpga.example.com'"], None),
             class("dra-ext", &[], Some("example.com/accel")),
             class("dra-ours", &[], Some("nvidia.com/mig-1g.10gb")),
@@ -155,7 +163,7 @@ fn keys(mode: AllocationPath, share: &[(&str, i64)], unlisted: &[&str]) -> BTree
     let mut hard: BTreeMap<String, String> =
         share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
     let unlisted = unlisted.iter().map(|s| s.to_string()).collect();
-    claim_keys(mode, &share, &unlisted, &view(), &mut hard);
+    claim_keys(mode, &share, &unlisted, &BTreeSet::new(), &view(), &mut hard);
     hard
 }
 
@@ -237,7 +245,13 @@ fn the_policy_params_list_what_each_tenant_namespace_may_use() {
     let resources: BTreeSet<String> = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"].map(String::from).into();
     let valid: BTreeSet<&str> = ["team-a", "team-b", "team-c"].into();
     let written = our_rq("team-b", "b", &[(&format!("mig-1g.10gb.tessera.dev{DEV}"), "3")], &[]);
-    let d = policy_data(&[&a, &b, &c], &valid, &[written], &resources, &view());
+    let planned = crate::quota::Apply {
+        namespace: "b".into(),
+        quota: "team-b".into(),
+        name: crate::quota::resource_quota_name("team-b"),
+        hard: [(format!("mig-1g.10gb.tessera.dev{DEV}"), "3".to_string())].into(),
+    };
+    let d = policy_data(&[&a, &b, &c], &valid, &[written], &[planned], &resources, &view());
     assert_eq!(d["_open"], "fpga fpga-ext");
     assert_eq!(d["_reaching"], "dra-ext dra-ours mig-1g.10gb.tessera.dev mig.nvidia.com");
     assert_eq!((d["a.quota"].as_str(), d["a.allowed"].as_str()), ("team-a", ""));
@@ -270,7 +284,8 @@ fn a_claims_quota_is_planned_with_class_keys_and_counts_usage_on_both_paths() {
         "namespace": "a", "labels": {"tessera.dev/quota": quota_label_value("team-a")},
         "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": "team-a",
                              "uid": "uid-a", "controller": true}]},
-        "status": {"used": {"requests.nvidia.com/mig-1g.10gb": "1", format!("mig-1g.10gb.tessera.dev{DEV}"): "2"}}}))
+        "status": {"hard": {"requests.nvidia.com/mig-1g.10gb": "0", format!("mig-1g.10gb.tessera.dev{DEV}"): "3"},
+                   "used": {"requests.nvidia.com/mig-1g.10gb": "1", format!("mig-1g.10gb.tessera.dev{DEV}"): "2"}}}))
     .unwrap();
     let dra = Dra { classes: view(), drivers: nvidia() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
@@ -339,7 +354,8 @@ async fn the_controller_applies_missing_classes_and_params_and_leaves_current_on
     assert!(fixed.iter().any(|(p, _)| p == cm_path), "{fixed:?}");
 }
 
-/// Our ResourceQuota of quota `q` (uid `uid-<q>`) in `ns` with `hard` and `used`.
+/// Our ResourceQuota of quota `q` (uid `uid-<q>`) in `ns` with `hard` (in spec and, as the
+/// controller manager copies it, in status) and `used`.
 fn our_rq(
     q: &str,
     ns: &str,
@@ -348,11 +364,15 @@ fn our_rq(
 ) -> k8s_openapi::api::core::v1::ResourceQuota {
     use crate::quota::{quota_label_value, resource_quota_name};
     let m = |p: &[(&str, &str)]| p.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>();
+    // The controller manager counts every key of `hard`: 0 where nothing is held.
+    let mut used_all = m(&hard.iter().map(|(k, _)| (*k, "0")).collect::<Vec<_>>());
+    used_all.extend(m(used));
+    let used = serde_json::Value::Object(used_all);
     serde_json::from_value(json!({"metadata": {"name": resource_quota_name(q), "namespace": ns,
         "labels": {"tessera.dev/quota": quota_label_value(q)},
         "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": q,
                              "uid": format!("uid-{q}"), "controller": true}]},
-        "spec": {"hard": m(hard)}, "status": {"used": m(used)}}))
+        "spec": {"hard": m(hard)}, "status": {"hard": m(hard), "used": used}}))
     .unwrap()
 }
 
@@ -493,7 +513,7 @@ fn all_of_our_classes_are_listed_once_and_thousands_of_namespaces_fit_a_config_m
     let rqs: Vec<_> = quotas
         .iter()
         .flat_map(|q| q.spec.namespaces.iter().map(move |ns| (q.metadata.name.clone().unwrap(), ns.clone())))
-        .map(|(q, ns)| our_rq(&q, &ns, &[(&mig, "3")], &[]))
+        .map(|(q, ns)| our_rq(&q, &ns, &[("requests.nvidia.com/mig-1g.10gb", "0"), (&mig, "0")], &[]))
         .collect();
     let names: Vec<&str> = nss.iter().map(String::as_str).collect();
     let p = plan_of(&quotas, &names, &rqs);
@@ -501,4 +521,140 @@ fn all_of_our_classes_are_listed_once_and_thousands_of_namespaces_fit_a_config_m
     assert!(p.policy["_tessera"].split(' ').any(|c| c == "mig-1g.10gb.tessera.dev"));
     let size: usize = p.policy.iter().map(|(k, v)| k.len() + v.len()).sum();
     assert!(size < 1024 * 1024, "{size} bytes");
+}
+
+/// Review 3, finding 1: the API server enforces `status.hard`, which the controller manager
+/// copies from `spec.hard` later. A class opens only once `status.hard` carries its key at no
+/// more than the planned limit.
+#[test]
+fn a_class_opens_only_once_the_resource_quota_status_enforces_its_limit() {
+    let mig = format!("mig-1g.10gb.tessera.dev{DEV}");
+    let mut b = quota("team-b", &["b"], "ResourceClaims");
+    b.spec.unlisted = UnlistedPolicy::Zero;
+    let synced = our_rq("team-b", "b", &[("requests.nvidia.com/mig-1g.10gb", "0"), (&mig, "3")], &[]);
+    assert_eq!(
+        plan_of(std::slice::from_ref(&b), &["b"], std::slice::from_ref(&synced)).policy["b.allowed"],
+        "mig-1g.10gb.tessera.dev"
+    );
+    // Written, but no status yet (a new ResourceQuota): nothing is enforced, so closed.
+    let mut unsynced = synced.clone();
+    unsynced.status = None;
+    let p = plan_of(std::slice::from_ref(&b), &["b"], &[unsynced]);
+    assert_eq!(p.policy["b.allowed"], "", "{:?}", p.policy);
+    assert!(p.policy["b.hint"].contains("still being written"), "{:?}", p.policy["b.hint"]);
+    // Status enforces more than planned (the share shrank, not synced yet): closed.
+    let mut higher = synced.clone();
+    higher
+        .status
+        .as_mut()
+        .unwrap()
+        .hard
+        .as_mut()
+        .unwrap()
+        .insert(mig.clone(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("5".into()));
+    assert_eq!(plan_of(std::slice::from_ref(&b), &["b"], &[higher]).policy["b.allowed"], "");
+}
+
+/// Review 3, finding 1: a ResourceQuota without `status.used` (new, or not synced) says nothing
+/// of what the old path holds: the new path gets 0 until it does (and `status.hard` holds the
+/// old key at 0).
+#[test]
+fn a_switched_path_gets_0_while_the_old_paths_usage_is_unknown() {
+    let mig = format!("mig-1g.10gb.tessera.dev{DEV}");
+    let rq_name = "requests.nvidia.com/mig-1g.10gb";
+    let b = quota("team-b", &["b"], "ResourceClaims");
+    // No ResourceQuota yet, or one without status: 0, and the status says why.
+    for rqs in [vec![], {
+        let mut rq = our_rq("team-b", "b", &[(rq_name, "0"), (&mig, "3")], &[]);
+        rq.status = None;
+        vec![rq]
+    }] {
+        let p = plan_of(std::slice::from_ref(&b), &["b"], &rqs);
+        assert_eq!(p.apply[0].hard[&mig], "0", "{rqs:?}");
+        let ready = p.statuses["team-b"].conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert!(ready.message.contains("held at 0"), "{ready:?}");
+    }
+    // The old key still enforced above 0 (switch not synced): its usage may still rise, 0.
+    let rq = our_rq("team-b", "b", &[(rq_name, "3")], &[(rq_name, "1")]);
+    assert_eq!(plan_of(std::slice::from_ref(&b), &["b"], &[rq]).apply[0].hard[&mig], "0");
+    // Synced: the share less what is held.
+    let rq = our_rq("team-b", "b", &[(rq_name, "0"), (&mig, "0")], &[(rq_name, "1"), (&mig, "0")]);
+    assert_eq!(plan_of(std::slice::from_ref(&b), &["b"], &[rq]).apply[0].hard[&mig], "2");
+}
+
+/// Review 3, finding 2: only the classes of the share (and of what `unlisted` names) are exempt
+/// from the 0 of GPU-reaching classes, not every class named like ours.
+#[test]
+fn a_class_named_like_ours_but_outside_the_share_is_held_at_0() {
+    let made_up = ["mig-7g.999gb.tessera.dev", "mig-01g.10gb.tessera.dev", "mig-2g.20gb.tessera.dev"];
+    // Each with the selector the operator would write (so only the name decides).
+    let like_ours =
+        |n: &str| match managed_class(&format!("nvidia.com/{}", n.trim_end_matches(".tessera.dev")), &nvidia()) {
+            Some(c) => class(&c.name, &[&c.expression], None),
+            None => class(n, &["device.driver == 'gpu.nvidia.com'"], None),
+        };
+    let mut classes = vec![ours("nvidia.com/mig-1g.10gb")];
+    classes.extend(made_up.iter().map(|n| like_ours(n)));
+    let v = ClassView::of(&classes, &nvidia());
+    let share: BTreeMap<String, i64> = [("nvidia.com/mig-1g.10gb".to_string(), 3)].into();
+    let none = BTreeSet::new();
+    let mut hard = BTreeMap::new();
+    claim_keys(AllocationPath::ResourceClaims, &share, &none, &none, &v, &mut hard);
+    assert_eq!(hard[&format!("mig-1g.10gb.tessera.dev{DEV}")], "3");
+    for c in made_up {
+        assert_eq!(hard.get(&format!("{c}{DEV}")).map(String::as_str), Some("0"), "{c}: {hard:?}");
+    }
+    // `unlisted: Unlimited`: the class of a resource left unlimited is not held (and only it).
+    let unlimited: BTreeSet<String> = ["nvidia.com/mig-2g.20gb".to_string()].into();
+    let mut hard = BTreeMap::new();
+    claim_keys(AllocationPath::ResourceClaims, &share, &none, &unlimited, &v, &mut hard);
+    assert!(!hard.contains_key(&format!("mig-2g.20gb.tessera.dev{DEV}")), "{hard:?}");
+    assert_eq!(hard[&format!("mig-7g.999gb.tessera.dev{DEV}")], "0");
+}
+
+/// Review 3, finding 3: a class named as ours but made by someone else first (a broad selector;
+/// our apply failed) is held at 0 and never opened, whatever the ResourceQuota enforces.
+#[test]
+fn a_class_of_ours_with_another_selector_is_held_at_0_and_closed() {
+    let mig = format!("mig-1g.10gb.tessera.dev{DEV}");
+    let broad = class("mig-1g.10gb.tessera.dev", &["device.driver == 'gpu.nvidia.com'"], None);
+    let v = ClassView::of([&broad, &ours("nvidia.com/gpu")], &nvidia());
+    assert_eq!(v.mismatched, ["mig-1g.10gb.tessera.dev".to_string()].into());
+    let share: BTreeMap<String, i64> = [("nvidia.com/mig-1g.10gb".to_string(), 3)].into();
+    let mut hard = BTreeMap::new();
+    claim_keys(AllocationPath::ResourceClaims, &share, &BTreeSet::new(), &BTreeSet::new(), &v, &mut hard);
+    assert_eq!(hard[&mig], "0", "{hard:?}");
+    // Enforced at 0 (so no more than planned), yet not allowed.
+    let mut b = quota("team-b", &["b"], "ResourceClaims");
+    b.spec.unlisted = UnlistedPolicy::Zero;
+    let rq = our_rq("team-b", "b", &[("requests.nvidia.com/mig-1g.10gb", "0"), (&mig, "0")], &[]);
+    let dra = crate::quota::Dra { classes: v, drivers: nvidia() };
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
+    let p = crate::quota::plan_quotas_dra(&[b], &["b".to_string()].into(), &[rq], &Default::default(), &dra, now);
+    assert_eq!(p.apply[0].hard[&mig], "0");
+    assert_eq!(p.policy["b.allowed"], "", "{:?}", p.policy);
+    // The writer still applies ours over it.
+    assert!(p.device_classes.iter().any(|c| c.name == "mig-1g.10gb.tessera.dev"));
+}
+
+/// Review 3, finding 4: in extended-resources mode the class of every resource of the share is
+/// held at 0 whether it exists or not: a class of ours deleted (and made again by anyone) is
+/// closed from its first claim. A plain quota's first pass still gets its whole share.
+#[test]
+fn extended_resources_mode_holds_the_shares_classes_at_0_even_when_they_do_not_exist() {
+    let share: BTreeMap<String, i64> = [("nvidia.com/mig-3g.40gb".to_string(), 2)].into();
+    let mut hard: BTreeMap<String, String> = [("requests.nvidia.com/mig-3g.40gb".to_string(), "2".to_string())].into();
+    let none = BTreeSet::new();
+    claim_keys(AllocationPath::ExtendedResources, &share, &none, &none, &ClassView::default(), &mut hard);
+    assert_eq!(hard[&format!("mig-3g.40gb.tessera.dev{DEV}")], "0", "{hard:?}");
+    let q = quota("team-a", &["a"], "ExtendedResources");
+    let p = crate::quota::plan_quotas_with(
+        &[q],
+        &["a".to_string()].into(),
+        &[],
+        &Default::default(),
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap()),
+    );
+    assert_eq!(p.apply[0].hard["requests.nvidia.com/mig-1g.10gb"], "3");
+    assert_eq!(p.apply[0].hard[&format!("mig-1g.10gb.tessera.dev{DEV}")], "0");
 }

@@ -122,6 +122,7 @@ agent() { # name gpus
   KUBECONFIG="$DEMO/agent-$1.kubeconfig" TESSERA_NVML_SIM_STATE="$DEMO/gpus-$1.json" TESSERA_SIM_GPUS="$2" \
     setsid nohup target/debug/node-agent run --backend nvml --nvml-library "$DEMO/nvml-$1/libnvidia-ml.so.1" \
     --advertise-resources true --node-name "$1" --resync-seconds 5 \
+    --activity-sample-seconds 2 --activity-write-interval-seconds 5 \
     > "$DEMO/agent-$1.log" 2>&1 < /dev/null &
   echo $! >> "$DEMO/pids"
 }
@@ -163,6 +164,40 @@ echo
 $K get gpupartitionplans
 $K get gpunodes
 $K get tenantgpuquotas
+echo
+
+say "Allocated versus used: a team-a pod holds a 3g.40gb that computes nothing (GPM SM activity 0%; idleAfter 20s for the demo)"
+cat <<YAML | $K apply -f - >/dev/null
+apiVersion: v1
+kind: Pod
+metadata: {name: hoarder, namespace: team-a}
+spec:
+  containers: [{name: notebook, image: jupyter/minimal-notebook, resources: {limits: {nvidia.com/mig-3g.40gb: 1}}}]
+YAML
+hnode=""
+for _ in $(seq 1 60); do
+  hnode=$($K -n team-a get pod hoarder -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
+  [ -n "$hnode" ] && break
+  sleep 0.5
+done
+idle_ok=""
+if [ -n "$hnode" ]; then
+  # On its (Hopper) node every 3g.40gb sits idle, whichever one the pod got; the other instances compute.
+  for i in 0 1; do
+    profiles=($($K get gpunode "$hnode" -o jsonpath="{.status.gpus[$i].instances[*].profile}"))
+    uuids=($($K get gpunode "$hnode" -o jsonpath="{.status.gpus[$i].instances[*].uuid}"))
+    for j in "${!uuids[@]}"; do
+      pct=60; [ "${profiles[$j]}" = 3g.40gb ] && pct=0
+      target/debug/node-agent sim set-activity --state "$DEMO/gpus-$hnode.json" --gpu "$i" --mig-uuid "${uuids[$j]}" --percent "$pct" >/dev/null
+    done
+  done
+  $K patch tenantgpuquota team-a --type merge -p '{"spec":{"idleAfter":"20s"}}' >/dev/null
+  for _ in $(seq 1 90); do
+    target/debug/kubectl-tessera idle -o json 2>/dev/null | grep -q '"pod": *"team-a/hoarder"' && { idle_ok=1; break; }
+    sleep 1
+  done
+  target/debug/kubectl-tessera idle
+fi
 echo
 
 say "Serving h100-train's devices through DRA: the simulated NVIDIA DRA driver publishes its ResourceSlice"
@@ -209,8 +244,10 @@ done
 $K -n team-a get resourceclaims
 [ -n "$claimed" ] && echo "pod team-a/notebook runs on $node with DRA device $device"
 echo
+echo
 if [ "$mode" = ci ]; then
   status=0
+  [ -n "$idle_ok" ] || { echo "demo: kubectl tessera idle did not list team-a/hoarder" >&2; tail -20 "$DEMO/operator.log" >&2; status=1; }
   [ "$ready" = "True True " ] || { echo "demo: the plans did not become Ready" >&2; tail -20 "$DEMO/operator.log" >&2; status=1; }
   [ -n "$claimed" ] || { echo "demo: the notebook's claim was not allocated through DRA" >&2; tail -20 "$DEMO/sim-dra-driver.log" >&2; status=1; }
   down
@@ -230,6 +267,7 @@ The cluster stays up. Look around:
   $K get nodes -o custom-columns=NODE:.metadata.name,MIG:'.status.allocatable'
   $K get deviceclasses,resourceslices; $K -n team-a get resourceclaims,pods   # DRA
   curl -s 127.0.0.1:18080/metrics | grep tessera_
+  target/debug/kubectl-tessera idle                      # idle slices per tenant (kubectl tessera idle)
 Logs: $DEMO/*.log, control plane: $DIR/logs. Stop it with: make demo-down
 (which removes $DIR too; TESSERA_DEMO_KEEP=1 make demo-down keeps it)
 TXT

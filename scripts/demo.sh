@@ -140,7 +140,7 @@ KUBECONFIG="$DIR/operator.kubeconfig" POD_NAMESPACE=tessera-system setsid nohup 
 echo $! >> "$DEMO/pids"
 
 say "Applying config/samples (two plans, two tenant quotas)"
-for ns in team-a team-a-batch team-b; do $K create namespace "$ns" >/dev/null; done
+for ns in team-a team-a-batch team-b lab; do $K create namespace "$ns" >/dev/null; done
 $K apply -f config/samples/ >/dev/null
 
 say "Rolling out (watch the phases; A100s need a simulated reset when MIG mode changes, see below)"
@@ -213,11 +213,13 @@ for _ in $(seq 1 60); do
 done
 [ -n "$dra_ok" ] && $K get resourceslice h100-train-gpu.nvidia.com \
   -o jsonpath='{range .spec.devices[*]}{.name}{"  "}{.attributes.profile.string}{"\n"}{end}'
-say "A tenant pod in team-a asks for a 1g.10gb through a ResourceClaimTemplate"
+# In `lab`, which no TenantGpuQuota claims: a quota closes the DRA classes in its namespaces unless
+# it writes their limit (quota on claims).
+say "A notebook pod in lab (no tenant quota) asks for a 1g.10gb through a ResourceClaimTemplate"
 cat <<YAML | $K apply -f - >/dev/null
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
-metadata: {name: one-1g-10gb, namespace: team-a}
+metadata: {name: one-1g-10gb, namespace: lab}
 spec:
   spec:
     devices:
@@ -229,20 +231,20 @@ spec:
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: notebook, namespace: team-a}
+metadata: {name: notebook, namespace: lab}
 spec:
   resourceClaims: [{name: gpu, resourceClaimTemplateName: one-1g-10gb}]
   containers: [{name: notebook, image: jupyter/minimal-notebook, resources: {claims: [{name: gpu}]}}]
 YAML
 claimed=""
 for _ in $(seq 1 120); do
-  node=$($K -n team-a get pod notebook -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
-  device=$($K -n team-a get resourceclaims -o jsonpath='{.items[0].status.allocation.devices.results[0].device}' 2>/dev/null || true)
+  node=$($K -n lab get pod notebook -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
+  device=$($K -n lab get resourceclaims -o jsonpath='{.items[0].status.allocation.devices.results[0].device}' 2>/dev/null || true)
   if [ -n "$node" ] && [ -n "$device" ]; then claimed=1; break; fi
   sleep 0.5
 done
-$K -n team-a get resourceclaims
-[ -n "$claimed" ] && echo "pod team-a/notebook runs on $node with DRA device $device"
+$K -n lab get resourceclaims
+[ -n "$claimed" ] && echo "pod lab/notebook runs on $node with DRA device $device"
 echo
 echo
 if [ "$mode" = ci ]; then
@@ -265,7 +267,7 @@ The cluster stays up. Look around:
   $K describe gpupartitionplan inference
   $K get events -A --sort-by=.lastTimestamp | tail
   $K get nodes -o custom-columns=NODE:.metadata.name,MIG:'.status.allocatable'
-  $K get deviceclasses,resourceslices; $K -n team-a get resourceclaims,pods   # DRA
+  $K get deviceclasses,resourceslices; $K -n lab get resourceclaims,pods   # DRA
   curl -s 127.0.0.1:18080/metrics | grep tessera_
   target/debug/kubectl-tessera idle                      # idle slices per tenant (kubectl tessera idle)
 Logs: $DEMO/*.log, control plane: $DIR/logs. Stop it with: make demo-down

@@ -77,7 +77,8 @@ async fn an_idle_slice_is_reported_for_its_tenant_and_survives_an_agent_restart(
     let idle = b.create_instance(0, "2g.20gb", 0).unwrap().uuid;
     drop(b);
     sim::set_activity(&state, 0, Some(&busy), 60.0).unwrap();
-    sim::set_activity(&state, 0, Some(&idle), 0.0).unwrap();
+    // Busy until its pod runs: it goes idle while held (so idleSince is after the pod's start).
+    sim::set_activity(&state, 0, Some(&idle), 60.0).unwrap();
     let mut agent = spawn_agent(&cp, &state).await;
     let (_op, _) = spawn_operator(&cp, "op").unwrap();
     let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
@@ -109,6 +110,7 @@ async fn an_idle_slice_is_reported_for_its_tenant_and_survives_an_agent_restart(
         .unwrap();
     }
 
+    sim::set_activity(&state, 0, Some(&idle), 0.0).unwrap();
     // The agent reports the idle device with its idleSince, the busy one without.
     let since =
         wait_for("the idle device's idleSince written", T, || async { device(&admin, &idle).await?.idle_since })

@@ -122,6 +122,7 @@ agent() { # name gpus
   KUBECONFIG="$DEMO/agent-$1.kubeconfig" TESSERA_NVML_SIM_STATE="$DEMO/gpus-$1.json" TESSERA_SIM_GPUS="$2" \
     setsid nohup target/debug/node-agent run --backend nvml --nvml-library "$DEMO/nvml-$1/libnvidia-ml.so.1" \
     --advertise-resources true --node-name "$1" --resync-seconds 5 \
+    --activity-sample-seconds 2 --activity-write-interval-seconds 5 \
     > "$DEMO/agent-$1.log" 2>&1 < /dev/null &
   echo $! >> "$DEMO/pids"
 }
@@ -139,7 +140,7 @@ KUBECONFIG="$DIR/operator.kubeconfig" POD_NAMESPACE=tessera-system setsid nohup 
 echo $! >> "$DEMO/pids"
 
 say "Applying config/samples (two plans, two tenant quotas)"
-for ns in team-a team-a-batch team-b; do $K create namespace "$ns" >/dev/null; done
+for ns in team-a team-a-batch team-b lab; do $K create namespace "$ns" >/dev/null; done
 $K apply -f config/samples/ >/dev/null
 
 say "Rolling out (watch the phases; A100s need a simulated reset when MIG mode changes, see below)"
@@ -165,6 +166,40 @@ $K get gpunodes
 $K get tenantgpuquotas
 echo
 
+say "Allocated versus used: a team-a pod holds a 3g.40gb that computes nothing (GPM SM activity 0%; idleAfter 20s for the demo)"
+cat <<YAML | $K apply -f - >/dev/null
+apiVersion: v1
+kind: Pod
+metadata: {name: hoarder, namespace: team-a}
+spec:
+  containers: [{name: notebook, image: jupyter/minimal-notebook, resources: {limits: {nvidia.com/mig-3g.40gb: 1}}}]
+YAML
+hnode=""
+for _ in $(seq 1 60); do
+  hnode=$($K -n team-a get pod hoarder -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
+  [ -n "$hnode" ] && break
+  sleep 0.5
+done
+idle_ok=""
+if [ -n "$hnode" ]; then
+  # On its (Hopper) node every 3g.40gb sits idle, whichever one the pod got; the other instances compute.
+  for i in 0 1; do
+    profiles=($($K get gpunode "$hnode" -o jsonpath="{.status.gpus[$i].instances[*].profile}"))
+    uuids=($($K get gpunode "$hnode" -o jsonpath="{.status.gpus[$i].instances[*].uuid}"))
+    for j in "${!uuids[@]}"; do
+      pct=60; [ "${profiles[$j]}" = 3g.40gb ] && pct=0
+      target/debug/node-agent sim set-activity --state "$DEMO/gpus-$hnode.json" --gpu "$i" --mig-uuid "${uuids[$j]}" --percent "$pct" >/dev/null
+    done
+  done
+  $K patch tenantgpuquota team-a --type merge -p '{"spec":{"idleAfter":"20s"}}' >/dev/null
+  for _ in $(seq 1 90); do
+    target/debug/kubectl-tessera idle -o json 2>/dev/null | grep -q '"pod": *"team-a/hoarder"' && { idle_ok=1; break; }
+    sleep 1
+  done
+  target/debug/kubectl-tessera idle
+fi
+echo
+
 say "Serving h100-train's devices through DRA: the simulated NVIDIA DRA driver publishes its ResourceSlice"
 # sim-dra-driver plays NVIDIA's DRA driver (gpu.nvidia.com): its DeviceClasses, and for each node
 # labelled tessera.dev/sim-dra=true a ResourceSlice of the MIG devices (and whole GPUs) the agent reports.
@@ -178,11 +213,13 @@ for _ in $(seq 1 60); do
 done
 [ -n "$dra_ok" ] && $K get resourceslice h100-train-gpu.nvidia.com \
   -o jsonpath='{range .spec.devices[*]}{.name}{"  "}{.attributes.profile.string}{"\n"}{end}'
-say "A tenant pod in team-a asks for a 1g.10gb through a ResourceClaimTemplate"
+# In `lab`, which no TenantGpuQuota claims: a quota closes the DRA classes in its namespaces unless
+# it writes their limit (quota on claims).
+say "A notebook pod in lab (no tenant quota) asks for a 1g.10gb through a ResourceClaimTemplate"
 cat <<YAML | $K apply -f - >/dev/null
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
-metadata: {name: one-1g-10gb, namespace: team-a}
+metadata: {name: one-1g-10gb, namespace: lab}
 spec:
   spec:
     devices:
@@ -194,23 +231,25 @@ spec:
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: notebook, namespace: team-a}
+metadata: {name: notebook, namespace: lab}
 spec:
   resourceClaims: [{name: gpu, resourceClaimTemplateName: one-1g-10gb}]
   containers: [{name: notebook, image: jupyter/minimal-notebook, resources: {claims: [{name: gpu}]}}]
 YAML
 claimed=""
 for _ in $(seq 1 120); do
-  node=$($K -n team-a get pod notebook -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
-  device=$($K -n team-a get resourceclaims -o jsonpath='{.items[0].status.allocation.devices.results[0].device}' 2>/dev/null || true)
+  node=$($K -n lab get pod notebook -o jsonpath='{.spec.nodeName}' 2>/dev/null || true)
+  device=$($K -n lab get resourceclaims -o jsonpath='{.items[0].status.allocation.devices.results[0].device}' 2>/dev/null || true)
   if [ -n "$node" ] && [ -n "$device" ]; then claimed=1; break; fi
   sleep 0.5
 done
-$K -n team-a get resourceclaims
-[ -n "$claimed" ] && echo "pod team-a/notebook runs on $node with DRA device $device"
+$K -n lab get resourceclaims
+[ -n "$claimed" ] && echo "pod lab/notebook runs on $node with DRA device $device"
+echo
 echo
 if [ "$mode" = ci ]; then
   status=0
+  [ -n "$idle_ok" ] || { echo "demo: kubectl tessera idle did not list team-a/hoarder" >&2; tail -20 "$DEMO/operator.log" >&2; status=1; }
   [ "$ready" = "True True " ] || { echo "demo: the plans did not become Ready" >&2; tail -20 "$DEMO/operator.log" >&2; status=1; }
   [ -n "$claimed" ] || { echo "demo: the notebook's claim was not allocated through DRA" >&2; tail -20 "$DEMO/sim-dra-driver.log" >&2; status=1; }
   down
@@ -228,8 +267,9 @@ The cluster stays up. Look around:
   $K describe gpupartitionplan inference
   $K get events -A --sort-by=.lastTimestamp | tail
   $K get nodes -o custom-columns=NODE:.metadata.name,MIG:'.status.allocatable'
-  $K get deviceclasses,resourceslices; $K -n team-a get resourceclaims,pods   # DRA
+  $K get deviceclasses,resourceslices; $K -n lab get resourceclaims,pods   # DRA
   curl -s 127.0.0.1:18080/metrics | grep tessera_
+  target/debug/kubectl-tessera idle                      # idle slices per tenant (kubectl tessera idle)
 Logs: $DEMO/*.log, control plane: $DIR/logs. Stop it with: make demo-down
 (which removes $DIR too; TESSERA_DEMO_KEEP=1 make demo-down keeps it)
 TXT

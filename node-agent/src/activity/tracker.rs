@@ -1,7 +1,8 @@
 //! Per-device history of SM activity and idleness. Pure: every call takes `now`; nothing reads a
 //! clock. History is kept in minute buckets (at most 24 h of them per device), so memory stays
-//! bounded whatever the sampling rate. Not persisted: after an agent restart the windows start
-//! again (documented in docs/failure-modes.md).
+//! bounded whatever the sampling rate. Not persisted by the agent: after a restart it is seeded
+//! from what the previous run wrote to `GpuNode.status.activity` ([`Tracker::seed`]), so a
+//! restart neither resets `idleSince` nor forgets the shares.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -109,6 +110,21 @@ impl History {
         }
     }
 
+    /// Two buckets that make the hour ending at `at` average `p1h` and the day `p24h`: the hour
+    /// at `at`'s minute, the other 23 h one minute before that hour.
+    fn seed_shares(&mut self, at: Timestamp, p1h: Option<i32>, p24h: Option<i32>) {
+        let minute = at.as_second().div_euclid(60);
+        let hour_active = p1h.map(|p| HOUR as f64 * f64::from(p.clamp(0, 100)) / 100.0);
+        if let Some(p) = p24h {
+            let rest = (DAY as f64 * f64::from(p.clamp(0, 100)) / 100.0 - hour_active.unwrap_or(0.0)).max(0.0);
+            let seconds = (DAY - HOUR) as f64;
+            self.buckets.push_back(Bucket { minute: minute - HOUR / 60, seconds, active_seconds: rest.min(seconds) });
+        }
+        if let Some(active) = hour_active {
+            self.buckets.push_back(Bucket { minute, seconds: HOUR as f64, active_seconds: active });
+        }
+    }
+
     /// Credits `seconds` ending at `now` at `percent`, to the minute `now` falls in (a sample
     /// interval is short against a minute; its whole weight goes to its end).
     fn credit(&mut self, now: Timestamp, seconds: f64, percent: f64) {
@@ -143,6 +159,36 @@ pub struct Tracker {
 }
 
 impl Tracker {
+    /// Seeds an empty tracker from `prior` (the node's stored `status.activity`, written by an
+    /// earlier run) for the devices in `observations` (the first pass) with the same GPU, UUID and
+    /// source: `idleSince` is kept unless the device is active now, and the 1 h / 24 h shares
+    /// are carried as two synthetic buckets ending at `prior.measuredAt` that reproduce them, so
+    /// new samples blend in and the prior ages out of each window as real history would.
+    /// Entries for devices that no longer exist or are measured another way are ignored; a
+    /// `measuredAt` in the future or more than 24 h old carries no shares (idle time still
+    /// counts: the tracker never ends an idle stretch on a gap it did not observe).
+    pub fn seed(now: Timestamp, prior: &NodeActivity, observations: Vec<Observation>) -> Self {
+        let measured_at = prior.measured_at.as_ref().map(|t| t.0);
+        let mut devices = BTreeMap::new();
+        for o in observations {
+            let mut h = History::new(o, now);
+            let old = prior
+                .devices
+                .iter()
+                .find(|d| d.gpu_index == h.last.gpu_index as i32 && d.uuid == h.last.uuid && d.source == h.last.source);
+            if let Some(d) = old {
+                if h.last.idle() != Some(false) {
+                    h.idle_since = d.idle_since.as_ref().map(|t| t.0).filter(|s| *s <= now).or(h.idle_since);
+                }
+                if let Some(at) = measured_at.filter(|at| *at <= now && now.duration_since(*at).as_secs() < DAY) {
+                    h.seed_shares(at, d.active_percent_1h, d.active_percent_24h);
+                }
+            }
+            devices.insert(h.last.key(), h);
+        }
+        Self { devices }
+    }
+
     /// Takes one pass's observations of all devices: a device missing from them (destroyed, or
     /// its GPU's MIG mode changed) drops out; a new one starts with no history.
     pub fn observe(&mut self, now: Timestamp, observations: Vec<Observation>) {

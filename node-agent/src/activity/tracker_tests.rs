@@ -144,3 +144,117 @@ fn a_long_gap_is_not_credited_to_either_window() {
     assert_eq!(d.active_percent_24h, Some(50), "570 s idle against 570 s busy, the gap left out");
     assert_eq!(d.idle_since, None);
 }
+
+fn prior(measured_at: i64, uuid: &str, source: ActivitySource, idle_since: Option<i64>) -> NodeActivity {
+    NodeActivity {
+        measured_at: Some(Time(t(measured_at))),
+        devices: vec![DeviceActivity {
+            gpu_index: 0,
+            uuid: Some(uuid.into()),
+            source,
+            active_percent_1h: Some(40),
+            active_percent_24h: Some(20),
+            idle_since: idle_since.map(|s| Time(t(s))),
+            ..Default::default()
+        }],
+    }
+}
+
+#[test]
+fn a_restart_is_seeded_from_the_stored_summary_per_case() {
+    struct Case {
+        name: &'static str,
+        prior: NodeActivity,
+        first: Observation,
+        now: i64,
+        want_1h: Option<i32>,
+        want_24h: Option<i32>,
+        want_idle_since: Option<i64>,
+    }
+    let gpm_first = mig("MIG-a", ActivitySource::Gpm, None, 0);
+    let pm = |procs| mig("MIG-a", ActivitySource::ProcessesAndMemory, None, procs);
+    let cases = [
+        Case {
+            name: "same device, GPM's first sample undecided: idle since and both shares kept",
+            prior: prior(0, "MIG-a", ActivitySource::Gpm, Some(-600)),
+            first: gpm_first.clone(),
+            now: 45,
+            want_1h: Some(40),
+            want_24h: Some(20),
+            want_idle_since: Some(-600),
+        },
+        Case {
+            name: "same device, idle now: the earlier idle since wins over now",
+            prior: prior(0, "MIG-a", ActivitySource::ProcessesAndMemory, Some(-600)),
+            first: pm(0),
+            now: 45,
+            want_1h: Some(40),
+            want_24h: Some(20),
+            want_idle_since: Some(-600),
+        },
+        Case {
+            name: "same device, active now: no idle since",
+            prior: prior(0, "MIG-a", ActivitySource::ProcessesAndMemory, Some(-600)),
+            first: pm(1),
+            now: 45,
+            want_1h: Some(40),
+            want_24h: Some(20),
+            want_idle_since: None,
+        },
+        Case {
+            name: "another UUID (the instance was recreated): nothing carried",
+            prior: prior(0, "MIG-old", ActivitySource::Gpm, Some(-600)),
+            first: gpm_first.clone(),
+            now: 45,
+            want_1h: None,
+            want_24h: None,
+            want_idle_since: None,
+        },
+        Case {
+            name: "measured another way before: nothing carried, idle from now",
+            prior: prior(0, "MIG-a", ActivitySource::Gpm, Some(-600)),
+            first: pm(0),
+            now: 45,
+            want_1h: None,
+            want_24h: None,
+            want_idle_since: Some(45),
+        },
+        Case {
+            name: "stored more than a day ago: the idle stretch kept, no shares",
+            prior: prior(0, "MIG-a", ActivitySource::Gpm, Some(-600)),
+            first: gpm_first.clone(),
+            now: 25 * 3600,
+            want_1h: None,
+            want_24h: None,
+            want_idle_since: Some(-600),
+        },
+        Case {
+            name: "stored in the future (clock skew): no shares, no idle since from the future",
+            prior: prior(600, "MIG-a", ActivitySource::Gpm, Some(300)),
+            first: gpm_first,
+            now: 45,
+            want_1h: None,
+            want_24h: None,
+            want_idle_since: None,
+        },
+    ];
+    for c in cases {
+        let tr = Tracker::seed(t(c.now), &c.prior, vec![c.first]);
+        let d = device(&tr, c.now, "MIG-a");
+        assert_eq!(d.active_percent_1h, c.want_1h, "{}: 1 h", c.name);
+        assert_eq!(d.active_percent_24h, c.want_24h, "{}: 24 h", c.name);
+        assert_eq!(d.idle_since, c.want_idle_since.map(|s| Time(t(s))), "{}: idle since", c.name);
+    }
+}
+
+#[test]
+fn a_seeded_share_blends_with_new_samples_and_ages_out_of_the_hour() {
+    let mut tr = Tracker::seed(t(0), &prior(0, "MIG-a", ActivitySource::Gpm, None), vec![gpm("MIG-a", 0.0)]);
+    run(&mut tr, 30, 1830, 30, |_| vec![gpm("MIG-a", 0.0)]);
+    // An hour of 40% against half an hour of 0%.
+    assert_eq!(device(&tr, 1800, "MIG-a").active_percent_1h, Some(27));
+    run(&mut tr, 1830, 3720, 30, |_| vec![gpm("MIG-a", 0.0)]);
+    let d = device(&tr, 3690, "MIG-a");
+    assert_eq!(d.active_percent_1h, Some(0), "the prior hour left the window");
+    assert!(d.active_percent_24h.is_some_and(|p| p > 0 && p < 20), "{:?}", d.active_percent_24h);
+}

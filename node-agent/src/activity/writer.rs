@@ -35,6 +35,8 @@ pub struct Writer {
     pub metrics: std::sync::Arc<std::sync::Mutex<String>>,
     /// PID -> pod of the devices' processes, looked up (one pod list) only when the PIDs change.
     pub holders: (Vec<u32>, std::collections::BTreeMap<u32, String>),
+    /// Whether the tracker was seeded from the stored `status.activity` (once per run).
+    pub seeded: bool,
 }
 
 impl Default for Writer {
@@ -46,6 +48,7 @@ impl Default for Writer {
             sample_interval: Duration::from_secs(30),
             metrics: Default::default(),
             holders: Default::default(),
+            seeded: false,
         }
     }
 }
@@ -62,9 +65,16 @@ impl<B: GpuBackend> Agent<B> {
                 if pids.is_empty() { Default::default() } else { tokio::task::block_in_place(|| self.pods_of(&pids)) };
             self.activity.holders = (pids, pods);
         }
+        let prior = if self.activity.seeded { None } else { Some(self.stored_activity().await?) };
         let now = Timestamp::now();
         let w = &mut self.activity;
-        w.tracker.observe(now, observations);
+        match prior {
+            Some(prior) => {
+                w.tracker = Tracker::seed(now, &prior, observations);
+                w.seeded = true;
+            }
+            None => w.tracker.observe(now, observations),
+        }
         let summary = w.tracker.summary(now);
         *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
             super::metrics::render(&self.node, &w.tracker, now, &w.holders.1);
@@ -90,6 +100,19 @@ impl<B: GpuBackend> Agent<B> {
     }
 }
 
+impl<B: GpuBackend> Agent<B> {
+    /// What an earlier run wrote to this node's `status.activity` (empty when there is no
+    /// GpuNode or no summary yet). A failed read fails the pass: starting empty would reset
+    /// every `idleSince` on the next write.
+    async fn stored_activity(&self) -> Result<NodeActivity, Error> {
+        let api: Api<GpuNode> = Api::all(self.client.clone());
+        let node = api.get_opt(&self.node).await.inspect_err(
+            |e| warn!(error = %e, "could not read GpuNode.status.activity to resume from; retrying on the next sample"),
+        )?;
+        Ok(node.and_then(|n| n.status).and_then(|s| s.activity).unwrap_or_default())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -108,6 +131,10 @@ mod tests {
         fail: u32,
         /// Pod lists (the holder lookups).
         pod_lists: u32,
+        /// The GpuNode's stored `status` (what an earlier run wrote).
+        stored: Value,
+        /// GpuNode reads.
+        reads: u32,
     }
 
     fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBackend> {
@@ -126,6 +153,12 @@ mod tests {
                         let list =
                             serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []});
                         return Ok(http::Response::new(kube::client::Body::from(list.to_string().into_bytes())));
+                    }
+                    if path.ends_with("/gpunodes/test") {
+                        s.reads += 1;
+                        let node = serde_json::json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
+                            "metadata": {"name": "test"}, "spec": {}, "status": s.stored});
+                        return Ok(http::Response::new(kube::client::Body::from(node.to_string().into_bytes())));
                     }
                     assert!(path.ends_with("/gpunodes/test/status"), "only the status is written: {path}");
                     if s.fail > 0 {
@@ -196,5 +229,52 @@ mod tests {
         sim::run_process(&state, 0, Some(&mig.uuid), 4243, "python", Some(100)).unwrap();
         a.sample_activity().await.unwrap();
         assert_eq!(server.lock().unwrap().pod_lists, 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restarted_agent_keeps_the_stored_idle_since_and_reads_it_once() {
+        let state = temp_dir("activity-restart").join("sim.json");
+        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
+        let gone = "MIG-00000000-0000-0000-0000-000000000000";
+        sim::set_activity(&state, 0, Some(&mig.uuid), 0.0).unwrap();
+        let since = "2026-01-01T00:00:00Z";
+        let measured = Timestamp::now().checked_sub(SignedDuration::from_mins(1)).unwrap().to_string();
+        let stored = serde_json::json!({"activity": {"measuredAt": measured, "devices": [
+            {"gpuIndex": 0, "uuid": mig.uuid, "source": "Gpm", "activePercent1h": 30, "idleSince": since},
+            {"gpuIndex": 0, "uuid": gone, "source": "Gpm", "idleSince": since}]}});
+        let server = Arc::new(Mutex::new(Server { stored, ..Default::default() }));
+        let mut a = agent(&state, server.clone());
+        a.activity.write_interval = SignedDuration::ZERO;
+        a.sample_activity().await.unwrap();
+        a.sample_activity().await.unwrap();
+        let s = server.lock().unwrap();
+        assert_eq!(s.reads, 1, "the stored summary is read once per run");
+        let devices = s.patches[0].1["status"]["activity"]["devices"].as_array().unwrap().clone();
+        assert_eq!(devices.len(), 1, "a device that no longer exists is not carried: {devices:?}");
+        assert_eq!(devices[0]["uuid"], mig.uuid.as_str());
+        assert_eq!(devices[0]["idleSince"], since, "{devices:?}");
+        assert_eq!(devices[0]["activePercent1h"], 30, "{devices:?}");
+        let last = &s.patches.last().unwrap().1["status"]["activity"]["devices"][0];
+        assert_eq!(last["idleSince"], since, "still idle on GPM's first figure: {last:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreadable_stored_summary_fails_the_pass_instead_of_starting_empty() {
+        let state = temp_dir("activity-unreadable").join("sim.json");
+        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        b.create_instance(0, "3g.40gb", 4).unwrap();
+        let mut a = agent(&state, Arc::new(Mutex::new(Server::default())));
+        a.client = Client::new(
+            tower::service_fn(|_req: http::Request<kube::client::Body>| async move {
+                Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("API server unavailable"))
+            }),
+            "default",
+        );
+        assert!(a.sample_activity().await.is_err());
+        assert!(!a.activity.seeded, "tried again on the next sample");
+        assert!(a.activity.last.is_none(), "nothing written");
     }
 }

@@ -9,9 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
 use super::Output;
-use super::connect::{ClusterArgs, client};
-use super::snapshot::Snapshot;
-use super::status::{Inputs, clean, from_cluster, from_snapshot};
+use super::connect::ClusterArgs;
+use super::status::{Inputs, clean, load};
 use crate::Error;
 use crate::dra::GpuDrivers;
 use crate::idle::{IdleHolder, IdleReport, idle_report, idle_thresholds};
@@ -131,12 +130,7 @@ pub async fn run(
     output: Output,
     sort: SortBy,
 ) -> Result<i32, Error> {
-    let mut inputs = if from.is_empty() {
-        from_cluster(&client(cluster).await?, cluster.request_limit()).await
-    } else {
-        from_snapshot(Snapshot::read(from)?)
-    };
-    inputs.drivers = drivers.clone();
+    let inputs = load(cluster, from, drivers).await?;
     let now = Timestamp::now();
     let r = report(&inputs, now, sort);
     let body = match output {

@@ -28,7 +28,7 @@ use tessera_crds::gpunode::{GpuIntent, GpuState};
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
 
 pub use claims::{SliceIndex, locate};
-pub use fetch::{Inputs, from_cluster, from_snapshot, run};
+pub use fetch::{Inputs, from_cluster, from_snapshot, load, run};
 pub use held::gpu_resources;
 use held::{extended_held, holds_devices};
 

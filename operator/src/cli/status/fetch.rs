@@ -119,6 +119,18 @@ pub fn from_snapshot(s: Snapshot) -> Inputs {
     }
 }
 
+/// The fleet from the cluster, or from `--from` files when any are given, with the GPU DRA
+/// drivers asked for: what `status` and `idle` both read.
+pub async fn load(cluster: &ClusterArgs, from: &[String], drivers: &GpuDrivers) -> Result<Inputs, Error> {
+    let mut inputs = if from.is_empty() {
+        from_cluster(&client(cluster).await?, cluster.request_limit()).await
+    } else {
+        from_snapshot(Snapshot::read(from)?)
+    };
+    inputs.drivers = drivers.clone();
+    Ok(inputs)
+}
+
 /// Prints the report; exit 0, or 1 when part of it could not be read.
 pub async fn run(
     cluster: &ClusterArgs,
@@ -127,12 +139,7 @@ pub async fn run(
     output: Output,
     colour: bool,
 ) -> Result<i32, Error> {
-    let mut inputs = if from.is_empty() {
-        from_cluster(&client(cluster).await?, cluster.request_limit()).await
-    } else {
-        from_snapshot(Snapshot::read(from)?)
-    };
-    inputs.drivers = drivers.clone();
+    let inputs = load(cluster, from, drivers).await?;
     let mut report = inputs.report();
     let thresholds = crate::idle::idle_thresholds(&inputs.quotas);
     let now = k8s_openapi::jiff::Timestamp::now();

@@ -30,6 +30,8 @@ use tracing::{info, warn};
 pub(crate) mod claims;
 pub mod dra;
 mod eviction;
+#[cfg(test)]
+pub(crate) mod fake_dra_api;
 mod fence;
 mod layouts;
 mod leases;

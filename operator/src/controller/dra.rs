@@ -221,36 +221,15 @@ mod tests {
     /// An API server: discovery of `resource.k8s.io/v1` answers `discovery` (404: not served),
     /// a list of slices answers `list` (one slice of n1) and a watch never answers.
     fn api(discovery: u16, list: u16) -> Client {
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| async move {
-            let (status, body) = match (req.uri().path(), req.uri().query().unwrap_or_default()) {
-                ("/apis/resource.k8s.io/v1", _) => (
-                    discovery,
-                    json!({"kind": "APIResourceList", "groupVersion": "resource.k8s.io/v1", "resources": [
-                        {"name": "resourceslices", "singularName": "resourceslice", "namespaced": false,
-                         "kind": "ResourceSlice", "verbs": ["get", "list", "watch"]}]}),
-                ),
-                ("/apis/resource.k8s.io/v1/resourceslices", q) if q.contains("watch=true") => {
-                    futures::future::pending::<()>().await;
-                    unreachable!()
-                }
-                ("/apis/resource.k8s.io/v1/resourceslices", _) => (
-                    list,
-                    json!({"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
-                        "metadata": {"resourceVersion": "5"}, "items": [{"metadata": {"name": "n1-gpu"},
-                        "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1",
-                                 "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1}}}]}),
-                ),
-                (path, _) => panic!("unexpected request {path}"),
-            };
-            let body = if status == 200 { body } else { json!({"kind": "Status", "code": status, "message": "no"}) };
-            Ok::<_, std::convert::Infallible>(
-                http::Response::builder()
-                    .status(status)
-                    .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
-                    .unwrap(),
-            )
-        });
-        Client::new(service, "default")
+        let served = crate::controller::fake_dra_api::Served {
+            plural: "resourceslices",
+            singular: "resourceslice",
+            kind: "ResourceSlice",
+            namespaced: false,
+            items: json!([{"metadata": {"name": "n1-gpu"}, "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1",
+                           "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1}}}]),
+        };
+        crate::controller::fake_dra_api::api(served, discovery, list)
     }
 
     #[tokio::test]

@@ -13,34 +13,14 @@ use crate::quota::tests::store_of;
 /// An API server whose `resource.k8s.io/v1` discovery answers `discovery` (404: not served)
 /// and whose DeviceClass list answers `list`; a watch never answers.
 fn api(discovery: u16, list: u16) -> Client {
-    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| async move {
-        let (status, body) = match (req.uri().path(), req.uri().query().unwrap_or_default()) {
-            ("/apis/resource.k8s.io/v1", _) => (
-                discovery,
-                json!({"kind": "APIResourceList", "groupVersion": "resource.k8s.io/v1",
-                "resources": [{"name": "deviceclasses", "singularName": "deviceclass", "namespaced": false,
-                "kind": "DeviceClass", "verbs": ["get", "list", "watch"]}]}),
-            ),
-            ("/apis/resource.k8s.io/v1/deviceclasses", q) if q.contains("watch=true") => {
-                futures::future::pending::<()>().await;
-                unreachable!()
-            }
-            ("/apis/resource.k8s.io/v1/deviceclasses", _) => (
-                list,
-                json!({"kind": "DeviceClassList", "apiVersion": "resource.k8s.io/v1",
-                "metadata": {"resourceVersion": "5"}, "items": []}),
-            ),
-            (path, _) => panic!("unexpected request {path}"),
-        };
-        let body = if status == 200 { body } else { json!({"kind": "Status", "code": status, "message": "no"}) };
-        Ok::<_, std::convert::Infallible>(
-            http::Response::builder()
-                .status(status)
-                .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
-                .unwrap(),
-        )
-    });
-    Client::new(service, "default")
+    let served = crate::controller::fake_dra_api::Served {
+        plural: "deviceclasses",
+        singular: "deviceclass",
+        kind: "DeviceClass",
+        namespaced: false,
+        items: json!([]),
+    };
+    crate::controller::fake_dra_api::api(served, discovery, list)
 }
 
 /// Finding 5: without `resource.k8s.io/v1` the DeviceClass cache is ready and empty (it

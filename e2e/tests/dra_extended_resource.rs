@@ -150,10 +150,7 @@ async fn failed_scheduling(admin: &Client, ns: &str, pod: &str) -> Vec<String> {
     let events: Api<Event> = Api::namespaced(admin.clone(), ns);
     let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
     let list = events.list(&lp).await.map(|l| l.items).unwrap_or_default();
-    list.into_iter()
-        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
-        .filter_map(|e| e.message)
-        .collect()
+    list.into_iter().filter(|e| e.reason.as_deref() == Some("FailedScheduling")).filter_map(|e| e.message).collect()
 }
 
 /// Waits until the pod is bound to gpu-0 with the scheduler's claim allocated one device from
@@ -205,7 +202,9 @@ async fn wait_keys(admin: &Client, ns: &str, quota: &str, keys: &[(String, &str)
         let rq = rqs.get(&name).await.ok()?;
         let (spec, status) = (rq.spec?.hard?, rq.status?.hard?);
         keys.iter()
-            .all(|(k, v)| spec.get(k).map(|q| q.0.as_str()) == Some(v) && status.get(k).map(|q| q.0.as_str()) == Some(v))
+            .all(|(k, v)| {
+                spec.get(k).map(|q| q.0.as_str()) == Some(v) && status.get(k).map(|q| q.0.as_str()) == Some(v)
+            })
             .then_some(())
     })
     .await
@@ -238,7 +237,9 @@ async fn in_extended_resources_mode_kep_5004_pods_are_admitted_to_the_share_and_
     assert_eq!(admitted.len(), 2, "exactly the share is admitted: {results:?}");
     let refusals: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(
-        refusals.iter().all(|m| m.contains("exceeded quota: tessera-team-e") && m.contains(&format!("requests.{MIG1G}"))),
+        refusals
+            .iter()
+            .all(|m| m.contains("exceeded quota: tessera-team-e") && m.contains(&format!("requests.{MIG1G}"))),
         "{refusals:?}"
     );
     // The admitted ones get no device: the scheduler's claim of the closed class is refused.
@@ -271,7 +272,9 @@ async fn in_resource_claims_mode_kep_5004_pods_are_refused_and_the_implicit_clas
     let refusals: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert_eq!(refusals.len(), 4, "{results:?}");
     assert!(
-        refusals.iter().all(|m| m.contains("exceeded quota: tessera-team-c") && m.contains(&format!("limited: requests.{MIG1G}=0"))),
+        refusals.iter().all(
+            |m| m.contains("exceeded quota: tessera-team-c") && m.contains(&format!("limited: requests.{MIG1G}=0"))
+        ),
         "{refusals:?}"
     );
 
@@ -283,8 +286,11 @@ async fn in_resource_claims_mode_kep_5004_pods_are_refused_and_the_implicit_clas
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-c");
     let (served, waiting) = wait_for("two pods served and three refused their claim", T, || async {
         let list = pods.list(&ListParams::default()).await.ok()?.items;
-        let served: Vec<String> =
-            list.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()).map(|p| p.name_any()).collect();
+        let served: Vec<String> = list
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+            .map(|p| p.name_any())
+            .collect();
         let waiting: Vec<String> = list
             .iter()
             .filter(|p| not_scheduled(p).is_some_and(|(_, m)| m.contains("exceeded quota: tessera-team-c")))

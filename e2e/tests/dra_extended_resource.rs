@@ -247,6 +247,9 @@ async fn in_extended_resources_mode_kep_5004_pods_are_admitted_to_the_share_and_
         let (reason, msg) = wait_refused(&admin, "team-e", name, "closed in namespaces of TenantGpuQuota team-e").await;
         assert_eq!(reason, "SchedulerError", "{msg}");
         assert!(msg.contains(&format!("class {KEP_CLASS} reaches GPU devices")), "{msg}");
+        // Says it is the scheduler's claim, and what serves the resource instead.
+        assert!(msg.contains("team-e (the scheduler's claim for the pod's extended resources, KEP-5004)"), "{msg}");
+        assert!(msg.contains("only nodes whose device plugin advertises them serve them here"), "{msg}");
     }
     assert!(claim_names(&admin, "team-e").await.is_empty(), "a claim was made in team-e");
     let pods = Api::<Pod>::namespaced(admin.clone(), "team-e").list(&ListParams::default()).await.unwrap().items;

@@ -326,7 +326,9 @@ pub fn policy_data(
                 format!("TenantGpuQuota {name} is invalid (see its status); no GPU class is open until it is fixed"),
             )
         } else if q.spec.allocation == AllocationPath::ExtendedResources {
-            (String::new(), "request nvidia.com/gpu or nvidia.com/mig-<profile> resources instead (spec.allocation: ExtendedResources)".to_string())
+            // Also what a pod of a KEP-5004 class hears: the scheduler's claim for its extended
+            // resource is refused here too, only a device plugin's node serves it.
+            (String::new(), "request nvidia.com/gpu or nvidia.com/mig-<profile> resources instead (spec.allocation: ExtendedResources); only nodes whose device plugin advertises them serve them here, not a DeviceClass's extendedResourceName".to_string())
         } else {
             let allowed = allowed_classes(q, ns, rqs, applies, resources, view);
             let granted: Vec<String> =

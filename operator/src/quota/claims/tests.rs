@@ -256,6 +256,8 @@ fn the_policy_params_list_what_each_tenant_namespace_may_use() {
     assert_eq!(d["_reaching"], "dra-ext dra-ours mig-1g.10gb.tessera.dev mig.nvidia.com");
     assert_eq!((d["a.quota"].as_str(), d["a.allowed"].as_str()), ("team-a", ""));
     assert!(d["a.hint"].contains("nvidia.com/mig-<profile>"));
+    // A pod served through a KEP-5004 class hears why its extended resource gets no device.
+    assert!(d["a.hint"].contains("only nodes whose device plugin advertises them serve them here"), "{}", d["a.hint"]);
     // All of ours: named once under `_tessera`.
     assert_eq!(
         (d["b.allowed"].as_str(), d["_tessera"].as_str()),

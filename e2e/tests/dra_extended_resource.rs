@@ -8,7 +8,7 @@
 //! - `allocation: ExtendedResources`: the pod quota admits the share of pods and no more; the
 //!   scheduler's claim of the class is refused (the class is GPU-reaching, so closed), so those
 //!   pods hold no device and stay pending, the reason on their `PodScheduled` condition and in a
-//!   `FailedScheduling` event.
+//!   `FailedScheduling` event, until a node whose device plugin advertises the resource serves them.
 //! - `allocation: ResourceClaims`: the extended resource is held at 0, so such pods are refused
 //!   at admission; the class's implicit name (`deviceclass.resource.kubernetes.io/<Tessera's
 //!   class>`) is served, and the scheduler's claims are held to the share by the class's key.
@@ -254,6 +254,22 @@ async fn in_extended_resources_mode_kep_5004_pods_are_admitted_to_the_share_and_
     assert!(claim_names(&admin, "team-e").await.is_empty(), "a claim was made in team-e");
     let pods = Api::<Pod>::namespaced(admin.clone(), "team-e").list(&ListParams::default()).await.unwrap().items;
     assert!(pods.iter().all(|p| p.spec.as_ref().unwrap().node_name.is_none()), "a pod was bound without a device");
+
+    // A node whose device plugin advertises the resource serves the admitted two, and only them.
+    let plugin = FakeGpuNode::new("plugin-0", "NVIDIA-H100-80GB-HBM3", 1).resource(MIG1G, 7);
+    create_gpu_nodes(&admin, &[plugin]).await.unwrap();
+    let pods_e: Api<Pod> = Api::namespaced(admin.clone(), "team-e");
+    for name in &admitted {
+        wait_for(&format!("{name} bound to plugin-0"), T, || async {
+            let p = pods_e.get(name).await.ok()?;
+            (p.spec?.node_name.as_deref() == Some("plugin-0")).then_some(())
+        })
+        .await
+        .unwrap();
+    }
+    assert!(claim_names(&admin, "team-e").await.is_empty(), "a claim was made in team-e");
+    let more = create_pods(&admin, "team-e", "more", MIG1G, 1).await;
+    assert!(more[0].as_ref().is_err_and(|m| m.contains("exceeded quota: tessera-team-e")), "{more:?}");
 
     // The implicit name of NVIDIA's broad class is closed the same way.
     create_pods(&admin, "team-e", "broad", &format!("{IMPLICIT}{}", dra::MIG_CLASS), 1).await[0].clone().unwrap();

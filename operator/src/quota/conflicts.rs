@@ -1,62 +1,20 @@
 //! Where the usual share cannot be written: a namespace claimed by two quotas, and the
 //! namespaces of an invalid quota. Both fail closed. Each quota writes its own ResourceQuota
-//! there (never another's): the API server's quota admission checks every ResourceQuota of a
-//! namespace, so per key the stricter of the two holds with no object shared between owners.
-//! A quota whose share was enforced before the conflict only makes it stricter ([`stricter`]);
-//! an invalid quota, whose limits cannot be read, holds every GPU key at 0 where it enforced
-//! nothing yet ([`closed_hard`]) and keeps what it enforced elsewhere.
+//! there, never another's (`steps::enforce` applies a valid quota's share whether or not the
+//! namespace is claimed twice): the API server's quota admission checks every ResourceQuota of
+//! a namespace, so per key the stricter of the two holds natively, with no object shared between
+//! owners and nothing to undo when the conflict ends. A typo in either quota lifts no limit: the
+//! other's ResourceQuota stays. An invalid quota, whose limits cannot be read, holds every GPU
+//! key at 0 where it enforced nothing yet ([`closed_hard`]) and keeps what it enforced elsewhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::ResourceQuota;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tessera_crds::TenantGpuQuota;
 use tessera_crds::quota::AllocationPath;
 
 use super::claims::{ClassView, claim_keys};
 use super::steps::{Pass, Wanted, rq_name};
 use super::{Apply, QuotaPlan, owned_by};
-
-/// Makes `hard` (a planned `spec.hard`) no looser than each of `enforced` (the quota's own
-/// ResourceQuotas' `spec.hard` in the namespace): per key the least; a key only `enforced` has
-/// stays (no limit is dropped while the conflict lasts); a value that is no plain integer
-/// counts as 0.
-pub(super) fn stricter<'a>(
-    hard: &mut BTreeMap<String, String>,
-    enforced: impl IntoIterator<Item = &'a BTreeMap<String, Quantity>>,
-) {
-    let num = |v: &str| v.parse::<i64>().ok().filter(|n| *n >= 0).unwrap_or(0);
-    for have in enforced {
-        for (k, v) in have {
-            let n = match hard.get(k) {
-                Some(want) => num(want).min(num(&v.0)),
-                None => num(&v.0),
-            };
-            hard.insert(k.clone(), n.to_string());
-        }
-    }
-    for v in hard.values_mut() {
-        *v = num(v).to_string();
-    }
-}
-
-/// The `spec.hard` of every ResourceQuota `q` owns in `ns` (by owner UID, any name).
-fn enforced_by<'p>(
-    rqs: &'p [ResourceQuota],
-    q: &TenantGpuQuota,
-    ns: &str,
-) -> impl Iterator<Item = &'p BTreeMap<String, Quantity>> {
-    let q = q.clone();
-    let ns = ns.to_string();
-    rqs.iter()
-        .filter(move |rq| rq.metadata.namespace.as_deref() == Some(ns.as_str()) && owned_by(rq, &q))
-        .filter_map(|rq| rq.spec.as_ref()?.hard.as_ref())
-}
-
-/// A conflicted namespace's planned `hard` for `q`, made no looser than what `q` enforces there.
-pub(super) fn in_conflict(p: &Pass<'_>, q: &TenantGpuQuota, ns: &str, hard: &mut BTreeMap<String, String>) {
-    stricter(hard, enforced_by(p.resource_quotas, q, ns));
-}
 
 /// Every GPU key at 0: both paths (`requests.<resource>` and the devices key of Tessera's class)
 /// of each resource of `resources`, every GPU-reaching class, and the extended resources of

@@ -138,8 +138,8 @@ fn conflicts(p: &Pass<'_>, q: &TenantGpuQuota, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// Applies the quota's share in each namespace it lists that exists (where another quota claims
-/// it too, no looser than before: [`super::conflicts::in_conflict`]); returns the
+/// Applies the quota's share in each namespace it lists that exists, also where another quota
+/// claims it (both ResourceQuotas apply, so the stricter holds: [`super::conflicts`]); returns the
 /// usage summed over them, why a share could not go under its usual name, and where a share is
 /// cut while the other allocation path still holds devices ([`super::claims::reduce_for_other_path`]).
 fn enforce(
@@ -167,11 +167,6 @@ fn enforce(
         let status = rq.and_then(|rq| rq.status.as_ref());
         let cut = super::claims::reduce_for_other_path(q.spec.allocation, &share, status, p.classes, &mut hard);
         reduced.extend(cut.into_iter().map(|c| format!("namespace {ns}: {c}")));
-        if p.claimed_twice(&ns) {
-            // A GitOps typo in another quota must not lift this tenant's limits: each quota's
-            // own ResourceQuota applies, and this one never gets looser than it was.
-            super::conflicts::in_conflict(p, q, &ns, &mut hard);
-        }
         let used = used_in(p.resource_quotas, &ns, &rq_name);
         plan.apply.push(Apply { namespace: ns.clone(), quota: name.to_string(), name: rq_name.clone(), hard });
         wanted.insert((ns.clone(), rq_name));
@@ -256,10 +251,9 @@ fn set_conflict_and_stalled(
         remove_condition(&mut st.conditions, CONFLICT);
     } else {
         let msg = format!(
-            "namespace(s) claimed by more than one quota keep the limits enforced before: each quota applies \
-             its own ResourceQuota there (never looser than what it enforced; 0 for every GPU resource from \
-             a quota that is invalid), and the API server enforces both, so per resource the stricter limit \
-             holds and no GPU class is open to claims until one quota lets go: {}",
+            "namespace(s) claimed by more than one quota: each quota applies its own ResourceQuota there (0 \
+             for every GPU resource from one that is invalid) and the API server enforces both, so per \
+             resource the stricter limit holds, and no GPU class is open to claims, until one quota lets go: {}",
             conflicts.join("; ")
         );
         set_condition(&mut st.conditions, CONFLICT, true, "NamespaceClaimedTwice", &msg, g, t());

@@ -257,12 +257,12 @@ fn a_namespace_claimed_twice_keeps_the_limits_enforced_there() {
     let p = plan_quotas(&[a, b], &ns(&["x", "y"]), &[ours("a", "x", "2")], &[], now());
     assert!(p.delete.is_empty(), "the enforced ResourceQuota stays: {:?}", p.delete);
     let x = |q: &str| p.apply.iter().find(|a| a.namespace == "x" && a.quota == q).map(|a| a.hard.clone());
-    assert_eq!(x("a").expect("a's kept")["requests.nvidia.com/mig-1g.10gb"], "4", "no looser than before");
+    assert_eq!(x("a").expect("a's own")["requests.nvidia.com/mig-1g.10gb"], "4");
     assert_eq!(x("b").expect("b's own")["requests.nvidia.com/mig-1g.10gb"], "1");
     assert!(p.apply.iter().any(|a| a.namespace == "y" && a.quota == "b"), "b's other namespace is still managed");
     for q in ["a", "b"] {
         let c = cond(&p.statuses[q], CONFLICT);
-        assert!(c.message.contains("keep the limits enforced before"), "{}", c.message);
+        assert!(c.message.contains("the stricter limit holds"), "{}", c.message);
         assert_eq!(cond(&p.statuses[q], STALLED).reason, "Conflict");
     }
 }

@@ -3,6 +3,7 @@ use tessera_crds::conditions::{CONFLICT, READY, STALLED, find};
 
 use super::*;
 use crate::quota::claims::{ClassView, devices_key};
+use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::quota::{Capacity, Dra, plan_quotas_dra, resource_quota_name};
@@ -157,26 +158,64 @@ fn a_namespace_newly_claimed_twice_gets_the_stricter_limit_per_key() {
     for q in ["a", "b"] {
         let c = find(&p.statuses[q].conditions, CONFLICT).expect("conflict");
         assert!(c.message.contains("stricter"), "{}", c.message);
-        assert!(c.message.contains("keep the limits enforced before"), "{}", c.message);
     }
 }
 
-/// Where a quota enforced its share before the conflict, its ResourceQuota only gets stricter:
-/// a raised share is not applied there (a GitOps typo on either side lifts nothing), a lowered
-/// one is, and no key it limited is dropped.
+/// Per key, what a namespace claimed by two quotas enforces is the least of the two shares (a
+/// key only one lists is limited by that one), whichever quota is the typo, and whether or not
+/// a quota's ResourceQuota was there before (`a`'s, enforcing 4).
 #[test]
-fn a_share_enforced_before_a_conflict_only_gets_stricter() {
-    let before = ours("a", "x", &[("requests.nvidia.com/mig-1g.10gb", "4"), ("requests.example.com/fpga", "1")]);
-    let b = quota("b", json!({"namespaces": ["x"], "hard": {"nvidia.com/mig-1g.10gb": 9}}));
-    for (share, want) in [(6, 4), (3, 3)] {
-        let a = quota("a", json!({"namespaces": ["x"], "hard": {"nvidia.com/mig-1g.10gb": share}}));
-        let rqs = [before.clone()];
-        let p = plan(&[a, b.clone()], &["x"], &rqs);
-        assert!(p.delete.is_empty(), "{:?}", p.delete);
-        let mine = p.apply.iter().find(|x| x.quota == "a").expect("a's applied");
-        assert_eq!(mine.hard["requests.nvidia.com/mig-1g.10gb"], want.to_string(), "share {share}");
-        assert_eq!(mine.hard["requests.example.com/fpga"], "1", "a key it limited stays");
-        assert_eq!(effective(&p, &rqs, "x")["requests.nvidia.com/mig-1g.10gb"], want);
+fn in_a_conflict_each_quota_enforces_its_own_share_so_no_typo_lifts_a_limit() {
+    let before = ours("a", "x", &[("requests.nvidia.com/mig-1g.10gb", "4")]);
+    type Row = (&'static str, serde_json::Value, serde_json::Value, &'static str, i64);
+    let rows: Vec<Row> = vec![
+        (
+            "b raises nothing",
+            json!({"nvidia.com/mig-1g.10gb": 4}),
+            json!({"nvidia.com/mig-1g.10gb": 9}),
+            "requests.nvidia.com/mig-1g.10gb",
+            4,
+        ),
+        (
+            "a's own cut applies",
+            json!({"nvidia.com/mig-1g.10gb": 3}),
+            json!({"nvidia.com/mig-1g.10gb": 9}),
+            "requests.nvidia.com/mig-1g.10gb",
+            3,
+        ),
+        (
+            "b is stricter",
+            json!({"nvidia.com/mig-1g.10gb": 4}),
+            json!({"nvidia.com/mig-1g.10gb": 1}),
+            "requests.nvidia.com/mig-1g.10gb",
+            1,
+        ),
+        (
+            "only b lists it",
+            json!({"nvidia.com/mig-1g.10gb": 4}),
+            json!({"nvidia.com/gpu": 2}),
+            "requests.nvidia.com/gpu",
+            2,
+        ),
+        (
+            "a says Zero",
+            json!({"nvidia.com/mig-1g.10gb": 4}),
+            json!({"nvidia.com/gpu": 2}),
+            "requests.nvidia.com/mig-3g.40gb",
+            0,
+        ),
+    ];
+    for (what, a_hard, b_hard, key, want) in rows {
+        let unlisted = if what == "a says Zero" { "Zero" } else { "Unlimited" };
+        let a = quota("a", json!({"namespaces": ["x"], "hard": a_hard, "unlisted": unlisted}));
+        let b = quota("b", json!({"namespaces": ["x"], "hard": b_hard}));
+        for rqs in [vec![], vec![before.clone()]] {
+            let p = plan(&[a.clone(), b.clone()], &["x"], &rqs);
+            assert!(p.delete.is_empty(), "{what}: {:?}", p.delete);
+            let names: BTreeSet<&str> = p.apply.iter().map(|x| x.name.as_str()).collect();
+            assert_eq!(names, ["tessera-a", "tessera-b"].into(), "{what}: each its own");
+            assert_eq!(effective(&p, &rqs, "x").get(key), Some(&want), "{what} ({} before)", rqs.len());
+        }
     }
 }
 
@@ -196,31 +235,4 @@ fn a_namespace_claimed_by_an_invalid_and_a_valid_quota_is_held_at_0() {
         assert_eq!(e.get(&k), Some(&0), "{k} in {e:?}");
     }
     assert_eq!(p.policy["x.allowed"], "", "no class opens in a conflicted namespace");
-}
-
-/// The pure rule behind the conflicts: per key the least of the planned and the enforced
-/// limits; a key only one has stays; a limit that cannot be read counts as 0.
-#[test]
-fn stricter_takes_the_least_of_each_key_and_keeps_every_key() {
-    let m = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    };
-    let q = |kv: &[(&str, &str)]| -> BTreeMap<String, Quantity> {
-        kv.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect()
-    };
-    type Keys<'a> = &'a [(&'a str, &'a str)];
-    let cases: &[(Keys, Keys, Keys)] = &[
-        (&[("a", "3")], &[], &[("a", "3")]),
-        (&[("a", "3")], &[("a", "5")], &[("a", "3")]),
-        (&[("a", "5")], &[("a", "3")], &[("a", "3")]),
-        (&[("a", "5")], &[("b", "0")], &[("a", "5"), ("b", "0")]),
-        (&[("a", "5")], &[("a", "2k")], &[("a", "0")]),
-        (&[("a", "x")], &[("a", "2")], &[("a", "0")]),
-        (&[], &[("b", "7")], &[("b", "7")]),
-    ];
-    for (planned, enforced, want) in cases {
-        let mut hard = m(planned);
-        stricter(&mut hard, [&q(enforced)]);
-        assert_eq!(hard, m(want), "planned {planned:?}, enforced {enforced:?}");
-    }
 }

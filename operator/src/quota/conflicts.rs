@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::core::v1::ResourceQuota;
 use tessera_crds::TenantGpuQuota;
 use tessera_crds::quota::AllocationPath;
 
@@ -28,8 +29,9 @@ pub(super) fn closed_hard(resources: &BTreeSet<String>, view: &ClassView) -> BTr
 }
 
 /// For an invalid quota: each namespace it lists that exists and holds no ResourceQuota of its
-/// own yet gets one with [`closed_hard`]. Returns those namespaces and why a name was taken,
-/// for the status.
+/// own yet gets one with [`closed_hard`]; one it wrote so before ([`is_closed`]) is kept current
+/// (a GPU-reaching class made since gets its 0). Returns those namespaces and why a name was
+/// taken, for the status.
 pub(super) fn hold_invalid_at_zero(
     p: &Pass<'_>,
     q: &TenantGpuQuota,
@@ -41,16 +43,32 @@ pub(super) fn hold_invalid_at_zero(
     let (mut held, mut taken) = (Vec::new(), Vec::new());
     let listed: BTreeSet<&String> = q.spec.namespaces.iter().collect();
     for ns in listed.into_iter().filter(|ns| p.existing_namespaces.contains(*ns)) {
-        if p.resource_quotas.iter().any(|rq| rq.metadata.namespace.as_ref() == Some(ns) && owned_by(rq, q)) {
-            continue; // what it enforced there is kept (`steps::invalid`)
-        }
-        let Some(rq) = rq_name(p, q, &name, ns, &mut taken) else { continue };
+        let owned: Vec<&ResourceQuota> = p
+            .resource_quotas
+            .iter()
+            .filter(|rq| rq.metadata.namespace.as_ref() == Some(ns) && owned_by(rq, q))
+            .collect();
+        let rq = match owned[..] {
+            [] => rq_name(p, q, &name, ns, &mut taken),
+            [one] if is_closed(one) => one.metadata.name.clone(),
+            _ => None, // a share it enforced while valid: kept as it was (`steps::invalid`)
+        };
+        let Some(rq) = rq else { continue };
         let hard = closed_hard(&resources, p.classes);
         plan.apply.push(Apply { namespace: ns.clone(), quota: name.clone(), name: rq.clone(), hard });
         wanted.insert((ns.clone(), rq));
         held.push(ns.clone());
     }
     (held, taken)
+}
+
+/// Whether `rq` holds every GPU key at 0 as [`closed_hard`] writes it: only 0s, among them
+/// `nvidia.com/gpu` and every MIG resource of the catalog (what a valid quota writes only with
+/// `unlisted: Zero` and nothing granted, where the same 0s are its share anyway).
+fn is_closed(rq: &ResourceQuota) -> bool {
+    let Some(hard) = rq.spec.as_ref().and_then(|s| s.hard.as_ref()) else { return false };
+    let every = super::gpu_resources(&BTreeMap::new());
+    hard.values().all(|v| v.0 == "0") && every.iter().all(|r| hard.contains_key(&format!("requests.{r}")))
 }
 
 #[cfg(test)]

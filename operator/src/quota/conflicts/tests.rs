@@ -121,8 +121,8 @@ fn an_invalid_quota_holds_every_gpu_key_at_0_where_it_enforced_nothing_yet() {
     assert!(find(&st.conditions, READY).unwrap().message.contains("held at 0 in namespace(s) y"));
 }
 
-/// The placeholder an invalid quota wrote is its own: kept while the quota stays invalid, and
-/// replaced by the share once the spec is fixed.
+/// The placeholder an invalid quota wrote is its own: kept current while the quota stays
+/// invalid (still named in its status), and replaced by the share once the spec is fixed.
 #[test]
 fn an_invalid_quotas_zeros_are_kept_and_replaced_by_the_share_once_fixed() {
     let bad = quota("a", json!({"namespaces": ["y"], "hard": {"nvidia.com/mig-1g.10gb": -1}}));
@@ -131,7 +131,16 @@ fn an_invalid_quotas_zeros_are_kept_and_replaced_by_the_share_once_fixed() {
     let zeros: Vec<(&str, &str)> = zeros.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let written = [ours("a", "y", &zeros)];
     let again = plan(std::slice::from_ref(&bad), &["y"], &written);
-    assert!(again.delete.is_empty() && again.apply.is_empty(), "{:?} {:?}", again.apply, again.delete);
+    assert!(again.delete.is_empty(), "{:?}", again.delete);
+    assert_eq!(again.apply, first.apply, "the same 0s (the controller skips a current one)");
+    let stalled = find(&again.statuses["a"].conditions, STALLED).unwrap();
+    assert!(stalled.message.contains("held at 0 in namespace(s) y"), "still said: {}", stalled.message);
+    // A GPU-reaching class made since gets its 0 in the placeholder.
+    let mut more = dra();
+    more.classes.reaching.insert("new.example.com".into());
+    let p =
+        plan_quotas_dra(std::slice::from_ref(&bad), &namespaces(&["y"]), &written, &Capacity::default(), &more, now());
+    assert_eq!(p.apply[0].hard.get(&devices_key("new.example.com")).map(String::as_str), Some("0"));
     let fixed = quota("a", json!({"namespaces": ["y"], "hard": {"nvidia.com/mig-1g.10gb": 2}}));
     let p = plan(std::slice::from_ref(&fixed), &["y"], &written);
     assert_eq!(p.apply[0].hard["requests.nvidia.com/mig-1g.10gb"], "2");

@@ -33,7 +33,7 @@ pub(super) struct Pass<'p> {
 }
 
 /// The ResourceQuotas to keep: (namespace, name).
-pub(in crate::quota) type Wanted = BTreeSet<(String, String)>;
+pub(super) type Wanted = BTreeSet<(String, String)>;
 
 impl Pass<'_> {
     fn claimed_twice(&self, ns: &str) -> bool {

@@ -265,9 +265,7 @@ async fn a_namespace_claimed_by_a_second_quota_keeps_the_limit_enforced_there() 
     assert_eq!(rq.expect("not deleted").spec.unwrap().hard.unwrap()[MIG].0, "3", "the tenant's limit still holds");
     fills_up_to(&admin, "team-a", 3, "tessera-team-a").await;
     let c = wait_condition(&quotas, "team-a", CONFLICT, "NamespaceClaimedTwice").await;
-    assert!(
-        c.message.contains("keep the limits enforced before") && c.message.contains("team-a (also claimed by typo)")
-    );
+    assert!(c.message.contains("the stricter limit holds") && c.message.contains("team-a (also claimed by typo)"));
 
     // The typo is fixed: the conflict clears and team-a is managed again.
     let fixed = json!({"spec": {"namespaces": ["shared"]}});

@@ -221,7 +221,8 @@ pub struct Dra {
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
-/// conflict: none of them is enforced there. The controller decides by this rule, and `validate`
+/// conflict: each writes its own ResourceQuota there, no looser than before, so the stricter
+/// holds ([`conflicts`]). The controller decides by this rule, and `validate`
 /// reports such a conflict before the quotas are applied.
 pub fn namespace_claims<'a>(
     quotas: impl IntoIterator<Item = (&'a str, &'a [String])>,
@@ -337,6 +338,7 @@ fn used_raw(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64
 }
 
 pub mod claims;
+mod conflicts;
 mod steps;
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ use crate::quota::{
 };
 
 mod claim_classes;
+mod policy_check;
 
 pub struct QuotaController {
     client: Client,
@@ -63,7 +64,7 @@ pub struct QuotaController {
     idle: std::sync::Mutex<Option<(std::time::Instant, crate::idle::IdleReport)>>,
     /// When listing pods for the idle report last failed: the next try waits `IDLE_REFRESH`.
     idle_failed: std::sync::Mutex<Option<std::time::Instant>>,
-    /// The claim-class binding's problem last seen (logged when it changes).
+    /// The claim-class binding's or policy's problem last seen (logged when it changes).
     binding_problem: std::sync::Mutex<Option<String>>,
 }
 
@@ -389,19 +390,24 @@ fn watch_classes(client: Client, changed: Arc<Notify>) -> Store<DeviceClass> {
 }
 
 /// [`CLAIM_POLICY`] on a quota's status: `False` naming what keeps the claim-class policy from
-/// reading the operator's params, `True` when it reads them, unchanged where the binding cannot
-/// be read (`binding` is `None`).
-fn report_binding(st: &mut TenantGpuQuotaStatus, binding: Option<&Option<String>>, g: Option<i64>, now: &Time) {
+/// reading the operator's params or from enforcing them (the reason says which), `True` when it
+/// reads and enforces them, unchanged where the binding or policy cannot be read (`None`).
+fn report_binding(
+    st: &mut TenantGpuQuotaStatus,
+    binding: Option<&Option<(&'static str, String)>>,
+    g: Option<i64>,
+    now: &Time,
+) {
     match binding {
-        Some(Some(problem)) => {
-            set_condition(&mut st.conditions, CLAIM_POLICY, false, "ParamsNotRead", problem, g, now.clone())
+        Some(Some((reason, problem))) => {
+            set_condition(&mut st.conditions, CLAIM_POLICY, false, reason, problem, g, now.clone())
         }
         Some(None) => set_condition(
             &mut st.conditions,
             CLAIM_POLICY,
             true,
             "Bound",
-            "the claim-class policy reads the operator's params",
+            "the claim-class policy reads the operator's params and enforces them as shipped",
             g,
             now.clone(),
         ),

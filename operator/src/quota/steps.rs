@@ -61,7 +61,17 @@ pub(super) fn invalid(p: &Pass<'_>, q: &TenantGpuQuota, plan: &mut QuotaPlan, wa
     let mut st = q.status.clone().unwrap_or_default();
     st.observed_generation = q.metadata.generation;
     let g = q.metadata.generation;
-    let msg = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+    let mut msg = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+    // Fail closed where nothing of this quota's is enforced yet (see `conflicts`).
+    let (held, taken) = super::conflicts::hold_invalid_at_zero(p, q, plan, wanted);
+    if !held.is_empty() {
+        msg.push_str(&format!(
+            "; every GPU resource is held at 0 in namespace(s) {} (limits that cannot be read grant nothing) \
+             until the spec is fixed; the ResourceQuotas it applied before stay as they were",
+            held.join(", ")
+        ));
+    }
+    taken.iter().for_each(|t| msg.push_str(&format!("; {t}")));
     set_condition(&mut st.conditions, STALLED, true, "InvalidSpec", &msg, g, p.now.clone());
     set_condition(&mut st.conditions, READY, false, "InvalidSpec", msg, g, p.now.clone());
     plan.statuses.insert(name, st);
@@ -128,7 +138,8 @@ fn conflicts(p: &Pass<'_>, q: &TenantGpuQuota, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// Applies the quota's share in each namespace it alone claims and that exists; returns the
+/// Applies the quota's share in each namespace it lists that exists, also where another quota
+/// claims it (both ResourceQuotas apply, so the stricter holds: [`super::conflicts`]); returns the
 /// usage summed over them, why a share could not go under its usual name, and where a share is
 /// cut while the other allocation path still holds devices ([`super::claims::reduce_for_other_path`]).
 fn enforce(
@@ -142,11 +153,6 @@ fn enforce(
     let mut used_total: BTreeMap<String, i64> = BTreeMap::new();
     let (mut taken, mut reduced): (Vec<String>, Vec<String>) = Default::default();
     for (ns, share) in shares(&q.spec) {
-        if p.claimed_twice(&ns) {
-            // A GitOps typo in another quota must not lift this tenant's limits.
-            p.keep_enforced(q, &ns, wanted);
-            continue;
-        }
         if !p.existing_namespaces.contains(&ns) {
             continue;
         }
@@ -174,7 +180,13 @@ fn enforce(
 
 /// The name of the quota's ResourceQuota in `ns`: [`resource_quota_name`], or the fallback when
 /// a ResourceQuota the quota does not own holds it (said in `taken`); `None` when both do.
-fn rq_name(p: &Pass<'_>, q: &TenantGpuQuota, name: &str, ns: &str, taken: &mut Vec<String>) -> Option<String> {
+pub(super) fn rq_name(
+    p: &Pass<'_>,
+    q: &TenantGpuQuota,
+    name: &str,
+    ns: &str,
+    taken: &mut Vec<String>,
+) -> Option<String> {
     let primary = resource_quota_name(name);
     let fallback = fallback_resource_quota_name(name, q.metadata.uid.as_deref().unwrap_or_default());
     // A ResourceQuota this quota does not own is never overwritten (a force-apply would
@@ -239,8 +251,9 @@ fn set_conflict_and_stalled(
         remove_condition(&mut st.conditions, CONFLICT);
     } else {
         let msg = format!(
-            "namespace(s) claimed by more than one quota keep the limits enforced before, and no change is \
-             applied there until one quota lets go: {}",
+            "namespace(s) claimed by more than one quota: each quota applies its own ResourceQuota there (0 \
+             for every GPU resource from one that is invalid) and the API server enforces both, so per \
+             resource the stricter limit holds, and no GPU class is open to claims, until one quota lets go: {}",
             conflicts.join("; ")
         );
         set_condition(&mut st.conditions, CONFLICT, true, "NamespaceClaimedTwice", &msg, g, t());

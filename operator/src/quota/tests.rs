@@ -161,11 +161,12 @@ fn the_shortfall_metric_is_what_the_capacity_condition_names() {
 }
 
 #[test]
-fn a_namespace_claimed_twice_is_a_conflict_on_both_and_left_alone() {
+fn a_namespace_claimed_twice_is_a_conflict_on_both_and_each_writes_its_own_share() {
     let a = quota("a", json!({"namespaces": ["shared", "a"], "hard": {"nvidia.com/gpu": 2}}));
     let b = quota("b", json!({"namespaces": ["shared"], "hard": {"nvidia.com/gpu": 1}}));
     let p = plan_quotas(&[a, b], &ns(&["shared", "a"]), &[], &[], now());
-    assert!(p.apply.iter().all(|a| a.namespace != "shared"));
+    let shared: Vec<_> = p.apply.iter().filter(|a| a.namespace == "shared").map(|a| a.name.as_str()).collect();
+    assert_eq!(shared, ["tessera-a", "tessera-b"], "each its own (the stricter holds): {:?}", p.apply);
     assert!(p.apply.iter().any(|a| a.namespace == "a" && a.quota == "a"));
     for q in ["a", "b"] {
         assert_eq!(cond(&p.statuses[q], CONFLICT).status, "True");
@@ -255,11 +256,13 @@ fn a_namespace_claimed_twice_keeps_the_limits_enforced_there() {
     let b = quota("b", json!({"namespaces": ["x", "y"], "hard": {"nvidia.com/mig-1g.10gb": 2}}));
     let p = plan_quotas(&[a, b], &ns(&["x", "y"]), &[ours("a", "x", "2")], &[], now());
     assert!(p.delete.is_empty(), "the enforced ResourceQuota stays: {:?}", p.delete);
-    assert!(p.apply.iter().all(|a| a.namespace != "x"), "nothing new is applied in x: {:?}", p.apply);
+    let x = |q: &str| p.apply.iter().find(|a| a.namespace == "x" && a.quota == q).map(|a| a.hard.clone());
+    assert_eq!(x("a").expect("a's own")["requests.nvidia.com/mig-1g.10gb"], "4");
+    assert_eq!(x("b").expect("b's own")["requests.nvidia.com/mig-1g.10gb"], "1");
     assert!(p.apply.iter().any(|a| a.namespace == "y" && a.quota == "b"), "b's other namespace is still managed");
     for q in ["a", "b"] {
         let c = cond(&p.statuses[q], CONFLICT);
-        assert!(c.message.contains("keep the limits enforced before"), "{}", c.message);
+        assert!(c.message.contains("the stricter limit holds"), "{}", c.message);
         assert_eq!(cond(&p.statuses[q], STALLED).reason, "Conflict");
     }
 }

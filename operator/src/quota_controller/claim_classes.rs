@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::api::{Api, Patch, PatchParams};
@@ -14,6 +14,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::QuotaController;
+use super::policy_check::{NOT_ENFORCING, policy_problems};
 use crate::controller::MANAGER;
 use crate::quota::QuotaPlan;
 use crate::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem, spec_matches};
@@ -70,26 +71,44 @@ impl QuotaController {
 }
 
 impl QuotaController {
-    /// Reads the claim-class policy's binding: `Some(problem)` ([`binding_problem`]), or `None`
-    /// where it cannot be read (no RBAC for `validatingadmissionpolicybindings`: not checked).
-    /// A problem is logged when it changes and counted every pass (`claim_policy_binding`).
-    pub(super) async fn check_binding(&self) -> Option<Option<String>> {
+    /// Reads the claim-class policy's binding and the policy: `Some((reason, problem))`
+    /// ([`binding_problem`]: `ParamsNotRead`; [`policy_problems`]: `PolicyNotEnforcing`), or
+    /// `None` where either cannot be read (no RBAC for them: not checked). Read every pass, so
+    /// an edit is seen within one. A problem is logged when it changes and counted every pass
+    /// (`claim_policy_binding`).
+    pub(super) async fn check_binding(&self) -> Option<Option<(&'static str, String)>> {
         let api = Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone());
-        let found = match api.get_opt(POLICY_PARAMS).await {
-            Ok(b) => binding_problem(b.as_ref(), &self.namespace),
+        let binding = match api.get_opt(POLICY_PARAMS).await {
+            Ok(b) => b,
             Err(e) => {
                 debug!(error = %e, "could not read the claim-class policy binding; not checked");
                 return None;
             }
         };
+        let found = match (binding_problem(binding.as_ref(), &self.namespace), binding) {
+            (Some(problem), _) => Some(("ParamsNotRead", problem)),
+            (None, None) => None, // `binding_problem` names a missing binding
+            (None, Some(binding)) => {
+                let api = Api::<ValidatingAdmissionPolicy>::all(self.client.clone());
+                let policy = match api.get_opt(POLICY_PARAMS).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        debug!(error = %e, "could not read the claim-class policy; not checked");
+                        return None;
+                    }
+                };
+                let problems = policy_problems(policy.as_ref(), &binding);
+                (!problems.is_empty()).then(|| (NOT_ENFORCING, problems.join("; ")))
+            }
+        };
         let mut last = self.binding_problem.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = &found {
+        if let Some((_, p)) = &found {
             self.metrics.error("claim_policy_binding");
             if last.as_ref() != Some(p) {
-                warn!(problem = %p, "the claim-class policy does not read the operator's params");
+                warn!(problem = %p, "the claim-class policy does not enforce the operator's params");
             }
         }
-        *last = found.clone();
+        *last = found.as_ref().map(|(_, p)| p.clone());
         Some(found)
     }
 }

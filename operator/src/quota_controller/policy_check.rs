@@ -1,0 +1,173 @@
+//! Whether the claim-class policy (`tessera-claim-classes`) still enforces what it ships with.
+//! Its binding reading the operator's params is not enough (`quota::claims::binding_problem`):
+//! an edited policy (`failurePolicy: Ignore`, a narrower match, a rewritten CEL rule) or binding
+//! (Warn-only actions, a `matchResources`) lets every class through while the params are read.
+//! The parts that decide enforcement are compared with the manifest compiled in
+//! (`config/rbac/claim-classes.yaml`; the chart ships the same policy).
+
+use std::sync::LazyLock;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchResources, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::quota::claims::POLICY_PARAMS;
+
+/// The condition reason for a policy or binding that would not refuse a closed class.
+pub(crate) const NOT_ENFORCING: &str = "PolicyNotEnforcing";
+
+/// The shipped manifest's policy; `None` only if it cannot be read (a test proves it can).
+static SHIPPED: LazyLock<Option<ValidatingAdmissionPolicy>> = LazyLock::new(|| {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(include_str!("../../../config/rbac/claim-classes.yaml")).ok()?;
+    let doc = docs.into_iter().find(|d| d["kind"] == "ValidatingAdmissionPolicy")?;
+    serde_json::from_value(doc).ok()
+});
+
+/// What keeps the policy from refusing claims of closed classes, each naming the field and how
+/// it differs; empty when it enforces. `policy` is `None` when it does not exist.
+pub(crate) fn policy_problems(
+    policy: Option<&ValidatingAdmissionPolicy>,
+    binding: &ValidatingAdmissionPolicyBinding,
+) -> Vec<String> {
+    let b = |what: String| format!("ValidatingAdmissionPolicyBinding {POLICY_PARAMS}: {what}");
+    let mut out: Vec<String> = binding_enforces(binding).into_iter().map(b).collect();
+    let Some(policy) = policy else {
+        out.push(format!(
+            "ValidatingAdmissionPolicy {POLICY_PARAMS} not found: nothing refuses claims of a DeviceClass created \
+             between two quota passes (install config/rbac/claim-classes.yaml or the chart)"
+        ));
+        return out;
+    };
+    let p = |what: String| {
+        format!(
+            "ValidatingAdmissionPolicy {POLICY_PARAMS}: {what}; claims of closed classes may be admitted \
+             (re-apply config/rbac/claim-classes.yaml or the chart)"
+        )
+    };
+    out.extend(policy_enforces(policy).into_iter().map(p));
+    out
+}
+
+/// The binding's part: it names the policy, denies, and narrows nothing.
+fn binding_enforces(binding: &ValidatingAdmissionPolicyBinding) -> Vec<String> {
+    let mut out = Vec::new();
+    let spec = &binding.spec;
+    if spec.policy_name != POLICY_PARAMS {
+        out.push(format!("spec.policyName is {}, not {POLICY_PARAMS}", spec.policy_name));
+    }
+    let actions = &spec.validation_actions;
+    if !actions.iter().any(|a| a == "Deny") {
+        out.push(format!("spec.validationActions is {actions:?}: without Deny nothing is refused"));
+    }
+    if let Some(m) = &spec.match_resources {
+        out.extend(narrows(m, "spec.matchResources"));
+        if !m.resource_rules.as_ref().is_none_or(Vec::is_empty) {
+            out.push("spec.matchResources.resourceRules is set: it narrows what the policy checks".into());
+        }
+    }
+    out
+}
+
+/// The policy's part: `failurePolicy: Fail`, a match covering every claim and template write,
+/// and the shipped params, conditions, variables and validations.
+fn policy_enforces(policy: &ValidatingAdmissionPolicy) -> Vec<String> {
+    let Some(spec) = policy.spec.as_ref() else { return vec!["spec is unset".into()] };
+    let mut out = Vec::new();
+    if let Some(f) = spec.failure_policy.as_deref().filter(|f| *f != "Fail") {
+        out.push(format!("spec.failurePolicy is {f}: a policy error admits the claim (must be Fail)"));
+    }
+    match &spec.match_constraints {
+        None => out.push("spec.matchConstraints is unset".into()),
+        Some(m) => {
+            out.extend(narrows(m, "spec.matchConstraints"));
+            if let Some(mp) = m.match_policy.as_deref().filter(|mp| *mp != "Equivalent") {
+                out.push(format!(
+                    "spec.matchConstraints.matchPolicy is {mp}: claims through other versions are not checked"
+                ));
+            }
+            let uncovered: Vec<String> = ["resourceclaims", "resourceclaimtemplates"]
+                .iter()
+                .flat_map(|r| ["CREATE", "UPDATE"].map(|op| (*r, op)))
+                .filter(|(r, op)| !covers(m, r, op))
+                .map(|(r, op)| format!("{op} of {r}"))
+                .collect();
+            if !uncovered.is_empty() {
+                out.push(format!(
+                    "spec.matchConstraints.resourceRules do not cover {} (resource.k8s.io/v1)",
+                    uncovered.join(", ")
+                ));
+            }
+        }
+    }
+    let Some(want) = SHIPPED.as_ref().and_then(|s| s.spec.as_ref()) else {
+        out.push("the shipped manifest could not be read to compare with".into());
+        return out;
+    };
+    out.extend(differs("spec.paramKind", &spec.param_kind, &want.param_kind));
+    out.extend(differs("spec.matchConditions", &spec.match_conditions, &want.match_conditions));
+    out.extend(differs("spec.variables", &spec.variables, &want.variables));
+    out.extend(differs("spec.validations", &spec.validations, &want.validations));
+    out
+}
+
+/// A selector or exclusion that leaves some namespaces or objects unchecked.
+fn narrows(m: &MatchResources, at: &str) -> Vec<String> {
+    let set = |s: &Option<LabelSelector>| {
+        s.as_ref().is_some_and(|s| {
+            !s.match_labels.as_ref().is_none_or(|l| l.is_empty())
+                || !s.match_expressions.as_ref().is_none_or(Vec::is_empty)
+        })
+    };
+    let mut out = Vec::new();
+    if set(&m.namespace_selector) {
+        out.push(format!("{at}.namespaceSelector is set: namespaces it does not select are not checked"));
+    }
+    if set(&m.object_selector) {
+        out.push(format!("{at}.objectSelector is set: objects it does not select are not checked"));
+    }
+    if !m.exclude_resource_rules.as_ref().is_none_or(Vec::is_empty) {
+        out.push(format!("{at}.excludeResourceRules is set: what it names is not checked"));
+    }
+    out
+}
+
+/// Whether a rule of `m` matches every `op` of `resource` in `resource.k8s.io/v1`.
+fn covers(m: &MatchResources, resource: &str, op: &str) -> bool {
+    let has = |list: &Option<Vec<String>>, v: &str| list.iter().flatten().any(|x| x == v || x == "*");
+    m.resource_rules.iter().flatten().any(|r| {
+        has(&r.api_groups, "resource.k8s.io")
+            && has(&r.api_versions, "v1")
+            && has(&r.operations, op)
+            && has(&r.resources, resource)
+            && r.resource_names.as_ref().is_none_or(Vec::is_empty)
+            && r.scope.as_deref().is_none_or(|s| s == "*" || s == "Namespaced")
+    })
+}
+
+/// `field` compared with the shipped value: `None` when equal, else which part differs (the
+/// first differing entry of a list, by index and name).
+fn differs<T: Serialize>(field: &str, have: &T, want: &T) -> Option<String> {
+    let (have, want) = (serde_json::to_value(have).ok()?, serde_json::to_value(want).ok()?);
+    if have == want {
+        return None;
+    }
+    let shipped = "differs from the shipped manifest";
+    let (Value::Array(h), Value::Array(w)) = (&have, &want) else {
+        return Some(format!("{field} {shipped}"));
+    };
+    let Some(i) = (0..h.len().max(w.len())).find(|i| h.get(*i) != w.get(*i)) else {
+        return Some(format!("{field} {shipped}"));
+    };
+    let name = h.get(i).or(w.get(i)).and_then(|e| e["name"].as_str()).map(|n| format!(" ({n})")).unwrap_or_default();
+    Some(match (h.get(i), w.get(i)) {
+        (None, _) => format!("{field}[{i}]{name} is missing ({} entries, shipped {})", h.len(), w.len()),
+        (_, None) => format!("{field}[{i}]{name} is not in the shipped manifest"),
+        _ => format!("{field}[{i}]{name} {shipped}"),
+    })
+}
+
+#[cfg(test)]
+mod tests;

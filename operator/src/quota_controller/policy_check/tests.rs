@@ -1,0 +1,204 @@
+use serde_json::{Value, json};
+use tessera_crds::TenantGpuQuota;
+use tessera_crds::conditions::find;
+
+use crate::quota::tests::{Requests, store_of};
+use crate::quota_controller::QuotaController;
+
+/// The shipped claim-class manifest's documents, by kind.
+fn shipped(kind: &str) -> Value {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(include_str!("../../../../config/rbac/claim-classes.yaml")).unwrap();
+    docs.into_iter().find(|d| d["kind"] == kind).unwrap()
+}
+
+const POLICY_PATH: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/tessera-claim-classes";
+const BINDING_PATH: &str =
+    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/tessera-claim-classes";
+
+/// An API server that answers the binding and the policy with what is in `objects` (a 404 where
+/// `None`) and accepts every write, recording each request.
+fn api(objects: std::sync::Arc<std::sync::Mutex<(Option<Value>, Option<Value>)>>) -> (kube::Client, Requests) {
+    let requests = Requests::default();
+    let seen = requests.clone();
+    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let (seen, objects) = (seen.clone(), objects.clone());
+        async move {
+            let (parts, body) = req.into_parts();
+            let body: Value = serde_json::from_slice(&body.collect_bytes().await.unwrap()).unwrap_or_default();
+            let (method, path) = (parts.method.to_string(), parts.uri.path().to_string());
+            seen.lock().unwrap().push((method.clone(), path.clone(), body.clone()));
+            let (binding, policy) = objects.lock().unwrap().clone();
+            let not_found = json!({"kind": "Status", "apiVersion": "v1", "code": 404, "reason": "NotFound"});
+            let found = |o: Option<Value>| o.map_or((404, not_found.clone()), |o| (200, o));
+            let (code, answer) = match (method.as_str(), path.as_str()) {
+                ("GET", BINDING_PATH) => found(binding),
+                ("GET", POLICY_PATH) => found(policy),
+                (_, p) if p.ends_with("/status") => (
+                    200,
+                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+                           "metadata": {"name": "q"}, "spec": {"namespaces": [], "hard": {}}}),
+                ),
+                _ => (200, body),
+            };
+            let bytes = serde_json::to_vec(&answer).unwrap();
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder().status(code).body(kube::client::Body::from(bytes)).unwrap(),
+            )
+        }
+    });
+    (kube::Client::new(service, "default"), requests)
+}
+
+/// `ClaimPolicyBound` as the last status write of the quota says it.
+fn last_condition(requests: &Requests) -> (String, String, String) {
+    let requests = requests.lock().unwrap();
+    let path = "/apis/tessera.dev/v1alpha1/tenantgpuquotas/team-b/status";
+    let (_, _, body) = requests.iter().rev().find(|(m, p, _)| m == "PATCH" && p == path).expect("status written");
+    let st: tessera_crds::quota::TenantGpuQuotaStatus = serde_json::from_value(body["status"].clone()).unwrap();
+    let c = find(&st.conditions, "ClaimPolicyBound").expect("ClaimPolicyBound").clone();
+    (c.status, c.reason, c.message)
+}
+
+/// Known gap, now closed: the policy itself edited (`failurePolicy: Ignore`) while its binding
+/// still reads our params left `ClaimPolicyBound=True`. The controller reads the policy each
+/// pass, so the edit is named, and putting it back turns the condition True again.
+#[tokio::test]
+async fn an_edited_claim_policy_is_reported_each_pass_and_cleared_when_restored() {
+    let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "team-b", "uid": "uid-b", "generation": 1},
+        "spec": {"namespaces": ["b"], "hard": {"nvidia.com/mig-1g.10gb": 3}, "allocation": "ResourceClaims"}}))
+    .unwrap();
+    let mut ignoring = shipped("ValidatingAdmissionPolicy");
+    ignoring["spec"]["failurePolicy"] = json!("Ignore");
+    let objects =
+        std::sync::Arc::new(std::sync::Mutex::new((Some(shipped("ValidatingAdmissionPolicyBinding")), Some(ignoring))));
+    let (client, requests) = api(objects.clone());
+    let c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![]));
+    let _ = c.reconcile().await;
+    let (status, reason, message) = last_condition(&requests);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "PolicyNotEnforcing"), "{message}");
+    assert!(message.contains("spec.failurePolicy is Ignore"), "{message}");
+
+    objects.lock().unwrap().1 = Some(shipped("ValidatingAdmissionPolicy"));
+    let _ = c.reconcile().await;
+    let (status, reason, message) = last_condition(&requests);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Bound"), "{message}");
+
+    objects.lock().unwrap().1 = None;
+    let _ = c.reconcile().await;
+    let (status, _, message) = last_condition(&requests);
+    assert_eq!(status, "False");
+    assert!(message.contains("ValidatingAdmissionPolicy tessera-claim-classes not found"), "{message}");
+}
+
+fn policy(v: Value) -> k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy {
+    serde_json::from_value(v).unwrap()
+}
+
+fn binding(v: Value) -> k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding {
+    serde_json::from_value(v).unwrap()
+}
+
+/// The shipped policy and binding, and the chart's policy, enforce; a cluster's defaults (empty
+/// selectors, `scope: "*"`) change nothing.
+#[test]
+fn the_shipped_policy_enforces_as_the_api_server_returns_it() {
+    let (p, b) = (shipped("ValidatingAdmissionPolicy"), shipped("ValidatingAdmissionPolicyBinding"));
+    assert_eq!(super::policy_problems(Some(&policy(p.clone())), &binding(b.clone())), Vec::<String>::new());
+    let mut defaulted = p.clone();
+    defaulted["spec"]["matchConstraints"]["namespaceSelector"] = json!({});
+    defaulted["spec"]["matchConstraints"]["objectSelector"] = json!({});
+    defaulted["spec"]["matchConstraints"]["resourceRules"][0]["scope"] = json!("*");
+    assert_eq!(super::policy_problems(Some(&policy(defaulted)), &binding(b)), Vec::<String>::new());
+    // The chart ships the same policy (its first document; the binding's namespace is templated).
+    let chart = include_str!("../../../../config/helm/tessera/templates/claim-classes.yaml");
+    let first = chart.split("\n---\n").next().unwrap();
+    let chart_policy: Value = serde_saphyr::from_str(first).unwrap();
+    assert_eq!(chart_policy, p, "the chart's policy is the kustomize one");
+}
+
+/// Each edit that stops the policy from refusing a closed class is named by its field.
+#[test]
+fn each_edit_that_stops_the_policy_enforcing_is_named_by_its_field() {
+    type Edit = fn(&mut Value, &mut Value);
+    let cases: &[(&str, Edit, &str)] = &[
+        ("failurePolicy Ignore", |p, _| p["spec"]["failurePolicy"] = json!("Ignore"), "spec.failurePolicy is Ignore"),
+        (
+            "Warn only",
+            |_, b| b["spec"]["validationActions"] = json!(["Warn", "Audit"]),
+            "spec.validationActions is [\"Warn\", \"Audit\"]",
+        ),
+        ("another policy", |_, b| b["spec"]["policyName"] = json!("other"), "spec.policyName is other"),
+        (
+            "binding narrowed",
+            |_, b| b["spec"]["matchResources"] = json!({"namespaceSelector": {"matchLabels": {"x": "y"}}}),
+            "spec.matchResources.namespaceSelector is set",
+        ),
+        (
+            "templates dropped",
+            |p, _| p["spec"]["matchConstraints"]["resourceRules"][0]["resources"] = json!(["resourceclaims"]),
+            "do not cover CREATE of resourceclaimtemplates, UPDATE of resourceclaimtemplates",
+        ),
+        (
+            "updates dropped",
+            |p, _| p["spec"]["matchConstraints"]["resourceRules"][0]["operations"] = json!(["CREATE"]),
+            "do not cover UPDATE of resourceclaims, UPDATE of resourceclaimtemplates",
+        ),
+        (
+            "one claim name only",
+            |p, _| p["spec"]["matchConstraints"]["resourceRules"][0]["resourceNames"] = json!(["x"]),
+            "do not cover CREATE of resourceclaims, UPDATE of resourceclaims, CREATE of",
+        ),
+        (
+            "excluded",
+            |p, _| {
+                p["spec"]["matchConstraints"]["excludeResourceRules"] =
+                    p["spec"]["matchConstraints"]["resourceRules"].clone()
+            },
+            "spec.matchConstraints.excludeResourceRules is set",
+        ),
+        (
+            "exact versions",
+            |p, _| p["spec"]["matchConstraints"]["matchPolicy"] = json!("Exact"),
+            "matchPolicy is Exact",
+        ),
+        (
+            "validation rewritten",
+            |p, _| p["spec"]["validations"][0]["expression"] = json!("true"),
+            "spec.validations[0] differs",
+        ),
+        (
+            "validation dropped",
+            |p, _| {
+                p["spec"]["validations"].as_array_mut().unwrap().pop();
+            },
+            "spec.validations[1] is missing",
+        ),
+        (
+            "variable rewritten",
+            |p, _| p["spec"]["variables"][4]["expression"] = json!("['mig.nvidia.com']"),
+            "spec.variables[4] (allowed) differs",
+        ),
+        (
+            "condition added",
+            |p, _| {
+                p["spec"]["matchConditions"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "never", "expression": "false"}))
+            },
+            "spec.matchConditions[1] (never) is not in the shipped manifest",
+        ),
+        ("params of another kind", |p, _| p["spec"]["paramKind"]["kind"] = json!("Secret"), "spec.paramKind differs"),
+    ];
+    for (what, edit, want) in cases {
+        let (mut p, mut b) = (shipped("ValidatingAdmissionPolicy"), shipped("ValidatingAdmissionPolicyBinding"));
+        edit(&mut p, &mut b);
+        let problems = super::policy_problems(Some(&policy(p)), &binding(b));
+        assert_eq!(problems.len(), 1, "{what}: {problems:?}");
+        assert!(problems[0].contains(want), "{what}: {problems:?}");
+    }
+    let missing = super::policy_problems(None, &binding(shipped("ValidatingAdmissionPolicyBinding")));
+    assert!(missing[0].contains("ValidatingAdmissionPolicy tessera-claim-classes not found"), "{missing:?}");
+}

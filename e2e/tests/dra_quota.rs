@@ -107,6 +107,14 @@ async fn a_claim_of_a_gpu_reaching_class_is_refused_in_a_tenant_namespace_naming
     quotas.create(&PostParams::default(), &quota("team-a", spec)).await.unwrap();
     wait_policy(&admin, "team-a", "mig.nvidia.com").await;
     wait_key(&admin, "team-a", "team-a", &format!("mig.nvidia.com{DEV}"), "0").await;
+    // The policy as the API server stores it (defaults filled in, CEL as parsed) is the shipped one.
+    let bound = wait_for("ClaimPolicyBound on team-a", T, || async {
+        let st = quotas.get("team-a").await.ok()?.status?;
+        st.conditions.into_iter().find(|c| c.type_ == "ClaimPolicyBound")
+    })
+    .await
+    .unwrap();
+    assert_eq!((bound.status.as_str(), bound.reason.as_str()), ("True", "Bound"), "{}", bound.message);
 
     let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "team-a");
     let err = claims

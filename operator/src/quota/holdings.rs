@@ -110,6 +110,11 @@ fn shown(status: Option<&ResourceQuotaStatus>, key: &str) -> Option<i64> {
     s.used.as_ref()?.get(key)?.0.parse().ok()
 }
 
+/// The limit `status.hard` enforces for `key`.
+fn shown_hard(status: Option<&ResourceQuotaStatus>, key: &str) -> Option<i64> {
+    status?.hard.as_ref()?.get(key)?.0.parse().ok()
+}
+
 /// Lowers the planned limits so the tenant stays within `hard` ([`spread`]), and counts what
 /// each namespace holds through other GPU classes (`held`) in its usage and against its share:
 /// the key this quota's path limits gets the namespace's limit less what the other paths and
@@ -141,9 +146,13 @@ pub fn bound(mode: AllocationPath, planned: &mut [Planned<'_>], held: &Held) -> 
             let here = held.get(&p.ns);
             let elsewhere = here.and_then(|h| h.get(&Some(res.clone()))).copied().unwrap_or(0)
                 + here.and_then(|h| h.get(&None)).copied().unwrap_or(0);
+            // The other path counts once `status.hard` holds it at no more than planned (as the
+            // switched path reads it): until then it may still grow.
             let mut inactive = Some(0);
-            for k in keys.iter().filter(|k| **k != active && p.hard.contains_key(*k)) {
-                inactive = inactive.zip(shown(p.status, k)).map(|(a, b)| a + b);
+            for k in keys.iter().filter(|k| **k != active) {
+                let Some(planned) = p.hard.get(k).and_then(|v| v.parse::<i64>().ok()) else { continue };
+                let settled = shown_hard(p.status, k).is_some_and(|h| h <= planned);
+                inactive = inactive.zip(shown(p.status, k).filter(|_| settled)).map(|(a, b)| a + b);
             }
             let own = if p.hard.contains_key(&active) { shown(p.status, &active) } else { Some(0) };
             let used = own.zip(inactive).map(|(a, b)| a + b + elsewhere);

@@ -270,3 +270,17 @@ fn devices_allocated_through_classes_other_than_ours_are_counted_by_what_they_ar
     let h = held_elsewhere(&claims, &[slice()], &GpuDrivers::default());
     assert_eq!(h, held(&[("a", Some(MIG), 1), ("a", Some("nvidia.com/gpu"), 1), ("a", None, 1), ("b", Some(MIG), 1)]));
 }
+
+/// Right after a switch of `allocation` the old path's key is still enforced above 0 in `a`
+/// (`status.hard` not synced yet): it may still grow there, so `a`'s usage is not known yet and
+/// nothing new is admitted in `b` either (before this, `b` got its whole share).
+#[test]
+fn a_namespace_whose_old_path_is_still_enforced_counts_as_unknown() {
+    let q = quota("team-a", json!({"namespaces": ["a", "b"], "hard": {MIG: 4}, "allocation": "ResourceClaims"}));
+    let rqs = [
+        synced("team-a", "a", &[(KEY, 0), (REQ, 2)], &[(KEY, 0), (REQ, 1)]),
+        synced("team-a", "b", &[(KEY, 2), (REQ, 0)], &[(KEY, 1), (REQ, 0)]),
+    ];
+    let p = plan(&[q], &["a", "b"], &rqs, Held::new());
+    assert_eq!((limit(&p, "a", KEY), limit(&p, "b", KEY)), ("0".into(), "1".into()));
+}

@@ -218,6 +218,8 @@ pub struct QuotaPlan {
 pub struct Dra {
     pub classes: claims::ClassView,
     pub drivers: crate::dra::GpuDrivers,
+    /// Devices tenant namespaces hold through GPU classes that are not Tessera's (the claim cache).
+    pub held: holdings::Held,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -279,8 +281,9 @@ pub fn plan_quotas_dra(
     let short = coverage::shortfall(&demand, &capacity.supply);
     let resources = gpu_resources(&capacity.supply);
     let mut plan = QuotaPlan::default();
-    let classes = &dra.classes;
-    let pass = steps::Pass { existing_namespaces, resource_quotas, claims, capacity, classes, demand, short, now };
+    let (classes, held) = (&dra.classes, &dra.held);
+    let pass =
+        steps::Pass { existing_namespaces, resource_quotas, claims, capacity, classes, held, demand, short, now };
     let mut wanted = steps::Wanted::new();
     let valid: Vec<&TenantGpuQuota> =
         live.iter().copied().filter(|q| !steps::invalid(&pass, q, &mut plan, &mut wanted)).collect();
@@ -339,6 +342,7 @@ fn used_raw(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64
 
 pub mod claims;
 mod conflicts;
+pub mod holdings;
 mod steps;
 
 #[cfg(test)]

@@ -209,8 +209,17 @@ impl QuotaController {
         let capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g).chain(&stand_ins));
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let classes = self.classes.state();
-        let dra =
-            Dra { classes: ClassView::of(classes.iter().map(|c| &**c), &self.drivers), drivers: self.drivers.clone() };
+        // Devices held through classes other than Tessera's: none known without the claim cache.
+        let held = self.claims.get().map_or_else(Default::default, |c| {
+            let slices = self.dra.get().map(|d| d.slices()).unwrap_or_default();
+            crate::quota::holdings::held_elsewhere(
+                c.claims().iter().map(|c| &**c),
+                slices.iter().map(|s| &**s),
+                &self.drivers,
+            )
+        });
+        let view = ClassView::of(classes.iter().map(|c| &**c), &self.drivers);
+        let dra = Dra { classes: view, drivers: self.drivers.clone(), held };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.

@@ -57,6 +57,11 @@ impl ClaimCache {
         let _ = self.store.wait_until_ready().await;
     }
 
+    /// The claims as the cache holds them now (trimmed: [`trim_claim`]).
+    pub fn claims(&self) -> Vec<std::sync::Arc<ResourceClaim>> {
+        self.store.state()
+    }
+
     /// The claims as the cache holds them now, reduced to what GPU use needs.
     pub fn index(&self) -> ClaimIndex {
         let claims = self.store.state();
@@ -90,11 +95,26 @@ where
     writer.apply_watcher_event(&watcher::Event::InitDone);
 }
 
-/// Keeps what [`ClaimIndex`] reads (the name and the allocation's results): the spec, the
-/// per-device status and `reservedFor` are most of a claim and never read here.
+/// Keeps what [`ClaimIndex`] reads (the name and the allocation's results) and each request's
+/// class (the quotas count devices allocated through classes other than Tessera's:
+/// `quota::holdings`): selectors, configs, constraints, the per-device status and `reservedFor`
+/// are most of a claim and never read here.
 pub fn trim_claim(claim: &mut ResourceClaim) {
     super::trim_metadata(claim);
-    claim.spec = None;
+    if let Some(devices) = claim.spec.as_mut().and_then(|s| s.devices.as_mut()) {
+        devices.config = None;
+        devices.constraints = None;
+        for r in devices.requests.iter_mut().flatten() {
+            if let Some(e) = r.exactly.as_mut() {
+                e.selectors = None;
+                e.tolerations = None;
+            }
+            for f in r.first_available.iter_mut().flatten() {
+                f.selectors = None;
+                f.tolerations = None;
+            }
+        }
+    }
     if let Some(status) = claim.status.as_mut() {
         status.devices = None;
         status.reserved_for = None;
@@ -179,7 +199,9 @@ mod tests {
     fn a_trimmed_claim_keeps_what_gpu_use_reads() {
         let mut c = claim("c1");
         trim_claim(&mut c);
-        assert!(c.spec.is_none());
+        let requests = c.spec.as_ref().and_then(|s| s.devices.as_ref()).and_then(|d| d.requests.as_ref()).unwrap();
+        let class = requests[0].exactly.as_ref().map(|e| e.device_class_name.as_str());
+        assert_eq!(class, Some("mig.nvidia.com"), "the request's class stays for the quotas");
         let status = c.status.as_ref().unwrap();
         assert!(status.devices.is_none() && status.reserved_for.is_none() && c.metadata.managed_fields.is_none());
         let index = ClaimIndex::new([&c], &GpuDrivers::default());

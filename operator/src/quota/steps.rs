@@ -26,6 +26,8 @@ pub(super) struct Pass<'p> {
     pub capacity: &'p Capacity,
     /// The cluster's DeviceClasses, for the claim keys.
     pub classes: &'p super::claims::ClassView,
+    /// Devices the namespaces hold through GPU classes that are not Tessera's.
+    pub held: &'p super::holdings::Held,
     /// What every quota asks for, and how much of it the fleet does not supply.
     pub demand: BTreeMap<String, i64>,
     pub short: BTreeMap<String, i64>,
@@ -152,6 +154,7 @@ fn enforce(
 ) -> (BTreeMap<String, i64>, Vec<String>, Vec<String>) {
     let mut used_total: BTreeMap<String, i64> = BTreeMap::new();
     let (mut taken, mut reduced): (Vec<String>, Vec<String>) = Default::default();
+    let (mut planned, mut rq_names) = (Vec::new(), Vec::new());
     for (ns, share) in shares(&q.spec) {
         if !p.existing_namespaces.contains(&ns) {
             continue;
@@ -168,12 +171,19 @@ fn enforce(
         let cut = super::claims::reduce_for_other_path(q.spec.allocation, &share, status, p.classes, &mut hard);
         reduced.extend(cut.into_iter().map(|c| format!("namespace {ns}: {c}")));
         let used = used_in(p.resource_quotas, &ns, &rq_name);
-        plan.apply.push(Apply { namespace: ns.clone(), quota: name.to_string(), name: rq_name.clone(), hard });
+        planned.push(super::holdings::Planned { ns, share, status, hard, used });
+        rq_names.push(rq_name);
+    }
+    // Across namespaces: what one holds above its share comes off the others' limits.
+    reduced.extend(super::holdings::bound(q.spec.allocation, &mut planned, p.held));
+    for (pl, rq_name) in planned.into_iter().zip(rq_names) {
+        let ns = pl.ns;
+        plan.apply.push(Apply { namespace: ns.clone(), quota: name.to_string(), name: rq_name.clone(), hard: pl.hard });
         wanted.insert((ns.clone(), rq_name));
-        for (r, n) in &used {
+        for (r, n) in &pl.used {
             *used_total.entry(r.clone()).or_default() += n;
         }
-        namespaces.push(NamespaceUsage { namespace: ns, hard: share, used });
+        namespaces.push(NamespaceUsage { namespace: ns, hard: pl.share, used: pl.used });
     }
     (used_total, taken, reduced)
 }

@@ -101,3 +101,24 @@ async fn a_failed_pod_list_is_not_retried_every_pass() {
     let lists = requests.lock().unwrap().iter().filter(|(m, p, _)| m == "GET" && p == "/api/v1/pods").count();
     assert_eq!(lists, 1, "the second pass waits out IDLE_REFRESH");
 }
+
+/// The pass reads the claim cache: a device `ml` holds through `mig.nvidia.com` (claimed before
+/// it joined) comes off the share its ResourceQuota is written with. No slice lists it, so it
+/// counts against every resource of the share.
+#[tokio::test]
+async fn devices_held_through_other_classes_come_off_the_written_share() {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let claim: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": "old", "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "r", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0-mig-9-0-4"}]}}}}))
+    .unwrap();
+    let (client, requests) = api(Some(json!([])));
+    let c = controller(client, None);
+    let _ = c.claims.set(crate::controller::claims::ClaimCache::of(store_of(vec![claim]), GpuDrivers::default()));
+    c.reconcile().await.unwrap();
+    let requests = requests.lock().unwrap();
+    let path = "/api/v1/namespaces/ml/resourcequotas/tessera-ml";
+    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
+    assert_eq!(body["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"], "1", "share 2 less the 1 held: {body}");
+}

@@ -206,6 +206,22 @@ pub struct TenantActivity {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("maxItems" = 20))]
     pub idle_holders: Vec<IdleSlice>,
+    /// Nodes holding its devices whose agents are not reporting (their heartbeat ran out): the
+    /// devices there count `unmeasured`, as the agent's last figures say nothing of now. At
+    /// most 20.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 20))]
+    pub not_reporting: Vec<AgentNotReporting>,
+}
+
+/// A node whose agent's activity figures were set aside.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentNotReporting {
+    pub node: String,
+    /// The agent's last heartbeat (its Lease's `renewTime`); absent when it never had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
 }
 
 /// One idle device and the pod holding it.

@@ -4,6 +4,7 @@
 //! since when each device has been idle, with the time passed in; [`write`] decides whether the
 //! summary in `GpuNode.status.activity` is worth an API write.
 
+pub mod backoff;
 pub mod bench;
 pub mod metrics;
 pub mod sample;

@@ -118,6 +118,8 @@ pub struct Context {
     pub(crate) claims: claims::ClaimCache,
     /// Agents' heartbeats as observed pass after pass.
     pub liveness: std::sync::Mutex<Liveness>,
+    /// The agents each pass judged not responding, for the idle report (`idle::stale`).
+    pub not_reporting: crate::idle::stale::Published,
     /// Each node's verdict of the last pass, reused while its inputs stay the same.
     carry: std::sync::Mutex<rollout::Carry>,
     /// Per draining node, the evictions of pods that came back to it (in memory only).
@@ -221,6 +223,7 @@ pub async fn start(
         quotas,
         claims,
         liveness: Default::default(),
+        not_reporting: Default::default(),
         carry: Default::default(),
         returns: Default::default(),
         not_before: Default::default(),

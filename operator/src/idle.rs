@@ -8,6 +8,8 @@
 //!   tenant's `idleAfter` (a notebook team and a batch team differ, so it is per quota).
 //! - A held device the agent did not measure (old agent, stale report) is neither active nor
 //!   idle: `unmeasured`, so a missing figure is never read as idleness.
+//! - A node whose agent is not reporting (its heartbeat Lease ran out) has its summary set
+//!   aside: its held devices count `unmeasured`, and the report says why (see [`stale`]).
 //! - Memory in use on a device no pod holds is listed as leaked, unattributed: once a pod ends,
 //!   no API object says which pod held a device-plugin device, so naming a tenant would be a guess.
 
@@ -19,10 +21,13 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde::Serialize;
 use tessera_crds::activity::{ActivitySource, DeviceActivity};
-use tessera_crds::quota::{IdleSlice, MAX_IDLE_HOLDERS, TenantActivity, parse_idle_after};
+use tessera_crds::quota::{AgentNotReporting, IdleSlice, MAX_IDLE_HOLDERS, TenantActivity, parse_idle_after};
 use tessera_crds::{GpuNode, TenantGpuQuota};
 
 use crate::cli::status::{FleetStatus, Holder};
+
+pub mod stale;
+use stale::{NotReporting, SetAside};
 
 /// The threshold when a quota sets none.
 pub const DEFAULT_IDLE_AFTER: SignedDuration = SignedDuration::from_secs(3600);
@@ -44,6 +49,9 @@ pub struct TenantUse {
     pub idle: i64,
     /// Held devices the agent reported no figure for.
     pub unmeasured: i64,
+    /// Nodes holding its devices whose agents are not reporting (see [`stale`]).
+    #[serde(skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub not_reporting: std::collections::BTreeSet<String>,
 }
 
 /// A held device idle beyond its tenant's threshold.
@@ -92,6 +100,9 @@ pub struct IdleReport {
     pub idle: Vec<IdleHolder>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub leaked: Vec<Leaked>,
+    /// Nodes whose agents are not reporting: their figures were not read.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_reporting: Vec<SetAside>,
 }
 
 /// Marks the devices of `report`'s idle holders on `status` (the placement it was computed
@@ -154,6 +165,13 @@ pub fn tenant_activity(report: &IdleReport, tenant: &str, threshold: SignedDurat
             exact: h.exact,
         })
         .collect();
+    let not_reporting = report
+        .not_reporting
+        .iter()
+        .filter(|s| u.not_reporting.contains(&s.node))
+        .take(MAX_IDLE_HOLDERS)
+        .map(|s| AgentNotReporting { node: s.node.clone(), since: s.since.map(Time) })
+        .collect();
     TenantActivity {
         idle_after: format_duration(threshold),
         allocated: u.allocated,
@@ -161,6 +179,7 @@ pub fn tenant_activity(report: &IdleReport, tenant: &str, threshold: SignedDurat
         idle: u.idle,
         unmeasured: u.unmeasured,
         idle_holders,
+        not_reporting,
     }
 }
 
@@ -189,12 +208,14 @@ struct Placed<'a> {
 }
 
 /// Pure: the report at `now`. `status` is `fleet_status_with`'s placement over the same
-/// `gpunodes`; `idle_after` maps tenants to thresholds (others get `DEFAULT_IDLE_AFTER`).
+/// `gpunodes`; `idle_after` maps tenants to thresholds (others get `DEFAULT_IDLE_AFTER`);
+/// `not_reporting` names the nodes whose agents' summaries are not to be read.
 pub fn idle_report(
     status: &FleetStatus,
     gpunodes: &[GpuNode],
     pods: &[Pod],
     idle_after: &BTreeMap<String, SignedDuration>,
+    not_reporting: &NotReporting,
     now: Timestamp,
 ) -> IdleReport {
     let virtual_of: BTreeMap<String, String> =
@@ -210,7 +231,10 @@ pub fn idle_report(
             .find(|g| g.name_any() == node.name)
             .and_then(|g| g.status.as_ref())
             .and_then(|s| s.activity.as_ref());
-        let devices = activity.map(|a| a.devices.as_slice()).unwrap_or_default();
+        let stale = not_reporting.get(&node.name);
+        // A dead agent's last summary says nothing of now: none of it is read.
+        let devices = activity.filter(|_| stale.is_none()).map(|a| a.devices.as_slice()).unwrap_or_default();
+        let mut held = 0;
         for p in placed(node) {
             let measured = devices.iter().find(|d| matches(d, &p));
             let Some(h) = p.holder else {
@@ -226,10 +250,14 @@ pub fn idle_report(
                 }
                 continue;
             };
+            held += 1;
             let tenant = h.tenant.clone().unwrap_or_default();
             let threshold = idle_after.get(&tenant).copied().unwrap_or(DEFAULT_IDLE_AFTER);
             let t = report.tenants.entry(tenant).or_default();
             t.allocated += 1;
+            if stale.is_some() {
+                t.not_reporting.insert(node.name.clone());
+            }
             // GPM with neither a share nor an idle time: no second sample yet (an agent just
             // started), or its calls fail: not measured, never "active".
             let unmeasured_gpm = |d: &&DeviceActivity| {
@@ -259,6 +287,9 @@ pub fn idle_report(
                     });
                 }
             }
+        }
+        if let Some(since) = stale.filter(|_| activity.is_some() || held > 0) {
+            report.not_reporting.push(SetAside { node: node.name.clone(), since: *since, held });
         }
     }
     report.idle.sort_by(|a, b| (a.idle_since, &a.pod, &a.node, a.gpu).cmp(&(b.idle_since, &b.pod, &b.node, b.gpu)));

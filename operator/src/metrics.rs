@@ -382,7 +382,10 @@ mod tests {
     /// Tenant `ml` holds two devices, one idle since 1000 s after the epoch.
     fn idle_report() -> crate::idle::IdleReport {
         let mut r = crate::idle::IdleReport::default();
-        r.tenants.insert("ml".into(), crate::idle::TenantUse { allocated: 2, active: 1, idle: 1, unmeasured: 0 });
+        r.tenants.insert(
+            "ml".into(),
+            crate::idle::TenantUse { allocated: 2, active: 1, idle: 1, unmeasured: 0, ..Default::default() },
+        );
         r.idle.push(crate::idle::IdleHolder {
             pod: "ml/a".into(),
             tenant: Some("ml".into()),

@@ -60,6 +60,9 @@ pub struct QuotaController {
     pub dra: std::sync::OnceLock<Arc<crate::controller::dra::DraWatch>>,
     /// The rollout controller's ResourceClaim cache (`run` sets it): exact holders of claims.
     pub(crate) claims: std::sync::OnceLock<crate::controller::claims::ClaimCache>,
+    /// The agents the rollout controller judges not responding (`run` sets it): their nodes'
+    /// activity summaries are set aside (`idle::stale`).
+    pub not_reporting: std::sync::OnceLock<crate::idle::stale::Published>,
     /// The last idle report and when its pods were listed (see `idle_report`).
     idle: std::sync::Mutex<Option<(std::time::Instant, crate::idle::IdleReport)>>,
     /// When listing pods for the idle report last failed: the next try waits `IDLE_REFRESH`.
@@ -109,6 +112,7 @@ impl QuotaController {
             fleet_changed,
             dra: Default::default(),
             claims: Default::default(),
+            not_reporting: Default::default(),
             idle: Default::default(),
             idle_failed: Default::default(),
             binding_problem: Default::default(),
@@ -141,6 +145,7 @@ impl QuotaController {
             fleet_changed: Arc::new(Notify::new()),
             dra: Default::default(),
             claims: Default::default(),
+            not_reporting: Default::default(),
             idle: Default::default(),
             idle_failed: Default::default(),
             binding_problem: Default::default(),
@@ -346,7 +351,8 @@ impl QuotaController {
         let status = crate::cli::status::fleet_status_with(&gpunodes, &[], quotas, &pods, &dra);
         let thresholds = crate::idle::idle_thresholds(quotas);
         let now = k8s_openapi::jiff::Timestamp::now();
-        let report = crate::idle::idle_report(&status, &gpunodes, &pods, &thresholds, now);
+        let not_reporting = self.not_reporting.get().map(|p| p.get()).unwrap_or_default();
+        let report = crate::idle::idle_report(&status, &gpunodes, &pods, &thresholds, &not_reporting, now);
         self.metrics.set_tenant_activity(&report);
         *self.idle.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), report.clone()));
         Some(report)

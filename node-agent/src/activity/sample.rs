@@ -11,8 +11,8 @@ use crate::backend::{GpuBackend, SmActivity};
 /// GPM's answer as (source, figure). A missing symbol is a driver without GPM: processes and
 /// memory from then on. Any other failure keeps the device on GPM with no figure this pass, so a
 /// passing fault neither claims idleness nor wipes the device's history.
-fn gpm<B: GpuBackend>(backend: &mut B, gpu: u32, gi: Option<u32>) -> (ActivitySource, Option<f64>) {
-    match backend.sm_activity(gpu, gi) {
+fn gpm<B: GpuBackend>(backend: &mut B, gpu: u32, gi: Option<u32>, uuid: &str) -> (ActivitySource, Option<f64>) {
+    match backend.sm_activity(gpu, gi, uuid) {
         Ok(SmActivity::Percent(p)) => (ActivitySource::Gpm, Some(p)),
         Ok(SmActivity::FirstSample) => (ActivitySource::Gpm, None),
         Ok(SmActivity::Unsupported) | Err(Error::MissingSymbol(_)) => (ActivitySource::ProcessesAndMemory, None),
@@ -24,12 +24,15 @@ fn gpm<B: GpuBackend>(backend: &mut B, gpu: u32, gi: Option<u32>) -> (ActivitySo
 }
 
 /// Observes every device of the node. Fails only when the GPUs themselves cannot be listed.
+/// GPM samples are kept by device UUID, and those of devices not seen (destroyed) are dropped.
 pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error> {
     let mut out = Vec::new();
+    let mut sampled: Vec<String> = Vec::new();
     for g in backend.inventory()? {
         let procs = backend.processes(g.index)?;
         if !g.mig_enabled {
-            let (source, sm_active_percent) = gpm(backend, g.index, None);
+            let (source, sm_active_percent) = gpm(backend, g.index, None, &g.uuid);
+            sampled.push(g.uuid.clone());
             out.push(Observation {
                 gpu_index: g.index,
                 model_name: g.product.clone(),
@@ -48,7 +51,8 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
         // Only MIG devices (a GPU instance with its compute instance) can be handed to a pod.
         for i in backend.instances(g.index)?.into_iter().filter(|i| i.compute_instance_id.is_some()) {
             let gi = i.gpu_instance_id;
-            let (source, sm_active_percent) = gpm(backend, g.index, Some(gi));
+            let (source, sm_active_percent) = gpm(backend, g.index, Some(gi), &i.uuid);
+            sampled.push(i.uuid.clone());
             out.push(Observation {
                 gpu_index: g.index,
                 model_name: g.product.clone(),
@@ -64,6 +68,7 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
             });
         }
     }
+    backend.retain_gpm_samples(&sampled.iter().map(String::as_str).collect::<Vec<_>>());
     Ok(out)
 }
 

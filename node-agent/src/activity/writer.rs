@@ -37,6 +37,8 @@ pub struct Writer {
     pub holders: (Vec<u32>, std::collections::BTreeMap<u32, String>),
     /// Whether the tracker was seeded from the stored `status.activity` (once per run).
     pub seeded: bool,
+    /// Spaces the retries of a write the API server keeps refusing.
+    pub backoff: super::backoff::Backoff,
 }
 
 impl Default for Writer {
@@ -49,13 +51,14 @@ impl Default for Writer {
             metrics: Default::default(),
             holders: Default::default(),
             seeded: false,
+            backoff: Default::default(),
         }
     }
 }
 
 impl<B: GpuBackend> Agent<B> {
-    /// One activity pass. A failed write is logged and retried on the next sample (the
-    /// summary is recomputed then; nothing is queued).
+    /// One activity pass. A failed write is logged and retried after a back-off (see
+    /// [`super::backoff`]; the summary is recomputed then; nothing is queued).
     pub async fn sample_activity(&mut self) -> Result<(), Error> {
         let observations = tokio::task::block_in_place(|| super::sample::observe(&mut self.backend))?;
         let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
@@ -81,6 +84,10 @@ impl<B: GpuBackend> Agent<B> {
         let Some(reason) = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval) else {
             return Ok(());
         };
+        if !w.backoff.try_now() {
+            debug!(failures = w.backoff.failures(), "activity write backing off");
+            return Ok(());
+        }
         debug!(?reason, devices = summary.devices.len(), "writing GpuNode.status.activity");
         let body = json!({
             "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
@@ -90,10 +97,13 @@ impl<B: GpuBackend> Agent<B> {
         match api.patch_status(&self.node, &PatchParams::apply(ACTIVITY_MANAGER).force(), &Patch::Apply(&body)).await {
             Ok(_) => {
                 self.activity.last = Some((now, summary));
+                self.activity.backoff.succeeded();
                 Ok(())
             }
             Err(e) => {
-                warn!(error = %e, "could not write GpuNode.status.activity; retrying on the next sample");
+                self.activity.backoff.failed(self.activity.sample_interval);
+                warn!(error = %e, failures = self.activity.backoff.failures(),
+                    "could not write GpuNode.status.activity; retrying after a back-off");
                 Err(e.into())
             }
         }
@@ -210,6 +220,32 @@ mod tests {
         let patches = server.lock().unwrap().patches.clone();
         assert_eq!(patches.len(), 2);
         assert!(patches[1].1["status"]["activity"]["devices"][0]["idleSince"].is_string());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_the_server_keeps_refusing_backs_off_instead_of_retrying_every_sample() {
+        let state = temp_dir("activity-backoff").join("sim.json");
+        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        b.create_instance(0, "3g.40gb", 4).unwrap();
+        let server = Arc::new(Mutex::new(Server { fail: 100, ..Default::default() }));
+        let mut a = agent(&state, server.clone());
+        a.activity.write_interval = SignedDuration::ZERO;
+        // Tries at samples 0, 1 and 3; 2 and 4..6 wait.
+        let got: Vec<bool> = {
+            let mut out = Vec::new();
+            for _ in 0..7 {
+                out.push(a.sample_activity().await.is_err());
+            }
+            out
+        };
+        assert_eq!(got, vec![true, true, false, true, false, false, false]);
+        assert_eq!(server.lock().unwrap().fail, 97, "three writes tried in seven samples");
+        // Once the server answers, the next try writes and the wait starts over.
+        server.lock().unwrap().fail = 0;
+        a.sample_activity().await.unwrap();
+        assert_eq!(server.lock().unwrap().patches.len(), 1);
+        assert_eq!(a.activity.backoff, Default::default());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,8 +118,12 @@ pub trait GpuBackend: Send {
     /// Device memory in use on a whole GPU, in MiB.
     fn gpu_memory_used_mib(&mut self, gpu: u32) -> Result<u64, Error>;
     /// SM activity of a MIG instance (`Some(gpu_instance_id)`) or a whole GPU since the previous
-    /// call for the same device: each call takes a GPM sample and keeps it for the next.
-    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>) -> Result<SmActivity, Error>;
+    /// call for the same device: each call takes a GPM sample and keeps it for the next, under
+    /// `uuid` (the MIG device's, or the GPU's): an instance made again at the same place gets
+    /// the same id but a new UUID, and its first sample must not be paired with the old one's.
+    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>, uuid: &str) -> Result<SmActivity, Error>;
+    /// Drops the kept GPM samples of devices not in `present` (UUIDs): destroyed instances.
+    fn retain_gpm_samples(&mut self, _present: &[&str]) {}
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error>;
     /// Creates a GPU instance at `start` and its full-size compute instance.
     fn create_instance(&mut self, gpu: u32, profile: &str, start: u8) -> Result<Instance, Error>;
@@ -193,8 +197,11 @@ impl GpuBackend for Box<dyn GpuBackend> {
     fn gpu_memory_used_mib(&mut self, gpu: u32) -> Result<u64, Error> {
         (**self).gpu_memory_used_mib(gpu)
     }
-    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>) -> Result<SmActivity, Error> {
-        (**self).sm_activity(gpu, gpu_instance_id)
+    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>, uuid: &str) -> Result<SmActivity, Error> {
+        (**self).sm_activity(gpu, gpu_instance_id, uuid)
+    }
+    fn retain_gpm_samples(&mut self, present: &[&str]) {
+        (**self).retain_gpm_samples(present)
     }
     fn set_mig_mode(&mut self, gpu: u32, enabled: bool) -> Result<ModeChange, Error> {
         (**self).set_mig_mode(gpu, enabled)

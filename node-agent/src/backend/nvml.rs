@@ -194,8 +194,12 @@ impl GpuBackend for NvmlBackend {
         Ok(self.device(gpu)?.memory_info().map_err(nvml_err("memory"))?.used / (1024 * 1024))
     }
 
-    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>) -> Result<SmActivity, Error> {
-        self.gpm.sample(&self.nvml, gpu, gpu_instance_id)
+    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>, uuid: &str) -> Result<SmActivity, Error> {
+        self.gpm.sample(&self.nvml, gpu, gpu_instance_id, uuid)
+    }
+
+    fn retain_gpm_samples(&mut self, present: &[&str]) {
+        self.gpm.retain(&self.nvml, present)
     }
 
     /// What happened is NVML's activation status (nvml.h, nvmlDeviceSetMigMode): `IN_USE` means

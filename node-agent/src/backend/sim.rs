@@ -336,7 +336,7 @@ impl GpuBackend for SimBackend {
 
     /// Hopper and later report the set activity (`sim set-activity`) at once: the simulator's
     /// activity is a level, so no first sample is needed. Ampere has no GPM.
-    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>) -> Result<SmActivity, Error> {
+    fn sm_activity(&mut self, gpu: u32, gpu_instance_id: Option<u32>, _uuid: &str) -> Result<SmActivity, Error> {
         let st = self.load()?;
         let g = st.gpus.get(gpu as usize).ok_or_else(|| Error::NotFound(format!("GPU {gpu}")))?;
         if model::is_ampere(&g.info.product) {

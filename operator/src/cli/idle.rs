@@ -41,7 +41,8 @@ struct Json<'a> {
 /// longest-idle first, then pod and device, so the order is stable.
 pub fn report(inputs: &Inputs, now: Timestamp, sort: SortBy) -> IdleReport {
     let status = inputs.report();
-    let mut r = idle_report(&status, &inputs.gpunodes, &inputs.pods, &idle_thresholds(&inputs.quotas), now);
+    let thresholds = idle_thresholds(&inputs.quotas);
+    let mut r = idle_report(&status, &inputs.gpunodes, &inputs.pods, &thresholds, &inputs.not_reporting(now), now);
     sort_holders(&mut r.idle, sort);
     r
 }
@@ -119,6 +120,14 @@ pub fn text(r: &IdleReport, now: Timestamp, holders_known: bool) -> String {
             l.processes
         ));
     }
+    for s in &r.not_reporting {
+        out.push_str(&format!(
+            "not measured: {}: {}; its {} held device(s) count as unmeasured\n",
+            clean(&s.node),
+            s.reason(),
+            s.held
+        ));
+    }
     out
 }
 
@@ -147,6 +156,14 @@ pub async fn run(
     }
     for u in &inputs.unreadable {
         let _ = writeln!(std::io::stderr(), "error: cannot read {}: {}", u.resource, clean(&u.error));
+    }
+    if let Some(e) = &inputs.leases_unread {
+        let _ = writeln!(
+            std::io::stderr(),
+            "note: cannot read the agents' heartbeat leases ({}), so figures of agents that stopped are shown as they last wrote them: {}",
+            tessera_crds::gpunode::AGENT_LEASE_NAMESPACE,
+            clean(e)
+        );
     }
     Ok(if inputs.unreadable.is_empty() { 0 } else { 1 })
 }

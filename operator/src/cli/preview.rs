@@ -246,6 +246,7 @@ async fn from_cluster(client: Client, limit: Option<Duration>) -> Result<Snapsho
             .await
             .map_err(|e| Error::Usage(format!("cannot read resourceclaims.resource.k8s.io: {e} (the preview needs them to see pods holding GPUs through DRA)")))?,
         slices: Vec::new(),
+        leases: None,
     })
 }
 

@@ -4,6 +4,7 @@
 //! prints (a `List`) or plain multi-document YAML.
 
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -29,6 +30,9 @@ pub struct Snapshot {
     pub claims: Vec<ResourceClaim>,
     /// ResourceSlices: the attributes (`uuid`, `parentUUID`, `profile`) of allocated devices.
     pub slices: Vec<ResourceSlice>,
+    /// The agents' heartbeat Leases; `None` when the files hold none (not judged, see
+    /// `idle::stale`).
+    pub leases: Option<Vec<Lease>>,
 }
 
 impl Snapshot {
@@ -65,6 +69,7 @@ impl Snapshot {
             "DaemonSet" => self.daemonsets.get_or_insert_default().push(parse(&kind, v, at)?),
             "ResourceClaim" => self.claims.push(parse(&kind, v, at)?),
             "ResourceSlice" => self.slices.push(parse(&kind, v, at)?),
+            "Lease" => self.leases.get_or_insert_default().push(parse(&kind, v, at)?),
             _ => {}
         }
         Ok(())

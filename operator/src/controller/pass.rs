@@ -100,6 +100,7 @@ impl Context {
             }
         }
         let agents = slots.judge_agents(&mut liveness, now, lease_watch);
+        self.not_reporting.publish(slots.slots.iter().map(|s| s.name.as_str()).zip(&agents));
         (now, agents, behind)
     }
 

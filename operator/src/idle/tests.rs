@@ -53,7 +53,7 @@ fn report(activity: Vec<Value>, pods: &[Pod], idle_after: &[(&str, i64)]) -> Idl
     let quotas = [quota("ml", &["ml"]), quota("web", &["web"])];
     let status = fleet_status(&nodes, &[], &quotas, pods);
     let after = idle_after.iter().map(|(t, s)| (t.to_string(), SignedDuration::from_secs(*s))).collect();
-    idle_report(&status, &nodes, pods, &after, now())
+    idle_report(&status, &nodes, pods, &after, &NotReporting::new(), now())
 }
 
 fn mig_pod(ns: &str, name: &str, n: i64) -> Pod {
@@ -103,6 +103,33 @@ fn an_instance_made_again_at_the_same_start_with_another_profile_does_not_take_t
     old["profile"] = json!("4g.40gb");
     let r = report(vec![old], &[mig_pod("ml", "a", 1)], &[]);
     assert_eq!(tenant(&r, "ml"), (1, 0, 0, 1));
+}
+
+#[test]
+fn a_dead_agents_last_summary_is_set_aside_and_its_held_devices_count_unmeasured() {
+    // Idle since May by the last summary, a busy whole GPU, and memory on a free instance.
+    let act = vec![mig_act(0, Some("2026-05-01T00:00:00Z"), 0), mig_act(4, None, 2048), whole_act(None, 100, 1)];
+    let nodes = [gpunode("n1", act), gpunode("n2", vec![])];
+    let quotas = [quota("ml", &["ml"])];
+    let pods = [mig_pod("ml", "a", 1), pod("ml", "w", json!({"nvidia.com/gpu": 1}), json!({}))];
+    let status = fleet_status(&nodes, &[], &quotas, &pods);
+    let alive = idle_report(&status, &nodes, &pods, &BTreeMap::new(), &NotReporting::new(), now());
+    assert_eq!((tenant(&alive, "ml"), alive.idle.len(), alive.leaked.len()), ((2, 1, 1, 0), 1, 1));
+    assert!(alive.not_reporting.is_empty());
+    // The agent's lease ran out at 11:00: nothing of its summary is read, n2 (alive) is not named.
+    let since: Timestamp = "2026-06-01T11:00:00Z".parse().unwrap();
+    let dead = NotReporting::from([("n1".to_string(), Some(since))]);
+    let r = idle_report(&status, &nodes, &pods, &BTreeMap::new(), &dead, now());
+    assert_eq!(tenant(&r, "ml"), (2, 0, 0, 2), "neither idle nor active");
+    assert!(r.idle.is_empty() && r.leaked.is_empty(), "{r:?}");
+    assert_eq!(r.not_reporting, vec![SetAside { node: "n1".into(), since: Some(since), held: 2 }]);
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["notReporting"][0]["since"], "2026-06-01T11:00:00Z");
+    // The quota's status names the node and since when.
+    let a = tenant_activity(&r, "ml", DEFAULT_IDLE_AFTER);
+    assert_eq!((a.unmeasured, a.not_reporting.len()), (2, 1));
+    assert_eq!((a.not_reporting[0].node.as_str(), a.not_reporting[0].since.as_ref().map(|t| t.0)), ("n1", Some(since)));
+    assert!(tenant_activity(&alive, "ml", DEFAULT_IDLE_AFTER).not_reporting.is_empty());
 }
 
 #[test]
@@ -241,7 +268,7 @@ fn status_marks_idle_devices_in_the_diagram_the_lines_and_json() {
     let pods = [mig_pod("ml", "a", 2)];
     let mut status = fleet_status(&nodes, &[], &quotas, &pods);
     let before = crate::cli::status::text(&status, false);
-    let r = idle_report(&status, &nodes, &pods, &BTreeMap::new(), now());
+    let r = idle_report(&status, &nodes, &pods, &BTreeMap::new(), &NotReporting::new(), now());
     mark_idle(&mut status, &r);
     let t = crate::cli::status::text(&status, false);
     assert!(before.contains("[AAAABBBB]") && !before.contains("idle since"), "{before}");

@@ -84,6 +84,27 @@ async fn the_quota_status_write_carries_the_tenants_idle_slices() {
 }
 
 #[tokio::test]
+async fn a_node_whose_agent_the_rollout_judged_dead_is_named_and_its_device_unmeasured() {
+    let pod = json!({"metadata": {"name": "nb", "namespace": "ml"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c",
+                 "resources": {"limits": {"nvidia.com/mig-3g.40gb": 1}}}]},
+        "status": {"phase": "Running"}});
+    let (client, requests) = api(Some(json!([pod])));
+    let c = controller(client, None);
+    let since: k8s_openapi::jiff::Timestamp = "2026-06-01T11:00:00Z".parse().unwrap();
+    let verdicts = crate::idle::stale::Published::default();
+    let dead = crate::liveness::AgentHealth::NotResponding { since: Some(since) };
+    verdicts.publish([("n1", &dead)].into_iter());
+    let _ = c.not_reporting.set(verdicts);
+    c.reconcile().await.unwrap();
+    let a = written_activity(&requests).expect("activity written");
+    assert_eq!((a["allocated"].as_i64(), a["idle"].as_i64(), a["unmeasured"].as_i64()), (Some(1), Some(0), Some(1)));
+    assert!(a.get("idleHolders").is_none(), "{a}");
+    assert_eq!(a["notReporting"], json!([{"node": "n1", "since": "2026-06-01T11:00:00Z"}]));
+    assert!(c.metrics.render().contains("tessera_operator_tenant_slices{tenant=\"ml\",state=\"unmeasured\"} 1"));
+}
+
+#[tokio::test]
 async fn pods_that_cannot_be_listed_keep_the_figures_the_quota_had() {
     let previous = json!({"idleAfter": "30m", "allocated": 4, "active": 1, "idle": 3, "unmeasured": 0});
     let (client, requests) = api(None);

@@ -13,10 +13,12 @@ use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use crate::Error;
 use crate::backend::SmActivity;
 
-/// Previous samples by (GPU, GPU instance id), as raw handles (`nvmlGpmSample_t`).
+/// Previous samples by device UUID (the MIG device's, or the GPU's), as raw handles
+/// (`nvmlGpmSample_t`). Not by GPU instance id: an instance made again at the same place between
+/// two samples gets the same id, and its first figure would pair the old instance's sample.
 #[derive(Default)]
 pub struct Samples {
-    prev: HashMap<(u32, Option<u32>), usize>,
+    prev: HashMap<String, usize>,
 }
 
 /// Every GPM symbol the sampler calls, directly or through a sample's `Drop`: the bindings'
@@ -42,7 +44,25 @@ impl Samples {
         self.prev.clear();
     }
 
-    pub fn sample(&mut self, nvml: &Nvml, gpu: u32, gi: Option<u32>) -> Result<SmActivity, Error> {
+    /// Frees the samples of devices not in `present` (destroyed since), so they neither pile up
+    /// nor pair with anything later.
+    pub fn retain(&mut self, nvml: &Nvml, present: &[&str]) {
+        let gone: Vec<String> = self.prev.keys().filter(|k| !present.contains(&k.as_str())).cloned().collect();
+        for uuid in gone {
+            if let Some(old) = self.prev.remove(&uuid) {
+                // SAFETY: as in `sample`: a handle of this session, owned here alone; freed on drop.
+                drop(unsafe { GpmSample::from_handle(nvml, old as nvml_wrapper_sys::bindings::nvmlGpmSample_t) });
+            }
+        }
+    }
+
+    /// How many samples are kept (tests).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.prev.len()
+    }
+
+    pub fn sample(&mut self, nvml: &Nvml, gpu: u32, gi: Option<u32>, uuid: &str) -> Result<SmActivity, Error> {
         if !has_gpm_symbols(nvml) {
             return Err(Error::MissingSymbol("nvmlGpm* (GPM): the driver predates GPM".into()));
         }
@@ -57,8 +77,7 @@ impl Samples {
             None => device.gpm_sample(),
         }
         .map_err(gpm_err("sample"))?;
-        let key = (gpu, gi);
-        let result = match self.prev.remove(&key) {
+        let result = match self.prev.remove(uuid) {
             None => Ok(SmActivity::FirstSample),
             Some(old) => {
                 // SAFETY: `old` came from `into_handle` on a sample of this same session (a new
@@ -74,7 +93,7 @@ impl Samples {
                 }
             }
         };
-        self.prev.insert(key, new.into_handle() as usize);
+        self.prev.insert(uuid.to_string(), new.into_handle() as usize);
         result
     }
 }
@@ -95,16 +114,55 @@ mod tests {
         let one = b.create_instance(0, "1g.10gb", 0).unwrap();
         sim::set_activity(&state, 0, Some(&three.uuid), 60.0).unwrap();
         let (g3, g1) = (Some(three.gpu_instance_id), Some(one.gpu_instance_id));
-        assert_eq!(b.sm_activity(0, g3).unwrap(), SmActivity::FirstSample);
-        assert_eq!(b.sm_activity(0, g1).unwrap(), SmActivity::FirstSample);
-        assert_eq!(b.sm_activity(0, g3).unwrap(), SmActivity::Percent(60.0));
-        assert_eq!(b.sm_activity(0, g1).unwrap(), SmActivity::Percent(0.0));
+        assert_eq!(b.sm_activity(0, g3, &three.uuid).unwrap(), SmActivity::FirstSample);
+        assert_eq!(b.sm_activity(0, g1, &one.uuid).unwrap(), SmActivity::FirstSample);
+        assert_eq!(b.sm_activity(0, g3, &three.uuid).unwrap(), SmActivity::Percent(60.0));
+        assert_eq!(b.sm_activity(0, g1, &one.uuid).unwrap(), SmActivity::Percent(0.0));
         // The whole GPU: 3 of 7 compute slices at 60%.
-        assert_eq!(b.sm_activity(0, None).unwrap(), SmActivity::FirstSample);
-        let SmActivity::Percent(whole) = b.sm_activity(0, None).unwrap() else { panic!("no figure") };
+        let gpus: Vec<String> = b.inventory().unwrap().into_iter().map(|g| g.uuid).collect();
+        assert_eq!(b.sm_activity(0, None, &gpus[0]).unwrap(), SmActivity::FirstSample);
+        let SmActivity::Percent(whole) = b.sm_activity(0, None, &gpus[0]).unwrap() else { panic!("no figure") };
         assert!((whole - 60.0 * 3.0 / 7.0).abs() < 1e-9, "{whole}");
         // The A100 has no GPM: the sampler says so instead of failing.
-        assert_eq!(b.sm_activity(1, None).unwrap(), SmActivity::Unsupported);
+        assert_eq!(b.sm_activity(1, None, &gpus[1]).unwrap(), SmActivity::Unsupported);
+    }
+
+    #[test]
+    fn an_instance_made_again_with_the_same_id_starts_with_a_first_sample_not_the_old_ones() {
+        let (lib, state) = nvml_sim(&["H100-80GB"]);
+        let mut b = NvmlBackend::init(Some(&lib)).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        let old = b.create_instance(0, "3g.40gb", 4).unwrap();
+        let g = Some(old.gpu_instance_id);
+        assert_eq!(b.sm_activity(0, g, &old.uuid).unwrap(), SmActivity::FirstSample);
+        assert_eq!(b.sm_activity(0, g, &old.uuid).unwrap(), SmActivity::Percent(0.0));
+        // Destroyed and made again at the same place between two samples: same id, new UUID.
+        b.destroy_instance(0, old.gpu_instance_id).unwrap();
+        let new = b.create_instance(0, "3g.40gb", 4).unwrap();
+        assert_eq!((new.gpu_instance_id, new.uuid != old.uuid), (old.gpu_instance_id, true));
+        sim::set_activity(&state, 0, Some(&new.uuid), 100.0).unwrap();
+        // Paired with the old instance's sample this would read 50%.
+        assert_eq!(b.sm_activity(0, g, &new.uuid).unwrap(), SmActivity::FirstSample);
+        assert_eq!(b.sm_activity(0, g, &new.uuid).unwrap(), SmActivity::Percent(100.0));
+    }
+
+    #[test]
+    fn a_pass_drops_the_samples_of_destroyed_instances() {
+        let (lib, _state) = nvml_sim(&["H100-80GB"]);
+        let mut b = NvmlBackend::init(Some(&lib)).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        let three = b.create_instance(0, "3g.40gb", 4).unwrap();
+        b.create_instance(0, "1g.10gb", 0).unwrap();
+        crate::activity::sample::observe(&mut b).unwrap();
+        assert_eq!(b.gpm.len(), 2);
+        b.destroy_instance(0, three.gpu_instance_id).unwrap();
+        let got = crate::activity::sample::observe(&mut b).unwrap();
+        assert_eq!((got.len(), b.gpm.len()), (1, 1), "the destroyed instance's sample is freed");
+        // MIG off: the whole GPU is the only device left.
+        b.destroy_instance(0, got[0].gpu_instance_id.unwrap()).unwrap();
+        b.set_mig_mode(0, false).unwrap();
+        let got = crate::activity::sample::observe(&mut b).unwrap();
+        assert_eq!((got.len(), b.gpm.len()), (1, 1));
     }
 
     #[test]
@@ -112,11 +170,12 @@ mod tests {
         let (lib, state) = nvml_sim(&["H100-80GB"]);
         let mut b = NvmlBackend::init(Some(&lib)).unwrap();
         sim::set_activity(&state, 0, None, 25.0).unwrap();
-        assert_eq!(b.sm_activity(0, None).unwrap(), SmActivity::FirstSample);
+        let gpu = b.inventory().unwrap()[0].uuid.clone();
+        assert_eq!(b.sm_activity(0, None, &gpu).unwrap(), SmActivity::FirstSample);
         let fault = CallFault { function: "nvmlGpmMetricsGet".into(), nth: 1, code: 999, ..Default::default() };
         sim::add_call_fault(&state, fault).unwrap();
-        assert!(b.sm_activity(0, None).is_err());
+        assert!(b.sm_activity(0, None, &gpu).is_err());
         // The failed pass still kept its new sample: the next one has a figure.
-        assert_eq!(b.sm_activity(0, None).unwrap(), SmActivity::Percent(25.0));
+        assert_eq!(b.sm_activity(0, None, &gpu).unwrap(), SmActivity::Percent(25.0));
     }
 }

@@ -91,6 +91,35 @@ fn no_idle_slices_is_said_and_unknown_holders_are_not_called_none() {
 }
 
 #[test]
+fn an_agent_whose_lease_ran_out_is_named_and_its_figures_are_not_read() {
+    let i = inputs(vec![pod("ml", "p", 2, json!({}))]);
+    assert_eq!(report(&i, now(), SortBy::IdleSince).idle.len(), 2, "read while no lease says otherwise");
+    let lease = |node: &str, renewed: &str| -> k8s_openapi::api::coordination::v1::Lease {
+        serde_json::from_value(json!({"metadata": {"name": node, "namespace": "tessera-node-leases"},
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": renewed}}))
+        .unwrap()
+    };
+    // n1's agent last renewed at 10:00; n2's is alive.
+    let i = Inputs {
+        leases: Some(vec![lease("n1", "2026-06-01T10:00:00.000000Z"), lease("n2", "2026-06-01T11:59:50.000000Z")]),
+        ..i
+    };
+    let r = report(&i, now(), SortBy::IdleSince);
+    assert!(r.idle.is_empty(), "{r:?}");
+    assert_eq!(r.tenants["ml"].unmeasured, 2);
+    let t = text(&r, now(), true);
+    assert!(t.starts_with("No idle slices."), "{t}");
+    assert!(
+        t.contains(
+            "not measured: n1: node agent not reporting since 2026-06-01T10:00:00Z; its 2 held device(s) count as unmeasured"
+        ),
+        "{t}"
+    );
+    assert!(t.contains("leaked: n2 GPU 0 whole"), "n2's agent is alive: {t}");
+    assert!(!t.contains("leaked: n1"), "a dead agent's memory figures are not read either: {t}");
+}
+
+#[test]
 fn json_carries_tenants_holders_and_leaks() {
     let r = report(&inputs(vec![pod("ml", "p", 2, json!({}))]), now(), SortBy::IdleSince);
     let v = serde_json::to_value(Json { report: &r, unreadable: &[] }).unwrap();

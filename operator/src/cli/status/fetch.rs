@@ -4,6 +4,7 @@
 use std::io::Write as _;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
@@ -31,6 +32,11 @@ pub struct Inputs {
     /// `--gpu-dra-drivers`: whose claim allocations are GPUs.
     pub drivers: GpuDrivers,
     pub unreadable: Vec<Unreadable>,
+    /// The agents' heartbeat Leases; `None` when not read (no RBAC for them, `--from` files
+    /// without any): then no node's activity is set aside (see `idle::stale`).
+    pub leases: Option<Vec<Lease>>,
+    /// Why the Leases could not be read from the cluster (a note, not a failure of the read).
+    pub leases_unread: Option<String>,
 }
 
 impl Inputs {
@@ -43,6 +49,11 @@ impl Inputs {
         let holders = [resource_name::<Pod>(), resource_name::<ResourceClaim>()];
         s.holders_known = !s.unreadable.iter().any(|u| holders.contains(&u.resource));
         s
+    }
+
+    /// The nodes whose agents' heartbeats ran out by `now`, from the Leases read.
+    pub fn not_reporting(&self, now: k8s_openapi::jiff::Timestamp) -> crate::idle::stale::NotReporting {
+        self.leases.as_deref().map(|l| crate::idle::stale::from_leases(l, now)).unwrap_or_default()
     }
 }
 
@@ -94,16 +105,33 @@ pub async fn from_cluster(client: &Client, limit: Option<Duration>) -> Inputs {
     let running = ListParams::default().fields("status.phase!=Succeeded,status.phase!=Failed");
     let mut e: [Vec<Unreadable>; 6] = Default::default();
     let [e1, e2, e3, e4, e5, e6] = &mut e;
-    let (gpunodes, plans, quotas, pods, claims, slices) = futures::join!(
+    let heartbeats = Api::<Lease>::namespaced(client.clone(), tessera_crds::gpunode::AGENT_LEASE_NAMESPACE);
+    let (gpunodes, plans, quotas, pods, claims, slices, leases) = futures::join!(
         list::<GpuNode>(client, &all, limit, e1),
         list::<GpuPartitionPlan>(client, &all, limit, e2),
         list::<TenantGpuQuota>(client, &all, limit, e3),
         list::<Pod>(client, &running, limit, e4),
         list::<ResourceClaim>(client, &all, limit, e5),
         list::<ResourceSlice>(client, &all, limit, e6),
+        list_all(&heartbeats, &all, limit),
     );
     let unreadable = e.concat();
-    Inputs { gpunodes, plans, quotas, pods, claims, slices, drivers: GpuDrivers::default(), unreadable }
+    let (leases, leases_unread) = match leases {
+        Ok(l) => (Some(l), None),
+        Err(e) => (None, Some(describe(&e))),
+    };
+    Inputs {
+        gpunodes,
+        plans,
+        quotas,
+        pods,
+        claims,
+        slices,
+        drivers: GpuDrivers::default(),
+        unreadable,
+        leases,
+        leases_unread,
+    }
 }
 
 pub fn from_snapshot(s: Snapshot) -> Inputs {
@@ -116,6 +144,8 @@ pub fn from_snapshot(s: Snapshot) -> Inputs {
         slices: s.slices,
         drivers: GpuDrivers::default(),
         unreadable: Vec::new(),
+        leases: s.leases,
+        leases_unread: None,
     }
 }
 
@@ -143,7 +173,8 @@ pub async fn run(
     let mut report = inputs.report();
     let thresholds = crate::idle::idle_thresholds(&inputs.quotas);
     let now = k8s_openapi::jiff::Timestamp::now();
-    let idle = crate::idle::idle_report(&report, &inputs.gpunodes, &inputs.pods, &thresholds, now);
+    let not_reporting = inputs.not_reporting(now);
+    let idle = crate::idle::idle_report(&report, &inputs.gpunodes, &inputs.pods, &thresholds, &not_reporting, now);
     crate::idle::mark_idle(&mut report, &idle);
     let text = match output {
         Output::Json => format!("{}\n", serde_json::to_string_pretty(&report)?),

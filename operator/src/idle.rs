@@ -319,4 +319,6 @@ pub fn virtual_name(p: &Pod) -> Option<String> {
 }
 
 #[cfg(test)]
+mod exact_tests;
+#[cfg(test)]
 mod tests;

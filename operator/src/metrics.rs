@@ -49,9 +49,13 @@ pub struct TenantState {
     pub state: String,
 }
 
+/// A tenant's idle holders, `exact="true"` (from a claim, or the node agent saw the pod's processes
+/// on the device, or no other pod can hold it) or `"false"` (the placement's guess: the alert
+/// leaves these out, as the guessed pod may not be the idle one).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-pub struct TenantLabel {
+pub struct TenantIdle {
     pub tenant: String,
+    pub exact: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
@@ -106,7 +110,7 @@ pub struct Metrics {
     node_cordon_limit: GaugeSet<CordonedNode>,
     quota_shortfall: GaugeSet<ResourceLabel>,
     tenant_slices: GaugeSet<TenantState>,
-    tenant_idle_since: GaugeSet<TenantLabel>,
+    tenant_idle_since: GaugeSet<TenantIdle>,
 }
 
 impl Default for Metrics {
@@ -198,7 +202,8 @@ impl Default for Metrics {
         );
         registry.register(
             "tenant_idle_since_timestamp_seconds",
-            "Since when a tenant's longest-idle held device has been idle (Unix time; absent while none is)",
+            "Since when a tenant's longest-idle held device has been idle (Unix time; absent while none is), \
+             by whether its holder is exact or the placement's guess",
             m.tenant_idle_since.family.clone(),
         );
         *m.registry.lock().expect("fresh mutex") = registry;
@@ -269,7 +274,8 @@ impl Metrics {
     }
 
     /// Per tenant: devices by state (`idle`: past its quota's `idleAfter`), and since when its
-    /// longest-idle device has been idle (no series while none is idle).
+    /// longest-idle device has been idle, apart for exact and guessed holders (no series while
+    /// none is idle).
     pub fn set_tenant_activity(&self, report: &crate::idle::IdleReport) {
         let mut slices = BTreeMap::new();
         for (tenant, u) in &report.tenants {
@@ -280,9 +286,10 @@ impl Metrics {
             }
         }
         self.tenant_slices.replace(&slices);
-        let mut since: BTreeMap<TenantLabel, i64> = BTreeMap::new();
+        let mut since: BTreeMap<TenantIdle, i64> = BTreeMap::new();
         for h in &report.idle {
-            let e = since.entry(TenantLabel { tenant: h.tenant.clone().unwrap_or_default() }).or_insert(i64::MAX);
+            let key = TenantIdle { tenant: h.tenant.clone().unwrap_or_default(), exact: h.exact.to_string() };
+            let e = since.entry(key).or_insert(i64::MAX);
             *e = (*e).min(h.idle_since.as_second());
         }
         self.tenant_idle_since.replace(&since);
@@ -407,7 +414,21 @@ mod tests {
         for series in [
             "tessera_operator_tenant_slices{tenant=\"ml\",state=\"allocated\"} 2",
             "tessera_operator_tenant_slices{tenant=\"ml\",state=\"idle\"} 1",
-            "tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"ml\"} 1000",
+            "tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"ml\",exact=\"true\"} 1000",
+        ] {
+            assert!(text.contains(series), "{series}:\n{text}");
+        }
+        // A guessed holder idle for longer is exported apart: the alert counts exact ones only.
+        let mut guessed = idle_report();
+        let mut g = guessed.idle[0].clone();
+        (g.pod, g.exact, g.idle_since) =
+            ("ml/b".into(), false, k8s_openapi::jiff::Timestamp::from_second(500).unwrap());
+        guessed.idle.insert(0, g);
+        m.set_tenant_activity(&guessed);
+        let text = m.render();
+        for series in [
+            "tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"ml\",exact=\"true\"} 1000",
+            "tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"ml\",exact=\"false\"} 500",
         ] {
             assert!(text.contains(series), "{series}:\n{text}");
         }

@@ -108,3 +108,29 @@ fn a_naming_that_no_longer_holds_is_ignored_and_the_guess_stays_a_guess() {
     old["uuid"] = json!("MIG-before");
     assert_eq!(exact(vec![old, act(4, None)], &pods), [false, false], "an instance made again");
 }
+
+#[test]
+fn guessed_pods_are_certainly_idle_only_when_every_device_they_may_hold_is() {
+    let pods = [pod("ml", "a", 1), pod("web", "b", 1)];
+    let certain = |r: &IdleReport| -> Vec<(String, bool, Option<String>)> {
+        r.idle.iter().map(|h| (h.pod.clone(), h.exact, h.certain_since.map(|t| t.to_string()))).collect()
+    };
+    // Neither device runs a process: nobody is named, both holders are guesses.
+    let mut later = act(4, None);
+    later["idleSince"] = json!("2026-05-20T00:00:00Z");
+    let r = report(vec![act(0, None), later.clone()], &pods);
+    // Whichever device each holds, it has idled since the group's latest idleSince at least.
+    let since = Some("2026-05-20T00:00:00Z".to_string());
+    assert_eq!(certain(&r), [("ml/a".into(), false, since.clone()), ("web/b".into(), false, since)]);
+    assert_eq!(r.idle[0].idle_since.to_string(), LONG_AGO, "the listed device keeps its own figure");
+    // One device busy (processes the agent could not tie to a pod): either pod may hold it.
+    let mut busy = act(0, None);
+    busy["idleSince"] = Value::Null;
+    busy["activePercent1h"] = json!(40);
+    busy["processes"] = json!(1);
+    let r = report(vec![busy, later], &pods);
+    assert_eq!(certain(&r), [("web/b".into(), false, None)], "the guess alone: not certain");
+    // An exact holder is certain from its own idleSince.
+    let r = report(vec![act(0, Some(("web", "b", "uid-b"))), act(4, None)], &pods);
+    assert_eq!(certain(&r), [("ml/a".into(), true, Some(LONG_AGO.to_string()))]);
+}

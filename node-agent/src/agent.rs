@@ -409,14 +409,16 @@ impl<B: GpuBackend> Agent<B> {
 
     /// The pods behind PIDs, from their cgroups and this node's pods (empty where the PID
     /// namespace or the API does not tell). Called from blocking code inside `block_in_place`.
-    /// The list is served from the API server's watch cache (`resourceVersion=0`), not etcd: a
-    /// pod running a GPU process was bound (and cached) before its containers started.
-    pub(crate) fn pods_of(&self, pids: &[u32]) -> std::collections::BTreeMap<u32, DevicePod> {
+    pub(crate) fn pods_of(&self, pids: &[u32]) -> BTreeMap<u32, DevicePod> {
+        self.try_pods_of(pids).unwrap_or_default()
+    }
+
+    /// [`Self::pods_of`], failing when the pods cannot be listed. The list is served from the API
+    /// server's watch cache (`resourceVersion=0`), not etcd: a pod running a GPU process was
+    /// bound (and cached) before its containers started.
+    pub(crate) fn try_pods_of(&self, pids: &[u32]) -> Result<BTreeMap<u32, DevicePod>, Error> {
         let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node)).match_any();
-        let Ok(pods) = tokio::runtime::Handle::current().block_on(Api::<Pod>::all(self.client.clone()).list(&lp))
-        else {
-            return Default::default();
-        };
+        let pods = tokio::runtime::Handle::current().block_on(Api::<Pod>::all(self.client.clone()).list(&lp))?;
         let by_uid = pods
             .items
             .iter()
@@ -425,7 +427,7 @@ impl<B: GpuBackend> Agent<B> {
                 Some((uid.clone(), DevicePod { namespace: p.namespace()?, name: p.name_any(), uid }))
             })
             .collect();
-        crate::pods::pods_of(pids, &by_uid, &self.activity.proc_root)
+        Ok(crate::pods::pods_of(pids, &by_uid, &self.activity.proc_root))
     }
 
     /// Re-reads, right before a disruptive driver call, that the node is still handed over

@@ -64,9 +64,20 @@ impl<B: GpuBackend> Agent<B> {
         let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
         pids.sort_unstable();
         if pids != self.activity.holders.0 {
-            let pods =
-                if pids.is_empty() { Default::default() } else { tokio::task::block_in_place(|| self.pods_of(&pids)) };
-            self.activity.holders = (pids, pods);
+            let found = if pids.is_empty() {
+                Ok(Default::default())
+            } else {
+                tokio::task::block_in_place(|| self.try_pods_of(&pids))
+            };
+            match found {
+                Ok(pods) => self.activity.holders = (pids, pods),
+                // Tried again on the next sample (the PIDs looked up stay the old ones); the PIDs
+                // still running keep their pods meanwhile.
+                Err(e) => {
+                    warn!(error = %e, "could not list this node's pods to name the devices' holders; retrying on the next sample");
+                    self.activity.holders.1.retain(|pid, _| pids.binary_search(pid).is_ok());
+                }
+            }
         }
         let prior = if self.activity.seeded { None } else { Some(self.stored_activity().await?) };
         let now = Timestamp::now();
@@ -141,6 +152,8 @@ mod tests {
         /// The pods listed (items of the PodList) and each pod list's query.
         pods: Vec<Value>,
         pod_queries: Vec<String>,
+        /// Fail the next `fail_pod_lists` pod lists.
+        fail_pod_lists: u32,
     }
 
     fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBackend> {
@@ -157,6 +170,10 @@ mod tests {
                     if path == "/api/v1/pods" {
                         s.pod_lists += 1;
                         s.pod_queries.push(query);
+                        if s.fail_pod_lists > 0 {
+                            s.fail_pod_lists -= 1;
+                            return Err(std::io::Error::other("API server unavailable"));
+                        }
                         let list =
                             serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": s.pods});
                         return Ok(http::Response::new(kube::client::Body::from(list.to_string().into_bytes())));
@@ -239,7 +256,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_busy_device_names_its_pod_from_the_watch_cache_and_a_new_holder_is_written() {
+    async fn a_busy_devices_pod_is_listed_from_the_watch_cache_retried_on_failure_and_written_on_change() {
         let dir = temp_dir("activity-pod");
         let state = dir.join("sim.json");
         let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
@@ -256,22 +273,27 @@ mod tests {
             serde_json::json!({"metadata": {"namespace": "ml", "name": format!("nb-{n}"), "uid": uid(n)},
                 "spec": {"nodeName": "test", "containers": []}})
         };
-        let server = Arc::new(Mutex::new(Server { pods: vec![pod(1), pod(2)], ..Default::default() }));
+        let server =
+            Arc::new(Mutex::new(Server { pods: vec![pod(1), pod(2)], fail_pod_lists: 1, ..Default::default() }));
         let mut a = agent(&state, server.clone());
         a.activity.proc_root = dir.join("proc");
         a.activity.write_interval = SignedDuration::ZERO;
         sim::set_activity(&state, 0, Some(&mig.uuid), 50.0).unwrap();
         sim::run_process(&state, 0, Some(&mig.uuid), 4242, "python", Some(100)).unwrap();
-        // First sample, first share (both news), then at rest.
+        // The first pod list fails: no pod named, and the next sample lists again.
+        a.sample_activity().await.unwrap();
+        assert!(server.lock().unwrap().patches[0].1["status"]["activity"]["devices"][0]["pod"].is_null());
+        // The next: the first share and the pod (news), then at rest.
         for _ in 0..3 {
             a.sample_activity().await.unwrap();
         }
         let named = |s: &Server, i: usize| s.patches[i].1["status"]["activity"]["devices"][0]["pod"].clone();
         {
             let s = server.lock().unwrap();
+            assert_eq!(s.pod_lists, 2, "a failed list is tried again, once");
             assert_eq!(s.patches.len(), 2, "at rest: no write for the holder");
-            assert_eq!(named(&s, 0), serde_json::json!({"namespace": "ml", "name": "nb-1", "uid": uid(1)}));
-            let query = &s.pod_queries[0];
+            assert_eq!(named(&s, 1), serde_json::json!({"namespace": "ml", "name": "nb-1", "uid": uid(1)}));
+            let query = &s.pod_queries[1];
             for part in ["fieldSelector=spec.nodeName%3Dtest", "resourceVersion=0", "resourceVersionMatch=NotOlderThan"]
             {
                 assert!(query.split('&').any(|q| q == part), "the pod list is served from the watch cache: {query}");

@@ -10,6 +10,8 @@
 //!   idle: `unmeasured`, so a missing figure is never read as idleness.
 //! - Memory in use on a device no pod holds is listed as leaked, unattributed: once a pod ends,
 //!   no API object says which pod held a device-plugin device, so naming a tenant would be a guess.
+//! - A guessed holder still counts in its tenant's figures (the count per profile and node is
+//!   right even where the pod is not), but fires the alert only when it is idle for certain.
 
 use std::collections::BTreeMap;
 
@@ -71,7 +73,7 @@ pub struct IdleHolder {
     /// profile shared by several pods on a node).
     pub exact: bool,
     /// Since when the pod is idle for sure: `idle_since` for an exact holder; for a guessed one
-    /// whose every possible device is idle (`certain`), the latest `idleSince` among them (or its
+    /// whose every possible device is idle (see `certain`), the latest `idleSince` among them (or its
     /// start); absent for a guess alone. Only these fire `TesseraSlicesIdle`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub certain_since: Option<Timestamp>,

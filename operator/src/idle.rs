@@ -10,8 +10,8 @@
 //!   idle: `unmeasured`, so a missing figure is never read as idleness.
 //! - Memory in use on a device no pod holds is listed as leaked, unattributed: once a pod ends,
 //!   no API object says which pod held a device-plugin device, so naming a tenant would be a guess.
-//! - A guessed holder still counts in its tenant's figures (the count per profile and node is
-//!   right even where the pod is not), but fires the alert only when it is idle for certain.
+//! - A guessed holder still counts in its tenant's figures and is listed (`exact: false`), but
+//!   fires the alert only when it is idle for certain: the guessed pod may not be the idle one.
 
 use std::collections::BTreeMap;
 

@@ -66,4 +66,26 @@ pub struct DeviceActivity {
     /// Compute processes running on the device.
     #[serde(default)]
     pub processes: i32,
+    /// The pod all of the device's compute processes run in (the agent finds it from their
+    /// cgroups); absent with no process, processes of several pods or outside any pod, or
+    /// without the host PID namespace. The API does not say which device the device plugin gave
+    /// which pod; this names the holder of a device with processes exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<DevicePod>,
+}
+
+/// A pod running processes on a device. The UID tells a pod from a later one of the same name
+/// (a StatefulSet's), which may hold another device.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct DevicePod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl std::fmt::Display for DevicePod {
+    /// `namespace/name`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }

@@ -15,6 +15,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tessera_crds::GpuNode;
+use tessera_crds::activity::DevicePod;
 use tessera_crds::catalog::mig_resource_name;
 use tessera_crds::gpunode::{AGENT_LEASE_NAMESPACE, NodePhase};
 use tessera_crds::solver::ProfileCounts;
@@ -408,18 +409,25 @@ impl<B: GpuBackend> Agent<B> {
 
     /// The pods behind PIDs, from their cgroups and this node's pods (empty where the PID
     /// namespace or the API does not tell). Called from blocking code inside `block_in_place`.
-    pub(crate) fn pods_of(&self, pids: &[u32]) -> std::collections::BTreeMap<u32, String> {
-        let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
-        let Ok(pods) = tokio::runtime::Handle::current().block_on(Api::<Pod>::all(self.client.clone()).list(&lp))
-        else {
-            return Default::default();
-        };
+    pub(crate) fn pods_of(&self, pids: &[u32]) -> BTreeMap<u32, DevicePod> {
+        self.try_pods_of(pids).unwrap_or_default()
+    }
+
+    /// [`Self::pods_of`], failing when the pods cannot be listed. The list is served from the API
+    /// server's watch cache (`resourceVersion=0`), not etcd: a pod running a GPU process was
+    /// bound (and cached) before its containers started.
+    pub(crate) fn try_pods_of(&self, pids: &[u32]) -> Result<BTreeMap<u32, DevicePod>, Error> {
+        let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.node)).match_any();
+        let pods = tokio::runtime::Handle::current().block_on(Api::<Pod>::all(self.client.clone()).list(&lp))?;
         let by_uid = pods
             .items
             .iter()
-            .filter_map(|p| Some((p.metadata.uid.clone()?, format!("{}/{}", p.namespace()?, p.name_any()))))
+            .filter_map(|p| {
+                let uid = p.metadata.uid.clone()?;
+                Some((uid.clone(), DevicePod { namespace: p.namespace()?, name: p.name_any(), uid }))
+            })
             .collect();
-        crate::pods::pods_of(pids, &by_uid)
+        Ok(crate::pods::pods_of(pids, &by_uid, &self.activity.proc_root))
     }
 
     /// Re-reads, right before a disruptive driver call, that the node is still handed over

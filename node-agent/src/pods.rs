@@ -2,6 +2,7 @@
 //! a blocked change names the pods to stop, not only PIDs.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 /// The pod UID in a `/proc/PID/cgroup` text, for both cgroup drivers: cgroupfs
 /// (`/kubepods/besteffort/pod<uid>/<ctr>`) and systemd
@@ -20,11 +21,12 @@ pub fn pod_uid_from_cgroup(text: &str) -> Option<String> {
     None
 }
 
-/// `namespace/name` per PID, for the PIDs whose cgroup names a pod in `pods_by_uid`.
-pub fn pods_of(pids: &[u32], pods_by_uid: &BTreeMap<String, String>) -> BTreeMap<u32, String> {
+/// The pod per PID, for the PIDs whose cgroup (`<proc>/<pid>/cgroup`) names a pod in
+/// `pods_by_uid`.
+pub fn pods_of<T: Clone>(pids: &[u32], pods_by_uid: &BTreeMap<String, T>, proc: &Path) -> BTreeMap<u32, T> {
     pids.iter()
         .filter_map(|pid| {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            let text = std::fs::read_to_string(proc.join(pid.to_string()).join("cgroup")).ok()?;
             let uid = pod_uid_from_cgroup(&text)?;
             Some((*pid, pods_by_uid.get(&uid)?.clone()))
         })

@@ -12,6 +12,8 @@
 //!   aside: its held devices count `unmeasured`, and the report says why (see [`stale`]).
 //! - Memory in use on a device no pod holds is listed as leaked, unattributed: once a pod ends,
 //!   no API object says which pod held a device-plugin device, so naming a tenant would be a guess.
+//! - A guessed holder still counts in its tenant's figures and is listed (`exact: false`), but
+//!   fires the alert only when it is idle for certain: the guessed pod may not be the idle one.
 
 use std::collections::BTreeMap;
 
@@ -78,6 +80,11 @@ pub struct IdleHolder {
     /// False when the holder is the status placement's guess (extended resources of one
     /// profile shared by several pods on a node).
     pub exact: bool,
+    /// Since when the pod is idle for sure: `idle_since` for an exact holder; for a guessed one
+    /// whose every possible device is idle (see `certain`), the latest `idleSince` among them (or its
+    /// start); absent for a guess alone. Only these fire `TesseraSlicesIdle`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certain_since: Option<Timestamp>,
 }
 
 /// Memory in use on a device no pod holds.
@@ -235,7 +242,9 @@ pub fn idle_report(
         // A dead agent's last summary says nothing of now: none of it is read.
         let devices = activity.filter(|_| stale.is_none()).map(|a| a.devices.as_slice()).unwrap_or_default();
         let mut held = 0;
-        for p in placed(node) {
+        let placed = placed(node);
+        let sure = certain::idle_groups(&placed, devices);
+        for p in placed {
             let measured = devices.iter().find(|d| matches(d, &p));
             let Some(h) = p.holder else {
                 if let Some(d) = measured.filter(|d| d.memory_used_mib > 0 || d.processes > 0) {
@@ -267,11 +276,16 @@ pub fn idle_report(
                 t.unmeasured += 1;
                 continue;
             };
-            let since = d.idle_since.as_ref().map(|s| s.0).map(|s| started.get(&h.pod).map_or(s, |p| s.max(*p)));
+            let from_start = |s: Timestamp| started.get(&h.pod).map_or(s, |p| s.max(*p));
+            let since = d.idle_since.as_ref().map(|s| from_start(s.0));
             match since.filter(|s| now.duration_since(*s) >= threshold) {
                 None => t.active += 1,
                 Some(since) => {
                     t.idle += 1;
+                    // A guessed holder whose whole group is idle has idled since the group's
+                    // latest idle start at least, whichever device it holds.
+                    let certain_since =
+                        if p.exact { Some(since) } else { sure.get(&p.profile).map(|s| from_start(*s)) };
                     report.idle.push(IdleHolder {
                         pod: h.pod.clone(),
                         tenant: h.tenant.clone(),
@@ -284,6 +298,7 @@ pub fn idle_report(
                         memory_used_mib: d.memory_used_mib,
                         idle_since: since,
                         exact: p.exact,
+                        certain_since,
                     });
                 }
             }
@@ -349,5 +364,8 @@ pub fn virtual_name(p: &Pod) -> Option<String> {
     (!name.is_empty() && !ns.is_empty()).then(|| format!("{ns}/{name}"))
 }
 
+mod certain;
+#[cfg(test)]
+mod exact_tests;
 #[cfg(test)]
 mod tests;

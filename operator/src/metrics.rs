@@ -49,9 +49,13 @@ pub struct TenantState {
     pub state: String,
 }
 
+/// A tenant's idle holders, `certain="true"` (an exact holder, or a guessed one whose every
+/// possible device is idle: `IdleHolder::certain_since`) or `"false"` (the placement's guess alone:
+/// the alert leaves these out, as the guessed pod may not be the idle one).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-pub struct TenantLabel {
+pub struct TenantIdle {
     pub tenant: String,
+    pub certain: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
@@ -106,7 +110,7 @@ pub struct Metrics {
     node_cordon_limit: GaugeSet<CordonedNode>,
     quota_shortfall: GaugeSet<ResourceLabel>,
     tenant_slices: GaugeSet<TenantState>,
-    tenant_idle_since: GaugeSet<TenantLabel>,
+    tenant_idle_since: GaugeSet<TenantIdle>,
 }
 
 impl Default for Metrics {
@@ -198,7 +202,8 @@ impl Default for Metrics {
         );
         registry.register(
             "tenant_idle_since_timestamp_seconds",
-            "Since when a tenant's longest-idle held device has been idle (Unix time; absent while none is)",
+            "Since when a tenant's longest-idle held device has been idle (Unix time; absent while none is), \
+             by whether that is certain (exact holder, or every device it may hold idle) or the placement's guess",
             m.tenant_idle_since.family.clone(),
         );
         *m.registry.lock().expect("fresh mutex") = registry;
@@ -269,7 +274,8 @@ impl Metrics {
     }
 
     /// Per tenant: devices by state (`idle`: past its quota's `idleAfter`), and since when its
-    /// longest-idle device has been idle (no series while none is idle).
+    /// longest-idle device has been idle, apart for certain and guessed holders (no series while
+    /// none is idle).
     pub fn set_tenant_activity(&self, report: &crate::idle::IdleReport) {
         let mut slices = BTreeMap::new();
         for (tenant, u) in &report.tenants {
@@ -280,10 +286,12 @@ impl Metrics {
             }
         }
         self.tenant_slices.replace(&slices);
-        let mut since: BTreeMap<TenantLabel, i64> = BTreeMap::new();
+        let mut since: BTreeMap<TenantIdle, i64> = BTreeMap::new();
         for h in &report.idle {
-            let e = since.entry(TenantLabel { tenant: h.tenant.clone().unwrap_or_default() }).or_insert(i64::MAX);
-            *e = (*e).min(h.idle_since.as_second());
+            let (certain, at) = h.certain_since.map_or(("false", h.idle_since), |t| ("true", t));
+            let key = TenantIdle { tenant: h.tenant.clone().unwrap_or_default(), certain: certain.into() };
+            let e = since.entry(key).or_insert(i64::MAX);
+            *e = (*e).min(at.as_second());
         }
         self.tenant_idle_since.replace(&since);
     }
@@ -398,6 +406,7 @@ mod tests {
             memory_used_mib: 0,
             idle_since: k8s_openapi::jiff::Timestamp::from_second(1000).unwrap(),
             exact: true,
+            certain_since: Some(k8s_openapi::jiff::Timestamp::from_second(1000).unwrap()),
         });
         r
     }
@@ -410,7 +419,21 @@ mod tests {
         for series in [
             "tessera_operator_tenant_slices{tenant=\"ml\",state=\"allocated\"} 2",
             "tessera_operator_tenant_slices{tenant=\"ml\",state=\"idle\"} 1",
-            "tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"ml\"} 1000",
+            "tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"ml\",certain=\"true\"} 1000",
+        ] {
+            assert!(text.contains(series), "{series}:\n{text}");
+        }
+        // A guessed holder idle for longer is exported apart: the alert counts certain ones only.
+        let mut guessed = idle_report();
+        let mut g = guessed.idle[0].clone();
+        (g.pod, g.exact, g.certain_since) = ("ml/b".into(), false, None);
+        g.idle_since = k8s_openapi::jiff::Timestamp::from_second(500).unwrap();
+        guessed.idle.insert(0, g);
+        m.set_tenant_activity(&guessed);
+        let text = m.render();
+        for series in [
+            "tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"ml\",certain=\"true\"} 1000",
+            "tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"ml\",certain=\"false\"} 500",
         ] {
             assert!(text.contains(series), "{series}:\n{text}");
         }

@@ -4,11 +4,11 @@
 //! dashboards can join the two; for a MIG device `UUID` is the MIG device's UUID, and
 //! `GPU_I_START` (Tessera's own) its first memory slot, as Tessera names instances by placement.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use k8s_openapi::jiff::Timestamp;
-use tessera_crds::activity::ActivitySource;
+use tessera_crds::activity::{ActivitySource, DevicePod};
 
 use super::Tracker;
 
@@ -19,9 +19,9 @@ fn escape(v: &str) -> String {
 /// Renders every current device's figures. A figure not known (no GPM, no sample yet) is left
 /// out rather than shown as 0.
 ///
-/// `holders` maps PIDs to the pods running them (`namespace/name`): a device whose processes all
-/// belong to one pod is labelled with its `namespace` and `pod`, as DCGM's exporter does.
-pub fn render(hostname: &str, tracker: &Tracker, now: Timestamp, holders: &BTreeMap<u32, String>) -> String {
+/// `holders` maps PIDs to the pods running them: a device whose processes all belong to one pod
+/// ([`super::holders::pod_of`]) is labelled with its `namespace` and `pod`, as DCGM's exporter does.
+pub fn render(hostname: &str, tracker: &Tracker, now: Timestamp, holders: &BTreeMap<u32, DevicePod>) -> String {
     let families: [(&str, &str); 6] = [
         (
             "tessera_gpu_sm_active_ratio",
@@ -65,11 +65,8 @@ pub fn render(hostname: &str, tracker: &Tracker, now: Timestamp, holders: &BTree
             if let (Some(id), Some(p), Some(s)) = (o.gpu_instance_id, &o.profile, o.start) {
                 let _ = write!(out, ",GPU_I_ID=\"{id}\",GPU_I_PROFILE=\"{}\",GPU_I_START=\"{s}\"", escape(p));
             }
-            let pods: BTreeSet<&String> = o.pids.iter().filter_map(|p| holders.get(p)).collect();
-            if let [pod] = pods.into_iter().collect::<Vec<_>>()[..]
-                && let Some((ns, name)) = pod.split_once('/')
-            {
-                let _ = write!(out, ",namespace=\"{}\",pod=\"{}\"", escape(ns), escape(name));
+            if let Some(pod) = super::holders::pod_of(&o.pids, holders) {
+                let _ = write!(out, ",namespace=\"{}\",pod=\"{}\"", escape(&pod.namespace), escape(&pod.name));
             }
             let _ = writeln!(out, "}} {value}");
         }
@@ -149,7 +146,8 @@ mod tests {
         };
         tr.observe(t(0), obs(None, 1));
         tr.observe(t(30), obs(Some(25.0), 1));
-        let holders = BTreeMap::from([(4242, "ml/train-0".to_string())]);
+        let pod = DevicePod { namespace: "ml".into(), name: "train-0".into(), uid: "u".into() };
+        let holders = BTreeMap::from([(4242, pod)]);
         let text = render("node-1", &tr, t(90), &holders);
         let mig = r#"gpu="0",UUID="MIG-a",modelName="NVIDIA H100 80GB HBM3",Hostname="node-1",source="Gpm",GPU_I_ID="2",GPU_I_PROFILE="3g.40gb",GPU_I_START="4",namespace="ml",pod="train-0""#;
         let whole =

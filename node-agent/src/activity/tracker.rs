@@ -229,6 +229,8 @@ impl Tracker {
                 idle_since: h.idle_since.map(Time),
                 memory_used_mib: h.last.memory_used_mib as i64,
                 processes: h.last.processes as i32,
+                // Named by the writer, which knows the pods (`holders::summary`).
+                pod: None,
             })
             .collect();
         NodeActivity { measured_at: Some(Time(now)), devices }

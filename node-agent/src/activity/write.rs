@@ -21,6 +21,8 @@ pub enum Reason {
     IdleTransition,
     /// A device's 1 h share moved by 10 points or more (or got its first figure).
     Share,
+    /// Another pod (or none) runs on a device ([`super::holders`]).
+    Holder,
 }
 
 /// Each device as (GPU, UUID, measured by GPM).
@@ -61,7 +63,7 @@ pub fn should_write(
             (a, b) => a != b,
         };
     }
-    share.then_some(Reason::Share)
+    share.then_some(Reason::Share).or_else(|| super::holders::moved(written, current).then_some(Reason::Holder))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use tessera_crds::activity::NodeActivity;
+use tessera_crds::activity::{DevicePod, NodeActivity};
 use tessera_crds::gpunode::GpuNode;
 use tracing::{debug, warn};
 
@@ -34,7 +34,9 @@ pub struct Writer {
     /// The latest `/metrics` text, rendered every sample (served by `metrics::serve`).
     pub metrics: std::sync::Arc<std::sync::Mutex<String>>,
     /// PID -> pod of the devices' processes, looked up (one pod list) only when the PIDs change.
-    pub holders: (Vec<u32>, std::collections::BTreeMap<u32, String>),
+    pub holders: (Vec<u32>, std::collections::BTreeMap<u32, DevicePod>),
+    /// Where the PIDs' cgroups are read (`/proc`, the host's with the host PID namespace).
+    pub proc_root: std::path::PathBuf,
     /// Whether the tracker was seeded from the stored `status.activity` (once per run).
     pub seeded: bool,
     /// Spaces the retries of a write the API server keeps refusing.
@@ -50,6 +52,7 @@ impl Default for Writer {
             sample_interval: Duration::from_secs(30),
             metrics: Default::default(),
             holders: Default::default(),
+            proc_root: "/proc".into(),
             seeded: false,
             backoff: Default::default(),
         }
@@ -64,9 +67,20 @@ impl<B: GpuBackend> Agent<B> {
         let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
         pids.sort_unstable();
         if pids != self.activity.holders.0 {
-            let pods =
-                if pids.is_empty() { Default::default() } else { tokio::task::block_in_place(|| self.pods_of(&pids)) };
-            self.activity.holders = (pids, pods);
+            let found = if pids.is_empty() {
+                Ok(Default::default())
+            } else {
+                tokio::task::block_in_place(|| self.try_pods_of(&pids))
+            };
+            match found {
+                Ok(pods) => self.activity.holders = (pids, pods),
+                // Tried again on the next sample (the PIDs looked up stay the old ones); the PIDs
+                // still running keep their pods meanwhile.
+                Err(e) => {
+                    warn!(error = %e, "could not list this node's pods to name the devices' holders; retrying on the next sample");
+                    self.activity.holders.1.retain(|pid, _| pids.binary_search(pid).is_ok());
+                }
+            }
         }
         let prior = if self.activity.seeded { None } else { Some(self.stored_activity().await?) };
         let now = Timestamp::now();
@@ -78,7 +92,7 @@ impl<B: GpuBackend> Agent<B> {
             }
             None => w.tracker.observe(now, observations),
         }
-        let summary = w.tracker.summary(now);
+        let summary = super::holders::summary(&w.tracker, now, &w.holders.1);
         *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
             super::metrics::render(&self.node, &w.tracker, now, &w.holders.1);
         let Some(reason) = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval) else {
@@ -145,6 +159,11 @@ mod tests {
         stored: Value,
         /// GpuNode reads.
         reads: u32,
+        /// The pods listed (items of the PodList) and each pod list's query.
+        pods: Vec<Value>,
+        pod_queries: Vec<String>,
+        /// Fail the next `fail_pod_lists` pod lists.
+        fail_pod_lists: u32,
     }
 
     fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBackend> {
@@ -160,8 +179,13 @@ mod tests {
                     let mut s = server.lock().unwrap();
                     if path == "/api/v1/pods" {
                         s.pod_lists += 1;
+                        s.pod_queries.push(query);
+                        if s.fail_pod_lists > 0 {
+                            s.fail_pod_lists -= 1;
+                            return Err(std::io::Error::other("API server unavailable"));
+                        }
                         let list =
-                            serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []});
+                            serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": s.pods});
                         return Ok(http::Response::new(kube::client::Body::from(list.to_string().into_bytes())));
                     }
                     if path.ends_with("/gpunodes/test") {
@@ -265,6 +289,59 @@ mod tests {
         sim::run_process(&state, 0, Some(&mig.uuid), 4243, "python", Some(100)).unwrap();
         a.sample_activity().await.unwrap();
         assert_eq!(server.lock().unwrap().pod_lists, 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_devices_pod_is_listed_from_the_watch_cache_retried_on_failure_and_written_on_change() {
+        let dir = temp_dir("activity-pod");
+        let state = dir.join("sim.json");
+        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
+        // Two pods on the node; PID 4242 runs in the first, 4243 in the second (their cgroups).
+        let uid = |n: u32| format!("0f3c1e9a-5b7d-4c2e-9a1b-2d3e4f5a6b7{n}");
+        for (pid, n) in [(4242, 1), (4243, 2)] {
+            std::fs::create_dir_all(dir.join("proc").join(pid.to_string())).unwrap();
+            let cgroup = format!("0::/kubepods/besteffort/pod{}/ctr", uid(n));
+            std::fs::write(dir.join("proc").join(pid.to_string()).join("cgroup"), cgroup).unwrap();
+        }
+        let pod = |n: u32| {
+            serde_json::json!({"metadata": {"namespace": "ml", "name": format!("nb-{n}"), "uid": uid(n)},
+                "spec": {"nodeName": "test", "containers": []}})
+        };
+        let server =
+            Arc::new(Mutex::new(Server { pods: vec![pod(1), pod(2)], fail_pod_lists: 1, ..Default::default() }));
+        let mut a = agent(&state, server.clone());
+        a.activity.proc_root = dir.join("proc");
+        a.activity.write_interval = SignedDuration::ZERO;
+        sim::set_activity(&state, 0, Some(&mig.uuid), 50.0).unwrap();
+        sim::run_process(&state, 0, Some(&mig.uuid), 4242, "python", Some(100)).unwrap();
+        // The first pod list fails: no pod named, and the next sample lists again.
+        a.sample_activity().await.unwrap();
+        assert!(server.lock().unwrap().patches[0].1["status"]["activity"]["devices"][0]["pod"].is_null());
+        // The next: the first share and the pod (news), then at rest.
+        for _ in 0..3 {
+            a.sample_activity().await.unwrap();
+        }
+        let named = |s: &Server, i: usize| s.patches[i].1["status"]["activity"]["devices"][0]["pod"].clone();
+        {
+            let s = server.lock().unwrap();
+            assert_eq!(s.pod_lists, 2, "a failed list is tried again, once");
+            assert_eq!(s.patches.len(), 2, "at rest: no write for the holder");
+            assert_eq!(named(&s, 1), serde_json::json!({"namespace": "ml", "name": "nb-1", "uid": uid(1)}));
+            let query = &s.pod_queries[1];
+            for part in ["fieldSelector=spec.nodeName%3Dtest", "resourceVersion=0", "resourceVersionMatch=NotOlderThan"]
+            {
+                assert!(query.split('&').any(|q| q == part), "the pod list is served from the watch cache: {query}");
+            }
+        }
+        // The first pod's process ends, the second's starts: the device has another holder.
+        sim::stop_process(&state, 4242).unwrap();
+        sim::run_process(&state, 0, Some(&mig.uuid), 4243, "python", Some(100)).unwrap();
+        a.sample_activity().await.unwrap();
+        let s = server.lock().unwrap();
+        assert_eq!(s.patches.len(), 3, "a new holder is news");
+        assert_eq!(named(&s, 2)["name"], "nb-2");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

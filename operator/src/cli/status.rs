@@ -7,13 +7,15 @@
 //! index and slot first, and an instance whose holder could be another one is marked `exact:
 //! false`. When every instance of a resource on a node is free, or all are held by one pod, the
 //! attribution is exact. A pod holding a device through a ResourceClaim is exact: the claim's
-//! allocation names the device (`claims`).
+//! allocation names the device (`claims`). So is a pod the node agent saw running on a device
+//! (`named`).
 
 mod claims;
 #[cfg(test)]
 mod claims_tests;
 mod fetch;
 mod held;
+mod named;
 mod render;
 #[cfg(test)]
 mod tests;
@@ -220,7 +222,7 @@ pub fn fleet_status_with(
         }
         let entry = pods_by_node.entry(node).or_default();
         if !held.is_empty() {
-            entry.0.push((holder, held));
+            entry.0.push((holder, held, pod.metadata.uid.clone()));
         }
         entry.1.extend(claimed);
     }
@@ -276,8 +278,8 @@ fn plan_summary(p: &GpuPartitionPlan) -> PlanSummary {
     }
 }
 
-/// A pod and the units of each GPU resource it holds.
-type PodHolds = (Holder, BTreeMap<String, i64>);
+/// A pod, the units of each GPU resource it holds, and its UID.
+type PodHolds = (Holder, BTreeMap<String, i64>, Option<String>);
 
 /// A device a pod may hold: (GPU position in the node's list, instance position or `None` for
 /// the whole GPU).
@@ -291,7 +293,9 @@ fn node_status(gn: &GpuNode, mut pods: Vec<PodHolds>, claimed: Vec<ClaimHolds>, 
     gpus.sort_by_key(|g| g.index);
     let mut out: Vec<GpuStatus> = gpus.iter().map(|g| gpu_status(g, &gn.spec.gpus)).collect();
     // Devices named by claims first: exact, and no longer free for the guesses below.
-    let (taken, mut unplaced) = claims::place(&mut out, &gpus, claimed, slices);
+    let (mut taken, mut unplaced) = claims::place(&mut out, &gpus, claimed, slices);
+    // Then those the agent saw one pod's processes on: exact too.
+    named::place(&mut out, &gpus, st.activity.as_ref(), &mut pods, &mut taken);
 
     // Devices per resource, in the order pods are given them.
     let mut devices: BTreeMap<String, Vec<Device>> = BTreeMap::new();
@@ -310,7 +314,7 @@ fn node_status(gn: &GpuNode, mut pods: Vec<PodHolds>, claimed: Vec<ClaimHolds>, 
     for (resource, list) in &devices {
         let mut next = 0;
         let mut holders = Vec::new();
-        for (holder, held) in &pods {
+        for (holder, held, _) in &pods {
             let want = held.get(resource).copied().unwrap_or(0);
             let take = usize::try_from(want).unwrap_or(0).min(list.len() - next);
             for &(gi, inst) in &list[next..next + take] {
@@ -334,7 +338,7 @@ fn node_status(gn: &GpuNode, mut pods: Vec<PodHolds>, claimed: Vec<ClaimHolds>, 
             }
         }
     }
-    for (holder, held) in &pods {
+    for (holder, held, _) in &pods {
         for (resource, n) in held.iter().filter(|(r, _)| !devices.contains_key(*r)) {
             unplaced.push(Held { holder: holder.clone(), resource: resource.clone(), count: *n });
         }

@@ -41,6 +41,25 @@ pub struct Writer {
     pub seeded: bool,
     /// Spaces the retries of a write the API server keeps refusing.
     pub backoff: super::backoff::Backoff,
+    /// Since when the stored summary has not been kept current (sampling failed, the stored one
+    /// could not be read, or a write it needed failed or waits out the back-off); `None` while
+    /// current. Announced on the heartbeat Lease ([`Writer::failing_since`]).
+    pub failing: Option<Timestamp>,
+}
+
+/// A report not current for longer than this many samples is announced (a passing failure,
+/// retried on the next sample, is not).
+pub const FAILING_AFTER_SAMPLES: u32 = 2;
+
+impl Writer {
+    /// Since when the activity report has not been current, once that has lasted longer than
+    /// [`FAILING_AFTER_SAMPLES`] samples at `now`: the heartbeat Lease carries it, and the
+    /// operator sets the node's summary aside as a dead agent's.
+    pub fn failing_since(&self, now: Timestamp) -> Option<Timestamp> {
+        let grace =
+            SignedDuration::try_from(self.sample_interval * FAILING_AFTER_SAMPLES).unwrap_or(SignedDuration::MAX);
+        self.failing.filter(|since| now.duration_since(*since) > grace)
+    }
 }
 
 impl Default for Writer {
@@ -55,14 +74,28 @@ impl Default for Writer {
             proc_root: "/proc".into(),
             seeded: false,
             backoff: Default::default(),
+            failing: None,
         }
     }
 }
 
 impl<B: GpuBackend> Agent<B> {
     /// One activity pass. A failed write is logged and retried after a back-off (see
-    /// [`super::backoff`]; the summary is recomputed then; nothing is queued).
+    /// [`super::backoff`]; the summary is recomputed then; nothing is queued). Keeps
+    /// [`Writer::failing`]: set at the first pass that leaves the stored summary behind, cleared
+    /// by the next that leaves it current.
     pub async fn sample_activity(&mut self) -> Result<(), Error> {
+        let current = self.activity_pass().await;
+        let now = Timestamp::now();
+        match current {
+            Ok(true) => self.activity.failing = None,
+            Ok(false) | Err(_) => self.activity.failing = self.activity.failing.or(Some(now)),
+        }
+        current.map(|_| ())
+    }
+
+    /// One pass: `Ok(false)` when a write was due but waits out the back-off.
+    async fn activity_pass(&mut self) -> Result<bool, Error> {
         let observations = tokio::task::block_in_place(|| super::sample::observe(&mut self.backend))?;
         let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
         pids.sort_unstable();
@@ -82,7 +115,22 @@ impl<B: GpuBackend> Agent<B> {
                 }
             }
         }
-        let prior = if self.activity.seeded { None } else { Some(self.stored_activity().await?) };
+        let prior = match self.activity.seeded {
+            true => None,
+            false => match self.stored_activity().await {
+                Ok(prior) => Some(prior),
+                Err(e) => {
+                    // `/metrics` still shows this sample (figures without history); seeding, and
+                    // the write, are tried again on the next one.
+                    let (now, w) = (Timestamp::now(), &mut self.activity);
+                    let mut fresh = Tracker::default();
+                    fresh.observe(now, observations);
+                    *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
+                        super::metrics::render(&self.node, &fresh, now, &w.holders.1);
+                    return Err(e);
+                }
+            },
+        };
         let now = Timestamp::now();
         let w = &mut self.activity;
         match prior {
@@ -96,11 +144,11 @@ impl<B: GpuBackend> Agent<B> {
         *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
             super::metrics::render(&self.node, &w.tracker, now, &w.holders.1);
         let Some(reason) = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval) else {
-            return Ok(());
+            return Ok(true);
         };
         if !w.backoff.try_now() {
             debug!(failures = w.backoff.failures(), "activity write backing off");
-            return Ok(());
+            return Ok(false);
         }
         debug!(?reason, devices = summary.devices.len(), "writing GpuNode.status.activity");
         let body = json!({
@@ -112,7 +160,7 @@ impl<B: GpuBackend> Agent<B> {
             Ok(_) => {
                 self.activity.last = Some((now, summary));
                 self.activity.backoff.succeeded();
-                Ok(())
+                Ok(true)
             }
             Err(e) => {
                 self.activity.backoff.failed(self.activity.sample_interval);
@@ -164,6 +212,8 @@ mod tests {
         pod_queries: Vec<String>,
         /// Fail the next `fail_pod_lists` pod lists.
         fail_pod_lists: u32,
+        /// Each heartbeat Lease apply's body.
+        leases: Vec<Value>,
     }
 
     fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBackend> {
@@ -187,6 +237,11 @@ mod tests {
                         let list =
                             serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": s.pods});
                         return Ok(http::Response::new(kube::client::Body::from(list.to_string().into_bytes())));
+                    }
+                    if path.ends_with("/leases/test") {
+                        let lease: Value = serde_json::from_slice(&body).unwrap();
+                        s.leases.push(lease.clone());
+                        return Ok(http::Response::new(kube::client::Body::from(lease.to_string().into_bytes())));
                     }
                     if path.ends_with("/gpunodes/test") {
                         s.reads += 1;
@@ -229,7 +284,10 @@ mod tests {
         let patches = server.lock().unwrap().patches.clone();
         assert_eq!(patches.len(), 1, "{patches:?}");
         let text = a.activity.metrics.lock().unwrap().clone();
-        assert!(text.contains(&format!("tessera_gpu_sm_active_ratio{{gpu=\"0\",UUID=\"{}\"", mig.uuid)), "{text}");
+        // DCGM's labels: `UUID` the GPU's, the MIG device's own as `MIG_UUID`.
+        let gpu = b.inventory().unwrap()[0].uuid.clone();
+        assert!(text.contains(&format!("tessera_gpu_sm_active_ratio{{gpu=\"0\",UUID=\"{gpu}\"")), "{text}");
+        assert!(text.contains(&format!(",MIG_UUID=\"{}\",GPU_I_ID=", mig.uuid)), "{text}");
         let (query, body) = &patches[0];
         assert!(query.contains("fieldManager=tessera-node-agent-activity"), "{query}");
         assert!(query.contains("force=true"), "{query}");
@@ -389,5 +447,74 @@ mod tests {
         assert!(a.sample_activity().await.is_err());
         assert!(!a.activity.seeded, "tried again on the next sample");
         assert!(a.activity.last.is_none(), "nothing written");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn metrics_are_rendered_while_the_stored_summary_cannot_be_read() {
+        let state = temp_dir("activity-unseeded-metrics").join("sim.json");
+        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
+        sim::run_process(&state, 0, Some(&mig.uuid), 7, "python", Some(2048)).unwrap();
+        let mut a = agent(&state, Arc::new(Mutex::new(Server::default())));
+        a.client = Client::new(
+            tower::service_fn(|_req: http::Request<kube::client::Body>| async move {
+                Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("API server unavailable"))
+            }),
+            "default",
+        );
+        assert!(a.sample_activity().await.is_err(), "the pass still fails: nothing can be written");
+        let text = a.activity.metrics.lock().unwrap().clone();
+        assert!(text.lines().any(|l| l.starts_with("tessera_gpu_fb_used_mib{") && l.ends_with(" 2048")), "{text}");
+        assert!(!a.activity.seeded, "seeding is tried again on the next sample");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_report_left_behind_past_two_samples_rides_on_the_heartbeat_lease_until_current_again() {
+        let state = temp_dir("activity-failing").join("sim.json");
+        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        b.create_instance(0, "3g.40gb", 4).unwrap();
+        let server = Arc::new(Mutex::new(Server { fail: 100, ..Default::default() }));
+        let mut a = agent(&state, server.clone());
+        a.activity.write_interval = SignedDuration::ZERO;
+        a.activity.sample_interval = Duration::from_millis(20);
+        let annotation = |s: &Server| s.leases.last().unwrap()["metadata"]["annotations"].clone();
+        // The write is refused: a first failure is not announced yet (retried next sample).
+        assert!(a.sample_activity().await.is_err());
+        let since = a.activity.failing.expect("the first failure is recorded");
+        a.renew_lease().await.unwrap();
+        assert!(annotation(&server.lock().unwrap()).is_null(), "within two samples: not announced");
+        // Still refused (or waiting out the back-off) two samples later: announced, with since when.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let _ = a.sample_activity().await;
+        a.renew_lease().await.unwrap();
+        let want = serde_json::json!({"tessera.dev/activity-failing-since": since.to_string()});
+        assert_eq!(annotation(&server.lock().unwrap()), want);
+        // The server answers again: once written, the renewal leaves the annotation out (server-side
+        // apply removes it).
+        server.lock().unwrap().fail = 0;
+        for _ in 0..4 {
+            let _ = a.sample_activity().await;
+        }
+        assert_eq!(server.lock().unwrap().patches.len(), 1);
+        assert_eq!(a.activity.failing, None);
+        a.renew_lease().await.unwrap();
+        assert!(annotation(&server.lock().unwrap()).is_null());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn devices_that_cannot_be_listed_leave_the_report_behind_and_are_announced() {
+        // No state file: the simulator cannot list the GPUs.
+        let state = temp_dir("activity-unlisted").join("missing.json");
+        let server = Arc::new(Mutex::new(Server::default()));
+        let mut a = agent(&state, server.clone());
+        a.activity.sample_interval = Duration::from_millis(20);
+        assert!(a.sample_activity().await.is_err());
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(a.sample_activity().await.is_err());
+        let since = a.activity.failing.unwrap();
+        assert_eq!(a.activity.failing_since(Timestamp::now()), Some(since));
+        assert!(server.lock().unwrap().patches.is_empty());
     }
 }

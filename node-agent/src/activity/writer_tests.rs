@@ -286,7 +286,8 @@ async fn a_report_left_behind_past_two_samples_rides_on_the_heartbeat_lease_unti
     let server = Arc::new(Mutex::new(Server { fail: 100, ..Default::default() }));
     let mut a = agent(&state, server.clone());
     a.activity.write_interval = SignedDuration::ZERO;
-    a.activity.sample_interval = Duration::from_millis(20);
+    // Two samples are 20 s at first (none elapses), then 2 ms (both elapse).
+    a.activity.sample_interval = Duration::from_secs(10);
     let annotation = |s: &Server| s.leases.last().unwrap()["metadata"]["annotations"].clone();
     // The write is refused: a first failure is not announced yet (retried next sample).
     assert!(a.sample_activity().await.is_err());
@@ -294,7 +295,8 @@ async fn a_report_left_behind_past_two_samples_rides_on_the_heartbeat_lease_unti
     a.renew_lease().await.unwrap();
     assert!(annotation(&server.lock().unwrap()).is_null(), "within two samples: not announced");
     // Still refused (or waiting out the back-off) two samples later: announced, with since when.
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    a.activity.sample_interval = Duration::from_millis(1);
+    tokio::time::sleep(Duration::from_millis(10)).await;
     let _ = a.sample_activity().await;
     a.renew_lease().await.unwrap();
     let want = serde_json::json!({"tessera.dev/activity-failing-since": since.to_string()});
@@ -317,9 +319,9 @@ async fn devices_that_cannot_be_listed_leave_the_report_behind_and_are_announced
     let state = temp_dir("activity-unlisted").join("missing.json");
     let server = Arc::new(Mutex::new(Server::default()));
     let mut a = agent(&state, server.clone());
-    a.activity.sample_interval = Duration::from_millis(20);
+    a.activity.sample_interval = Duration::from_millis(1);
     assert!(a.sample_activity().await.is_err());
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
     assert!(a.sample_activity().await.is_err());
     let since = a.activity.failing.unwrap();
     assert_eq!(a.activity.failing_since(Timestamp::now()), Some(since));

@@ -201,3 +201,9 @@ pub struct NodeRollout {
 /// Namespace of the node agents' heartbeat Leases, one per node, named after it (as the kubelet's
 /// leases live in `kube-node-lease`): the agent renews it; the operator reads it.
 pub const AGENT_LEASE_NAMESPACE: &str = "tessera-node-leases";
+
+/// Annotation of an agent's heartbeat Lease: since when (RFC 3339) the agent has not kept its
+/// `GpuNode.status.activity` current (sampling or writing keeps failing) though it is alive.
+/// Set and removed by the agent's own Lease renewal (no extra request); the operator then sets
+/// the node's activity summary aside as it does a dead agent's.
+pub const ACTIVITY_FAILING_SINCE: &str = "tessera.dev/activity-failing-since";

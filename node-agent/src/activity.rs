@@ -7,6 +7,8 @@
 
 pub mod backoff;
 pub mod bench;
+#[cfg(test)]
+pub mod faulty;
 pub mod holders;
 pub mod metrics;
 pub mod sample;

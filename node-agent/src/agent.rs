@@ -17,7 +17,7 @@ use serde_json::json;
 use tessera_crds::GpuNode;
 use tessera_crds::activity::DevicePod;
 use tessera_crds::catalog::mig_resource_name;
-use tessera_crds::gpunode::{AGENT_LEASE_NAMESPACE, NodePhase};
+use tessera_crds::gpunode::{ACTIVITY_FAILING_SINCE, AGENT_LEASE_NAMESPACE, NodePhase};
 use tessera_crds::solver::ProfileCounts;
 use tracing::{info, warn};
 
@@ -473,8 +473,14 @@ impl<B: GpuBackend> Agent<B> {
     /// Renews (or creates) this node's heartbeat Lease in [`AGENT_LEASE_NAMESPACE`].
     pub async fn renew_lease(&self) -> Result<(), Error> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), AGENT_LEASE_NAMESPACE);
+        // Whether the activity report is current rides on the renewal (see
+        // `ACTIVITY_FAILING_SINCE`): applied while failing, left out (so removed) once current.
+        let mut metadata = json!({"name": self.node});
+        if let Some(since) = self.activity.failing_since(k8s_openapi::jiff::Timestamp::now()) {
+            metadata["annotations"] = json!({ACTIVITY_FAILING_SINCE: since.to_string()});
+        }
         let body = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": self.node},
+            "metadata": metadata,
             "spec": {"holderIdentity": self.node, "leaseDurationSeconds": self.lease_duration.as_secs().max(1),
                      "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())}});
         api.patch(&self.node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await?;

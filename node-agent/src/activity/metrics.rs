@@ -1,8 +1,9 @@
 //! The devices' activity on the agent's `/metrics`, in Prometheus' text format, every sample (not
 //! just what is written to the API server). Labels are those NVIDIA's DCGM exporter uses for the
 //! same devices (`gpu`, `UUID`, `GPU_I_ID`, `GPU_I_PROFILE`, `modelName`, `Hostname`), so
-//! dashboards can join the two; for a MIG device `UUID` is the MIG device's UUID, and
-//! `GPU_I_START` (Tessera's own) its first memory slot, as Tessera names instances by placement.
+//! dashboards can join the two: `UUID` is the GPU's UUID, for its MIG devices too (as DCGM
+//! labels them, told apart by `GPU_I_ID`); Tessera adds the MIG device's own UUID as `MIG_UUID`
+//! and `GPU_I_START`, its first memory slot, as Tessera names instances by placement.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -16,8 +17,8 @@ fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// Renders every current device's figures. A figure not known (no GPM, no sample yet) is left
-/// out rather than shown as 0.
+/// Renders every current device's figures. A figure not known (no GPM, no sample yet; for
+/// `tessera_gpu_idle_seconds`, a GPM device with no figure yet) is left out rather than shown as 0.
 ///
 /// `holders` maps PIDs to the pods running them: a device whose processes all belong to one pod
 /// ([`super::holders::pod_of`]) is labelled with its `namespace` and `pod`, as DCGM's exporter does.
@@ -45,7 +46,11 @@ pub fn render(hostname: &str, tracker: &Tracker, now: Timestamp, holders: &BTree
                 0 => o.sm_active_percent.map(|p| p / 100.0),
                 1 => d.active_percent_1h.map(|p| f64::from(p) / 100.0),
                 2 => d.active_percent_24h.map(|p| f64::from(p) / 100.0),
-                3 => Some(d.idle_since.as_ref().map_or(0.0, |t| now.duration_since(t.0).as_secs_f64().max(0.0))),
+                3 => match (&d.idle_since, o.idle()) {
+                    (Some(t), _) => Some(now.duration_since(t.0).as_secs_f64().max(0.0)),
+                    (None, Some(_)) => Some(0.0),
+                    (None, None) => None,
+                },
                 4 => Some(o.memory_used_mib as f64),
                 _ => Some(f64::from(o.processes)),
             };
@@ -58,10 +63,13 @@ pub fn render(hostname: &str, tracker: &Tracker, now: Timestamp, holders: &BTree
                 out,
                 "{name}{{gpu=\"{}\",UUID=\"{}\",modelName=\"{}\",Hostname=\"{}\",source=\"{source}\"",
                 o.gpu_index,
-                escape(o.uuid.as_deref().unwrap_or_default()),
+                escape(&o.gpu_uuid),
                 escape(&o.model_name),
                 escape(hostname),
             );
+            if let Some(mig) = &o.uuid {
+                let _ = write!(out, ",MIG_UUID=\"{}\"", escape(mig));
+            }
             if let (Some(id), Some(p), Some(s)) = (o.gpu_instance_id, &o.profile, o.start) {
                 let _ = write!(out, ",GPU_I_ID=\"{id}\",GPU_I_PROFILE=\"{}\",GPU_I_START=\"{s}\"", escape(p));
             }
@@ -119,12 +127,14 @@ mod tests {
                 Observation {
                     gpu_index: 0,
                     model_name: "NVIDIA H100 80GB HBM3".into(),
+                    gpu_uuid: "GPU-h".into(),
                     uuid: Some("MIG-a".into()),
                     profile: Some("3g.40gb".into()),
                     start: Some(4),
                     gpu_instance_id: Some(2),
                     source: ActivitySource::Gpm,
                     sm_active_percent: sm,
+                    gpm_failed: false,
                     memory_used_mib: 1024,
                     processes: procs,
                     pids: vec![4242],
@@ -132,12 +142,14 @@ mod tests {
                 Observation {
                     gpu_index: 1,
                     model_name: "NVIDIA A100-SXM4-40GB".into(),
+                    gpu_uuid: "GPU-w".into(),
                     uuid: None,
                     profile: None,
                     start: None,
                     gpu_instance_id: None,
                     source: ActivitySource::ProcessesAndMemory,
                     sm_active_percent: None,
+                    gpm_failed: false,
                     memory_used_mib: 0,
                     processes: 0,
                     pids: vec![],
@@ -145,13 +157,16 @@ mod tests {
             ]
         };
         tr.observe(t(0), obs(None, 1));
+        // A GPM device with no figure yet: its idleness is unknown, not 0 s.
+        let first = render("node-1", &tr, t(0), &BTreeMap::new());
+        assert!(!first.lines().any(|l| l.starts_with("tessera_gpu_idle_seconds{gpu=\"0\"")), "{first}");
         tr.observe(t(30), obs(Some(25.0), 1));
         let pod = DevicePod { namespace: "ml".into(), name: "train-0".into(), uid: "u".into() };
         let holders = BTreeMap::from([(4242, pod)]);
         let text = render("node-1", &tr, t(90), &holders);
-        let mig = r#"gpu="0",UUID="MIG-a",modelName="NVIDIA H100 80GB HBM3",Hostname="node-1",source="Gpm",GPU_I_ID="2",GPU_I_PROFILE="3g.40gb",GPU_I_START="4",namespace="ml",pod="train-0""#;
+        let mig = r#"gpu="0",UUID="GPU-h",modelName="NVIDIA H100 80GB HBM3",Hostname="node-1",source="Gpm",MIG_UUID="MIG-a",GPU_I_ID="2",GPU_I_PROFILE="3g.40gb",GPU_I_START="4",namespace="ml",pod="train-0""#;
         let whole =
-            r#"gpu="1",UUID="",modelName="NVIDIA A100-SXM4-40GB",Hostname="node-1",source="ProcessesAndMemory""#;
+            r#"gpu="1",UUID="GPU-w",modelName="NVIDIA A100-SXM4-40GB",Hostname="node-1",source="ProcessesAndMemory""#;
         for line in [
             format!("tessera_gpu_sm_active_ratio{{{mig}}} 0.25"),
             format!("tessera_gpu_sm_active_1h_ratio{{{mig}}} 0.25"),

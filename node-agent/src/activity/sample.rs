@@ -8,61 +8,101 @@ use super::Observation;
 use crate::Error;
 use crate::backend::{GpuBackend, SmActivity};
 
-/// GPM's answer as (source, figure). A missing symbol is a driver without GPM: processes and
-/// memory from then on. Any other failure keeps the device on GPM with no figure this pass, so a
-/// passing fault neither claims idleness nor wipes the device's history.
-fn gpm<B: GpuBackend>(backend: &mut B, gpu: u32, gi: Option<u32>, uuid: &str) -> (ActivitySource, Option<f64>) {
+/// GPM's answer as (source, figure, failed). A missing symbol is a driver without GPM: processes
+/// and memory from then on. Any other failure keeps the device on GPM with no figure this pass
+/// and `failed` set: the tracker then judges that one sample by the processes rule (a board
+/// whose MIG GPM is never supported behaves as one without GPM), and the next sample tries
+/// GPM again, so a passing fault neither wipes the device's history nor freezes its idleness.
+fn gpm<B: GpuBackend>(backend: &mut B, gpu: u32, gi: Option<u32>, uuid: &str) -> (ActivitySource, Option<f64>, bool) {
     match backend.sm_activity(gpu, gi, uuid) {
-        Ok(SmActivity::Percent(p)) => (ActivitySource::Gpm, Some(p)),
-        Ok(SmActivity::FirstSample) => (ActivitySource::Gpm, None),
-        Ok(SmActivity::Unsupported) | Err(Error::MissingSymbol(_)) => (ActivitySource::ProcessesAndMemory, None),
+        Ok(SmActivity::Percent(p)) => (ActivitySource::Gpm, Some(p), false),
+        Ok(SmActivity::FirstSample) => (ActivitySource::Gpm, None, false),
+        Ok(SmActivity::Unsupported) | Err(Error::MissingSymbol(_)) => (ActivitySource::ProcessesAndMemory, None, false),
         Err(e) => {
-            tracing::warn!(gpu, gpu_instance = ?gi, "GPM sample failed, no activity figure this pass: {e}");
-            (ActivitySource::Gpm, None)
+            tracing::warn!(gpu, gpu_instance = ?gi, "GPM sample failed, judged by its processes this pass: {e}");
+            (ActivitySource::Gpm, None, true)
         }
     }
 }
 
-/// Observes every device of the node. Fails only when the GPUs themselves cannot be listed.
+/// A device whose reads failed: logged, and left out of this pass (see [`observe`]).
+fn skipped(gpu: u32, gi: Option<u32>, e: &Error) {
+    tracing::warn!(gpu, gpu_instance = ?gi, "could not read the device, no activity figure this pass: {e}");
+}
+
+/// Observes every device of the node. Fails only when the GPUs themselves cannot be listed: a
+/// GPU or device whose reads fail (a lost GPU, `GPU_IS_LOST`) is left out of this pass, so the
+/// others are still measured and written, and the operator counts the missing ones unmeasured.
 /// GPM samples are kept by device UUID, and those of devices not seen (destroyed) are dropped.
 pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error> {
     let mut out = Vec::new();
     let mut sampled: Vec<String> = Vec::new();
     for g in backend.inventory()? {
-        let procs = backend.processes(g.index)?;
+        let procs = match backend.processes(g.index) {
+            Ok(p) => p,
+            Err(e) => {
+                skipped(g.index, None, &e);
+                continue;
+            }
+        };
         if !g.mig_enabled {
-            let (source, sm_active_percent) = gpm(backend, g.index, None, &g.uuid);
+            let (source, sm_active_percent, gpm_failed) = gpm(backend, g.index, None, &g.uuid);
             sampled.push(g.uuid.clone());
+            let memory_used_mib = match backend.gpu_memory_used_mib(g.index) {
+                Ok(m) => m,
+                Err(e) => {
+                    skipped(g.index, None, &e);
+                    continue;
+                }
+            };
             out.push(Observation {
                 gpu_index: g.index,
                 model_name: g.product.clone(),
+                gpu_uuid: g.uuid.clone(),
                 uuid: None,
                 profile: None,
                 start: None,
                 gpu_instance_id: None,
                 source,
                 sm_active_percent,
-                memory_used_mib: backend.gpu_memory_used_mib(g.index)?,
+                gpm_failed,
+                memory_used_mib,
                 processes: procs.len() as u32,
                 pids: procs.iter().map(|p| p.pid).collect(),
             });
             continue;
         }
+        let instances = match backend.instances(g.index) {
+            Ok(i) => i,
+            Err(e) => {
+                skipped(g.index, None, &e);
+                continue;
+            }
+        };
         // Only MIG devices (a GPU instance with its compute instance) can be handed to a pod.
-        for i in backend.instances(g.index)?.into_iter().filter(|i| i.compute_instance_id.is_some()) {
+        for i in instances.into_iter().filter(|i| i.compute_instance_id.is_some()) {
             let gi = i.gpu_instance_id;
-            let (source, sm_active_percent) = gpm(backend, g.index, Some(gi), &i.uuid);
+            let (source, sm_active_percent, gpm_failed) = gpm(backend, g.index, Some(gi), &i.uuid);
             sampled.push(i.uuid.clone());
+            let memory_used_mib = match backend.memory_used_mib(g.index, gi) {
+                Ok(m) => m,
+                Err(e) => {
+                    skipped(g.index, Some(gi), &e);
+                    continue;
+                }
+            };
             out.push(Observation {
                 gpu_index: g.index,
                 model_name: g.product.clone(),
+                gpu_uuid: g.uuid.clone(),
                 uuid: Some(i.uuid),
                 profile: Some(i.profile),
                 start: Some(i.start),
                 gpu_instance_id: Some(gi),
                 source,
                 sm_active_percent,
-                memory_used_mib: backend.memory_used_mib(g.index, gi)?,
+                gpm_failed,
+                memory_used_mib,
                 processes: procs.iter().filter(|p| p.gpu_instance_id == Some(gi)).count() as u32,
                 pids: procs.iter().filter(|p| p.gpu_instance_id == Some(gi)).map(|p| p.pid).collect(),
             });
@@ -102,5 +142,68 @@ mod tests {
             ]
         );
         assert_eq!((got[1].profile.as_deref(), got[1].start), (Some("3g.40gb"), Some(4)));
+    }
+
+    /// An H100 with two MIG devices and a whole A100 beside it.
+    fn two_gpus(tag: &str) -> (std::path::PathBuf, SimBackend, [crate::backend::Instance; 2]) {
+        let state = temp_dir(tag).join("state.json");
+        let mut b = SimBackend::open(&state, &["H100-80GB".into(), "A100-40GB".into()]).unwrap();
+        b.set_mig_mode(0, true).unwrap();
+        let three = b.create_instance(0, "3g.40gb", 4).unwrap();
+        let one = b.create_instance(0, "1g.10gb", 0).unwrap();
+        (state, b, [one, three])
+    }
+
+    #[test]
+    fn a_lost_gpu_or_device_costs_only_its_own_figures() {
+        use crate::activity::faulty::{Faulty, Read};
+        let (_state, b, [one, three]) = two_gpus("activity-lost");
+        let (one_gi, one, three) = (one.gpu_instance_id, one.uuid, three.uuid);
+        let mut f = Faulty { inner: b, failing: vec![Read::Processes(1)] };
+        let keys = |got: Vec<Observation>| got.into_iter().map(|o| o.key()).collect::<Vec<_>>();
+        // The A100 is lost (GPU_IS_LOST on its process list): the H100's devices are measured.
+        let got = observe(&mut f).expect("one lost GPU does not fail the pass");
+        assert_eq!(keys(got), vec![(0, Some(one.clone())), (0, Some(three.clone()))]);
+        // One MIG device's memory cannot be read: only that device goes without its figure.
+        f.failing = vec![Read::Memory(0, Some(one_gi))];
+        let got = keys(observe(&mut f).unwrap());
+        assert_eq!(got, vec![(0, Some(three.clone())), (1, None)]);
+        // The whole GPU's memory, and a GPU whose instances cannot be listed.
+        f.failing = vec![Read::Memory(1, None), Read::Instances(0)];
+        assert_eq!(keys(observe(&mut f).unwrap()), Vec::<(u32, Option<String>)>::new());
+    }
+
+    #[test]
+    fn a_gpm_error_falls_back_to_processes_for_that_sample_and_gpm_resumes() {
+        use crate::activity::Tracker;
+        use crate::activity::faulty::{Faulty, Read};
+        use k8s_openapi::jiff::Timestamp;
+        let (state, b, [one, _]) = two_gpus("activity-gpm-fallback");
+        let (gi, one) = (one.gpu_instance_id, one.uuid);
+        let mut f = Faulty { inner: b, failing: vec![] };
+        let t = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let idle_since = |tr: &Tracker, s: i64| {
+            let d = tr.summary(t(s)).devices.into_iter().find(|d| d.uuid.as_deref() == Some(one.as_str())).unwrap();
+            (d.source, d.idle_since.map(|x| x.0))
+        };
+        let mut tr = Tracker::default();
+        tr.observe(t(0), observe(&mut f).unwrap());
+        tr.observe(t(30), observe(&mut f).unwrap());
+        assert_eq!(idle_since(&tr, 30), (ActivitySource::Gpm, Some(t(0))));
+        // GPM fails (a board whose MIG GPM is never supported, or a passing fault) while the
+        // device's pod computes: a compute process means active, not idle forever.
+        f.failing = vec![Read::Gpm(0, Some(gi))];
+        sim::run_process(&state, 0, Some(&one), 7, "python", Some(100)).unwrap();
+        tr.observe(t(60), observe(&mut f).unwrap());
+        assert_eq!(idle_since(&tr, 60), (ActivitySource::Gpm, None), "busy by the processes rule");
+        // Still no GPM, the process ended: idle by the same rule, from this sample.
+        sim::stop_process(&state, 7).unwrap();
+        tr.observe(t(90), observe(&mut f).unwrap());
+        assert_eq!(idle_since(&tr, 90), (ActivitySource::Gpm, Some(t(90))));
+        // GPM answers again: its figure decides (50% is busy), and the history was kept.
+        f.failing.clear();
+        sim::set_activity(&state, 0, Some(&one), 50.0).unwrap();
+        tr.observe(t(120), observe(&mut f).unwrap());
+        assert_eq!(idle_since(&tr, 120), (ActivitySource::Gpm, None));
     }
 }

@@ -27,6 +27,8 @@ pub struct Observation {
     pub gpu_index: u32,
     /// The GPU's product name (DCGM's `modelName` label).
     pub model_name: String,
+    /// The GPU's UUID (DCGM's `UUID` label, also for its MIG devices).
+    pub gpu_uuid: String,
     pub uuid: Option<String>,
     pub profile: Option<String>,
     pub start: Option<u8>,
@@ -36,6 +38,8 @@ pub struct Observation {
     /// GPM's SM activity since the previous sample, percent; `None` without GPM or on a first
     /// sample.
     pub sm_active_percent: Option<f64>,
+    /// GPM failed for this device this sample: judged by its processes instead, this once.
+    pub gpm_failed: bool,
     pub memory_used_mib: u64,
     pub processes: u32,
     /// The compute processes' PIDs (to name the pod holding the device on `/metrics`).
@@ -47,21 +51,25 @@ impl Observation {
         (self.gpu_index, self.uuid.clone())
     }
 
-    /// Idle now: GPM under 1%; without GPM, no compute process. `None`: GPM with no figure yet.
-    fn idle(&self) -> Option<bool> {
-        match self.source {
-            ActivitySource::Gpm => self.sm_active_percent.map(|p| p < IDLE_BELOW_PERCENT),
-            ActivitySource::ProcessesAndMemory => Some(self.processes == 0),
+    /// Idle now: GPM under 1%; without GPM (or GPM failed this sample), no compute process.
+    /// `None`: GPM with no figure yet.
+    pub(crate) fn idle(&self) -> Option<bool> {
+        match (self.source, self.sm_active_percent) {
+            (ActivitySource::Gpm, Some(p)) => Some(p < IDLE_BELOW_PERCENT),
+            (ActivitySource::Gpm, None) if !self.gpm_failed => None,
+            _ => Some(self.processes == 0),
         }
     }
 }
 
-/// Seconds observed and SM-active seconds in one minute.
+/// Seconds observed and SM-active seconds in one minute; or, seeded from a stored summary, over
+/// `spread` (from, to; seconds), of which a window counts the part it covers.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Bucket {
     minute: i64,
     seconds: f64,
     active_seconds: f64,
+    spread: Option<(i64, i64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -89,8 +97,7 @@ impl History {
         match o.idle() {
             // GPM's figure covers the interval since the previous sample: idle from its start.
             Some(true) if self.idle_since.is_none() => {
-                let began =
-                    if o.source == ActivitySource::Gpm && interval <= MAX_INTERVAL { self.last_at } else { now };
+                let began = if o.sm_active_percent.is_some() && interval <= MAX_INTERVAL { self.last_at } else { now };
                 self.idle_since = Some(began);
             }
             Some(false) => self.idle_since = None,
@@ -111,17 +118,21 @@ impl History {
     }
 
     /// Two buckets that make the hour ending at `at` average `p1h` and the day `p24h`: the hour
-    /// at `at`'s minute, the other 23 h one minute before that hour.
+    /// at `at`'s minute, the other 23 h one minute before that hour. Each is spread over the time
+    /// it stands for, so it leaves a window gradually, as real history would.
     fn seed_shares(&mut self, at: Timestamp, p1h: Option<i32>, p24h: Option<i32>) {
-        let minute = at.as_second().div_euclid(60);
+        let end = at.as_second();
+        let minute = end.div_euclid(60);
         let hour_active = p1h.map(|p| HOUR as f64 * f64::from(p.clamp(0, 100)) / 100.0);
         if let Some(p) = p24h {
             let rest = (DAY as f64 * f64::from(p.clamp(0, 100)) / 100.0 - hour_active.unwrap_or(0.0)).max(0.0);
             let seconds = (DAY - HOUR) as f64;
-            self.buckets.push_back(Bucket { minute: minute - HOUR / 60, seconds, active_seconds: rest.min(seconds) });
+            let (minute, spread) = (minute - HOUR / 60, Some((end - DAY, end - HOUR)));
+            self.buckets.push_back(Bucket { minute, seconds, active_seconds: rest.min(seconds), spread });
         }
         if let Some(active) = hour_active {
-            self.buckets.push_back(Bucket { minute, seconds: HOUR as f64, active_seconds: active });
+            let spread = Some((end - HOUR, end));
+            self.buckets.push_back(Bucket { minute, seconds: HOUR as f64, active_seconds: active, spread });
         }
     }
 
@@ -131,11 +142,11 @@ impl History {
         let minute = now.as_second().div_euclid(60);
         let active = seconds * percent / 100.0;
         match self.buckets.back_mut() {
-            Some(b) if b.minute == minute => {
+            Some(b) if b.minute == minute && b.spread.is_none() => {
                 b.seconds += seconds;
                 b.active_seconds += active;
             }
-            _ => self.buckets.push_back(Bucket { minute, seconds, active_seconds: active }),
+            _ => self.buckets.push_back(Bucket { minute, seconds, active_seconds: active, spread: None }),
         }
     }
 
@@ -143,11 +154,17 @@ impl History {
     /// when nothing was measured in it.
     fn mean(&self, now: Timestamp, window: i64) -> Option<i32> {
         let first = now.as_second().div_euclid(60) - window / 60;
-        let (s, a) = self
-            .buckets
-            .iter()
-            .filter(|b| b.minute > first)
-            .fold((0.0, 0.0), |(s, a), b| (s + b.seconds, a + b.active_seconds));
+        let from = now.as_second() - window;
+        let (s, a) = self.buckets.iter().fold((0.0, 0.0), |(s, a), b| {
+            let share = match b.spread {
+                // The part of a seeded stretch still inside the window.
+                Some((start, end)) => {
+                    (end - start.max(from)).clamp(0, end - start) as f64 / (end - start).max(1) as f64
+                }
+                None => f64::from(u8::from(b.minute > first)),
+            };
+            (s + b.seconds * share, a + b.active_seconds * share)
+        });
         (s > 0.0).then(|| (100.0 * a / s).round() as i32)
     }
 }

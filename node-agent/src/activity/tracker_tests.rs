@@ -8,12 +8,14 @@ fn mig(uuid: &str, source: ActivitySource, sm: Option<f64>, processes: u32) -> O
     Observation {
         gpu_index: 0,
         model_name: "NVIDIA H100 80GB HBM3".into(),
+        gpu_uuid: "GPU-0".into(),
         uuid: Some(uuid.into()),
         profile: Some("3g.40gb".into()),
         start: Some(4),
         gpu_instance_id: Some(2),
         source,
         sm_active_percent: sm,
+        gpm_failed: false,
         memory_used_mib: 512,
         processes,
         pids: vec![],
@@ -251,8 +253,9 @@ fn a_restart_is_seeded_from_the_stored_summary_per_case() {
 fn a_seeded_share_blends_with_new_samples_and_ages_out_of_the_hour() {
     let mut tr = Tracker::seed(t(0), &prior(0, "MIG-a", ActivitySource::Gpm, None), vec![gpm("MIG-a", 0.0)]);
     run(&mut tr, 30, 1830, 30, |_| vec![gpm("MIG-a", 0.0)]);
-    // An hour of 40% against half an hour of 0%.
-    assert_eq!(device(&tr, 1800, "MIG-a").active_percent_1h, Some(27));
+    // The stored hour (40%) is half out of the window half an hour later: as real history,
+    // 30 min of 40% and 30 min of 0%.
+    assert_eq!(device(&tr, 1800, "MIG-a").active_percent_1h, Some(20));
     run(&mut tr, 1830, 3720, 30, |_| vec![gpm("MIG-a", 0.0)]);
     let d = device(&tr, 3690, "MIG-a");
     assert_eq!(d.active_percent_1h, Some(0), "the prior hour left the window");

@@ -1,6 +1,8 @@
 //! Whether the activity summary is worth an API write. The agent samples every pass; the
 //! API server hears of it at most every `--activity-write-interval` (default 5 min), and only on a
-//! meaningful change, so a node at rest costs no writes at all.
+//! meaningful change (a device set change, an idle transition, a 1 h share moved by 10 points, a
+//! device's memory or processes appearing or all going, a new holder), so a node at rest costs
+//! no writes at all.
 
 use std::collections::BTreeSet;
 
@@ -23,6 +25,9 @@ pub enum Reason {
     Share,
     /// Another pod (or none) runs on a device ([`super::holders`]).
     Holder,
+    /// A device's memory or compute processes appeared or all went (a leak beginning or
+    /// ending, on a GPM device whose share and idleness do not move).
+    Usage,
 }
 
 /// Each device as (GPU, UUID, measured by GPM).
@@ -48,7 +53,7 @@ pub fn should_write(
     }
     let before =
         |uuid: Option<&str>, gpu: i32| written.devices.iter().find(|w| w.gpu_index == gpu && w.uuid.as_deref() == uuid);
-    let mut share = false;
+    let (mut share, mut usage) = (false, false);
     for d in &current.devices {
         let Some(w) = before(d.uuid.as_deref(), d.gpu_index) else { return Some(Reason::DeviceSet) };
         // Idle now and then, or idle again after a short burst: a later `idleSince` than the
@@ -62,8 +67,12 @@ pub fn should_write(
             (Some(a), Some(b)) => (a - b).abs() >= SHARE_STEP_POINTS,
             (a, b) => a != b,
         };
+        usage |= (w.memory_used_mib > 0) != (d.memory_used_mib > 0) || (w.processes > 0) != (d.processes > 0);
     }
-    share.then_some(Reason::Share).or_else(|| super::holders::moved(written, current).then_some(Reason::Holder))
+    share
+        .then_some(Reason::Share)
+        .or_else(|| usage.then_some(Reason::Usage))
+        .or_else(|| super::holders::moved(written, current).then_some(Reason::Holder))
 }
 
 #[cfg(test)]

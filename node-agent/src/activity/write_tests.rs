@@ -28,6 +28,7 @@ type Case<'a> = (&'a str, Option<(Timestamp, &'a NodeActivity)>, NodeActivity, i
 fn writes_only_meaningful_changes_and_not_too_often() {
     let five = SignedDuration::from_mins(5);
     let written = node(vec![dev("MIG-a", Some(40), false), dev("MIG-b", Some(0), true)]);
+    let unmeasured = node(vec![dev("MIG-a", Some(40), false), dev("MIG-b", None, true)]);
     let cases: Vec<Case> = vec![
         ("nothing written yet", None, node(vec![]), 0, Some(Reason::First)),
         ("unchanged", Some((t(0), &written)), written.clone(), 3600, None),
@@ -81,9 +82,16 @@ fn writes_only_meaningful_changes_and_not_too_often() {
             Some(Reason::DeviceSet),
         ),
         (
-            "a share's first figure",
+            "a share lost its figure",
             Some((t(0), &written)),
             node(vec![dev("MIG-a", Some(40), false), dev("MIG-b", None, true)]),
+            300,
+            Some(Reason::Share),
+        ),
+        (
+            "a share's first figure",
+            Some((t(0), &unmeasured)),
+            node(vec![dev("MIG-a", Some(40), false), dev("MIG-b", Some(0), true)]),
             300,
             Some(Reason::Share),
         ),
@@ -109,4 +117,28 @@ fn idle_again_after_a_short_burst_is_written_with_its_later_idle_since() {
     again.idle_since = Some(Time(t(900)));
     let got = should_write(Some((t(0), &written)), &node(vec![again]), t(1200), SignedDuration::from_mins(5));
     assert_eq!(got, Some(Reason::IdleTransition));
+}
+
+#[test]
+fn memory_or_processes_appearing_or_ending_is_news_and_a_device_at_rest_writes_nothing() {
+    // An idle GPM device: its share and idleness do not move when a leak begins or ends.
+    let with = |mib: i64, processes: i32| {
+        let mut d = dev("MIG-a", Some(0), true);
+        (d.memory_used_mib, d.processes) = (mib, processes);
+        node(vec![d])
+    };
+    let cases: Vec<(&str, NodeActivity, NodeActivity, i64, bool)> = vec![
+        ("a leak begins: memory held, no process", with(0, 0), with(2048, 0), 300, true),
+        ("a leak ends: the memory is freed", with(2048, 0), with(0, 0), 300, true),
+        ("a process starts", with(0, 0), with(0, 1), 300, true),
+        ("the last process ends", with(512, 1), with(512, 0), 300, true),
+        ("only the amount of memory moved", with(2048, 0), with(4096, 0), 300, false),
+        ("only the number of processes moved", with(512, 1), with(512, 3), 300, false),
+        ("a leak begins, but within the interval", with(0, 0), with(2048, 0), 299, false),
+        ("at rest with memory held", with(2048, 1), with(2048, 1), 3600, false),
+    ];
+    for (name, written, current, now, news) in cases {
+        let got = should_write(Some((t(0), &written)), &current, t(now), SignedDuration::from_mins(5));
+        assert_eq!(got, news.then_some(Reason::Usage), "{name}");
+    }
 }

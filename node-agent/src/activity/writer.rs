@@ -41,6 +41,25 @@ pub struct Writer {
     pub seeded: bool,
     /// Spaces the retries of a write the API server keeps refusing.
     pub backoff: super::backoff::Backoff,
+    /// Since when the stored summary has not been kept current (sampling failed, the stored one
+    /// could not be read, or a write it needed failed or waits out the back-off); `None` while
+    /// current. Announced on the heartbeat Lease ([`Writer::failing_since`]).
+    pub failing: Option<Timestamp>,
+}
+
+/// A report not current for longer than this many samples is announced (a passing failure,
+/// retried on the next sample, is not).
+pub const FAILING_AFTER_SAMPLES: u32 = 2;
+
+impl Writer {
+    /// Since when the activity report has not been current, once that has lasted longer than
+    /// [`FAILING_AFTER_SAMPLES`] samples at `now`: the heartbeat Lease carries it, and the
+    /// operator sets the node's summary aside as a dead agent's.
+    pub fn failing_since(&self, now: Timestamp) -> Option<Timestamp> {
+        let grace =
+            SignedDuration::try_from(self.sample_interval * FAILING_AFTER_SAMPLES).unwrap_or(SignedDuration::MAX);
+        self.failing.filter(|since| now.duration_since(*since) > grace)
+    }
 }
 
 impl Default for Writer {
@@ -55,14 +74,28 @@ impl Default for Writer {
             proc_root: "/proc".into(),
             seeded: false,
             backoff: Default::default(),
+            failing: None,
         }
     }
 }
 
 impl<B: GpuBackend> Agent<B> {
     /// One activity pass. A failed write is logged and retried after a back-off (see
-    /// [`super::backoff`]; the summary is recomputed then; nothing is queued).
+    /// [`super::backoff`]; the summary is recomputed then; nothing is queued). Keeps
+    /// [`Writer::failing`]: set at the first pass that leaves the stored summary behind, cleared
+    /// by the next that leaves it current.
     pub async fn sample_activity(&mut self) -> Result<(), Error> {
+        let current = self.activity_pass().await;
+        let now = Timestamp::now();
+        match current {
+            Ok(true) => self.activity.failing = None,
+            Ok(false) | Err(_) => self.activity.failing = self.activity.failing.or(Some(now)),
+        }
+        current.map(|_| ())
+    }
+
+    /// One pass: `Ok(false)` when a write was due but waits out the back-off.
+    async fn activity_pass(&mut self) -> Result<bool, Error> {
         let observations = tokio::task::block_in_place(|| super::sample::observe(&mut self.backend))?;
         let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
         pids.sort_unstable();
@@ -82,7 +115,22 @@ impl<B: GpuBackend> Agent<B> {
                 }
             }
         }
-        let prior = if self.activity.seeded { None } else { Some(self.stored_activity().await?) };
+        let prior = match self.activity.seeded {
+            true => None,
+            false => match self.stored_activity().await {
+                Ok(prior) => Some(prior),
+                Err(e) => {
+                    // `/metrics` still shows this sample (figures without history); seeding, and
+                    // the write, are tried again on the next one.
+                    let (now, w) = (Timestamp::now(), &mut self.activity);
+                    let mut fresh = Tracker::default();
+                    fresh.observe(now, observations);
+                    *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
+                        super::metrics::render(&self.node, &fresh, now, &w.holders.1);
+                    return Err(e);
+                }
+            },
+        };
         let now = Timestamp::now();
         let w = &mut self.activity;
         match prior {
@@ -96,11 +144,11 @@ impl<B: GpuBackend> Agent<B> {
         *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
             super::metrics::render(&self.node, &w.tracker, now, &w.holders.1);
         let Some(reason) = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval) else {
-            return Ok(());
+            return Ok(true);
         };
         if !w.backoff.try_now() {
             debug!(failures = w.backoff.failures(), "activity write backing off");
-            return Ok(());
+            return Ok(false);
         }
         debug!(?reason, devices = summary.devices.len(), "writing GpuNode.status.activity");
         let body = json!({
@@ -112,7 +160,7 @@ impl<B: GpuBackend> Agent<B> {
             Ok(_) => {
                 self.activity.last = Some((now, summary));
                 self.activity.backoff.succeeded();
-                Ok(())
+                Ok(true)
             }
             Err(e) => {
                 self.activity.backoff.failed(self.activity.sample_interval);
@@ -138,256 +186,5 @@ impl<B: GpuBackend> Agent<B> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use kube::Client;
-    use serde_json::Value;
-
-    use super::*;
-    use crate::backend::sim::{self, SimBackend};
-    use crate::testutil::temp_dir;
-
-    /// The API server's side: each status patch as (query, body); fail the next `fail` writes.
-    #[derive(Default)]
-    struct Server {
-        patches: Vec<(String, Value)>,
-        fail: u32,
-        /// Pod lists (the holder lookups).
-        pod_lists: u32,
-        /// The GpuNode's stored `status` (what an earlier run wrote).
-        stored: Value,
-        /// GpuNode reads.
-        reads: u32,
-        /// The pods listed (items of the PodList) and each pod list's query.
-        pods: Vec<Value>,
-        pod_queries: Vec<String>,
-        /// Fail the next `fail_pod_lists` pod lists.
-        fail_pod_lists: u32,
-    }
-
-    fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBackend> {
-        let mut agent = Agent::offline(SimBackend::at(state));
-        agent.client = Client::new(
-            tower::service_fn(move |req: http::Request<kube::client::Body>| {
-                let server = server.clone();
-                async move {
-                    let query = req.uri().query().unwrap_or_default().to_string();
-                    let path = req.uri().path().to_string();
-                    let body =
-                        req.into_body().collect_bytes().await.map_err(|e| std::io::Error::other(e.to_string()))?;
-                    let mut s = server.lock().unwrap();
-                    if path == "/api/v1/pods" {
-                        s.pod_lists += 1;
-                        s.pod_queries.push(query);
-                        if s.fail_pod_lists > 0 {
-                            s.fail_pod_lists -= 1;
-                            return Err(std::io::Error::other("API server unavailable"));
-                        }
-                        let list =
-                            serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": s.pods});
-                        return Ok(http::Response::new(kube::client::Body::from(list.to_string().into_bytes())));
-                    }
-                    if path.ends_with("/gpunodes/test") {
-                        s.reads += 1;
-                        let node = serde_json::json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-                            "metadata": {"name": "test"}, "spec": {}, "status": s.stored});
-                        return Ok(http::Response::new(kube::client::Body::from(node.to_string().into_bytes())));
-                    }
-                    assert!(path.ends_with("/gpunodes/test/status"), "only the status is written: {path}");
-                    if s.fail > 0 {
-                        s.fail -= 1;
-                        return Err(std::io::Error::other("API server unavailable"));
-                    }
-                    s.patches.push((query, serde_json::from_slice(&body).unwrap()));
-                    let out = serde_json::json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-                        "metadata": {"name": "test"}, "spec": {}});
-                    Ok::<_, std::io::Error>(http::Response::new(kube::client::Body::from(out.to_string().into_bytes())))
-                }
-            }),
-            "default",
-        );
-        agent
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn writes_only_activity_under_its_own_manager_once_per_change_and_retries_a_failed_write() {
-        let state = temp_dir("activity-writer").join("sim.json");
-        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
-        b.set_mig_mode(0, true).unwrap();
-        let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
-        sim::set_activity(&state, 0, Some(&mig.uuid), 50.0).unwrap();
-        let server = Arc::new(Mutex::new(Server { fail: 1, ..Default::default() }));
-        let mut a = agent(&state, server.clone());
-        a.activity.write_interval = SignedDuration::ZERO;
-        // The first write fails: nothing counts as written, the next sample writes.
-        assert!(a.sample_activity().await.is_err());
-        assert!(a.activity.last.is_none());
-        a.sample_activity().await.unwrap();
-        // Unchanged: no write.
-        a.sample_activity().await.unwrap();
-        let patches = server.lock().unwrap().patches.clone();
-        assert_eq!(patches.len(), 1, "{patches:?}");
-        let text = a.activity.metrics.lock().unwrap().clone();
-        assert!(text.contains(&format!("tessera_gpu_sm_active_ratio{{gpu=\"0\",UUID=\"{}\"", mig.uuid)), "{text}");
-        let (query, body) = &patches[0];
-        assert!(query.contains("fieldManager=tessera-node-agent-activity"), "{query}");
-        assert!(query.contains("force=true"), "{query}");
-        let status = body["status"].as_object().unwrap();
-        assert_eq!(status.keys().collect::<Vec<_>>(), vec!["activity"], "only the activity is applied");
-        let dev = &body["status"]["activity"]["devices"][0];
-        assert_eq!(dev["uuid"], mig.uuid.as_str());
-        assert_eq!(dev["source"], "Gpm");
-        // Going idle is news.
-        sim::set_activity(&state, 0, Some(&mig.uuid), 0.0).unwrap();
-        a.sample_activity().await.unwrap();
-        let patches = server.lock().unwrap().patches.clone();
-        assert_eq!(patches.len(), 2);
-        assert!(patches[1].1["status"]["activity"]["devices"][0]["idleSince"].is_string());
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_write_the_server_keeps_refusing_backs_off_instead_of_retrying_every_sample() {
-        let state = temp_dir("activity-backoff").join("sim.json");
-        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
-        b.set_mig_mode(0, true).unwrap();
-        b.create_instance(0, "3g.40gb", 4).unwrap();
-        let server = Arc::new(Mutex::new(Server { fail: 100, ..Default::default() }));
-        let mut a = agent(&state, server.clone());
-        a.activity.write_interval = SignedDuration::ZERO;
-        // Tries at samples 0, 1 and 3; 2 and 4..6 wait.
-        let got: Vec<bool> = {
-            let mut out = Vec::new();
-            for _ in 0..7 {
-                out.push(a.sample_activity().await.is_err());
-            }
-            out
-        };
-        assert_eq!(got, vec![true, true, false, true, false, false, false]);
-        assert_eq!(server.lock().unwrap().fail, 97, "three writes tried in seven samples");
-        // Once the server answers, the next try writes and the wait starts over.
-        server.lock().unwrap().fail = 0;
-        a.sample_activity().await.unwrap();
-        assert_eq!(server.lock().unwrap().patches.len(), 1);
-        assert_eq!(a.activity.backoff, Default::default());
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn holders_are_looked_up_only_when_the_processes_change() {
-        let state = temp_dir("activity-holders").join("sim.json");
-        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
-        b.set_mig_mode(0, true).unwrap();
-        let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
-        let server = Arc::new(Mutex::new(Server::default()));
-        let mut a = agent(&state, server.clone());
-        a.sample_activity().await.unwrap();
-        assert_eq!(server.lock().unwrap().pod_lists, 0, "no process, no lookup");
-        sim::run_process(&state, 0, Some(&mig.uuid), 4242, "python", Some(100)).unwrap();
-        a.sample_activity().await.unwrap();
-        a.sample_activity().await.unwrap();
-        assert_eq!(server.lock().unwrap().pod_lists, 1, "the same PIDs: looked up once");
-        sim::run_process(&state, 0, Some(&mig.uuid), 4243, "python", Some(100)).unwrap();
-        a.sample_activity().await.unwrap();
-        assert_eq!(server.lock().unwrap().pod_lists, 2);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_busy_devices_pod_is_listed_from_the_watch_cache_retried_on_failure_and_written_on_change() {
-        let dir = temp_dir("activity-pod");
-        let state = dir.join("sim.json");
-        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
-        b.set_mig_mode(0, true).unwrap();
-        let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
-        // Two pods on the node; PID 4242 runs in the first, 4243 in the second (their cgroups).
-        let uid = |n: u32| format!("0f3c1e9a-5b7d-4c2e-9a1b-2d3e4f5a6b7{n}");
-        for (pid, n) in [(4242, 1), (4243, 2)] {
-            std::fs::create_dir_all(dir.join("proc").join(pid.to_string())).unwrap();
-            let cgroup = format!("0::/kubepods/besteffort/pod{}/ctr", uid(n));
-            std::fs::write(dir.join("proc").join(pid.to_string()).join("cgroup"), cgroup).unwrap();
-        }
-        let pod = |n: u32| {
-            serde_json::json!({"metadata": {"namespace": "ml", "name": format!("nb-{n}"), "uid": uid(n)},
-                "spec": {"nodeName": "test", "containers": []}})
-        };
-        let server =
-            Arc::new(Mutex::new(Server { pods: vec![pod(1), pod(2)], fail_pod_lists: 1, ..Default::default() }));
-        let mut a = agent(&state, server.clone());
-        a.activity.proc_root = dir.join("proc");
-        a.activity.write_interval = SignedDuration::ZERO;
-        sim::set_activity(&state, 0, Some(&mig.uuid), 50.0).unwrap();
-        sim::run_process(&state, 0, Some(&mig.uuid), 4242, "python", Some(100)).unwrap();
-        // The first pod list fails: no pod named, and the next sample lists again.
-        a.sample_activity().await.unwrap();
-        assert!(server.lock().unwrap().patches[0].1["status"]["activity"]["devices"][0]["pod"].is_null());
-        // The next: the first share and the pod (news), then at rest.
-        for _ in 0..3 {
-            a.sample_activity().await.unwrap();
-        }
-        let named = |s: &Server, i: usize| s.patches[i].1["status"]["activity"]["devices"][0]["pod"].clone();
-        {
-            let s = server.lock().unwrap();
-            assert_eq!(s.pod_lists, 2, "a failed list is tried again, once");
-            assert_eq!(s.patches.len(), 2, "at rest: no write for the holder");
-            assert_eq!(named(&s, 1), serde_json::json!({"namespace": "ml", "name": "nb-1", "uid": uid(1)}));
-            let query = &s.pod_queries[1];
-            for part in ["fieldSelector=spec.nodeName%3Dtest", "resourceVersion=0", "resourceVersionMatch=NotOlderThan"]
-            {
-                assert!(query.split('&').any(|q| q == part), "the pod list is served from the watch cache: {query}");
-            }
-        }
-        // The first pod's process ends, the second's starts: the device has another holder.
-        sim::stop_process(&state, 4242).unwrap();
-        sim::run_process(&state, 0, Some(&mig.uuid), 4243, "python", Some(100)).unwrap();
-        a.sample_activity().await.unwrap();
-        let s = server.lock().unwrap();
-        assert_eq!(s.patches.len(), 3, "a new holder is news");
-        assert_eq!(named(&s, 2)["name"], "nb-2");
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_restarted_agent_keeps_the_stored_idle_since_and_reads_it_once() {
-        let state = temp_dir("activity-restart").join("sim.json");
-        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
-        b.set_mig_mode(0, true).unwrap();
-        let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
-        let gone = "MIG-00000000-0000-0000-0000-000000000000";
-        sim::set_activity(&state, 0, Some(&mig.uuid), 0.0).unwrap();
-        let since = "2026-01-01T00:00:00Z";
-        let measured = Timestamp::now().checked_sub(SignedDuration::from_mins(1)).unwrap().to_string();
-        let stored = serde_json::json!({"activity": {"measuredAt": measured, "devices": [
-            {"gpuIndex": 0, "uuid": mig.uuid, "source": "Gpm", "activePercent1h": 30, "idleSince": since},
-            {"gpuIndex": 0, "uuid": gone, "source": "Gpm", "idleSince": since}]}});
-        let server = Arc::new(Mutex::new(Server { stored, ..Default::default() }));
-        let mut a = agent(&state, server.clone());
-        a.activity.write_interval = SignedDuration::ZERO;
-        a.sample_activity().await.unwrap();
-        a.sample_activity().await.unwrap();
-        let s = server.lock().unwrap();
-        assert_eq!(s.reads, 1, "the stored summary is read once per run");
-        let devices = s.patches[0].1["status"]["activity"]["devices"].as_array().unwrap().clone();
-        assert_eq!(devices.len(), 1, "a device that no longer exists is not carried: {devices:?}");
-        assert_eq!(devices[0]["uuid"], mig.uuid.as_str());
-        assert_eq!(devices[0]["idleSince"], since, "{devices:?}");
-        assert_eq!(devices[0]["activePercent1h"], 30, "{devices:?}");
-        let last = &s.patches.last().unwrap().1["status"]["activity"]["devices"][0];
-        assert_eq!(last["idleSince"], since, "still idle on GPM's first figure: {last:?}");
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_unreadable_stored_summary_fails_the_pass_instead_of_starting_empty() {
-        let state = temp_dir("activity-unreadable").join("sim.json");
-        let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
-        b.set_mig_mode(0, true).unwrap();
-        b.create_instance(0, "3g.40gb", 4).unwrap();
-        let mut a = agent(&state, Arc::new(Mutex::new(Server::default())));
-        a.client = Client::new(
-            tower::service_fn(|_req: http::Request<kube::client::Body>| async move {
-                Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("API server unavailable"))
-            }),
-            "default",
-        );
-        assert!(a.sample_activity().await.is_err());
-        assert!(!a.activity.seeded, "tried again on the next sample");
-        assert!(a.activity.last.is_none(), "nothing written");
-    }
-}
+#[path = "writer_tests.rs"]
+mod tests;

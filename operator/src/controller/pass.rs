@@ -100,7 +100,8 @@ impl Context {
             }
         }
         let agents = slots.judge_agents(&mut liveness, now, lease_watch);
-        self.not_reporting.publish(slots.slots.iter().map(|s| s.name.as_str()).zip(&agents));
+        let leases = slots.slots.iter().map(|s| (s.name.as_str(), s.lease.as_deref()));
+        self.not_reporting.publish(leases.zip(&agents).map(|((n, l), h)| (n, h, l)));
         (now, agents, behind)
     }
 

@@ -18,6 +18,12 @@
 //!   as early or late verdicts). Where no Lease was read (RBAC, `--from` files without Leases),
 //!   nothing is set aside; a node without a Lease among those read is not judged either (an
 //!   export may hold only some).
+//! - A live agent whose activity report is not current (sampling or writing has failed for more
+//!   than two samples: a lost GPU's whole pass, an API server refusing its writes) says so on the
+//!   same Lease renewal, as the annotation [`ACTIVITY_FAILING_SINCE`]; its node is set aside as a
+//!   dead agent's, "since" being that time. Both the rollout pass's verdicts and the CLI's read
+//!   of the Leases honour it. An annotation that does not parse still sets the node aside (its
+//!   agent says the report is stale), with no time.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -26,7 +32,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde::Serialize;
-use tessera_crds::gpunode::AGENT_LEASE_NAMESPACE;
+use tessera_crds::gpunode::{ACTIVITY_FAILING_SINCE, AGENT_LEASE_NAMESPACE};
 
 use crate::liveness::AgentHealth;
 
@@ -60,12 +66,13 @@ impl SetAside {
 pub struct Published(Arc<Mutex<Arc<NotReporting>>>);
 
 impl Published {
-    /// Replaces the verdicts with those of `agents` (node name and its health).
-    pub fn publish<'a>(&self, agents: impl Iterator<Item = (&'a str, &'a AgentHealth)>) {
+    /// Replaces the verdicts with those of `agents` (node name, its health, and its Lease for
+    /// the agent's own word that its report is not current).
+    pub fn publish<'a>(&self, agents: impl Iterator<Item = (&'a str, &'a AgentHealth, Option<&'a Lease>)>) {
         let next: NotReporting = agents
-            .filter_map(|(node, h)| match h {
+            .filter_map(|(node, h, lease)| match h {
                 AgentHealth::NotResponding { since } => Some((node.to_string(), *since)),
-                _ => None,
+                _ => lease.and_then(activity_failing).map(|since| (node.to_string(), since)),
             })
             .collect();
         let mut cur = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -79,6 +86,12 @@ impl Published {
     }
 }
 
+/// Whether the agent says its activity report is not current, and since when (`Some(None)`: an
+/// annotation that does not parse).
+pub fn activity_failing(lease: &Lease) -> Option<Option<Timestamp>> {
+    lease.annotations().get(ACTIVITY_FAILING_SINCE).map(|v| v.parse().ok())
+}
+
 /// From one read of the agents' Leases at `now` (the CLI): see the module's decisions.
 pub fn from_leases(leases: &[Lease], now: Timestamp) -> NotReporting {
     leases
@@ -89,7 +102,10 @@ pub fn from_leases(leases: &[Lease], now: Timestamp) -> NotReporting {
             let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
             let duration = i64::from(spec.and_then(|s| s.lease_duration_seconds).unwrap_or(40).max(1));
             let alive = renewed.is_some_and(|r| now.duration_since(r) <= SignedDuration::from_secs(duration));
-            (!alive).then(|| (l.name_any(), renewed))
+            match alive {
+                false => Some((l.name_any(), renewed)),
+                true => activity_failing(l).map(|since| (l.name_any(), since)),
+            }
         })
         .collect()
 }
@@ -99,6 +115,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    fn failing(mut l: Lease, since: &str) -> Lease {
+        l.annotations_mut().insert(ACTIVITY_FAILING_SINCE.into(), since.into());
+        l
+    }
 
     fn lease(node: &str, ns: &str, renewed: Option<&str>) -> Lease {
         let mut spec = json!({"holderIdentity": node, "leaseDurationSeconds": 40});
@@ -118,10 +139,17 @@ mod tests {
             lease("dead", ns, Some("2026-06-01T11:00:00.000000Z")),
             lease("never", ns, None),
             lease("elsewhere", "default", Some("2026-06-01T11:00:00.000000Z")),
+            failing(lease("stuck", ns, Some("2026-06-01T11:59:50.000000Z")), "2026-06-01T11:50:00Z"),
+            failing(lease("garbled", ns, Some("2026-06-01T11:59:50.000000Z")), "yesterday"),
         ];
         let got = from_leases(&leases, now);
-        let want: NotReporting =
-            [("dead".to_string(), Some("2026-06-01T11:00:00Z".parse().unwrap())), ("never".to_string(), None)].into();
+        let want: NotReporting = [
+            ("dead".to_string(), Some("2026-06-01T11:00:00Z".parse().unwrap())),
+            ("never".to_string(), None),
+            ("stuck".to_string(), Some("2026-06-01T11:50:00Z".parse().unwrap())),
+            ("garbled".to_string(), None),
+        ]
+        .into();
         assert_eq!(got, want);
     }
 
@@ -131,11 +159,27 @@ mod tests {
         let t: Timestamp = "2026-06-01T11:00:00Z".parse().unwrap();
         let dead = AgentHealth::NotResponding { since: Some(t) };
         let agents = [("a", AgentHealth::Alive), ("b", AgentHealth::Unproven), ("c", dead)];
-        p.publish(agents.iter().map(|(n, h)| (*n, h)));
+        p.publish(agents.iter().map(|(n, h)| (*n, h, None)));
         assert_eq!(*p.get(), NotReporting::from([("c".to_string(), Some(t))]));
-        p.publish([("c", &AgentHealth::Alive)].into_iter());
+        p.publish([("c", &AgentHealth::Alive, None)].into_iter());
         assert!(p.get().is_empty());
         let text = SetAside { node: "c".into(), since: Some(t), held: 1 }.reason();
         assert_eq!(text, "node agent not reporting since 2026-06-01T11:00:00Z");
+    }
+
+    #[test]
+    fn a_live_agent_that_says_its_report_is_stale_is_set_aside_until_the_annotation_goes() {
+        let p = Published::default();
+        let since: Timestamp = "2026-06-01T11:50:00Z".parse().unwrap();
+        let ns = AGENT_LEASE_NAMESPACE;
+        let stuck = failing(lease("a", ns, Some("2026-06-01T11:59:50.000000Z")), "2026-06-01T11:50:00Z");
+        for health in [AgentHealth::Alive, AgentHealth::Unproven] {
+            p.publish([("a", &health, Some(&stuck))].into_iter());
+            assert_eq!(*p.get(), NotReporting::from([("a".to_string(), Some(since))]), "{health:?}");
+        }
+        // Current again: the renewal left the annotation out.
+        let current = lease("a", ns, Some("2026-06-01T12:00:00.000000Z"));
+        p.publish([("a", &AgentHealth::Alive, Some(&current))].into_iter());
+        assert!(p.get().is_empty());
     }
 }

@@ -94,7 +94,7 @@ async fn a_node_whose_agent_the_rollout_judged_dead_is_named_and_its_device_unme
     let since: k8s_openapi::jiff::Timestamp = "2026-06-01T11:00:00Z".parse().unwrap();
     let verdicts = crate::idle::stale::Published::default();
     let dead = crate::liveness::AgentHealth::NotResponding { since: Some(since) };
-    verdicts.publish([("n1", &dead)].into_iter());
+    verdicts.publish([("n1", &dead, None)].into_iter());
     let _ = c.not_reporting.set(verdicts);
     c.reconcile().await.unwrap();
     let a = written_activity(&requests).expect("activity written");

@@ -220,6 +220,9 @@ pub struct Dra {
     pub drivers: crate::dra::GpuDrivers,
     /// Devices tenant namespaces hold through GPU classes that are not Tessera's (the claim cache).
     pub held: holdings::Held,
+    /// Unallocated claims of such classes in any namespace, counted at their most
+    /// ([`unallocated`]).
+    pub pending: Vec<unallocated::Pending>,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -281,9 +284,20 @@ pub fn plan_quotas_dra(
     let short = coverage::shortfall(&demand, &capacity.supply);
     let resources = gpu_resources(&capacity.supply);
     let mut plan = QuotaPlan::default();
-    let (classes, held) = (&dra.classes, &dra.held);
-    let pass =
-        steps::Pass { existing_namespaces, resource_quotas, claims, capacity, classes, held, demand, short, now };
+    let (classes, pending) = (&dra.classes, &dra.pending[..]);
+    let held = &unallocated::with_pending(&dra.held, pending);
+    let pass = steps::Pass {
+        existing_namespaces,
+        resource_quotas,
+        claims,
+        capacity,
+        classes,
+        held,
+        pending,
+        demand,
+        short,
+        now,
+    };
     let mut wanted = steps::Wanted::new();
     let valid: Vec<&TenantGpuQuota> =
         live.iter().copied().filter(|q| !steps::invalid(&pass, q, &mut plan, &mut wanted)).collect();
@@ -344,6 +358,7 @@ pub mod claims;
 mod conflicts;
 pub mod holdings;
 mod steps;
+pub mod unallocated;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -224,7 +224,12 @@ impl QuotaController {
             )
         });
         let view = ClassView::of(classes.iter().map(|c| &**c), &self.drivers);
-        let dra = Dra { classes: view, drivers: self.drivers.clone(), held };
+        // Claims not allocated yet, counted at their most: none known without the claim cache.
+        let pending = self
+            .claims
+            .get()
+            .map_or_else(Vec::new, |c| crate::quota::unallocated::unallocated(c.claims().iter().map(|c| &**c), &view));
+        let dra = Dra { classes: view, drivers: self.drivers.clone(), held, pending };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.

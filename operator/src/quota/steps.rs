@@ -28,6 +28,8 @@ pub(super) struct Pass<'p> {
     pub classes: &'p super::claims::ClassView,
     /// Devices the namespaces hold through GPU classes that are not Tessera's.
     pub held: &'p super::holdings::Held,
+    /// Unallocated claims of those classes (counted in `held` too), for the notes.
+    pub pending: &'p [super::unallocated::Pending],
     /// What every quota asks for, and how much of it the fleet does not supply.
     pub demand: BTreeMap<String, i64>,
     pub short: BTreeMap<String, i64>,
@@ -176,6 +178,7 @@ fn enforce(
     }
     // Across namespaces: what one holds above its share comes off the others' limits.
     reduced.extend(super::holdings::bound(q.spec.allocation, &mut planned, p.held));
+    reduced.extend(super::unallocated::notes(p.pending, planned.iter().map(|pl| pl.ns.as_str())));
     for (pl, rq_name) in planned.into_iter().zip(rq_names) {
         let ns = pl.ns;
         plan.apply.push(Apply { namespace: ns.clone(), quota: name.to_string(), name: rq_name.clone(), hard: pl.hard });

@@ -143,3 +143,22 @@ async fn devices_held_through_other_classes_come_off_the_written_share() {
     let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
     assert_eq!(body["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"], "1", "share 2 less the 1 held: {body}");
 }
+
+/// The pass also counts claims of such classes that are not allocated (made before `ml` joined,
+/// a pod may use them later with no quota check): `stash` may take one device of any resource,
+/// so it comes off the written share too.
+#[tokio::test]
+async fn unallocated_claims_of_other_classes_come_off_the_written_share() {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let claim: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": "stash", "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}}}))
+    .unwrap();
+    let (client, requests) = api(Some(json!([])));
+    let c = controller(client, None);
+    let _ = c.claims.set(crate::controller::claims::ClaimCache::of(store_of(vec![claim]), GpuDrivers::default()));
+    c.reconcile().await.unwrap();
+    let requests = requests.lock().unwrap();
+    let path = "/api/v1/namespaces/ml/resourcequotas/tessera-ml";
+    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
+    assert_eq!(body["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"], "1", "share 2 less the 1 claimed: {body}");
+}

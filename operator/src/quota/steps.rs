@@ -236,12 +236,12 @@ fn hard(p: &Pass<'_>, q: &TenantGpuQuota, share: &BTreeMap<String, i64>) -> BTre
         share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
     let mut unlisted = BTreeSet::new();
     if q.spec.unlisted == UnlistedPolicy::Zero {
-        unlisted = unlisted_gpu_resources(&q.spec, &p.capacity.supply);
+        unlisted = unlisted_gpu_resources(&q.spec, p.capacity);
         for r in &unlisted {
             hard.insert(format!("requests.{r}"), "0".into());
         }
     }
-    let mut unlimited = super::gpu_resources(&p.capacity.supply);
+    let mut unlimited = p.capacity.gpu_resources();
     if q.spec.unlisted == UnlistedPolicy::Zero {
         unlimited.clear();
     }

@@ -302,6 +302,7 @@ pub fn plan_quotas_dra(
     let resources = capacity.gpu_resources();
     let mut plan = QuotaPlan::default();
     let (classes, pending) = (&dra.classes, &dra.pending[..]);
+    // What the steps count as held: allocated devices, and what unallocated claims may take.
     let held = &unallocated::with_pending(&dra.held, pending);
     let pass = steps::Pass {
         existing_namespaces,

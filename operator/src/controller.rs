@@ -256,11 +256,12 @@ pub fn trim_metadata<K: Resource>(obj: &mut K) {
     }
 }
 
-/// A Node as the rollout reads it: name, labels, annotations and `spec.unschedulable`. Its
+/// A Node as the rollout reads it: name, labels, annotations and `spec.unschedulable`, and the
+/// `nvidia.com/` resources it advertises (the quotas: `slim::advertised_only`). The rest of its
 /// status (conditions, capacity, addresses, images) is most of its size and is never read.
 pub fn trim_node(node: &mut Node) {
     trim_metadata(node);
-    node.status = None;
+    node.status = crate::slim::advertised_only(node.status.take().and_then(|s| s.allocatable));
 }
 
 /// A cache of `api` kept current by a watch (with backoff) in the background; every change wakes

@@ -97,10 +97,18 @@ pub fn shares(spec: &TenantGpuQuotaSpec) -> BTreeMap<String, BTreeMap<String, i6
 }
 
 /// The GPU resources a quota's `hard` does not list (for `unlisted: Zero`): `nvidia.com/gpu`,
-/// every MIG resource of the catalog's boards, and every resource the fleet supplies (boards
-/// outside the catalog report their own profiles).
-pub fn unlisted_gpu_resources(spec: &TenantGpuQuotaSpec, supply: &BTreeMap<String, i64>) -> BTreeSet<String> {
-    gpu_resources(supply).into_iter().filter(|r| !spec.hard.contains_key(r)).collect()
+/// every MIG resource of the catalog's boards, every resource the fleet supplies (boards
+/// outside the catalog report their own profiles), and every `nvidia.com/` resource a node
+/// advertises (time-sliced or MPS ones the device plugin renames, e.g. `nvidia.com/gpu.shared`).
+pub fn unlisted_gpu_resources(spec: &TenantGpuQuotaSpec, capacity: &Capacity) -> BTreeSet<String> {
+    capacity.gpu_resources().into_iter().filter(|r| !spec.hard.contains_key(r)).collect()
+}
+
+/// The `nvidia.com/` resources nodes advertise (`status.allocatable`, as the node cache keeps
+/// it: `slim::advertised_only`).
+pub fn advertised<'a>(nodes: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Node>) -> BTreeSet<String> {
+    let allocatable = nodes.into_iter().filter_map(|n| n.status.as_ref()?.allocatable.as_ref());
+    allocatable.flat_map(|a| a.keys()).filter(|k| k.starts_with(crate::slim::NVIDIA_RESOURCE_PREFIX)).cloned().collect()
 }
 
 /// Every GPU resource a quota can name: `nvidia.com/gpu`, the catalog's MIG resources and the
@@ -142,6 +150,8 @@ pub fn fleet_supply(gpunodes: &[GpuNode]) -> BTreeMap<String, i64> {
 pub struct Capacity {
     pub supply: BTreeMap<String, i64>,
     pub whole_gpu_gb: i64,
+    /// The `nvidia.com/` resources nodes advertise ([`advertised`]): names only, no supply.
+    pub advertised: BTreeSet<String>,
 }
 
 impl Capacity {
@@ -158,6 +168,13 @@ impl Capacity {
             *c.supply.entry(resource_of(profile)).or_default() += n;
         }
         c
+    }
+
+    /// [`gpu_resources`] of the supply, and the resources nodes advertise.
+    pub fn gpu_resources(&self) -> BTreeSet<String> {
+        let mut all = gpu_resources(&self.supply);
+        all.extend(self.advertised.iter().cloned());
+        all
     }
 }
 
@@ -220,6 +237,9 @@ pub struct Dra {
     pub drivers: crate::dra::GpuDrivers,
     /// Devices tenant namespaces hold through GPU classes that are not Tessera's (the claim cache).
     pub held: holdings::Held,
+    /// Unallocated claims of such classes in any namespace, counted at their most
+    /// ([`unallocated`]).
+    pub pending: Vec<unallocated::Pending>,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -279,11 +299,23 @@ pub fn plan_quotas_dra(
     // The one rule an automatic plan's `DemandMet` also follows (`coverage`).
     let demand = Demand::every(quotas).total();
     let short = coverage::shortfall(&demand, &capacity.supply);
-    let resources = gpu_resources(&capacity.supply);
+    let resources = capacity.gpu_resources();
     let mut plan = QuotaPlan::default();
-    let (classes, held) = (&dra.classes, &dra.held);
-    let pass =
-        steps::Pass { existing_namespaces, resource_quotas, claims, capacity, classes, held, demand, short, now };
+    let (classes, pending) = (&dra.classes, &dra.pending[..]);
+    // What the steps count as held: allocated devices, and what unallocated claims may take.
+    let held = &unallocated::with_pending(&dra.held, pending);
+    let pass = steps::Pass {
+        existing_namespaces,
+        resource_quotas,
+        claims,
+        capacity,
+        classes,
+        held,
+        pending,
+        demand,
+        short,
+        now,
+    };
     let mut wanted = steps::Wanted::new();
     let valid: Vec<&TenantGpuQuota> =
         live.iter().copied().filter(|q| !steps::invalid(&pass, q, &mut plan, &mut wanted)).collect();
@@ -344,6 +376,9 @@ pub mod claims;
 mod conflicts;
 pub mod holdings;
 mod steps;
+pub mod unallocated;
 
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod unlisted_tests;

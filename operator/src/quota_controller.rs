@@ -58,6 +58,9 @@ pub struct QuotaController {
     fleet_changed: Arc<Notify>,
     /// The GPU DRA drivers' ResourceSlices (`run` sets it): their supply counts too.
     pub dra: std::sync::OnceLock<Arc<crate::controller::dra::DraWatch>>,
+    /// The rollout controller's Node cache (`run` sets it): the `nvidia.com/` resources nodes
+    /// advertise, held at 0 under `unlisted: Zero`.
+    pub nodes: std::sync::OnceLock<Store<k8s_openapi::api::core::v1::Node>>,
     /// The rollout controller's ResourceClaim cache (`run` sets it): exact holders of claims.
     pub(crate) claims: std::sync::OnceLock<crate::controller::claims::ClaimCache>,
     /// The agents the rollout controller judges not responding (`run` sets it): their nodes'
@@ -111,6 +114,7 @@ impl QuotaController {
             changed,
             fleet_changed,
             dra: Default::default(),
+            nodes: Default::default(),
             claims: Default::default(),
             not_reporting: Default::default(),
             idle: Default::default(),
@@ -144,6 +148,7 @@ impl QuotaController {
             changed,
             fleet_changed: Arc::new(Notify::new()),
             dra: Default::default(),
+            nodes: Default::default(),
             claims: Default::default(),
             not_reporting: Default::default(),
             idle: Default::default(),
@@ -211,7 +216,10 @@ impl QuotaController {
             .map(|n| n.name_any())
             .collect();
         let stand_ins = crate::controller::dra::supply_nodes(self.dra.get(), &self.gpunodes);
-        let capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g).chain(&stand_ins));
+        let mut capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g).chain(&stand_ins));
+        if let Some(nodes) = self.nodes.get() {
+            capacity.advertised = crate::quota::advertised(nodes.state().iter().map(|n| &**n));
+        }
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let classes = self.classes.state();
         // Devices held through classes other than Tessera's: none known without the claim cache.
@@ -224,7 +232,12 @@ impl QuotaController {
             )
         });
         let view = ClassView::of(classes.iter().map(|c| &**c), &self.drivers);
-        let dra = Dra { classes: view, drivers: self.drivers.clone(), held };
+        // Claims not allocated yet, counted at their most: none known without the claim cache.
+        let pending = self
+            .claims
+            .get()
+            .map_or_else(Vec::new, |c| crate::quota::unallocated::unallocated(c.claims().iter().map(|c| &**c), &view));
+        let dra = Dra { classes: view, drivers: self.drivers.clone(), held, pending };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.

@@ -63,6 +63,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let _ = ctx.dra.set(dra.clone());
     let _ = quotas.dra.set(dra.clone());
     let _ = quotas.claims.set(ctx.claims.clone());
+    let _ = quotas.nodes.set(ctx.nodes.clone());
     let _ = quotas.not_reporting.set(ctx.not_reporting.clone());
     ctx.wait_ready().await;
     quotas.wait_ready().await;

@@ -10,7 +10,8 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Resource;
 use serde::{Deserialize, Deserializer};
@@ -74,18 +75,40 @@ impl From<SlimGpuNode> for GpuNode {
     }
 }
 
-/// A `Node` decoded without `managedFields` and without its status (never read here).
+/// A `Node` decoded without `managedFields` and with only the `nvidia.com/` resources of its
+/// status's `allocatable` (the quotas hold those at 0 under `unlisted: Zero`: see
+/// [`advertised_only`]); the rest of its status is never read here.
 #[derive(Deserialize, Clone, Debug)]
 pub struct SlimNode {
     #[serde(default, deserialize_with = "meta_without_managed_fields")]
     pub metadata: ObjectMeta,
     pub spec: Option<NodeSpec>,
+    #[serde(default)]
+    pub status: Option<SlimNodeStatus>,
+}
+
+/// A Node's status as decoded here: its `allocatable` only.
+#[derive(Deserialize, Clone, Debug, Default)]
+pub struct SlimNodeStatus {
+    #[serde(default)]
+    pub allocatable: Option<BTreeMap<String, Quantity>>,
 }
 
 impl From<SlimNode> for Node {
     fn from(s: SlimNode) -> Self {
-        Node { metadata: s.metadata, spec: s.spec, status: None }
+        Node { metadata: s.metadata, spec: s.spec, status: advertised_only(s.status.and_then(|s| s.allocatable)) }
     }
+}
+
+/// The prefix of NVIDIA's extended resources (`nvidia.com/gpu`, `nvidia.com/mig-*`, and what
+/// the device plugin renames for time-slicing or MPS, e.g. `nvidia.com/gpu.shared`).
+pub const NVIDIA_RESOURCE_PREFIX: &str = "nvidia.com/";
+
+/// A Node status holding only the `nvidia.com/` resources of `allocatable`; `None` when none.
+pub fn advertised_only(allocatable: Option<BTreeMap<String, Quantity>>) -> Option<NodeStatus> {
+    let kept: BTreeMap<String, Quantity> =
+        allocatable?.into_iter().filter(|(k, _)| k.starts_with(NVIDIA_RESOURCE_PREFIX)).collect();
+    (!kept.is_empty()).then(|| NodeStatus { allocatable: Some(kept), ..Default::default() })
 }
 
 /// The same resource (URL, kind) as `$full`, decoded as `$slim`.
@@ -162,7 +185,8 @@ mod tests {
         let object = json!({
             "apiVersion": "v1", "kind": "Node", "metadata": meta_json(),
             "spec": {"unschedulable": true, "taints": [{"key": "k", "effect": "NoSchedule"}]},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}], "capacity": {"cpu": "8"}}
+            "status": {"conditions": [{"type": "Ready", "status": "True"}], "capacity": {"cpu": "8"},
+                       "allocatable": {"cpu": "8"}}
         });
         let mut full: Node = serde_json::from_value(object.clone()).unwrap();
         full.metadata.managed_fields = None;
@@ -170,6 +194,17 @@ mod tests {
         let slim: Node = serde_json::from_value::<SlimNode>(object).unwrap().into();
         assert_eq!(slim, full);
         assert_eq!(slim.spec.and_then(|s| s.unschedulable), Some(true));
+    }
+
+    /// The quotas hold every `nvidia.com/` resource a node advertises at 0 under
+    /// `unlisted: Zero` (`nvidia.com/gpu.shared` of time-slicing): the cache keeps those.
+    #[test]
+    fn a_slim_node_keeps_the_nvidia_resources_it_advertises() {
+        let object = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+            "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu.shared": "16", "nvidia.com/gpu": "0"}}});
+        let slim: Node = serde_json::from_value::<SlimNode>(object).unwrap().into();
+        let kept = slim.status.and_then(|s| s.allocatable).unwrap_or_default();
+        assert_eq!(kept.keys().collect::<Vec<_>>(), ["nvidia.com/gpu", "nvidia.com/gpu.shared"]);
     }
 
     #[test]

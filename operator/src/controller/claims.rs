@@ -207,4 +207,29 @@ mod tests {
         let index = ClaimIndex::new([&c], &GpuDrivers::default());
         assert_eq!(crate::gpu_use::gpu_use(&bound_pod(), &index).devices.len(), 1);
     }
+
+    /// The quotas count an unallocated claim at its most (`quota::unallocated`): the cache keeps
+    /// each request's mode, count and admin access, and each `firstAvailable` sub-request's.
+    #[test]
+    fn a_trimmed_claim_keeps_what_the_quotas_count_an_unallocated_one_by() {
+        let mut c: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": "s", "namespace": "x"},
+            "spec": {"devices": {"requests": [
+                {"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All",
+                    "adminAccess": false, "selectors": [{"cel": {"expression": "true"}}]}},
+                {"name": "f", "firstAvailable": [{"name": "a", "deviceClassName": "mig.nvidia.com",
+                    "allocationMode": "ExactCount", "count": 3}]}]}}}))
+        .unwrap();
+        trim_claim(&mut c);
+        let requests = c.spec.as_ref().and_then(|s| s.devices.as_ref()).and_then(|d| d.requests.as_ref()).unwrap();
+        let e = requests[0].exactly.as_ref().unwrap();
+        assert_eq!(
+            (e.allocation_mode.as_deref(), e.admin_access, e.selectors.is_none()),
+            (Some("All"), Some(false), true)
+        );
+        let sub = &requests[1].first_available.as_ref().unwrap()[0];
+        assert_eq!(
+            (sub.device_class_name.as_str(), sub.allocation_mode.as_deref(), sub.count),
+            ("mig.nvidia.com", Some("ExactCount"), Some(3))
+        );
+    }
 }

@@ -86,6 +86,12 @@ pub fn managed_class(res: &str, drivers: &GpuDrivers) -> Option<ClassApply> {
 /// is any text this reader does not follow: comments (`//`), line breaks, triple-quoted strings
 /// and prefixed (raw or bytes) strings, each of which can hide an `||` from it.
 pub fn pinned_driver(expr: &str) -> Option<String> {
+    conjuncts(expr)?.iter().find_map(|p| driver_equals(p.trim()))
+}
+
+/// The top-level conjuncts of a CEL expression (see [`pinned_driver`] for what is read), or
+/// `None` for an expression that is not a plain conjunction or is not followed.
+pub(super) fn conjuncts(expr: &str) -> Option<Vec<String>> {
     if ["//", "\n", "\r", "'''", r#"""""#].iter().any(|s| expr.contains(s)) {
         return None;
     }
@@ -122,20 +128,25 @@ pub fn pinned_driver(expr: &str) -> Option<String> {
     if quote.is_some() || depth != 0 {
         return None;
     }
-    parts.iter().find_map(|p| driver_equals(p.trim()))
+    Some(parts)
 }
 
-/// `device.driver == 'X'` (either side, either quote, outer parentheses allowed) -> X.
+/// `device.driver == 'X'` -> X ([`compared_literal`]).
 fn driver_equals(term: &str) -> Option<String> {
+    compared_literal(term, "device.driver")
+}
+
+/// `<lhs> == 'X'` (either side, either quote, outer parentheses allowed) -> X.
+pub(super) fn compared_literal(term: &str, lhs: &str) -> Option<String> {
     let mut t = term.trim();
     while let Some(inner) = t.strip_prefix('(').and_then(|s| s.strip_suffix(')')) {
         t = inner.trim();
     }
     let (l, r) = t.split_once("==")?;
     let (l, r) = (l.trim(), r.trim());
-    let lit = if l == "device.driver" {
+    let lit = if l == lhs {
         r
-    } else if r == "device.driver" {
+    } else if r == lhs {
         l
     } else {
         return None;
@@ -167,6 +178,9 @@ pub struct ClassView {
     pub open: BTreeSet<String>,
     /// `spec.extendedResourceName` of GPU-reaching classes, other than Tessera's resources.
     pub extended: BTreeSet<String>,
+    /// GPU-reaching classes that match whole GPUs only (a selector pins a GPU driver and its
+    /// `type` to `gpu`): an unallocated claim of one can take only `nvidia.com/gpu`.
+    pub whole_gpu: BTreeSet<String>,
     /// Classes named as Tessera's whose spec is not what the operator writes (made by someone
     /// else first, with a broader selector, and our apply failed): held at 0, never open.
     pub mismatched: BTreeSet<String>,
@@ -200,6 +214,9 @@ impl ClassView {
             let want = resource_of_class(&name).and_then(|r| managed_class(&r, drivers));
             if want.is_some_and(|w| !spec_matches(c, &w)) {
                 v.mismatched.insert(name.clone());
+            }
+            if super::unallocated::pins_whole_gpus(c, drivers) {
+                v.whole_gpu.insert(name.clone());
             }
             v.reaching.insert(name);
         }

@@ -39,7 +39,7 @@ pub(super) fn hold_invalid_at_zero(
     wanted: &mut Wanted,
 ) -> (Vec<String>, Vec<String>) {
     let name = q.metadata.name.clone().unwrap_or_default();
-    let resources = super::gpu_resources(&p.capacity.supply);
+    let resources = p.capacity.gpu_resources();
     let (mut held, mut taken) = (Vec::new(), Vec::new());
     let listed: BTreeSet<&String> = q.spec.namespaces.iter().collect();
     for ns in listed.into_iter().filter(|ns| p.existing_namespaces.contains(*ns)) {

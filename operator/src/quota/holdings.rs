@@ -183,8 +183,8 @@ pub fn bound(mode: AllocationPath, planned: &mut [Planned<'_>], held: &Held) -> 
             }
             if elsewhere > 0 {
                 notes.push(format!(
-                    "namespace {ns}: {res}: {elsewhere} device(s) allocated through GPU classes other than \
-                     Tessera's count against the share"
+                    "namespace {ns}: {res}: {elsewhere} device(s) allocated (or claimed, not yet allocated) through GPU \
+                     classes other than Tessera's count against the share"
                 ));
             }
         }

@@ -28,6 +28,8 @@ pub(super) struct Pass<'p> {
     pub classes: &'p super::claims::ClassView,
     /// Devices the namespaces hold through GPU classes that are not Tessera's.
     pub held: &'p super::holdings::Held,
+    /// Unallocated claims of those classes (counted in `held` too), for the notes.
+    pub pending: &'p [super::unallocated::Pending],
     /// What every quota asks for, and how much of it the fleet does not supply.
     pub demand: BTreeMap<String, i64>,
     pub short: BTreeMap<String, i64>,
@@ -176,6 +178,7 @@ fn enforce(
     }
     // Across namespaces: what one holds above its share comes off the others' limits.
     reduced.extend(super::holdings::bound(q.spec.allocation, &mut planned, p.held));
+    reduced.extend(super::unallocated::notes(p.pending, planned.iter().map(|pl| pl.ns.as_str())));
     for (pl, rq_name) in planned.into_iter().zip(rq_names) {
         let ns = pl.ns;
         plan.apply.push(Apply { namespace: ns.clone(), quota: name.to_string(), name: rq_name.clone(), hard: pl.hard });
@@ -233,12 +236,12 @@ fn hard(p: &Pass<'_>, q: &TenantGpuQuota, share: &BTreeMap<String, i64>) -> BTre
         share.iter().map(|(r, n)| (format!("requests.{r}"), n.to_string())).collect();
     let mut unlisted = BTreeSet::new();
     if q.spec.unlisted == UnlistedPolicy::Zero {
-        unlisted = unlisted_gpu_resources(&q.spec, &p.capacity.supply);
+        unlisted = unlisted_gpu_resources(&q.spec, p.capacity);
         for r in &unlisted {
             hard.insert(format!("requests.{r}"), "0".into());
         }
     }
-    let mut unlimited = super::gpu_resources(&p.capacity.supply);
+    let mut unlimited = p.capacity.gpu_resources();
     if q.spec.unlisted == UnlistedPolicy::Zero {
         unlimited.clear();
     }

@@ -143,3 +143,45 @@ async fn devices_held_through_other_classes_come_off_the_written_share() {
     let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
     assert_eq!(body["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"], "1", "share 2 less the 1 held: {body}");
 }
+
+/// The pass also counts claims of such classes that are not allocated (made before `ml` joined,
+/// a pod may use them later with no quota check): `stash` may take one device of any resource,
+/// so it comes off the written share too.
+#[tokio::test]
+async fn unallocated_claims_of_other_classes_come_off_the_written_share() {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let claim: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": "stash", "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}}}))
+    .unwrap();
+    let (client, requests) = api(Some(json!([])));
+    let c = controller(client, None);
+    let _ = c.claims.set(crate::controller::claims::ClaimCache::of(store_of(vec![claim]), GpuDrivers::default()));
+    c.reconcile().await.unwrap();
+    let requests = requests.lock().unwrap();
+    let path = "/api/v1/namespaces/ml/resourcequotas/tessera-ml";
+    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
+    assert_eq!(body["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"], "1", "share 2 less the 1 claimed: {body}");
+}
+
+/// The pass reads the Node cache: a time-sliced `nvidia.com/gpu.shared` a node advertises is
+/// held at 0 for a quota with `unlisted: Zero` (it was in no list before, so unlimited).
+#[tokio::test]
+async fn unlisted_zero_holds_what_nodes_advertise_at_zero_in_the_written_share() {
+    let (client, requests) = api(Some(json!([])));
+    let mut c = controller(client, None);
+    c.quotas = store_of(vec![
+        serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+            "metadata": {"name": "ml", "uid": "uid-ml", "generation": 1},
+            "spec": {"namespaces": ["ml"], "hard": {"nvidia.com/mig-3g.40gb": 2}, "unlisted": "Zero"}}))
+        .unwrap(),
+    ]);
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({"metadata": {"name": "n1"},
+        "status": {"allocatable": {"nvidia.com/gpu.shared": "8"}}}))
+    .unwrap();
+    let _ = c.nodes.set(store_of(vec![node]));
+    c.reconcile().await.unwrap();
+    let requests = requests.lock().unwrap();
+    let path = "/api/v1/namespaces/ml/resourcequotas/tessera-ml";
+    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
+    assert_eq!(body["spec"]["hard"]["requests.nvidia.com/gpu.shared"], "0", "{body}");
+}

@@ -281,7 +281,11 @@ fn budgets_apply_as_the_eviction_api_applies_them() {
 }
 
 fn capacity(supply: &[(&str, i64)]) -> Capacity {
-    Capacity { supply: supply.iter().map(|(r, n)| (r.to_string(), *n)).collect(), whole_gpu_gb: 80 }
+    Capacity {
+        supply: supply.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
+        whole_gpu_gb: 80,
+        ..Default::default()
+    }
 }
 
 #[test]

@@ -110,7 +110,7 @@ fn plan(quotas: &[TenantGpuQuota], nss: &[&str], rqs: &[ResourceQuota], held: He
     let drivers = GpuDrivers::default();
     let ours = managed_class(MIG, &drivers).unwrap();
     let classes = [class("mig.nvidia.com", "device.driver == 'gpu.nvidia.com'"), class(&ours.name, &ours.expression)];
-    let dra = Dra { classes: ClassView::of(&classes, &drivers), drivers, held };
+    let dra = Dra { classes: ClassView::of(&classes, &drivers), drivers, held, pending: Vec::new() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let nss: BTreeSet<String> = nss.iter().map(|s| s.to_string()).collect();
     plan_quotas_dra(quotas, &nss, rqs, &Capacity::default(), &dra, now)
@@ -218,7 +218,8 @@ fn devices_held_through_other_gpu_classes_count_against_the_share_and_in_status(
     assert_eq!(st.namespaces[0].used.get(MIG), Some(&2), "{:?}", st.namespaces);
     assert_eq!(st.resources.iter().find(|r| r.name == MIG).map(|r| r.used), Some(2));
     assert!(
-        ready_message(&before, "team-a").contains("2 device(s) allocated through GPU classes other than Tessera's")
+        ready_message(&before, "team-a")
+            .contains("2 device(s) allocated (or claimed, not yet allocated) through GPU classes")
     );
 
     let unknown = plan(std::slice::from_ref(&q), &["a"], rqs, held(&[("a", None, 1)]));

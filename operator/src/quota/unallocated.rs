@@ -1,0 +1,136 @@
+//! Claims of GPU-reaching classes that are not Tessera's, made in a tenant namespace but not
+//! allocated: typically made before the namespace joined a quota (or in any window where it was
+//! not a tenant's), when that class was not yet held at 0. A ResourceQuota admits a claim once,
+//! at its creation; a pod may use it later and the scheduler then allocates it without any quota
+//! check, and after the pod it is deallocated and can be used again. So such a claim is counted
+//! from now on, at the most it can take ([`Pending::count`]), against the resources it can reach,
+//! and the quota's `Ready` message names it (delete it; claim through Tessera's classes). Claims
+//! of Tessera's classes need none of this: the ResourceQuota counts them from their creation.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use tessera_crds::validate::GPU_RESOURCE;
+
+use super::claims::{ClassView, compared_literal, conjuncts, pinned_driver, resource_of_class};
+use super::holdings::Held;
+use crate::dra::GpuDrivers;
+
+/// The most devices one claim can be allocated (`resource.k8s.io` `AllocationResultsMaxSize`):
+/// what `allocationMode: All` counts as, as the ResourceQuota counts it.
+pub const MAX_DEVICES_PER_CLAIM: i64 = 32;
+
+/// One request of an unallocated claim that counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub namespace: String,
+    pub name: String,
+    /// The class (for `firstAvailable`, the sub-requests' classes that count, joined by `|`).
+    pub class: String,
+    /// What it can take: `nvidia.com/gpu` for a whole-GPU class, `None` for any GPU resource.
+    pub resource: Option<String>,
+    /// The most devices it can be allocated: `count` (default 1), or
+    /// [`MAX_DEVICES_PER_CLAIM`] for `All` (or a mode not known here).
+    pub count: i64,
+}
+
+/// Whether `class` matches only whole GPUs: one of its selectors is a conjunction with
+/// `device.driver == 'D'` and `device.attributes['D'].type == 'gpu'`, D a GPU driver.
+pub fn pins_whole_gpus(class: &DeviceClass, drivers: &GpuDrivers) -> bool {
+    let gpu_driver = |d: &str| d == crate::dra::NVIDIA_GPU_DRIVER || drivers.contains(d);
+    let selectors = class.spec.as_ref().and_then(|s| s.selectors.as_ref());
+    selectors.into_iter().flatten().filter_map(|s| s.cel.as_ref()).any(|cel| {
+        let (Some(d), Some(terms)) = (pinned_driver(&cel.expression), conjuncts(&cel.expression)) else {
+            return false;
+        };
+        let lhs = [format!("device.attributes['{d}'].type"), format!("device.attributes[\"{d}\"].type")];
+        gpu_driver(&d) && terms.iter().any(|t| lhs.iter().any(|l| compared_literal(t, l).is_some_and(|v| v == "gpu")))
+    })
+}
+
+/// Whether a request through `class` counts: a class not named as Tessera's and not proven
+/// to reach no GPU (a class that cannot be read counts: an upper bound).
+fn counts(class: &str, view: &ClassView) -> bool {
+    resource_of_class(class).is_none() && !view.open.contains(class)
+}
+
+/// The most devices a request in `mode` with `count` can be allocated.
+fn at_most(mode: Option<&str>, count: Option<i64>) -> i64 {
+    match mode {
+        None | Some("ExactCount") => count.unwrap_or(1).clamp(1, MAX_DEVICES_PER_CLAIM),
+        _ => MAX_DEVICES_PER_CLAIM,
+    }
+}
+
+/// Every request that counts of every claim without an allocation (admin access holds nothing).
+/// A `firstAvailable` request counts once, at its largest sub-request that counts, against
+/// `nvidia.com/gpu` only when every such sub-request's class is whole-GPU.
+pub fn unallocated<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>, view: &ClassView) -> Vec<Pending> {
+    let mut out = Vec::new();
+    for c in claims {
+        if c.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
+            continue;
+        }
+        let requests = c.spec.as_ref().and_then(|s| s.devices.as_ref()).and_then(|d| d.requests.as_deref());
+        // (class, whole GPU, count) per request that counts.
+        let mut asks: Vec<(String, bool, i64)> = Vec::new();
+        for r in requests.unwrap_or_default() {
+            if let Some(e) = r.exactly.as_ref() {
+                if e.admin_access != Some(true) && counts(&e.device_class_name, view) {
+                    let n = at_most(e.allocation_mode.as_deref(), e.count);
+                    asks.push((e.device_class_name.clone(), view.whole_gpu.contains(&e.device_class_name), n));
+                }
+                continue;
+            }
+            let subs: Vec<_> =
+                r.first_available.iter().flatten().filter(|s| counts(&s.device_class_name, view)).collect();
+            if let Some(n) = subs.iter().map(|s| at_most(s.allocation_mode.as_deref(), s.count)).max() {
+                let class = subs.iter().map(|s| s.device_class_name.as_str()).collect::<Vec<_>>().join("|");
+                let whole = subs.iter().all(|s| view.whole_gpu.contains(&s.device_class_name));
+                asks.push((class, whole, n));
+            }
+        }
+        for (class, whole, count) in asks {
+            out.push(Pending {
+                namespace: c.metadata.namespace.clone().unwrap_or_default(),
+                name: c.metadata.name.clone().unwrap_or_default(),
+                class,
+                resource: whole.then(|| GPU_RESOURCE.to_string()),
+                count,
+            });
+        }
+    }
+    out
+}
+
+/// `held` plus what `pending` may take: counted like devices held, so [`super::holdings::bound`]
+/// takes them off the namespace's limits (and through its usage off the others').
+pub fn with_pending(held: &Held, pending: &[Pending]) -> Held {
+    let mut out = held.clone();
+    for p in pending {
+        *out.entry(p.namespace.clone()).or_default().entry(p.resource.clone()).or_default() += p.count;
+    }
+    out
+}
+
+/// A note per pending claim in `namespaces`, for `Ready`.
+pub fn notes<'a>(pending: &[Pending], namespaces: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let mut by_ns: BTreeMap<&str, Vec<&Pending>> = BTreeMap::new();
+    pending.iter().for_each(|p| by_ns.entry(p.namespace.as_str()).or_default().push(p));
+    let mut out = Vec::new();
+    for ns in namespaces {
+        for p in by_ns.get(ns).into_iter().flatten() {
+            let what = p.resource.as_deref().unwrap_or("every GPU resource of the share");
+            out.push(format!(
+                "ResourceClaim {ns}/{} (class {}) is not allocated and may take up to {} device(s) of {what} \
+                 without a quota check when a pod uses it: counted against the share until it is deleted \
+                 (delete it; claim through Tessera's classes)",
+                p.name, p.class, p.count
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

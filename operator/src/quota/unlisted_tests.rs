@@ -1,0 +1,44 @@
+//! `unlisted: Zero` and the `nvidia.com/` resources nodes advertise beyond Tessera's supply.
+
+use k8s_openapi::api::core::v1::Node;
+use serde_json::json;
+
+use super::*;
+
+fn node(allocatable: serde_json::Value) -> Node {
+    serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {"allocatable": allocatable}})).unwrap()
+}
+
+fn quota(spec: serde_json::Value) -> TenantGpuQuota {
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+        "metadata": {"name": "team-b", "generation": 1, "uid": "uid-team-b"}, "spec": spec}))
+    .unwrap()
+}
+
+/// Review gap: NVIDIA's device plugin renames time-sliced or MPS GPUs (`nvidia.com/gpu.shared`);
+/// that name was in no list, so `unlisted: Zero` left it unlimited. Now every `nvidia.com/`
+/// resource a node advertises is held at 0 under `Zero` (and stays unlimited under `Unlimited`,
+/// as any resource `hard` does not list).
+#[test]
+fn unlisted_zero_holds_every_nvidia_resource_nodes_advertise_at_zero() {
+    let nodes = [
+        node(json!({"cpu": "8", "nvidia.com/gpu.shared": "16", "example.com/fpga": "1"})),
+        node(json!({"nvidia.com/mps.gpu": "4"})),
+    ];
+    let capacity = Capacity { advertised: advertised(&nodes), ..Default::default() };
+    let spec = json!({"namespaces": ["b"], "hard": {"nvidia.com/gpu": 2}});
+    let nss: BTreeSet<String> = ["b".to_string()].into();
+    let now = Time("2026-06-01T00:00:00Z".parse().unwrap());
+    let mut strict = spec.clone();
+    strict["unlisted"] = json!("Zero");
+    let p = plan_quotas_with(&[quota(strict)], &nss, &[], &capacity, now.clone());
+    let hard = &p.apply[0].hard;
+    for r in ["requests.nvidia.com/gpu.shared", "requests.nvidia.com/mps.gpu"] {
+        assert_eq!(hard.get(r).map(String::as_str), Some("0"), "{r} in {hard:?}");
+    }
+    assert!(!hard.keys().any(|k| k.contains("example.com") || k.contains("cpu")), "only nvidia.com/: {hard:?}");
+    assert!(p.device_classes.is_empty() && hard["requests.nvidia.com/gpu"] == "2", "{hard:?}");
+
+    let plain = plan_quotas_with(&[quota(spec)], &nss, &[], &capacity, now);
+    assert!(!plain.apply[0].hard.contains_key("requests.nvidia.com/gpu.shared"), "{:?}", plain.apply[0].hard);
+}

@@ -28,6 +28,7 @@ use tessera_crds::{GpuNode, TenantGpuQuota};
 
 use crate::cli::status::{FleetStatus, Holder};
 
+pub mod gate;
 pub mod stale;
 use stale::{NotReporting, SetAside};
 
@@ -190,18 +191,31 @@ pub fn tenant_activity(report: &IdleReport, tenant: &str, threshold: SignedDurat
     }
 }
 
-/// A quota's `status.activity` for this pass: from `report` when pods and activity were read,
-/// else the figures it had (a failed read neither drops nor zeroes them; they stay as old as
-/// they are until a read succeeds).
+/// The quota controller's idle figures for one pass (see [`gate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Computed now, or within the refresh interval.
+    Report(IdleReport),
+    /// Not computed (pods not listed, no verdicts yet): the figures stay as old as they are.
+    Keep,
+    /// Nothing to report on (no node measures): the figures go.
+    Clear,
+}
+
+/// A quota's `status.activity` for this pass: from the report when there is one, the figures it
+/// had when the pass keeps them (a failed read neither drops nor zeroes them), none when cleared.
 pub fn status_activity(
-    report: Option<&IdleReport>,
+    outcome: &Outcome,
     previous: Option<&TenantActivity>,
     tenant: &str,
     thresholds: &BTreeMap<String, SignedDuration>,
 ) -> Option<TenantActivity> {
-    match report {
-        Some(r) => Some(tenant_activity(r, tenant, thresholds.get(tenant).copied().unwrap_or(DEFAULT_IDLE_AFTER))),
-        None => previous.cloned(),
+    match outcome {
+        Outcome::Report(r) => {
+            Some(tenant_activity(r, tenant, thresholds.get(tenant).copied().unwrap_or(DEFAULT_IDLE_AFTER)))
+        }
+        Outcome::Keep => previous.cloned(),
+        Outcome::Clear => None,
     }
 }
 

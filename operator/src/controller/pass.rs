@@ -100,7 +100,8 @@ impl Context {
             }
         }
         let agents = slots.judge_agents(&mut liveness, now, lease_watch);
-        self.not_reporting.publish(slots.slots.iter().map(|s| s.name.as_str()).zip(&agents));
+        let judged = slots.slots.iter().zip(&agents).map(|(s, h)| (s.name.as_str(), h, s.lease.as_deref()));
+        self.not_reporting.publish(judged, now);
         (now, agents, behind)
     }
 

@@ -251,13 +251,14 @@ fn durations_are_spelled_as_idle_after_takes_them() {
 }
 
 #[test]
-fn a_failed_read_keeps_the_quotas_previous_figures() {
+fn a_failed_read_keeps_the_quotas_previous_figures_and_nothing_measured_clears_them() {
     let r = report(vec![mig_act(0, Some("2026-05-30T00:00:00Z"), 0)], &[mig_pod("ml", "a", 1)], &[]);
     let t: BTreeMap<String, SignedDuration> = [("ml".to_string(), SignedDuration::from_secs(600))].into();
-    let fresh = status_activity(Some(&r), None, "ml", &t).unwrap();
+    let fresh = status_activity(&Outcome::Report(r), None, "ml", &t).unwrap();
     assert_eq!((fresh.idle_after.as_str(), fresh.idle), ("10m", 1));
-    assert_eq!(status_activity(None, Some(&fresh), "ml", &t), Some(fresh.clone()), "kept, not dropped");
-    assert_eq!(status_activity(None, None, "ml", &t), None);
+    assert_eq!(status_activity(&Outcome::Keep, Some(&fresh), "ml", &t), Some(fresh.clone()), "kept, not dropped");
+    assert_eq!(status_activity(&Outcome::Keep, None, "ml", &t), None);
+    assert_eq!(status_activity(&Outcome::Clear, Some(&fresh), "ml", &t), None, "no idle holder left behind");
 }
 
 #[test]

@@ -358,6 +358,7 @@ impl QuotaController {
         let now = k8s_openapi::jiff::Timestamp::now();
         let report = crate::idle::idle_report(&status, &gpunodes, &pods, &thresholds, &not_reporting, now);
         self.metrics.set_tenant_activity(&report);
+        self.metrics.idle_reported(now.as_second());
         *self.idle.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), report.clone()));
         crate::idle::Outcome::Report(report)
     }

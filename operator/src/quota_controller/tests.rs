@@ -200,3 +200,26 @@ async fn devices_held_through_other_classes_come_off_the_written_share() {
     let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
     assert_eq!(body["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"], "1", "share 2 less the 1 held: {body}");
 }
+
+/// The time of the last computed report is exported, so figures kept through failed pod lists
+/// read as stale (the alert leaves them out); it stays 0 until a list succeeds.
+#[tokio::test]
+async fn the_idle_report_time_is_exported_and_not_moved_by_a_failed_list() {
+    let stamp = |c: &QuotaController| -> i64 {
+        let text = c.metrics.render();
+        let line = text.lines().find(|l| l.starts_with("tessera_operator_idle_report_timestamp_seconds "));
+        line.and_then(|l| l.split(' ').nth(1)?.parse().ok()).unwrap_or_else(|| panic!("no stamp:\n{text}"))
+    };
+    let (client, _) = api(None);
+    let failing = controller(client, None);
+    let _ = failing.reconcile().await;
+    assert_eq!(stamp(&failing), 0, "no report computed");
+    let (client, _) = api(Some(json!([idle_pod()])));
+    let c = controller(client, None);
+    let before = k8s_openapi::jiff::Timestamp::now().as_second();
+    c.reconcile().await.unwrap();
+    let at = stamp(&c);
+    assert!(at >= before && at <= k8s_openapi::jiff::Timestamp::now().as_second(), "{at}");
+    c.metrics.forget_leader_state();
+    assert_eq!(stamp(&c), 0, "a follower's stamp would hide staleness");
+}

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use tessera_crds::activity::DeviceActivity;
 use tessera_crds::{GpuNode, TenantGpuQuota};
 use tessera_e2e::fixtures::{
-    AgentBackend, FakeGpuNode, apply_file, create_gpu_nodes, create_namespace, install_crds, spawn_node_agent_on,
-    spawn_operator, wait_for, workspace_binary,
+    AgentBackend, FakeGpuNode, apply_file, create_gpu_nodes, create_namespace, http_get, install_crds,
+    spawn_node_agent_on, spawn_operator, wait_for, workspace_binary,
 };
 use tessera_e2e::process::Component;
 use tessera_e2e::{ControlPlane, Identity};
@@ -80,7 +80,7 @@ async fn an_idle_slice_is_reported_for_its_tenant_and_survives_an_agent_restart(
     // Busy until its pod runs: it goes idle while held (so idleSince is after the pod's start).
     sim::set_activity(&state, 0, Some(&idle), 60.0).unwrap();
     let mut agent = spawn_agent(&cp, &state).await;
-    let (_op, _) = spawn_operator(&cp, "op").unwrap();
+    let (_op, op_port) = spawn_operator(&cp, "op").unwrap();
     let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
     let quota: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
         "kind": "TenantGpuQuota", "metadata": {"name": "ml"},
@@ -150,7 +150,19 @@ async fn an_idle_slice_is_reported_for_its_tenant_and_survives_an_agent_restart(
     let v = idle_json(&cp);
     assert_eq!(listed_since(&v, "ml/notebook"), Some(since), "kubectl tessera idle lists it: {v}");
     assert_eq!(listed_since(&v, "ml/train"), None, "{v}");
-    // Still reported by the quota with the same idleSince.
+    // Still reported by the quota with the same idleSince. The operator reuses its report for
+    // 60 s and writes the quota only on change, so the quota read at once would show the old
+    // report: wait until it has computed one after the new agent's write was seen (its stamp, to
+    // the second, later than now), then for the pass's status write (a pass every 5 s at most).
+    let seen_at = Timestamp::now().as_second();
+    wait_for("an idle report computed after the restart", Duration::from_secs(100), || async {
+        let m = http_get(op_port, "/metrics").ok()?;
+        let at = m.lines().find_map(|l| l.strip_prefix("tessera_operator_idle_report_timestamp_seconds "))?;
+        (at.trim().parse::<i64>().ok()? > seen_at).then_some(())
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(6)).await;
     let q = quotas.get("ml").await.unwrap().status.unwrap().activity.unwrap();
     assert!(q.idle_holders.iter().any(|h| h.pod == "ml/notebook" && h.idle_since.0 == since), "{q:?}");
     agent.stop();

@@ -119,7 +119,7 @@ pub struct Context {
     /// Agents' heartbeats as observed pass after pass.
     pub liveness: std::sync::Mutex<Liveness>,
     /// The agents each pass judged not responding, for the idle report (`idle::stale`).
-    pub not_reporting: crate::idle::stale::Published,
+    pub not_reporting: crate::idle::gate::Verdicts,
     /// Each node's verdict of the last pass, reused while its inputs stay the same.
     carry: std::sync::Mutex<rollout::Carry>,
     /// Per draining node, the evictions of pods that came back to it (in memory only).

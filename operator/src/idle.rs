@@ -28,6 +28,7 @@ use tessera_crds::{GpuNode, TenantGpuQuota};
 
 use crate::cli::status::{FleetStatus, Holder};
 
+pub mod gate;
 pub mod stale;
 use stale::{NotReporting, SetAside};
 
@@ -190,18 +191,31 @@ pub fn tenant_activity(report: &IdleReport, tenant: &str, threshold: SignedDurat
     }
 }
 
-/// A quota's `status.activity` for this pass: from `report` when pods and activity were read,
-/// else the figures it had (a failed read neither drops nor zeroes them; they stay as old as
-/// they are until a read succeeds).
+/// The quota controller's idle figures for one pass (see [`gate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Computed now, or within the refresh interval.
+    Report(IdleReport),
+    /// Not computed (pods not listed, no verdicts yet): the figures stay as old as they are.
+    Keep,
+    /// Nothing to report on (no node measures): the figures go.
+    Clear,
+}
+
+/// A quota's `status.activity` for this pass: from the report when there is one, the figures it
+/// had when the pass keeps them (a failed read neither drops nor zeroes them), none when cleared.
 pub fn status_activity(
-    report: Option<&IdleReport>,
+    outcome: &Outcome,
     previous: Option<&TenantActivity>,
     tenant: &str,
     thresholds: &BTreeMap<String, SignedDuration>,
 ) -> Option<TenantActivity> {
-    match report {
-        Some(r) => Some(tenant_activity(r, tenant, thresholds.get(tenant).copied().unwrap_or(DEFAULT_IDLE_AFTER))),
-        None => previous.cloned(),
+    match outcome {
+        Outcome::Report(r) => {
+            Some(tenant_activity(r, tenant, thresholds.get(tenant).copied().unwrap_or(DEFAULT_IDLE_AFTER)))
+        }
+        Outcome::Keep => previous.cloned(),
+        Outcome::Clear => None,
     }
 }
 
@@ -212,6 +226,8 @@ struct Placed<'a> {
     start: Option<i32>,
     holder: Option<&'a Holder>,
     exact: bool,
+    /// The MIG instance's UUID as the GpuNode reports it, when it does.
+    uuid: Option<&'a str>,
 }
 
 /// Pure: the report at `now`. `status` is `fleet_status_with`'s placement over the same
@@ -233,16 +249,13 @@ pub fn idle_report(
         pods.iter().filter_map(|p| Some((host_key(p), p.status.as_ref()?.start_time.as_ref()?.0))).collect();
     let mut report = IdleReport::default();
     for node in &status.nodes {
-        let activity = gpunodes
-            .iter()
-            .find(|g| g.name_any() == node.name)
-            .and_then(|g| g.status.as_ref())
-            .and_then(|s| s.activity.as_ref());
+        let reported = gpunodes.iter().find(|g| g.name_any() == node.name).and_then(|g| g.status.as_ref());
+        let activity = reported.and_then(|s| s.activity.as_ref());
         let stale = not_reporting.get(&node.name);
         // A dead agent's last summary says nothing of now: none of it is read.
         let devices = activity.filter(|_| stale.is_none()).map(|a| a.devices.as_slice()).unwrap_or_default();
         let mut held = 0;
-        let placed = placed(node);
+        let placed = placed(node, reported.map(|s| s.gpus.as_slice()).unwrap_or_default());
         let sure = certain::idle_groups(&placed, devices);
         for p in placed {
             let measured = devices.iter().find(|d| matches(d, &p));
@@ -311,13 +324,23 @@ pub fn idle_report(
     report
 }
 
-/// Every device of a node's report: the MIG instances of MIG GPUs, else the whole GPU.
-fn placed(node: &crate::cli::status::NodeStatus) -> Vec<Placed<'_>> {
+/// Every device of a node's report: the MIG instances of MIG GPUs, else the whole GPU; `gpus`
+/// (the GpuNode's) gives the instances' UUIDs.
+fn placed<'a>(
+    node: &'a crate::cli::status::NodeStatus,
+    gpus: &'a [tessera_crds::gpunode::GpuState],
+) -> Vec<Placed<'a>> {
     let mut out = Vec::new();
     for g in &node.gpus {
         if g.mode == "mig" {
             for i in &g.instances {
+                let uuid = gpus
+                    .iter()
+                    .find(|s| s.index == g.index)
+                    .and_then(|s| s.instances.iter().find(|r| r.start == i.start))
+                    .and_then(|r| r.uuid.as_deref());
                 out.push(Placed {
+                    uuid,
                     gpu: g.index,
                     profile: i.profile.clone(),
                     start: Some(i.start),
@@ -332,6 +355,7 @@ fn placed(node: &crate::cli::status::NodeStatus) -> Vec<Placed<'_>> {
                 start: None,
                 holder: g.holder.as_ref(),
                 exact: g.exact,
+                uuid: None,
             });
         }
     }
@@ -341,11 +365,14 @@ fn placed(node: &crate::cli::status::NodeStatus) -> Vec<Placed<'_>> {
 /// The agent's figure for a device: same GPU and, for a MIG instance, same start slot (a start
 /// is unique on a GPU) and same profile. A MIG figure never matches a whole GPU and back, and an
 /// instance re-made at the same start with another profile does not take the old one's figure,
-/// so a layout change the agent has not measured yet reads as unmeasured.
+/// so a layout change the agent has not measured yet reads as unmeasured. Where both sides name
+/// the instance's UUID they must agree: an instance destroyed and made again alike is new, and
+/// does not inherit its predecessor's `idleSince` (as `status` names holders, `named.rs`).
 fn matches(d: &DeviceActivity, p: &Placed) -> bool {
     let profile = |s: &str| tessera_crds::catalog::normalize_profile(s);
     d.gpu_index == p.gpu
         && d.start == p.start
+        && (d.uuid.is_none() || p.uuid.is_none() || d.uuid.as_deref() == p.uuid)
         && match (&d.profile, p.start) {
             (Some(dp), Some(_)) => profile(dp) == profile(&p.profile),
             (None, None) => true,

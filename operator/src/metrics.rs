@@ -111,6 +111,8 @@ pub struct Metrics {
     quota_shortfall: GaugeSet<ResourceLabel>,
     tenant_slices: GaugeSet<TenantState>,
     tenant_idle_since: GaugeSet<TenantIdle>,
+    /// When the idle report was last computed from a pod list (0: never, or not the leader).
+    idle_report_at: Gauge,
 }
 
 impl Default for Metrics {
@@ -136,6 +138,7 @@ impl Default for Metrics {
             quota_shortfall: GaugeSet::new(),
             tenant_slices: GaugeSet::new(),
             tenant_idle_since: GaugeSet::new(),
+            idle_report_at: Gauge::default(),
         };
         for kind in crate::Error::KINDS {
             let _ = m.errors.get_or_create(&KindLabel { kind: kind.into() });
@@ -205,6 +208,12 @@ impl Default for Metrics {
             "Since when a tenant's longest-idle held device has been idle (Unix time; absent while none is), \
              by whether that is certain (exact holder, or every device it may hold idle) or the placement's guess",
             m.tenant_idle_since.family.clone(),
+        );
+        registry.register(
+            "idle_report_timestamp_seconds",
+            "When (Unix time) the tenant_* figures were last computed from a pod list (0: not yet); \
+             they are kept while pods cannot be listed, so an old value means stale figures",
+            m.idle_report_at.clone(),
         );
         *m.registry.lock().expect("fresh mutex") = registry;
         m
@@ -296,6 +305,11 @@ impl Metrics {
         self.tenant_idle_since.replace(&since);
     }
 
+    /// The idle report was computed from a pod list at `unix_seconds`.
+    pub fn idle_reported(&self, unix_seconds: i64) {
+        self.idle_report_at.set(unix_seconds);
+    }
+
     /// On losing the lease: what only the leader knows goes stale, so it goes (the new leader
     /// exports it); the alerts must not fire on a follower's leftovers.
     pub fn forget_leader_state(&self) {
@@ -303,6 +317,7 @@ impl Metrics {
         self.set_cordons(&BTreeMap::new(), &BTreeMap::new());
         self.set_quota_shortfall(&BTreeMap::new());
         self.set_tenant_activity(&Default::default());
+        self.idle_reported(0);
         self.nodes.clear();
         self.fragmented.clear();
     }

@@ -64,8 +64,8 @@ pub struct QuotaController {
     /// The rollout controller's ResourceClaim cache (`run` sets it): exact holders of claims.
     pub(crate) claims: std::sync::OnceLock<crate::controller::claims::ClaimCache>,
     /// The agents the rollout controller judges not responding (`run` sets it): their nodes'
-    /// activity summaries are set aside (`idle::stale`).
-    pub not_reporting: std::sync::OnceLock<crate::idle::stale::Published>,
+    /// activity summaries are set aside (`idle::stale`); no report before it publishes any.
+    pub not_reporting: std::sync::OnceLock<crate::idle::gate::Verdicts>,
     /// The last idle report and when its pods were listed (see `idle_report`).
     idle: std::sync::Mutex<Option<(std::time::Instant, crate::idle::IdleReport)>>,
     /// When listing pods for the idle report last failed: the next try waits `IDLE_REFRESH`.
@@ -290,7 +290,7 @@ impl QuotaController {
             let Some(planned) = plan.statuses.get(&q.name_any()) else { continue };
             let mut status = planned.clone();
             let previous = q.status.as_ref().and_then(|s| s.activity.as_ref());
-            status.activity = crate::idle::status_activity(idle.as_ref(), previous, &q.name_any(), &thresholds);
+            status.activity = crate::idle::status_activity(&idle, previous, &q.name_any(), &thresholds);
             let mut errors = failures.get(&q.name_any()).cloned().unwrap_or_default();
             errors.extend(shared.iter().cloned());
             report_write_failures(&mut status, &errors, q.metadata.generation, &now);
@@ -315,22 +315,27 @@ impl QuotaController {
     }
 
     /// Allocated versus used now: every pod listed (paged) at most each `IDLE_REFRESH`, placed on
-    /// the GpuNodes as `kubectl tessera status` places them, joined with their activity. `None`
-    /// when pods cannot be listed (the quotas keep their figures; the metrics keep theirs).
-    async fn idle_report(&self, quotas: &[TenantGpuQuota]) -> Option<crate::idle::IdleReport> {
+    /// the GpuNodes as `kubectl tessera status` places them, joined with their activity. See
+    /// `idle::gate` for when it keeps the last figures (a failed pod list, no verdicts yet) or
+    /// clears them (no quota, nothing measured).
+    async fn idle_report(&self, quotas: &[TenantGpuQuota]) -> crate::idle::Outcome {
+        use crate::idle::{Outcome, gate::Gate};
         let fresh = |at: &std::time::Instant| at.elapsed() < IDLE_REFRESH;
-        if let Some((_, r)) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).as_ref().filter(|(at, _)| fresh(at)) {
-            return Some(r.clone());
-        }
-        // Nothing to report on: no tenant, or no node has measured anything yet. And a failed
-        // list is not retried every pass (a full pod list is the costliest read the operator
-        // makes).
         let measured = self.gpunodes.state().iter().any(|g| g.status.as_ref().is_some_and(|s| s.activity.is_some()));
-        if quotas.is_empty() || !measured {
-            return None;
+        let verdicts = self.not_reporting.get().and_then(|v| v.get());
+        let failed = self.idle_failed.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|at| fresh(&at));
+        match crate::idle::gate::gate(quotas.len(), verdicts.is_some(), measured, failed) {
+            Gate::Clear => {
+                self.metrics.set_tenant_activity(&Default::default());
+                *self.idle.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                return Outcome::Clear;
+            }
+            Gate::Keep => return Outcome::Keep,
+            Gate::Compute => {}
         }
-        if self.idle_failed.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|at| fresh(&at)) {
-            return None;
+        let not_reporting = verdicts.unwrap_or_default();
+        if let Some((_, r)) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).as_ref().filter(|(at, _)| fresh(at)) {
+            return Outcome::Report(r.clone());
         }
         let api: Api<Pod> = Api::all(self.client.clone());
         let mut pods = Vec::new();
@@ -350,7 +355,7 @@ impl QuotaController {
                     self.metrics.error("kube");
                     warn!(error = %e, "could not list pods for the idle report; keeping the last figures");
                     *self.idle_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
-                    return None;
+                    return crate::idle::Outcome::Keep;
                 }
             }
         }
@@ -364,11 +369,11 @@ impl QuotaController {
         let status = crate::cli::status::fleet_status_with(&gpunodes, &[], quotas, &pods, &dra);
         let thresholds = crate::idle::idle_thresholds(quotas);
         let now = k8s_openapi::jiff::Timestamp::now();
-        let not_reporting = self.not_reporting.get().map(|p| p.get()).unwrap_or_default();
         let report = crate::idle::idle_report(&status, &gpunodes, &pods, &thresholds, &not_reporting, now);
         self.metrics.set_tenant_activity(&report);
+        self.metrics.idle_reported(now.as_second());
         *self.idle.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), report.clone()));
-        Some(report)
+        crate::idle::Outcome::Report(report)
     }
 
     /// Server-side-applies one ResourceQuota, owned by and labelled for `owner`.

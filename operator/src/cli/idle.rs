@@ -33,16 +33,29 @@ pub enum SortBy {
 struct Json<'a> {
     #[serde(flatten)]
     report: &'a IdleReport,
+    /// False when pods or claims could not be read: no idle holder and no leak is known.
+    holders_known: bool,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     unreadable: &'a [super::status::Unreadable],
 }
 
+/// `-o json`'s body.
+pub fn json_body(r: &IdleReport, inputs: &Inputs) -> String {
+    let holders_known = inputs.report().holders_known;
+    let body = Json { report: r, holders_known, unreadable: &inputs.unreadable };
+    format!("{}\n", serde_json::to_string_pretty(&body).unwrap_or_default())
+}
+
 /// Pure: the report from what was read, its idle holders in `sort` order. Ties keep the
-/// longest-idle first, then pod and device, so the order is stable.
+/// longest-idle first, then pod and device, so the order is stable. Without pods or claims
+/// every device looks free: no memory is called leaked then (unknown, not "no pod holds it").
 pub fn report(inputs: &Inputs, now: Timestamp, sort: SortBy) -> IdleReport {
     let status = inputs.report();
     let thresholds = idle_thresholds(&inputs.quotas);
     let mut r = idle_report(&status, &inputs.gpunodes, &inputs.pods, &thresholds, &inputs.not_reporting(now), now);
+    if !status.holders_known {
+        r.leaked.clear();
+    }
     sort_holders(&mut r.idle, sort);
     r
 }
@@ -67,7 +80,8 @@ fn age(since: Timestamp, now: Timestamp) -> String {
 }
 
 /// The text table: one line per idle holder (`~` before a guessed pod), then leaked memory.
-/// `holders_known` false (pods or claims unreadable): no holder is known, so none is idle.
+/// `holders_known` false (pods or claims unreadable): no holder is known, so none is idle and
+/// no device is known to be free (no leak listed).
 pub fn text(r: &IdleReport, now: Timestamp, holders_known: bool) -> String {
     let mut rows =
         vec![["TENANT", "POD", "NODE", "GPU", "SLICE", "MEMORY", "IDLE FOR", "IDLE SINCE"].map(String::from)];
@@ -93,7 +107,7 @@ pub fn text(r: &IdleReport, now: Timestamp, holders_known: bool) -> String {
     }
     let mut out = String::new();
     if !holders_known {
-        out.push_str("(idle slices unknown: pods or resource claims unreadable)\n");
+        out.push_str("(idle slices and leaked memory unknown: pods or resource claims unreadable)\n");
     } else if r.idle.is_empty() {
         out.push_str("No idle slices.\n");
     } else {
@@ -109,7 +123,7 @@ pub fn text(r: &IdleReport, now: Timestamp, holders_known: bool) -> String {
             );
         }
     }
-    for l in &r.leaked {
+    for l in r.leaked.iter().filter(|_| holders_known) {
         let slice = l.start.map(|s| format!("{}@{s}", l.profile)).unwrap_or_else(|| l.profile.clone());
         out.push_str(&format!(
             "leaked: {} GPU {} {}: {} MiB, {} process(es), no pod holds it\n",
@@ -143,9 +157,7 @@ pub async fn run(
     let now = Timestamp::now();
     let r = report(&inputs, now, sort);
     let body = match output {
-        Output::Json => {
-            format!("{}\n", serde_json::to_string_pretty(&Json { report: &r, unreadable: &inputs.unreadable })?)
-        }
+        Output::Json => json_body(&r, &inputs),
         Output::Text => text(&r, now, inputs.report().holders_known),
     };
     let mut stdout = std::io::stdout().lock();

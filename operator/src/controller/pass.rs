@@ -100,8 +100,8 @@ impl Context {
             }
         }
         let agents = slots.judge_agents(&mut liveness, now, lease_watch);
-        let leases = slots.slots.iter().map(|s| (s.name.as_str(), s.lease.as_deref()));
-        self.not_reporting.publish(leases.zip(&agents).map(|((n, l), h)| (n, h, l)));
+        let judged = slots.slots.iter().zip(&agents).map(|(s, h)| (s.name.as_str(), h, s.lease.as_deref()));
+        self.not_reporting.publish(judged, now);
         (now, agents, behind)
     }
 

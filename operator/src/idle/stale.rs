@@ -8,10 +8,10 @@
 //!   rollout pass publishes the nodes it judges `NotResponding` ([`Published`]), and the quota
 //!   controller's idle report reads them. No heartbeat in the summary itself: that would cost
 //!   a status write per node and interval, where the Lease is renewed anyway.
-//! - `Unproven` (the operator just started, or its lease watch just caught up) is trusted: it
-//!   says the operator has not watched long enough, not that the agent is gone, and lasts one
-//!   lease duration; setting every node aside after each failover would flap the tenants'
-//!   figures and reset their alert.
+//! - `Unproven` (the operator just started, or its lease watch just caught up) is not trusted
+//!   blindly: before publishing, `idle::gate` judges it as one read does (`renewTime` older than
+//!   `leaseDurationSeconds` by the operator's clock: not reporting), so a dead agent's summary is
+//!   not read after a failover, and a live one's is (no flapping of the tenants' figures).
 //! - `kubectl tessera idle` and `status` read the Leases once ([`from_leases`]): an agent is not
 //!   reporting when its `renewTime` is older than its `leaseDurationSeconds` by the reader's
 //!   clock (one read cannot watch a renewal; clock skew between the reader and the nodes shows

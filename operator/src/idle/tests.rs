@@ -105,6 +105,28 @@ fn an_instance_made_again_at_the_same_start_with_another_profile_does_not_take_t
     assert_eq!(tenant(&r, "ml"), (1, 0, 0, 1));
 }
 
+/// Same GPU, start and profile, but another UUID: the instance was destroyed and made again; its
+/// predecessor's `idleSince` is not inherited. Either side without a UUID still matches.
+#[test]
+fn an_instance_made_again_with_a_new_uuid_does_not_take_the_old_figure() {
+    let pods = [mig_pod("ml", "a", 1)];
+    let quotas = [quota("ml", &["ml"])];
+    let run = |instance_uuid: Option<&str>, figure_uuid: Option<&str>| {
+        let mut act = mig_act(0, Some("2026-05-01T00:00:00Z"), 0);
+        act["uuid"] = json!(figure_uuid);
+        let mut node = gpunode("n1", vec![act]);
+        node.status.as_mut().unwrap().gpus[0].instances[0].uuid = instance_uuid.map(String::from);
+        let nodes = [node];
+        let status = fleet_status(&nodes, &[], &quotas, &pods);
+        let r = idle_report(&status, &nodes, &pods, &BTreeMap::new(), &NotReporting::new(), now());
+        tenant(&r, "ml")
+    };
+    assert_eq!(run(Some("MIG-new"), Some("MIG-old")), (1, 0, 0, 1), "re-made: not measured yet");
+    assert_eq!(run(Some("MIG-a"), Some("MIG-a")), (1, 0, 1, 0));
+    assert_eq!(run(None, Some("MIG-a")), (1, 0, 1, 0), "an older GpuNode without UUIDs");
+    assert_eq!(run(Some("MIG-a"), None), (1, 0, 1, 0), "an older agent without UUIDs");
+}
+
 #[test]
 fn a_dead_agents_last_summary_is_set_aside_and_its_held_devices_count_unmeasured() {
     // Idle since May by the last summary, a busy whole GPU, and memory on a free instance.
@@ -251,13 +273,14 @@ fn durations_are_spelled_as_idle_after_takes_them() {
 }
 
 #[test]
-fn a_failed_read_keeps_the_quotas_previous_figures() {
+fn a_failed_read_keeps_the_quotas_previous_figures_and_nothing_measured_clears_them() {
     let r = report(vec![mig_act(0, Some("2026-05-30T00:00:00Z"), 0)], &[mig_pod("ml", "a", 1)], &[]);
     let t: BTreeMap<String, SignedDuration> = [("ml".to_string(), SignedDuration::from_secs(600))].into();
-    let fresh = status_activity(Some(&r), None, "ml", &t).unwrap();
+    let fresh = status_activity(&Outcome::Report(r), None, "ml", &t).unwrap();
     assert_eq!((fresh.idle_after.as_str(), fresh.idle), ("10m", 1));
-    assert_eq!(status_activity(None, Some(&fresh), "ml", &t), Some(fresh.clone()), "kept, not dropped");
-    assert_eq!(status_activity(None, None, "ml", &t), None);
+    assert_eq!(status_activity(&Outcome::Keep, Some(&fresh), "ml", &t), Some(fresh.clone()), "kept, not dropped");
+    assert_eq!(status_activity(&Outcome::Keep, None, "ml", &t), None);
+    assert_eq!(status_activity(&Outcome::Clear, Some(&fresh), "ml", &t), None, "no idle holder left behind");
 }
 
 #[test]

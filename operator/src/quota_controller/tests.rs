@@ -40,7 +40,16 @@ fn api(pods: Option<Value>) -> (Client, Requests) {
     (Client::new(service, "default"), requests)
 }
 
+/// [`controller_before_verdicts`] after the rollout pass published its first verdicts (none dead).
 fn controller(client: Client, previous: Option<Value>) -> QuotaController {
+    let c = controller_before_verdicts(client, previous);
+    let verdicts = crate::idle::gate::Verdicts::default();
+    verdicts.publish(std::iter::empty(), k8s_openapi::jiff::Timestamp::now());
+    let _ = c.not_reporting.set(verdicts);
+    c
+}
+
+fn controller_before_verdicts(client: Client, previous: Option<Value>) -> QuotaController {
     let mut q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
         "kind": "TenantGpuQuota", "metadata": {"name": "ml", "uid": "uid-ml", "generation": 1},
         "spec": {"namespaces": ["ml"], "hard": {"nvidia.com/mig-3g.40gb": 2}, "idleAfter": "30m"}}))
@@ -90,11 +99,11 @@ async fn a_node_whose_agent_the_rollout_judged_dead_is_named_and_its_device_unme
                  "resources": {"limits": {"nvidia.com/mig-3g.40gb": 1}}}]},
         "status": {"phase": "Running"}});
     let (client, requests) = api(Some(json!([pod])));
-    let c = controller(client, None);
+    let c = controller_before_verdicts(client, None);
     let since: k8s_openapi::jiff::Timestamp = "2026-06-01T11:00:00Z".parse().unwrap();
-    let verdicts = crate::idle::stale::Published::default();
+    let verdicts = crate::idle::gate::Verdicts::default();
     let dead = crate::liveness::AgentHealth::NotResponding { since: Some(since) };
-    verdicts.publish([("n1", &dead, None)].into_iter());
+    verdicts.publish([("n1", &dead, None)].into_iter(), since);
     let _ = c.not_reporting.set(verdicts);
     c.reconcile().await.unwrap();
     let a = written_activity(&requests).expect("activity written");
@@ -102,6 +111,54 @@ async fn a_node_whose_agent_the_rollout_judged_dead_is_named_and_its_device_unme
     assert!(a.get("idleHolders").is_none(), "{a}");
     assert_eq!(a["notReporting"], json!([{"node": "n1", "since": "2026-06-01T11:00:00Z"}]));
     assert!(c.metrics.render().contains("tessera_operator_tenant_slices{tenant=\"ml\",state=\"unmeasured\"} 1"));
+}
+
+fn idle_pod() -> Value {
+    json!({"metadata": {"name": "nb", "namespace": "ml"},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c",
+                 "resources": {"limits": {"nvidia.com/mig-3g.40gb": 1}}}]},
+        "status": {"phase": "Running"}})
+}
+
+const CERTAIN: &str = "tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"ml\",certain=\"true\"}";
+
+/// The quota gone (or no node measuring any more): its idle series goes too, else
+/// `TesseraSlicesIdle` would fire until the operator restarts.
+#[tokio::test]
+async fn deleting_the_last_quota_or_every_measurement_clears_the_tenants_series() {
+    let (client, _) = api(Some(json!([idle_pod()])));
+    let mut c = controller(client.clone(), None);
+    c.reconcile().await.unwrap();
+    assert!(c.metrics.render().contains(CERTAIN), "{}", c.metrics.render());
+    c.quotas = store_of(vec![]);
+    let _ = c.reconcile().await;
+    assert!(!c.metrics.render().contains("tessera_operator_tenant_"), "{}", c.metrics.render());
+
+    let (client, requests) = api(Some(json!([idle_pod()])));
+    let mut c = controller(client, None);
+    c.reconcile().await.unwrap();
+    assert!(c.metrics.render().contains(CERTAIN));
+    let mut node = (*c.gpunodes.state()[0]).clone();
+    node.status.as_mut().unwrap().activity = None;
+    c.gpunodes = store_of(vec![node]);
+    requests.lock().unwrap().clear();
+    let _ = c.reconcile().await;
+    assert!(!c.metrics.render().contains("tessera_operator_tenant_"), "{}", c.metrics.render());
+    assert_eq!(written_activity(&requests), None, "the quota lists no idle holder nobody measures");
+}
+
+/// After an operator start, before the rollout pass judged the agents, a dead agent's last
+/// summary is not read: nothing is reported, the quota keeps its figures.
+#[tokio::test]
+async fn no_idle_report_before_the_rollout_pass_publishes_its_verdicts() {
+    let previous = json!({"idleAfter": "30m", "allocated": 1, "active": 0, "idle": 0, "unmeasured": 1});
+    let (client, requests) = api(Some(json!([idle_pod()])));
+    let c = controller_before_verdicts(client, Some(previous.clone()));
+    let _ = c.reconcile().await;
+    let lists = requests.lock().unwrap().iter().filter(|(m, p, _)| m == "GET" && p == "/api/v1/pods").count();
+    assert_eq!(lists, 0, "no report computed");
+    assert_eq!(written_activity(&requests), Some(previous), "the previous figures stay");
+    assert!(!c.metrics.render().contains("tessera_operator_tenant_"), "{}", c.metrics.render());
 }
 
 #[tokio::test]
@@ -184,4 +241,27 @@ async fn unlisted_zero_holds_what_nodes_advertise_at_zero_in_the_written_share()
     let path = "/api/v1/namespaces/ml/resourcequotas/tessera-ml";
     let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
     assert_eq!(body["spec"]["hard"]["requests.nvidia.com/gpu.shared"], "0", "{body}");
+}
+
+/// The time of the last computed report is exported, so figures kept through failed pod lists
+/// read as stale (the alert leaves them out); it stays 0 until a list succeeds.
+#[tokio::test]
+async fn the_idle_report_time_is_exported_and_not_moved_by_a_failed_list() {
+    let stamp = |c: &QuotaController| -> i64 {
+        let text = c.metrics.render();
+        let line = text.lines().find(|l| l.starts_with("tessera_operator_idle_report_timestamp_seconds "));
+        line.and_then(|l| l.split(' ').nth(1)?.parse().ok()).unwrap_or_else(|| panic!("no stamp:\n{text}"))
+    };
+    let (client, _) = api(None);
+    let failing = controller(client, None);
+    let _ = failing.reconcile().await;
+    assert_eq!(stamp(&failing), 0, "no report computed");
+    let (client, _) = api(Some(json!([idle_pod()])));
+    let c = controller(client, None);
+    let before = k8s_openapi::jiff::Timestamp::now().as_second();
+    c.reconcile().await.unwrap();
+    let at = stamp(&c);
+    assert!(at >= before && at <= k8s_openapi::jiff::Timestamp::now().as_second(), "{at}");
+    c.metrics.forget_leader_state();
+    assert_eq!(stamp(&c), 0, "a follower's stamp would hide staleness");
 }

@@ -87,7 +87,21 @@ fn the_table_marks_guesses_names_virtual_pods_and_lists_leaked_memory() {
 fn no_idle_slices_is_said_and_unknown_holders_are_not_called_none() {
     let r = report(&inputs(vec![]), now(), SortBy::IdleSince);
     assert!(text(&r, now(), true).starts_with("No idle slices."));
-    assert!(text(&r, now(), false).starts_with("(idle slices unknown"));
+    let unknown = text(&r, now(), false);
+    assert!(unknown.starts_with("(idle slices and leaked memory unknown"), "{unknown}");
+    assert!(!unknown.contains("leaked:"), "without holders every device looks free: {unknown}");
+}
+
+#[test]
+fn unreadable_pods_list_no_leaked_memory_in_json_either() {
+    let mut i = inputs(vec![]);
+    assert!(!report(&i, now(), SortBy::IdleSince).leaked.is_empty(), "n2's memory is leaked while pods are read");
+    i.unreadable = vec![crate::cli::status::Unreadable { resource: "pods".into(), error: "forbidden".into() }];
+    let r = report(&i, now(), SortBy::IdleSince);
+    assert!(r.leaked.is_empty(), "{:?}", r.leaked);
+    let v: serde_json::Value = serde_json::from_str(&json_body(&r, &i)).unwrap();
+    assert_eq!(v["holdersKnown"], false);
+    assert!(v.get("leaked").is_none(), "{v}");
 }
 
 #[test]
@@ -121,8 +135,10 @@ fn an_agent_whose_lease_ran_out_is_named_and_its_figures_are_not_read() {
 
 #[test]
 fn json_carries_tenants_holders_and_leaks() {
-    let r = report(&inputs(vec![pod("ml", "p", 2, json!({}))]), now(), SortBy::IdleSince);
-    let v = serde_json::to_value(Json { report: &r, unreadable: &[] }).unwrap();
+    let i = inputs(vec![pod("ml", "p", 2, json!({}))]);
+    let r = report(&i, now(), SortBy::IdleSince);
+    let v: serde_json::Value = serde_json::from_str(&json_body(&r, &i)).unwrap();
+    assert_eq!(v["holdersKnown"], true);
     assert_eq!(v["tenants"]["ml"], json!({"allocated": 2, "active": 0, "idle": 2, "unmeasured": 0}));
     assert_eq!(v["idle"][0]["pod"], "ml/p");
     assert_eq!(v["idle"][0]["idleSince"], "2026-05-31T00:00:00Z");

@@ -343,6 +343,7 @@ fn used_raw(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64
 pub mod claims;
 mod conflicts;
 pub mod holdings;
+pub mod phases;
 mod steps;
 
 #[cfg(test)]

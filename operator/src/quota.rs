@@ -344,6 +344,7 @@ pub mod claims;
 mod conflicts;
 pub mod holdings;
 pub mod phases;
+pub mod pod_gate;
 mod steps;
 
 #[cfg(test)]

@@ -202,3 +202,71 @@ fn each_edit_that_stops_the_policy_enforcing_is_named_by_its_field() {
     let missing = super::policy_problems(None, &binding(shipped("ValidatingAdmissionPolicyBinding")));
     assert!(missing[0].contains("ValidatingAdmissionPolicy tessera-claim-classes not found"), "{missing:?}");
 }
+
+/// The shipped pod policy's document of `kind` (`tessera-gpu-pods`).
+fn shipped_pods(kind: &str) -> Value {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(include_str!("../../../../config/rbac/claim-classes.yaml")).unwrap();
+    docs.into_iter().find(|d| d["kind"] == kind && d["metadata"]["name"] == "tessera-gpu-pods").unwrap()
+}
+
+/// Review gap: pods asking for `nvidia.com/` resources in a tenant namespace whose ResourceQuota
+/// is not yet enforced are refused by `tessera-gpu-pods`; the operator checks that policy as it
+/// checks the claim-class one. As shipped (and as the chart ships it) it enforces.
+#[test]
+fn the_shipped_pod_policy_enforces_and_the_chart_ships_the_same() {
+    let (p, b) = (shipped_pods("ValidatingAdmissionPolicy"), shipped_pods("ValidatingAdmissionPolicyBinding"));
+    assert_eq!(super::problems(&super::PODS, Some(&policy(p.clone())), &binding(b.clone())), Vec::<String>::new());
+    assert_eq!(super::pod_binding_problem(Some(&binding(b)), "tessera-system"), None);
+    let chart = include_str!("../../../../config/helm/tessera/templates/claim-classes.yaml");
+    let docs: Vec<&str> = chart.split("\n---\n").collect();
+    let chart_policy =
+        docs.iter().find(|d| d.contains("name: tessera-gpu-pods") && d.contains("kind: ValidatingAdmissionPolicy\n"));
+    let chart_policy: Value = serde_saphyr::from_str(chart_policy.expect("the chart ships tessera-gpu-pods")).unwrap();
+    assert_eq!(chart_policy, p, "the chart's pod policy is the kustomize one");
+}
+
+/// Each edit that stops the pod policy from refusing is named by its field; a missing binding
+/// or one reading other params is named before the policy is read.
+#[test]
+fn each_edit_of_the_pod_policy_is_named_by_its_field() {
+    type Edit = fn(&mut Value, &mut Value);
+    let cases: &[(&str, Edit, &str)] = &[
+        ("failurePolicy Ignore", |p, _| p["spec"]["failurePolicy"] = json!("Ignore"), "spec.failurePolicy is Ignore"),
+        (
+            "UPDATE only",
+            |p, _| p["spec"]["matchConstraints"]["resourceRules"][0]["operations"] = json!(["UPDATE"]),
+            "do not cover CREATE of pods (v1)",
+        ),
+        ("Warn only", |_, b| b["spec"]["validationActions"] = json!(["Warn"]), "spec.validationActions is [\"Warn\"]"),
+        (
+            "a looser condition",
+            |p, _| p["spec"]["matchConditions"][0]["expression"] = json!("false"),
+            "spec.matchConditions[0] (asks-for-nvidia) differs",
+        ),
+        (
+            "a rewritten rule",
+            |p, _| p["spec"]["validations"][0]["expression"] = json!("true"),
+            "spec.validations[0] differs",
+        ),
+    ];
+    for (what, edit, want) in cases {
+        let (mut p, mut b) =
+            (shipped_pods("ValidatingAdmissionPolicy"), shipped_pods("ValidatingAdmissionPolicyBinding"));
+        edit(&mut p, &mut b);
+        let problems = super::problems(&super::PODS, Some(&policy(p)), &binding(b));
+        assert_eq!(problems.len(), 1, "{what}: {problems:?}");
+        assert!(problems[0].contains(want), "{what}: {problems:?}");
+        assert!(
+            problems[0].contains("ValidatingAdmissionPolicy") && problems[0].contains("tessera-gpu-pods"),
+            "{what}"
+        );
+    }
+    let b = shipped_pods("ValidatingAdmissionPolicyBinding");
+    let missing = super::problems(&super::PODS, None, &binding(b.clone()));
+    assert!(missing[0].contains("ValidatingAdmissionPolicy tessera-gpu-pods not found"), "{missing:?}");
+    let none = super::pod_binding_problem(None, "tessera-system").unwrap();
+    assert!(none.contains("ValidatingAdmissionPolicyBinding tessera-gpu-pods not found"), "{none}");
+    let elsewhere = super::pod_binding_problem(Some(&binding(b)), "ops").unwrap();
+    assert!(elsewhere.contains("reads params tessera-system/tessera-claim-classes"), "{elsewhere}");
+}

@@ -440,9 +440,10 @@ async fn pods_in_a_namespace_created_after_its_quota_never_pass_its_share() {
     quotas.create(&PostParams::default(), &q).await.unwrap();
     wait_enforced(&admin, "a", "team-a", "requests.nvidia.com/gpu", "2").await;
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(admin.clone(), "tessera-system");
-    wait_for("b pending in the params", T, || async {
+    // `b` (not created yet) is pending; `a` no longer, once its ResourceQuota shows the limit.
+    wait_for("b alone pending in the params", T, || async {
         let data = cms.get("tessera-claim-classes").await.ok()?.data?;
-        (data.get("b.quota")? == "team-a" && data.get("_pending")?.split(' ').any(|n| n == "b")).then_some(())
+        (data.get("b.quota")? == "team-a" && data.get("_pending")? == "b").then_some(())
     })
     .await
     .unwrap();

@@ -194,8 +194,22 @@ async fn wait_policy(admin: &Client, ns: &str, class: &str) {
     .unwrap();
 }
 
-/// Waits until our ResourceQuota in `ns` holds each key at its value, in spec and status.
+/// Waits until our ResourceQuota in `ns` holds each key at its value, in spec and status, and
+/// the operator has seen it (the params no longer list `ns` in `_pending`: `tessera-gpu-pods`
+/// admits pods asking for `nvidia.com/` resources there).
 async fn wait_keys(admin: &Client, ns: &str, quota: &str, keys: &[(String, &str)]) {
+    wait_keys_synced(admin, ns, quota, keys).await;
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "tessera-system");
+    wait_for(&format!("{ns} not pending in the policy params"), T, || async {
+        let data = cms.get("tessera-claim-classes").await.ok()?.data?;
+        (!data.get("_pending")?.split(' ').any(|n| n == ns)).then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// The ResourceQuota part of [`wait_keys`].
+async fn wait_keys_synced(admin: &Client, ns: &str, quota: &str, keys: &[(String, &str)]) {
     let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), ns);
     let name = tessera_operator::quota::resource_quota_name(quota);
     wait_for(&format!("{ns}/{name} {keys:?}"), T, || async {

@@ -418,3 +418,80 @@ async fn a_refused_resource_quota_write_fails_only_its_quota() {
     wait_enforced(&admin, "locked", "locked", MIG, "1").await;
     wait_condition(&quotas, "locked", READY, "Enforced").await;
 }
+
+fn gpu_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "x",
+            "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}]}}))
+    .unwrap()
+}
+
+/// Review gap: a namespace created after its quota lists it (here: while the operator is down)
+/// has no ResourceQuota at first, and extended resources were unlimited there: every pod asking
+/// for `nvidia.com/gpu` created at once was admitted, the later 0 (or share) came too late. Now
+/// `tessera-gpu-pods` refuses them, naming the field, namespace and quota, until the operator
+/// has the namespace's ResourceQuota enforced; then no more than the share is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_in_a_namespace_created_after_its_quota_never_pass_its_share() {
+    let (cp, admin, mut op) = setup(&["a"]).await;
+    apply_file(&admin, "config/rbac/claim-classes.yaml").await.unwrap();
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let q = quota("team-a", json!({"namespaces": ["a", "b"], "hard": {"nvidia.com/gpu": 4}}));
+    quotas.create(&PostParams::default(), &q).await.unwrap();
+    wait_enforced(&admin, "a", "team-a", "requests.nvidia.com/gpu", "2").await;
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(admin.clone(), "tessera-system");
+    // `b` (not created yet) is pending; `a` no longer, once its ResourceQuota shows the limit.
+    wait_for("b alone pending in the params", T, || async {
+        let data = cms.get("tessera-claim-classes").await.ok()?.data?;
+        (data.get("b.quota")? == "team-a" && data.get("_pending")? == "b").then_some(())
+    })
+    .await
+    .unwrap();
+
+    // The operator is down when `b` is created: nothing writes its ResourceQuota.
+    op.stop_now();
+    create_namespace(&admin, "b").await.unwrap();
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(admin.clone(), "b");
+    wait_for("b's default service account", T, || async { sas.get_opt("default").await.ok()?.map(|_| ()) })
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "b");
+    let create_many = |prefix: &'static str| {
+        let pods = pods.clone();
+        async move {
+            futures::future::join_all((0..6).map(|i| {
+                let pods = pods.clone();
+                async move { pods.create(&PostParams::default(), &gpu_pod(&format!("{prefix}{i}"))).await }
+            }))
+            .await
+        }
+    };
+    for r in create_many("early").await {
+        let msg = r.expect_err("no pod asking for nvidia.com/gpu is admitted before b's limit is enforced").to_string();
+        assert!(
+            msg.contains("spec.containers[0].resources.requests[nvidia.com/gpu]: namespace b of TenantGpuQuota team-a")
+                && msg.contains("not yet enforced; retry in a few seconds"),
+            "{msg}"
+        );
+    }
+    // Pods asking for no GPU are not held back, nor GPU pods in an enforced namespace.
+    let plain: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &plain).await.unwrap();
+    Api::<Pod>::namespaced(admin.clone(), "a").create(&PostParams::default(), &gpu_pod("in-a")).await.unwrap();
+
+    // The operator back: b's share is written and enforced, then exactly the share is admitted.
+    let (_op2, _) = spawn_operator(&cp, "op2").unwrap();
+    wait_enforced(&admin, "b", "team-a", "requests.nvidia.com/gpu", "2").await;
+    wait_for("b no longer pending", T, || async {
+        let data = cms.get("tessera-claim-classes").await.ok()?.data?;
+        (!data.get("_pending")?.split(' ').any(|n| n == "b")).then_some(())
+    })
+    .await
+    .unwrap();
+    let results = create_many("late").await;
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 2, "the share, never more: {results:?}");
+    let gpu_pods = pods.list(&ListParams::default()).await.unwrap().items.len() - 1;
+    assert_eq!(gpu_pods, 2, "no more than the share in b");
+}

@@ -375,6 +375,8 @@ fn used_raw(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64
 pub mod claims;
 mod conflicts;
 pub mod holdings;
+pub mod phases;
+pub mod pod_gate;
 mod steps;
 pub mod unallocated;
 

@@ -299,7 +299,8 @@ pub fn managed_classes(
 /// The params of the claim-class policy: `_open` (classes proven not to reach GPUs),
 /// `_reaching` (those that do), `_tessera` (all of Tessera's), and per tenant namespace
 /// `<ns>.quota` (who claims it), `<ns>.allowed` (`_tessera` when all of ours) and `<ns>.hint`
-/// (what to use instead). Values are space-separated.
+/// (what to use instead). Values are space-separated. `_pending` (read by the pod policy
+/// `tessera-gpu-pods`) lists the tenant namespaces not yet enforced ([`super::pod_gate`]).
 ///
 /// A class of Tessera's is allowed in a namespace only where one valid quota alone claims it,
 /// allocates through claims, and its ResourceQuota there as cached (so: written) already limits
@@ -331,7 +332,11 @@ pub fn policy_data(
             by_ns.entry(ns.as_str()).or_default().push(q);
         }
     }
+    let mut pending = Vec::new();
     for (ns, qs) in by_ns {
+        if !super::pod_gate::enforced(ns, &qs, rqs, applies) {
+            pending.push(ns.to_string());
+        }
         let names = join(&mut qs.iter().map(|q| q.metadata.name.clone().unwrap_or_default()));
         let q = qs[0];
         let name = q.metadata.name.as_deref().unwrap_or_default();
@@ -374,6 +379,7 @@ pub fn policy_data(
         data.insert(format!("{ns}.allowed"), allowed);
         data.insert(format!("{ns}.hint"), hint);
     }
+    data.insert(super::pod_gate::PENDING.to_string(), pending.join(" "));
     data
 }
 

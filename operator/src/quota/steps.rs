@@ -179,6 +179,8 @@ fn enforce(
     // Across namespaces: what one holds above its share comes off the others' limits.
     reduced.extend(super::holdings::bound(q.spec.allocation, &mut planned, p.held));
     reduced.extend(super::unallocated::notes(p.pending, planned.iter().map(|pl| pl.ns.as_str())));
+    // Across namespaces in time: a raise waits for the lowerings it takes from ([`super::phases`]).
+    reduced.extend(super::phases::hold_raises(&mut planned));
     for (pl, rq_name) in planned.into_iter().zip(rq_names) {
         let ns = pl.ns;
         plan.apply.push(Apply { namespace: ns.clone(), quota: name.to_string(), name: rq_name.clone(), hard: pl.hard });

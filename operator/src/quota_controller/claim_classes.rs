@@ -14,7 +14,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::QuotaController;
-use super::policy_check::{NOT_ENFORCING, policy_problems};
+use super::policy_check::{NOT_ENFORCING, PODS, pod_binding_problem, policy_problems, problems};
 use crate::controller::MANAGER;
 use crate::quota::QuotaPlan;
 use crate::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem, spec_matches};
@@ -101,6 +101,12 @@ impl QuotaController {
                 (!problems.is_empty()).then(|| (NOT_ENFORCING, problems.join("; ")))
             }
         };
+        // The pod policy (`tessera-gpu-pods`) too, reported the same way.
+        let found = match (found, self.check_pod_policy().await) {
+            (f, None) => f,
+            (None, Some(p)) => Some((NOT_ENFORCING, p)),
+            (Some((reason, f)), Some(p)) => Some((reason, format!("{f}; {p}"))),
+        };
         let mut last = self.binding_problem.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, p)) = &found {
             self.metrics.error("claim_policy_binding");
@@ -110,6 +116,32 @@ impl QuotaController {
         }
         *last = found.as_ref().map(|(_, p)| p.clone());
         Some(found)
+    }
+}
+
+impl QuotaController {
+    /// What keeps the pod policy from enforcing ([`pod_binding_problem`], [`problems`]), joined;
+    /// `None` when it enforces or cannot be read (not checked).
+    async fn check_pod_policy(&self) -> Option<String> {
+        let binding = match Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone()).get_opt(PODS.name).await {
+            Ok(b) => b,
+            Err(e) => {
+                debug!(error = %e, "could not read the pod policy binding; not checked");
+                return None;
+            }
+        };
+        if let Some(problem) = pod_binding_problem(binding.as_ref(), &self.namespace) {
+            return Some(problem);
+        }
+        let policy = match Api::<ValidatingAdmissionPolicy>::all(self.client.clone()).get_opt(PODS.name).await {
+            Ok(p) => p,
+            Err(e) => {
+                debug!(error = %e, "could not read the pod policy; not checked");
+                return None;
+            }
+        };
+        let problems = problems(&PODS, policy.as_ref(), binding.as_ref()?);
+        (!problems.is_empty()).then(|| problems.join("; "))
     }
 }
 

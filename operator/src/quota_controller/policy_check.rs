@@ -3,7 +3,8 @@
 //! an edited policy (`failurePolicy: Ignore`, a narrower match, a rewritten CEL rule) or binding
 //! (Warn-only actions, a `matchResources`) lets every class through while the params are read.
 //! The parts that decide enforcement are compared with the manifest compiled in
-//! (`config/rbac/claim-classes.yaml`; the chart ships the same policy).
+//! (`config/rbac/claim-classes.yaml`; the chart ships the same policy). The pod policy
+//! (`tessera-gpu-pods`, same params) is checked the same way ([`PODS`]).
 
 use std::sync::LazyLock;
 
@@ -19,11 +20,47 @@ use crate::quota::claims::POLICY_PARAMS;
 /// The condition reason for a policy or binding that would not refuse a closed class.
 pub(crate) const NOT_ENFORCING: &str = "PolicyNotEnforcing";
 
-/// The shipped manifest's policy; `None` only if it cannot be read (a test proves it can).
-static SHIPPED: LazyLock<Option<ValidatingAdmissionPolicy>> = LazyLock::new(|| {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(include_str!("../../../config/rbac/claim-classes.yaml")).ok()?;
-    let doc = docs.into_iter().find(|d| d["kind"] == "ValidatingAdmissionPolicy")?;
-    serde_json::from_value(doc).ok()
+/// One shipped policy the operator checks: its name (and its binding's), what its match must
+/// cover (API group, resources and operations, version `v1`), and what is lost when it does not.
+pub(crate) struct Checked {
+    pub name: &'static str,
+    group: &'static str,
+    resources: &'static [&'static str],
+    operations: &'static [&'static str],
+    loses: &'static str,
+    install: &'static str,
+}
+
+/// The claim-class policy.
+pub(crate) const CLAIMS: Checked = Checked {
+    name: POLICY_PARAMS,
+    group: "resource.k8s.io",
+    resources: &["resourceclaims", "resourceclaimtemplates"],
+    operations: &["CREATE", "UPDATE"],
+    loses: "claims of closed classes may be admitted",
+    install: "nothing refuses claims of a DeviceClass created between two quota passes",
+};
+
+/// The pod policy: pods asking for `nvidia.com/` resources wait for the tenant's ResourceQuota.
+pub(crate) const PODS: Checked = Checked {
+    name: "tessera-gpu-pods",
+    group: "",
+    resources: &["pods"],
+    operations: &["CREATE"],
+    loses: "pods asking for nvidia.com/ resources may be admitted in a tenant namespace before its ResourceQuota \
+            enforces the share",
+    install: "nothing refuses pods asking for nvidia.com/ resources in a tenant namespace whose ResourceQuota is \
+              not yet enforced (a namespace created after its quota lists it)",
+};
+
+/// The shipped manifest's policies; empty only if it cannot be read (a test proves it can).
+static SHIPPED: LazyLock<Vec<ValidatingAdmissionPolicy>> = LazyLock::new(|| {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(include_str!("../../../config/rbac/claim-classes.yaml")).unwrap_or_default();
+    docs.into_iter()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .filter_map(|d| serde_json::from_value(d).ok())
+        .collect()
 });
 
 /// What keeps the policy from refusing claims of closed classes, each naming the field and how
@@ -32,31 +69,67 @@ pub(crate) fn policy_problems(
     policy: Option<&ValidatingAdmissionPolicy>,
     binding: &ValidatingAdmissionPolicyBinding,
 ) -> Vec<String> {
-    let b = |what: String| format!("ValidatingAdmissionPolicyBinding {POLICY_PARAMS}: {what}");
-    let mut out: Vec<String> = binding_enforces(binding).into_iter().map(b).collect();
+    problems(&CLAIMS, policy, binding)
+}
+
+/// [`policy_problems`] for the policy `c` describes.
+pub(crate) fn problems(
+    c: &Checked,
+    policy: Option<&ValidatingAdmissionPolicy>,
+    binding: &ValidatingAdmissionPolicyBinding,
+) -> Vec<String> {
+    let name = c.name;
+    let b = |what: String| format!("ValidatingAdmissionPolicyBinding {name}: {what}");
+    let mut out: Vec<String> = binding_enforces(c, binding).into_iter().map(b).collect();
     let Some(policy) = policy else {
         out.push(format!(
-            "ValidatingAdmissionPolicy {POLICY_PARAMS} not found: nothing refuses claims of a DeviceClass created \
-             between two quota passes (install config/rbac/claim-classes.yaml or the chart)"
+            "ValidatingAdmissionPolicy {name} not found: {} (install config/rbac/claim-classes.yaml or the chart)",
+            c.install
         ));
         return out;
     };
     let p = |what: String| {
         format!(
-            "ValidatingAdmissionPolicy {POLICY_PARAMS}: {what}; claims of closed classes may be admitted \
-             (re-apply config/rbac/claim-classes.yaml or the chart)"
+            "ValidatingAdmissionPolicy {name}: {what}; {} (re-apply config/rbac/claim-classes.yaml or the chart)",
+            c.loses
         )
     };
-    out.extend(policy_enforces(policy).into_iter().map(p));
+    out.extend(policy_enforces(c, policy).into_iter().map(p));
     out
 }
 
+/// What is wrong with the pod policy's binding before its policy is read: missing, or reading
+/// params other than the operator's (`parameterNotFoundAction: Allow`: every pod admitted).
+pub(crate) fn pod_binding_problem(
+    binding: Option<&ValidatingAdmissionPolicyBinding>,
+    namespace: &str,
+) -> Option<String> {
+    let name = PODS.name;
+    let Some(b) = binding else {
+        return Some(format!(
+            "ValidatingAdmissionPolicyBinding {name} not found: {} (install config/rbac/claim-classes.yaml or the chart)",
+            PODS.install
+        ));
+    };
+    let r = b.spec.param_ref.as_ref();
+    let (params, ns) = (r.and_then(|r| r.name.as_deref()), r.and_then(|r| r.namespace.as_deref()));
+    (params != Some(POLICY_PARAMS) || ns != Some(namespace)).then(|| {
+        format!(
+            "ValidatingAdmissionPolicyBinding {name} reads params {}/{} but the operator writes \
+             {namespace}/{POLICY_PARAMS}: the policy finds no params and admits every pod; set its \
+             spec.paramRef to {namespace}/{POLICY_PARAMS}",
+            ns.unwrap_or("<unset>"),
+            params.unwrap_or("<unset>")
+        )
+    })
+}
+
 /// The binding's part: it names the policy, denies, and narrows nothing.
-fn binding_enforces(binding: &ValidatingAdmissionPolicyBinding) -> Vec<String> {
+fn binding_enforces(c: &Checked, binding: &ValidatingAdmissionPolicyBinding) -> Vec<String> {
     let mut out = Vec::new();
     let spec = &binding.spec;
-    if spec.policy_name != POLICY_PARAMS {
-        out.push(format!("spec.policyName is {}, not {POLICY_PARAMS}", spec.policy_name));
+    if spec.policy_name != c.name {
+        out.push(format!("spec.policyName is {}, not {}", spec.policy_name, c.name));
     }
     let actions = &spec.validation_actions;
     if !actions.iter().any(|a| a == "Deny") {
@@ -71,9 +144,9 @@ fn binding_enforces(binding: &ValidatingAdmissionPolicyBinding) -> Vec<String> {
     out
 }
 
-/// The policy's part: `failurePolicy: Fail`, a match covering every claim and template write,
-/// and the shipped params, conditions, variables and validations.
-fn policy_enforces(policy: &ValidatingAdmissionPolicy) -> Vec<String> {
+/// The policy's part: `failurePolicy: Fail`, a match covering every write `c` names, and the
+/// shipped params, conditions, variables and validations.
+fn policy_enforces(c: &Checked, policy: &ValidatingAdmissionPolicy) -> Vec<String> {
     let Some(spec) = policy.spec.as_ref() else { return vec!["spec is unset".into()] };
     let mut out = Vec::new();
     if let Some(f) = spec.failure_policy.as_deref().filter(|f| *f != "Fail") {
@@ -85,24 +158,27 @@ fn policy_enforces(policy: &ValidatingAdmissionPolicy) -> Vec<String> {
             out.extend(narrows(m, "spec.matchConstraints"));
             if let Some(mp) = m.match_policy.as_deref().filter(|mp| *mp != "Equivalent") {
                 out.push(format!(
-                    "spec.matchConstraints.matchPolicy is {mp}: claims through other versions are not checked"
+                    "spec.matchConstraints.matchPolicy is {mp}: writes through other versions are not checked"
                 ));
             }
-            let uncovered: Vec<String> = ["resourceclaims", "resourceclaimtemplates"]
+            let uncovered: Vec<String> = c
+                .resources
                 .iter()
-                .flat_map(|r| ["CREATE", "UPDATE"].map(|op| (*r, op)))
-                .filter(|(r, op)| !covers(m, r, op))
+                .flat_map(|r| c.operations.iter().map(move |op| (*r, *op)))
+                .filter(|(r, op)| !covers(m, c.group, r, op))
                 .map(|(r, op)| format!("{op} of {r}"))
                 .collect();
             if !uncovered.is_empty() {
                 out.push(format!(
-                    "spec.matchConstraints.resourceRules do not cover {} (resource.k8s.io/v1)",
-                    uncovered.join(", ")
+                    "spec.matchConstraints.resourceRules do not cover {} ({}v1)",
+                    uncovered.join(", "),
+                    if c.group.is_empty() { String::new() } else { format!("{}/", c.group) }
                 ));
             }
         }
     }
-    let Some(want) = SHIPPED.as_ref().and_then(|s| s.spec.as_ref()) else {
+    let shipped = SHIPPED.iter().find(|p| p.metadata.name.as_deref() == Some(c.name));
+    let Some(want) = shipped.and_then(|s| s.spec.as_ref()) else {
         out.push("the shipped manifest could not be read to compare with".into());
         return out;
     };
@@ -134,11 +210,11 @@ fn narrows(m: &MatchResources, at: &str) -> Vec<String> {
     out
 }
 
-/// Whether a rule of `m` matches every `op` of `resource` in `resource.k8s.io/v1`.
-fn covers(m: &MatchResources, resource: &str, op: &str) -> bool {
+/// Whether a rule of `m` matches every `op` of `resource` in `group`/v1.
+fn covers(m: &MatchResources, group: &str, resource: &str, op: &str) -> bool {
     let has = |list: &Option<Vec<String>>, v: &str| list.iter().flatten().any(|x| x == v || x == "*");
     m.resource_rules.iter().flatten().any(|r| {
-        has(&r.api_groups, "resource.k8s.io")
+        has(&r.api_groups, group)
             && has(&r.api_versions, "v1")
             && has(&r.operations, op)
             && has(&r.resources, resource)

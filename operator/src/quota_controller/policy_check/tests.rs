@@ -18,11 +18,23 @@ const BINDING_PATH: &str =
 
 /// An API server that answers the binding and the policy with what is in `objects` (a 404 where
 /// `None`) and accepts every write, recording each request.
-fn api(objects: std::sync::Arc<std::sync::Mutex<(Option<Value>, Option<Value>)>>) -> (kube::Client, Requests) {
+fn api(objects: Objects) -> (kube::Client, Requests) {
+    api_with(objects, None)
+}
+
+/// The binding and the policy an API server answers with (`None`: 404).
+type Objects = std::sync::Arc<std::sync::Mutex<(Option<Value>, Option<Value>)>>;
+
+const POD_POLICY_PATH: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/tessera-gpu-pods";
+const POD_BINDING_PATH: &str =
+    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/tessera-gpu-pods";
+
+/// [`api`], also answering the pod policy and its binding from `pods` where given.
+fn api_with(objects: Objects, pods: Option<Objects>) -> (kube::Client, Requests) {
     let requests = Requests::default();
     let seen = requests.clone();
     let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let (seen, objects) = (seen.clone(), objects.clone());
+        let (seen, objects, pods) = (seen.clone(), objects.clone(), pods.clone());
         async move {
             let (parts, body) = req.into_parts();
             let body: Value = serde_json::from_slice(&body.collect_bytes().await.unwrap()).unwrap_or_default();
@@ -31,9 +43,12 @@ fn api(objects: std::sync::Arc<std::sync::Mutex<(Option<Value>, Option<Value>)>>
             let (binding, policy) = objects.lock().unwrap().clone();
             let not_found = json!({"kind": "Status", "apiVersion": "v1", "code": 404, "reason": "NotFound"});
             let found = |o: Option<Value>| o.map_or((404, not_found.clone()), |o| (200, o));
+            let (pod_binding, pod_policy) = pods.as_ref().map(|p| p.lock().unwrap().clone()).unwrap_or_default();
             let (code, answer) = match (method.as_str(), path.as_str()) {
                 ("GET", BINDING_PATH) => found(binding),
                 ("GET", POLICY_PATH) => found(policy),
+                ("GET", POD_BINDING_PATH) if pods.is_some() => found(pod_binding),
+                ("GET", POD_POLICY_PATH) if pods.is_some() => found(pod_policy),
                 (_, p) if p.ends_with("/status") => (
                     200,
                     json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
@@ -201,4 +216,110 @@ fn each_edit_that_stops_the_policy_enforcing_is_named_by_its_field() {
     }
     let missing = super::policy_problems(None, &binding(shipped("ValidatingAdmissionPolicyBinding")));
     assert!(missing[0].contains("ValidatingAdmissionPolicy tessera-claim-classes not found"), "{missing:?}");
+}
+
+/// The shipped pod policy's document of `kind` (`tessera-gpu-pods`).
+fn shipped_pods(kind: &str) -> Value {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(include_str!("../../../../config/rbac/claim-classes.yaml")).unwrap();
+    docs.into_iter().find(|d| d["kind"] == kind && d["metadata"]["name"] == "tessera-gpu-pods").unwrap()
+}
+
+/// Review gap: pods asking for `nvidia.com/` resources in a tenant namespace whose ResourceQuota
+/// is not yet enforced are refused by `tessera-gpu-pods`; the operator checks that policy as it
+/// checks the claim-class one. As shipped (and as the chart ships it) it enforces.
+#[test]
+fn the_shipped_pod_policy_enforces_and_the_chart_ships_the_same() {
+    let (p, b) = (shipped_pods("ValidatingAdmissionPolicy"), shipped_pods("ValidatingAdmissionPolicyBinding"));
+    assert_eq!(super::problems(&super::PODS, Some(&policy(p.clone())), &binding(b.clone())), Vec::<String>::new());
+    assert_eq!(super::pod_binding_problem(Some(&binding(b)), "tessera-system"), None);
+    let chart = include_str!("../../../../config/helm/tessera/templates/claim-classes.yaml");
+    let docs: Vec<&str> = chart.split("\n---\n").collect();
+    let chart_policy =
+        docs.iter().find(|d| d.contains("name: tessera-gpu-pods") && d.contains("kind: ValidatingAdmissionPolicy\n"));
+    let chart_policy: Value = serde_saphyr::from_str(chart_policy.expect("the chart ships tessera-gpu-pods")).unwrap();
+    assert_eq!(chart_policy, p, "the chart's pod policy is the kustomize one");
+}
+
+/// Each edit that stops the pod policy from refusing is named by its field; a missing binding
+/// or one reading other params is named before the policy is read.
+#[test]
+fn each_edit_of_the_pod_policy_is_named_by_its_field() {
+    type Edit = fn(&mut Value, &mut Value);
+    let cases: &[(&str, Edit, &str)] = &[
+        ("failurePolicy Ignore", |p, _| p["spec"]["failurePolicy"] = json!("Ignore"), "spec.failurePolicy is Ignore"),
+        (
+            "UPDATE only",
+            |p, _| p["spec"]["matchConstraints"]["resourceRules"][0]["operations"] = json!(["UPDATE"]),
+            "do not cover CREATE of pods (v1)",
+        ),
+        ("Warn only", |_, b| b["spec"]["validationActions"] = json!(["Warn"]), "spec.validationActions is [\"Warn\"]"),
+        (
+            "a looser condition",
+            |p, _| p["spec"]["matchConditions"][0]["expression"] = json!("false"),
+            "spec.matchConditions[0] (asks-for-nvidia) differs",
+        ),
+        (
+            "a rewritten rule",
+            |p, _| p["spec"]["validations"][0]["expression"] = json!("true"),
+            "spec.validations[0] differs",
+        ),
+    ];
+    for (what, edit, want) in cases {
+        let (mut p, mut b) =
+            (shipped_pods("ValidatingAdmissionPolicy"), shipped_pods("ValidatingAdmissionPolicyBinding"));
+        edit(&mut p, &mut b);
+        let problems = super::problems(&super::PODS, Some(&policy(p)), &binding(b));
+        assert_eq!(problems.len(), 1, "{what}: {problems:?}");
+        assert!(problems[0].contains(want), "{what}: {problems:?}");
+        assert!(
+            problems[0].contains("ValidatingAdmissionPolicy") && problems[0].contains("tessera-gpu-pods"),
+            "{what}"
+        );
+    }
+    let b = shipped_pods("ValidatingAdmissionPolicyBinding");
+    let missing = super::problems(&super::PODS, None, &binding(b.clone()));
+    assert!(missing[0].contains("ValidatingAdmissionPolicy tessera-gpu-pods not found"), "{missing:?}");
+    let none = super::pod_binding_problem(None, "tessera-system").unwrap();
+    assert!(none.contains("ValidatingAdmissionPolicyBinding tessera-gpu-pods not found"), "{none}");
+    let elsewhere = super::pod_binding_problem(Some(&binding(b)), "ops").unwrap();
+    assert!(elsewhere.contains("reads params tessera-system/tessera-claim-classes"), "{elsewhere}");
+}
+
+/// The pod policy edited (`failurePolicy: Ignore`) or its binding deleted, while the claim
+/// policy enforces: `ClaimPolicyBound=False` `PolicyNotEnforcing` names `tessera-gpu-pods` and
+/// the field; restored, True again.
+#[tokio::test]
+async fn an_edited_or_missing_pod_policy_is_reported_on_the_quotas() {
+    let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "team-b", "uid": "uid-b", "generation": 1},
+        "spec": {"namespaces": ["b"], "hard": {"nvidia.com/gpu": 3}}}))
+    .unwrap();
+    let claims = std::sync::Arc::new(std::sync::Mutex::new((
+        Some(shipped("ValidatingAdmissionPolicyBinding")),
+        Some(shipped("ValidatingAdmissionPolicy")),
+    )));
+    let mut ignoring = shipped_pods("ValidatingAdmissionPolicy");
+    ignoring["spec"]["failurePolicy"] = json!("Ignore");
+    let pods = std::sync::Arc::new(std::sync::Mutex::new((
+        Some(shipped_pods("ValidatingAdmissionPolicyBinding")),
+        Some(ignoring),
+    )));
+    let (client, requests) = api_with(claims, Some(pods.clone()));
+    let c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![]));
+    let _ = c.reconcile().await;
+    let (status, reason, message) = last_condition(&requests);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "PolicyNotEnforcing"), "{message}");
+    assert!(message.contains("ValidatingAdmissionPolicy tessera-gpu-pods: spec.failurePolicy is Ignore"), "{message}");
+
+    pods.lock().unwrap().1 = Some(shipped_pods("ValidatingAdmissionPolicy"));
+    let _ = c.reconcile().await;
+    let (status, reason, message) = last_condition(&requests);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Bound"), "{message}");
+
+    pods.lock().unwrap().0 = None;
+    let _ = c.reconcile().await;
+    let (status, _, message) = last_condition(&requests);
+    assert_eq!(status, "False");
+    assert!(message.contains("ValidatingAdmissionPolicyBinding tessera-gpu-pods not found"), "{message}");
 }

@@ -1,0 +1,173 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+use tessera_crds::TenantGpuQuota;
+
+use crate::quota::{Capacity, Dra, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
+
+const GPU: &str = "requests.nvidia.com/gpu";
+
+fn status(hard: &[(&str, i64)]) -> ResourceQuotaStatus {
+    ResourceQuotaStatus {
+        hard: Some(hard.iter().map(|(k, v)| (k.to_string(), Quantity(v.to_string()))).collect()),
+        used: None,
+    }
+}
+
+fn planned<'a>(ns: &str, status: Option<&'a ResourceQuotaStatus>, hard: &[(&str, i64)]) -> Planned<'a> {
+    Planned {
+        ns: ns.to_string(),
+        share: BTreeMap::new(),
+        status,
+        hard: hard.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        used: BTreeMap::new(),
+    }
+}
+
+fn quota(name: &str, spec: serde_json::Value) -> TenantGpuQuota {
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+        "metadata": {"name": name, "generation": 1, "uid": format!("uid-{name}")}, "spec": spec}))
+    .unwrap()
+}
+
+/// Our ResourceQuota of `q` in `ns`, synced: `hard` in spec and status, `used` per key.
+fn synced(q: &str, ns: &str, hard: &[(&str, i64)], used: &[(&str, i64)]) -> ResourceQuota {
+    let m = |p: &[(&str, i64)]| {
+        p.iter().map(|(k, v)| (k.to_string(), json!(v.to_string()))).collect::<serde_json::Map<_, _>>()
+    };
+    serde_json::from_value(json!({"metadata": {"name": resource_quota_name(q), "namespace": ns,
+        "labels": {"tessera.dev/quota": quota_label_value(q)},
+        "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": q,
+                             "uid": format!("uid-{q}"), "controller": true}]},
+        "spec": {"hard": m(hard)}, "status": {"hard": m(hard), "used": m(used)}}))
+    .unwrap()
+}
+
+fn plan(q: &TenantGpuQuota, rqs: &[ResourceQuota]) -> QuotaPlan {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
+    let nss = ["a1", "a2"].iter().map(|s| s.to_string()).collect();
+    plan_quotas_dra(std::slice::from_ref(q), &nss, rqs, &Capacity::default(), &Dra::default(), now)
+}
+
+fn ready_message(p: &QuotaPlan, q: &str) -> String {
+    p.statuses[q].conditions.iter().find(|c| c.type_ == "Ready").unwrap().message.clone()
+}
+
+fn limits(p: &[Planned<'_>]) -> Vec<String> {
+    p.iter().map(|p| p.hard[GPU].clone()).collect()
+}
+
+/// Review gap: `a1: 1, a2: 3` edited to `a1: 3, a2: 1` (hard 4). Before, both were written at
+/// once and the controller manager may sync `a1`'s raise first: 3 + 3 admitted of 4.
+#[test]
+fn a_raise_waits_until_the_lowering_it_takes_from_is_enforced() {
+    let (a1, a2) = (status(&[(GPU, 1)]), status(&[(GPU, 3)]));
+    // (a2's enforced limit, what a1 and a2 get, whether a note says a1 waits)
+    let rows: [(Option<&ResourceQuotaStatus>, [&str; 2], bool); 3] = [
+        (Some(&a2), ["1", "1"], true),                   // a2 not lowered yet: a1 keeps 1
+        (None, ["1", "1"], true),                        // a2's status not shown: enforces nothing yet
+        (Some(&status(&[(GPU, 1)])), ["3", "1"], false), // a2 lowered: a1 raised
+    ];
+    for (a2_status, want, waits) in rows {
+        let mut p = [planned("a1", Some(&a1), &[(GPU, 3)]), planned("a2", a2_status, &[(GPU, 1)])];
+        let notes = hold_raises(&mut p);
+        assert_eq!(limits(&p), want, "{a2_status:?}");
+        assert_eq!(notes.len(), usize::from(waits), "{notes:?}");
+        if waits {
+            assert!(
+                notes[0]
+                    .starts_with("namespace a1: requests.nvidia.com/gpu: raise from 1 to 3 waits until namespace a2"),
+                "{notes:?}"
+            );
+        }
+    }
+}
+
+/// Raises everywhere (`hard` raised), lowerings everywhere, a first pass (no status) and a key
+/// another namespace does not lower: nothing is held.
+#[test]
+fn raises_that_take_from_no_one_are_not_held() {
+    let (one, three) = (status(&[(GPU, 1)]), status(&[(GPU, 3)]));
+    let cases: Vec<(Vec<Planned<'_>>, Vec<&str>)> = vec![
+        (vec![planned("a", Some(&one), &[(GPU, 2)]), planned("b", Some(&one), &[(GPU, 2)])], vec!["2", "2"]),
+        (vec![planned("a", Some(&three), &[(GPU, 2)]), planned("b", Some(&three), &[(GPU, 1)])], vec!["2", "1"]),
+        (vec![planned("a", None, &[(GPU, 2)]), planned("b", None, &[(GPU, 2)])], vec!["2", "2"]),
+        (
+            vec![planned("a", Some(&one), &[(GPU, 2)]), planned("b", Some(&three), &[(GPU, 3), ("requests.x", 0)])],
+            vec!["2", "3"],
+        ),
+    ];
+    for (mut p, want) in cases {
+        let notes = hold_raises(&mut p);
+        assert_eq!(limits(&p), want);
+        assert!(notes.is_empty(), "{notes:?}");
+    }
+}
+
+/// Through the whole pass: the edit holds `a1` at 1 and says so in `Ready`; once `a2`'s status
+/// shows 1, `a1` gets 3.
+#[test]
+fn an_edited_namespace_hard_lowers_first_then_raises() {
+    let moved = quota(
+        "team-a",
+        json!({"namespaces": ["a1", "a2"], "hard": {"nvidia.com/gpu": 4}, "split": "Explicit",
+               "allocation": "ExtendedResources",
+               "namespaceHard": {"a1": {"nvidia.com/gpu": 3}, "a2": {"nvidia.com/gpu": 1}}}),
+    );
+    let lim =
+        |p: &crate::quota::QuotaPlan, ns: &str| p.apply.iter().find(|a| a.namespace == ns).unwrap().hard[GPU].clone();
+    let before = [synced("team-a", "a1", &[(GPU, 1)], &[(GPU, 0)]), synced("team-a", "a2", &[(GPU, 3)], &[(GPU, 0)])];
+    let p = plan(&moved, &before);
+    assert_eq!((lim(&p, "a1"), lim(&p, "a2")), ("1".into(), "1".into()));
+    let msg = ready_message(&p, "team-a");
+    assert!(msg.contains("namespace a1: requests.nvidia.com/gpu: raise from 1 to 3 waits until namespace a2"), "{msg}");
+
+    let lowered = [synced("team-a", "a1", &[(GPU, 1)], &[(GPU, 0)]), synced("team-a", "a2", &[(GPU, 1)], &[(GPU, 0)])];
+    let p = plan(&moved, &lowered);
+    assert_eq!((lim(&p, "a1"), lim(&p, "a2")), ("3".into(), "1".into()));
+    assert!(!ready_message(&p, "team-a").contains("waits"));
+}
+
+proptest! {
+    /// Limits in force during a transition: every namespace starts enforcing its old limit (old
+    /// limits within `hard`), each pass writes what [`hold_raises`] leaves, and the controller
+    /// manager syncs any subset of the written limits into `status.hard` between passes (a
+    /// not-yet-lowered namespace keeps its old limit meanwhile). At no moment do the limits in
+    /// force add up past `hard`, and once every write is synced the planned limits are reached.
+    #[test]
+    fn limits_in_force_never_pass_hard_during_a_move(
+        rows in prop::collection::vec((0i64..6, 0i64..6), 1..5),
+        syncs in prop::collection::vec(prop::collection::vec(any::<bool>(), 5), 1..8),
+    ) {
+        let hard = rows.iter().map(|r| r.0).sum::<i64>().max(rows.iter().map(|r| r.1).sum());
+        let mut enforced: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        let want: Vec<i64> = rows.iter().map(|r| r.1).collect();
+        let names: Vec<String> = (0..rows.len()).map(|i| format!("n{i}")).collect();
+        let pass = |enforced: &[i64]| {
+            let st: Vec<ResourceQuotaStatus> = enforced.iter().map(|e| status(&[(GPU, *e)])).collect();
+            let mut p: Vec<Planned<'_>> =
+                names.iter().zip(&st).zip(&want).map(|((n, s), w)| planned(n, Some(s), &[(GPU, *w)])).collect();
+            hold_raises(&mut p);
+            p.iter().map(|p| p.hard[GPU].parse::<i64>().unwrap()).collect::<Vec<i64>>()
+        };
+        for sync in &syncs {
+            let written = pass(&enforced);
+            for (i, w) in written.iter().enumerate() {
+                if sync[i] {
+                    enforced[i] = *w;
+                }
+                prop_assert!(enforced.iter().sum::<i64>() <= hard, "{:?} -> {:?} in force {:?}", rows, written, enforced);
+            }
+        }
+        for _ in 0..2 {
+            enforced = pass(&enforced);
+            prop_assert!(enforced.iter().sum::<i64>() <= hard);
+        }
+        prop_assert_eq!(enforced, want);
+    }
+}

@@ -1,0 +1,51 @@
+//! Which tenant namespaces still refuse pods asking for `nvidia.com/` extended resources (the
+//! policy `tessera-gpu-pods`, params key [`PENDING`]). A namespace created after its quota lists
+//! it (or while the operator is down) has no ResourceQuota at first: extended resources are
+//! unlimited there until the operator writes one and the controller manager syncs its
+//! `status.hard`. The params list the namespace as pending from the pass that first lists it
+//! until that ResourceQuota enforces every planned `requests.nvidia.com/...` key at no more than
+//! planned (the gate the claim classes use, `claims::allowed_classes`), so the window is closed.
+
+use k8s_openapi::api::core::v1::ResourceQuota;
+use tessera_crds::TenantGpuQuota;
+
+use super::Apply;
+
+/// The params key: space-separated tenant namespaces whose limits are not enforced yet. A
+/// list of the few pending ones keeps the ConfigMap small with thousands of tenant namespaces.
+pub const PENDING: &str = "_pending";
+
+/// Whether pods may ask for extended resources in `ns`, claimed by `quotas`: each quota's planned
+/// ResourceQuota there (`applies`) is in `rqs` (owned by it) with `status.hard` carrying each
+/// planned `requests.nvidia.com/` key at no more than planned. A quota that plans nothing there
+/// (invalid, or both names taken) counts where a ResourceQuota it owns there has a synced
+/// `status.hard` (kept as it enforced). No quota enforcing anything: not enforced.
+pub fn enforced(ns: &str, quotas: &[&TenantGpuQuota], rqs: &[ResourceQuota], applies: &[Apply]) -> bool {
+    let mut any = false;
+    for q in quotas {
+        let name = q.metadata.name.as_deref().unwrap_or_default();
+        let mut owned = rqs.iter().filter(|rq| rq.metadata.namespace.as_deref() == Some(ns) && super::owned_by(rq, q));
+        let Some(a) = applies.iter().find(|a| a.namespace == ns && a.quota == name) else {
+            any |= owned.any(|rq| rq.status.as_ref().and_then(|s| s.hard.as_ref()).is_some());
+            continue;
+        };
+        let Some(hard) = owned
+            .find(|rq| rq.metadata.name.as_deref() == Some(a.name.as_str()))
+            .and_then(|rq| rq.status.as_ref()?.hard.as_ref())
+        else {
+            return false;
+        };
+        let limited = a.hard.iter().filter(|(k, _)| k.starts_with("requests.nvidia.com/")).all(|(k, want)| {
+            let have = hard.get(k).and_then(|h| h.0.parse::<i64>().ok());
+            have.zip(want.parse::<i64>().ok()).is_some_and(|(h, w)| h <= w)
+        });
+        if !limited {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests;

@@ -382,6 +382,8 @@ impl Context {
         *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = Slots::default();
         *self.carry.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
         *self.stranded_memo.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
+        // The idle report's verdicts too: a new tenure's passes publish their own.
+        self.not_reporting.forget();
     }
 
     /// Runs passes until the future is dropped. Started when the lease is ours: the first pass

@@ -10,8 +10,10 @@
 //!   idle: `unmeasured`, so a missing figure is never read as idleness.
 //! - A node whose agent is not reporting (its heartbeat Lease ran out) has its summary set
 //!   aside: its held devices count `unmeasured`, and the report says why (see [`stale`]).
-//! - Memory in use on a device no pod holds is listed as leaked, unattributed: once a pod ends,
-//!   no API object says which pod held a device-plugin device, so naming a tenant would be a guess.
+//! - A device no pod holds is listed as leaked, unattributed, when it runs a compute process or
+//!   holds [`LEAKED_MEMORY_MIB`] or more: once a pod ends, no API object says which pod held a
+//!   device-plugin device, so naming a tenant would be a guess. An idle MIG instance shows tens
+//!   of MiB on real hardware (driver context), so any memory above 0 is no leak.
 //! - A guessed holder still counts in its tenant's figures and is listed (`exact: false`), but
 //!   fires the alert only when it is idle for certain: the guessed pod may not be the idle one.
 
@@ -31,6 +33,11 @@ use crate::cli::status::{FleetStatus, Holder};
 pub mod gate;
 pub mod stale;
 use stale::{NotReporting, SetAside};
+
+/// Memory on a free device from which it counts as leaked (with no compute process). The node
+/// agent's own leak check uses the same figure (`node-agent`'s leaked-memory threshold, 256 MiB):
+/// an idle MIG instance shows some 10-30 MiB of driver memory. To be unified with the agent's.
+pub const LEAKED_MEMORY_MIB: i64 = 256;
 
 /// The threshold when a quota sets none.
 pub const DEFAULT_IDLE_AFTER: SignedDuration = SignedDuration::from_secs(3600);
@@ -260,7 +267,7 @@ pub fn idle_report(
         for p in placed {
             let measured = devices.iter().find(|d| matches(d, &p));
             let Some(h) = p.holder else {
-                if let Some(d) = measured.filter(|d| d.memory_used_mib > 0 || d.processes > 0) {
+                if let Some(d) = measured.filter(|d| d.processes > 0 || d.memory_used_mib >= LEAKED_MEMORY_MIB) {
                     report.leaked.push(Leaked {
                         node: node.name.clone(),
                         gpu: p.gpu,
@@ -316,8 +323,8 @@ pub fn idle_report(
                 }
             }
         }
-        if let Some(since) = stale.filter(|_| activity.is_some() || held > 0) {
-            report.not_reporting.push(SetAside { node: node.name.clone(), since: *since, held });
+        if let Some(s) = stale.filter(|_| activity.is_some() || held > 0) {
+            report.not_reporting.push(SetAside { node: node.name.clone(), since: s.since, cause: s.cause, held });
         }
     }
     report.idle.sort_by(|a, b| (a.idle_since, &a.pod, &a.node, a.gpu).cmp(&(b.idle_since, &b.pod, &b.node, b.gpu)));

@@ -398,8 +398,49 @@ mod tests {
         let node = CordonedNode { node: "n".into(), plan: "p".into() };
         m.set_cordons(&[(node.clone(), 1000)].into(), &[(node, 1200)].into());
         m.set_quota_shortfall(&[("nvidia.com/gpu".to_string(), 2)].into());
-        m.set_tenant_activity(&idle_report());
+        // A certain holder of tenant `ml` and a guessed one of tenant `web`.
+        let mut r = idle_report();
+        let mut g = r.idle[0].clone();
+        (g.pod, g.tenant, g.exact, g.certain_since) = ("web/b".into(), Some("web".into()), false, None);
+        r.idle.push(g);
+        m.set_tenant_activity(&r);
+        m.idle_reported(2000);
         m.render()
+    }
+
+    /// A metric name, its `label="value"` matchers, and the labels it is grouped by.
+    type Selector = (String, Vec<(String, String)>, Vec<String>);
+
+    /// The series selectors of a PromQL expression: each `tessera_operator_*` name, its
+    /// `label="value"` matchers, and the labels of a `by (...)` just before it.
+    fn selectors(expr: &str) -> Vec<Selector> {
+        let mut out = Vec::new();
+        let mut rest = expr;
+        let mut by: Vec<String> = Vec::new();
+        while let Some(i) = rest.find("tessera_operator_").into_iter().chain(rest.find("by (")).min() {
+            rest = &rest[i..];
+            if let Some(tail) = rest.strip_prefix("by (") {
+                let end = tail.find(')').unwrap();
+                by = tail[..end].split(',').map(|l| l.trim().to_string()).collect();
+                rest = &tail[end..];
+                continue;
+            }
+            let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+            let (name, tail) = rest.split_at(end);
+            let mut matchers = Vec::new();
+            rest = tail;
+            if let Some(inner) = tail.strip_prefix('{') {
+                let close = inner.find('}').unwrap();
+                for m in inner[..close].split(',').filter(|m| !m.trim().is_empty()) {
+                    let (k, v) = m.split_once('=').unwrap();
+                    assert!(!k.ends_with('!') && !v.starts_with('~'), "only equality matchers are checked: {m}");
+                    matchers.push((k.trim().to_string(), v.trim().trim_matches('"').to_string()));
+                }
+                rest = &inner[close..];
+            }
+            out.push((name.to_string(), matchers, std::mem::take(&mut by)));
+        }
+        out
     }
 
     /// Tenant `ml` holds two devices, one idle since 1000 s after the epoch.
@@ -460,7 +501,10 @@ mod tests {
         assert!(!m.render().contains("tenant=\"ml\""));
     }
 
-    /// Every metric the shipped alerts query exists, with the labels they group by; and the
+    /// Every series selector of the shipped alerts matches an exported line: its name, its
+    /// `label="value"` matchers and the labels it is grouped by (a certain and a guessed idle
+    /// holder are exported, so `certain="true"` must pick one); the staleness clause's timestamp is
+    /// 0 before any report (the clause is false) and the report's time after. And the
     /// PrometheusRule holds exactly the plain rule file's groups.
     #[test]
     fn the_alerts_query_only_exported_metrics_and_both_rule_files_agree() {
@@ -469,17 +513,34 @@ mod tests {
         let mut checked = 0;
         for rule in rules["groups"][0]["rules"].as_array().unwrap() {
             let expr = rule["expr"].as_str().unwrap();
-            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-                if word.starts_with("tessera_operator_") {
-                    assert!(
-                        text.contains(&format!("{word}{{")) || text.contains(&format!("{word} ")),
-                        "{word}:\n{text}"
-                    );
-                    checked += 1;
-                }
+            for (name, matchers, by) in selectors(expr) {
+                let found = text.lines().filter(|l| !l.starts_with('#')).any(|l| {
+                    let labels = l.strip_prefix(&name).and_then(|t| t.split_once(' ')).map(|(labels, _)| labels);
+                    labels.is_some_and(|labels| {
+                        (labels.is_empty() || labels.starts_with('{'))
+                            && matchers.iter().all(|(k, v)| labels.contains(&format!("{k}=\"{v}\"")))
+                            && by.iter().all(|k| labels.contains(&format!("{k}=\"")))
+                    })
+                });
+                assert!(found, "{name} {matchers:?} by {by:?} matches no exported line:\n{text}");
+                checked += 1;
             }
         }
         assert!(checked >= 6, "{checked}");
+        let idle = selectors(
+            rules["groups"][0]["rules"].as_array().unwrap().iter().find(|r| r["alert"] == "TesseraSlicesIdle").unwrap()
+                ["expr"]
+                .as_str()
+                .unwrap(),
+        );
+        let certain = ("certain".to_string(), "true".to_string());
+        assert!(idle.iter().any(|(_, m, by)| m.contains(&certain) && by == &["tenant"]), "{idle:?}");
+        assert!(
+            text.contains("tessera_operator_tenant_idle_since_timestamp_seconds{tenant=\"web\",certain=\"false\"}")
+        );
+        assert!(text.contains("tessera_operator_idle_report_timestamp_seconds 2000"), "{text}");
+        let before = Metrics::default().render();
+        assert!(before.contains("tessera_operator_idle_report_timestamp_seconds 0"), "{before}");
         for series in [
             "tessera_operator_plan_stalled_since_timestamp_seconds{plan=\"p\",reason=\"DrainTimeout\"} 1000",
             "tessera_operator_node_cordoned_since_timestamp_seconds{node=\"n\",plan=\"p\"} 1000",

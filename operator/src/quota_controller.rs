@@ -322,7 +322,7 @@ impl QuotaController {
         use crate::idle::{Outcome, gate::Gate};
         let fresh = |at: &std::time::Instant| at.elapsed() < IDLE_REFRESH;
         let measured = self.gpunodes.state().iter().any(|g| g.status.as_ref().is_some_and(|s| s.activity.is_some()));
-        let verdicts = self.not_reporting.get().and_then(|v| v.get());
+        let verdicts = self.not_reporting.get().and_then(|v| v.get(k8s_openapi::jiff::Timestamp::now()));
         let failed = self.idle_failed.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|at| fresh(&at));
         match crate::idle::gate::gate(quotas.len(), verdicts.is_some(), measured, failed) {
             Gate::Clear => {

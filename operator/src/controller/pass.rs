@@ -101,7 +101,7 @@ impl Context {
         }
         let agents = slots.judge_agents(&mut liveness, now, lease_watch);
         let judged = slots.slots.iter().zip(&agents).map(|(s, h)| (s.name.as_str(), h, s.lease.as_deref()));
-        self.not_reporting.publish(judged, now);
+        self.not_reporting.publish(judged, now, lease_watch);
         (now, agents, behind)
     }
 

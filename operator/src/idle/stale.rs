@@ -23,7 +23,8 @@
 //!   same Lease renewal, as the annotation [`ACTIVITY_FAILING_SINCE`]; its node is set aside as a
 //!   dead agent's, "since" being that time. Both the rollout pass's verdicts and the CLI's read
 //!   of the Leases honour it. An annotation that does not parse still sets the node aside (its
-//!   agent says the report is stale), with no time.
+//!   agent says the report is stale), with no time. The set-aside record's [`Cause`] tells a
+//!   dead agent from a live one whose report is stale (their reasons read differently).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -36,17 +37,50 @@ use tessera_crds::gpunode::{ACTIVITY_FAILING_SINCE, AGENT_LEASE_NAMESPACE};
 
 use crate::liveness::AgentHealth;
 
-/// Nodes whose agents are not reporting, with their last heartbeat (`None`: never seen one).
-pub type NotReporting = BTreeMap<String, Option<Timestamp>>;
+/// Why a node's summary is set aside: a dead agent and a live one saying its report is stale
+/// call for different fixes (restart the agent, or look at its GPU / API access).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Cause {
+    /// Its heartbeat Lease ran out, or was never renewed.
+    AgentSilent,
+    /// The agent renews its Lease and says its activity report is not current
+    /// ([`ACTIVITY_FAILING_SINCE`]).
+    ReportNotCurrent,
+}
+
+/// A node set aside: since when (the last heartbeat, or the time the agent gives; `None`: never
+/// seen one, or an annotation that does not parse) and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Silence {
+    pub since: Option<Timestamp>,
+    pub cause: Cause,
+}
+
+impl Silence {
+    /// The agent is silent (dead or hung) since its last heartbeat.
+    pub fn silent(since: Option<Timestamp>) -> Self {
+        Silence { since, cause: Cause::AgentSilent }
+    }
+
+    /// The agent is alive and says its report is not current.
+    pub fn report_not_current(since: Option<Timestamp>) -> Self {
+        Silence { since, cause: Cause::ReportNotCurrent }
+    }
+}
+
+/// Nodes whose agents are not reporting.
+pub type NotReporting = BTreeMap<String, Silence>;
 
 /// A node whose summary the report set aside.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct SetAside {
     pub node: String,
-    /// The agent's last heartbeat, when there was one.
+    /// The agent's last heartbeat, or since when it says its report is not current.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub since: Option<Timestamp>,
+    pub cause: Cause,
     /// Devices pods hold there, counted `unmeasured` for it.
     pub held: i64,
 }
@@ -54,9 +88,15 @@ pub struct SetAside {
 impl SetAside {
     /// `node agent not reporting since T`, for the CLI and the log.
     pub fn reason(&self) -> String {
-        match self.since {
-            Some(t) => format!("node agent not reporting since {t}"),
-            None => "node agent has never reported (no heartbeat)".into(),
+        match (self.cause, self.since) {
+            (Cause::AgentSilent, Some(t)) => format!("node agent not reporting since {t}"),
+            (Cause::AgentSilent, None) => "node agent has never reported (no heartbeat)".into(),
+            (Cause::ReportNotCurrent, Some(t)) => {
+                format!("node agent says its activity report is not current since {t}")
+            }
+            (Cause::ReportNotCurrent, None) => {
+                "node agent says its activity report is not current (annotation unreadable)".into()
+            }
         }
     }
 }
@@ -71,8 +111,10 @@ impl Published {
     pub fn publish<'a>(&self, agents: impl Iterator<Item = (&'a str, &'a AgentHealth, Option<&'a Lease>)>) {
         let next: NotReporting = agents
             .filter_map(|(node, h, lease)| match h {
-                AgentHealth::NotResponding { since } => Some((node.to_string(), *since)),
-                _ => lease.and_then(activity_failing).map(|since| (node.to_string(), since)),
+                AgentHealth::NotResponding { since } => Some((node.to_string(), Silence::silent(*since))),
+                _ => {
+                    lease.and_then(activity_failing).map(|since| (node.to_string(), Silence::report_not_current(since)))
+                }
             })
             .collect();
         let mut cur = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -103,8 +145,8 @@ pub fn from_leases(leases: &[Lease], now: Timestamp) -> NotReporting {
             let duration = i64::from(spec.and_then(|s| s.lease_duration_seconds).unwrap_or(40).max(1));
             let alive = renewed.is_some_and(|r| now.duration_since(r) <= SignedDuration::from_secs(duration));
             match alive {
-                false => Some((l.name_any(), renewed)),
-                true => activity_failing(l).map(|since| (l.name_any(), since)),
+                false => Some((l.name_any(), Silence::silent(renewed))),
+                true => activity_failing(l).map(|since| (l.name_any(), Silence::report_not_current(since))),
             }
         })
         .collect()
@@ -144,10 +186,10 @@ mod tests {
         ];
         let got = from_leases(&leases, now);
         let want: NotReporting = [
-            ("dead".to_string(), Some("2026-06-01T11:00:00Z".parse().unwrap())),
-            ("never".to_string(), None),
-            ("stuck".to_string(), Some("2026-06-01T11:50:00Z".parse().unwrap())),
-            ("garbled".to_string(), None),
+            ("dead".to_string(), Silence::silent(Some("2026-06-01T11:00:00Z".parse().unwrap()))),
+            ("never".to_string(), Silence::silent(None)),
+            ("stuck".to_string(), Silence::report_not_current(Some("2026-06-01T11:50:00Z".parse().unwrap()))),
+            ("garbled".to_string(), Silence::report_not_current(None)),
         ]
         .into();
         assert_eq!(got, want);
@@ -160,10 +202,10 @@ mod tests {
         let dead = AgentHealth::NotResponding { since: Some(t) };
         let agents = [("a", AgentHealth::Alive), ("b", AgentHealth::Unproven), ("c", dead)];
         p.publish(agents.iter().map(|(n, h)| (*n, h, None)));
-        assert_eq!(*p.get(), NotReporting::from([("c".to_string(), Some(t))]));
+        assert_eq!(*p.get(), NotReporting::from([("c".to_string(), Silence::silent(Some(t)))]));
         p.publish([("c", &AgentHealth::Alive, None)].into_iter());
         assert!(p.get().is_empty());
-        let text = SetAside { node: "c".into(), since: Some(t), held: 1 }.reason();
+        let text = SetAside { node: "c".into(), since: Some(t), cause: Cause::AgentSilent, held: 1 }.reason();
         assert_eq!(text, "node agent not reporting since 2026-06-01T11:00:00Z");
     }
 
@@ -175,11 +217,33 @@ mod tests {
         let stuck = failing(lease("a", ns, Some("2026-06-01T11:59:50.000000Z")), "2026-06-01T11:50:00Z");
         for health in [AgentHealth::Alive, AgentHealth::Unproven] {
             p.publish([("a", &health, Some(&stuck))].into_iter());
-            assert_eq!(*p.get(), NotReporting::from([("a".to_string(), Some(since))]), "{health:?}");
+            let want = Silence::report_not_current(Some(since));
+            assert_eq!(*p.get(), NotReporting::from([("a".to_string(), want)]), "{health:?}");
         }
         // Current again: the renewal left the annotation out.
         let current = lease("a", ns, Some("2026-06-01T12:00:00.000000Z"));
         p.publish([("a", &AgentHealth::Alive, Some(&current))].into_iter());
         assert!(p.get().is_empty());
+    }
+
+    /// Review item 4: a live agent with a garbled annotation is not described as one that never
+    /// reported, and the CLI tells a dead agent from a live one saying its report is stale.
+    #[test]
+    fn the_reason_tells_a_dead_agent_from_a_live_one_whose_report_is_stale() {
+        let t: Timestamp = "2026-06-01T11:50:00Z".parse().unwrap();
+        let ns = AGENT_LEASE_NAMESPACE;
+        let garbled = failing(lease("g", ns, Some("2026-06-01T11:59:50.000000Z")), "yesterday");
+        let p = Published::default();
+        p.publish([("g", &AgentHealth::Alive, Some(&garbled))].into_iter());
+        let set_aside =
+            |node: &str, s: Silence| SetAside { node: node.into(), since: s.since, cause: s.cause, held: 1 };
+        let text = set_aside("g", p.get()["g"]).reason();
+        assert_eq!(text, "node agent says its activity report is not current (annotation unreadable)");
+        let stuck = set_aside("s", Silence::report_not_current(Some(t))).reason();
+        assert_eq!(stuck, "node agent says its activity report is not current since 2026-06-01T11:50:00Z");
+        let never = set_aside("n", Silence::silent(None)).reason();
+        assert_eq!(never, "node agent has never reported (no heartbeat)");
+        let v = serde_json::to_value(set_aside("g", p.get()["g"])).unwrap();
+        assert_eq!(v["cause"], "reportNotCurrent");
     }
 }

@@ -140,11 +140,12 @@ fn a_dead_agents_last_summary_is_set_aside_and_its_held_devices_count_unmeasured
     assert!(alive.not_reporting.is_empty());
     // The agent's lease ran out at 11:00: nothing of its summary is read, n2 (alive) is not named.
     let since: Timestamp = "2026-06-01T11:00:00Z".parse().unwrap();
-    let dead = NotReporting::from([("n1".to_string(), Some(since))]);
+    let dead = NotReporting::from([("n1".to_string(), stale::Silence::silent(Some(since)))]);
     let r = idle_report(&status, &nodes, &pods, &BTreeMap::new(), &dead, now());
     assert_eq!(tenant(&r, "ml"), (2, 0, 0, 2), "neither idle nor active");
     assert!(r.idle.is_empty() && r.leaked.is_empty(), "{r:?}");
-    assert_eq!(r.not_reporting, vec![SetAside { node: "n1".into(), since: Some(since), held: 2 }]);
+    let cause = stale::Cause::AgentSilent;
+    assert_eq!(r.not_reporting, vec![SetAside { node: "n1".into(), since: Some(since), cause, held: 2 }]);
     let v = serde_json::to_value(&r).unwrap();
     assert_eq!(v["notReporting"][0]["since"], "2026-06-01T11:00:00Z");
     // The quota's status names the node and since when.
@@ -213,14 +214,26 @@ fn whole_gpu_holder_and_vcluster_names() {
     assert_eq!(r.idle[0].virtual_pod, None);
 }
 
+/// A figure for a free 3g.40gb instance with explicit memory and process count.
+fn mig_free(start: i32, mib: i64, processes: i32) -> Value {
+    json!({"gpuIndex": 0, "profile": "3g.40gb", "start": start, "source": "Gpm", "idleSince": "2026-05-01T00:00:00Z",
+           "activePercent1h": 0, "memoryUsedMib": mib, "processes": processes})
+}
+
 #[test]
 fn memory_on_a_free_device_is_leaked_and_unattributed() {
-    let act = vec![mig_act(0, None, 900), mig_act(4, Some("2026-05-01T00:00:00Z"), 0), whole_act(None, 0, 0)];
+    // Real idle MIG instances show ~11 MiB of driver memory and no process: not leaked.
+    let act = vec![mig_free(0, 11, 0), mig_free(4, 900, 0), whole_act(Some("2026-05-01T00:00:00Z"), 11, 0)];
     let r = report(act, &[], &[]);
     assert!(r.tenants.is_empty(), "nothing held: no tenant figures");
     assert!(r.idle.is_empty(), "a free device is not an idle holder");
-    assert_eq!(r.leaked.len(), 1, "{:?}", r.leaked);
-    assert_eq!((r.leaked[0].gpu, r.leaked[0].start, r.leaked[0].memory_used_mib), (0, Some(0), 900));
+    let leaked: Vec<_> = r.leaked.iter().map(|l| (l.gpu, l.start, l.memory_used_mib)).collect();
+    assert_eq!(leaked, vec![(0, Some(4), 900)], "only the 900 MiB instance");
+    // A compute process leaks whatever its memory; the threshold itself counts.
+    let act = vec![mig_free(0, 11, 1), mig_free(4, LEAKED_MEMORY_MIB, 0), whole_act(None, LEAKED_MEMORY_MIB - 1, 0)];
+    let r = report(act, &[], &[]);
+    let leaked: Vec<_> = r.leaked.iter().map(|l| (l.gpu, l.start, l.memory_used_mib, l.processes)).collect();
+    assert_eq!(leaked, vec![(0, Some(0), 11, 1), (0, Some(4), LEAKED_MEMORY_MIB, 0)]);
 }
 
 #[test]

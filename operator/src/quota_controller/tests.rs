@@ -44,9 +44,14 @@ fn api(pods: Option<Value>) -> (Client, Requests) {
 fn controller(client: Client, previous: Option<Value>) -> QuotaController {
     let c = controller_before_verdicts(client, previous);
     let verdicts = crate::idle::gate::Verdicts::default();
-    verdicts.publish(std::iter::empty(), k8s_openapi::jiff::Timestamp::now());
+    verdicts.publish(std::iter::empty(), k8s_openapi::jiff::Timestamp::now(), up());
     let _ = c.not_reporting.set(verdicts);
     c
+}
+
+/// A lease watch caught up long ago.
+fn up() -> crate::liveness::LeaseWatch {
+    crate::liveness::LeaseWatch::CaughtUp("2026-01-01T00:00:00Z".parse().unwrap())
 }
 
 fn controller_before_verdicts(client: Client, previous: Option<Value>) -> QuotaController {
@@ -103,7 +108,7 @@ async fn a_node_whose_agent_the_rollout_judged_dead_is_named_and_its_device_unme
     let since: k8s_openapi::jiff::Timestamp = "2026-06-01T11:00:00Z".parse().unwrap();
     let verdicts = crate::idle::gate::Verdicts::default();
     let dead = crate::liveness::AgentHealth::NotResponding { since: Some(since) };
-    verdicts.publish([("n1", &dead, None)].into_iter(), since);
+    verdicts.publish([("n1", &dead, None)].into_iter(), k8s_openapi::jiff::Timestamp::now(), up());
     let _ = c.not_reporting.set(verdicts);
     c.reconcile().await.unwrap();
     let a = written_activity(&requests).expect("activity written");

@@ -166,6 +166,28 @@ async fn no_idle_report_before_the_rollout_pass_publishes_its_verdicts() {
     assert!(!c.metrics.render().contains("tessera_operator_tenant_"), "{}", c.metrics.render());
 }
 
+/// Review item 3: verdicts of rollout passes that stopped (tenure not held) or of a lease watch
+/// that is down make no report: the report timestamp stays where it was, so the alert sees it age.
+#[tokio::test]
+async fn old_verdicts_or_a_lease_watch_down_make_no_report_and_leave_the_timestamp_alone() {
+    let previous = json!({"idleAfter": "30m", "allocated": 1, "active": 0, "idle": 0, "unmeasured": 1});
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let old = now.checked_sub(crate::idle::gate::VERDICTS_MAX_AGE + k8s_openapi::jiff::SignedDuration::from_secs(1));
+    for (at, watch) in [(old.unwrap(), up()), (now, crate::liveness::LeaseWatch::Down)] {
+        let (client, requests) = api(Some(json!([idle_pod()])));
+        let c = controller_before_verdicts(client, Some(previous.clone()));
+        let verdicts = crate::idle::gate::Verdicts::default();
+        verdicts.publish(std::iter::empty(), at, watch);
+        let _ = c.not_reporting.set(verdicts);
+        let _ = c.reconcile().await;
+        let lists = requests.lock().unwrap().iter().filter(|(m, p, _)| m == "GET" && p == "/api/v1/pods").count();
+        assert_eq!(lists, 0, "no report computed ({watch:?})");
+        assert_eq!(written_activity(&requests), Some(previous.clone()), "the previous figures stay");
+        let text = c.metrics.render();
+        assert!(text.contains("tessera_operator_idle_report_timestamp_seconds 0"), "{text}");
+    }
+}
+
 #[tokio::test]
 async fn pods_that_cannot_be_listed_keep_the_figures_the_quota_had() {
     let previous = json!({"idleAfter": "30m", "allocated": 4, "active": 1, "idle": 3, "unmeasured": 0});

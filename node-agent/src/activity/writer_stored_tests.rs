@@ -82,3 +82,34 @@ async fn a_recreated_gpu_node_or_a_removed_summary_is_written_again_at_rest() {
     a.sample_activity().await.unwrap();
     assert_eq!(server.lock().unwrap().patches.len(), n + 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leak_ending_at_an_idle_devices_baseline_is_written() {
+    let state = temp_dir("activity-leak-baseline").join("sim.json");
+    let mut b = SimBackend::open(&state, &["H100-80GB"].map(String::from)).unwrap();
+    b.set_mig_mode(0, true).unwrap();
+    let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
+    sim::set_activity(&state, 0, Some(&mig.uuid), 0.0).unwrap();
+    // Real hardware: an idle MIG device shows some MiB in use, never 0.
+    sim::leak_memory(&state, 0, &mig.uuid, 11).unwrap();
+    let server = Arc::new(Mutex::new(Server::default()));
+    let mut a = agent(&state, server.clone());
+    a.activity.write_interval = SignedDuration::ZERO;
+    settle(&mut a, &server).await;
+    let written = |s: &Arc<Mutex<Server>>| s.lock().unwrap().patches.len();
+    let memory = |s: &Arc<Mutex<Server>>| {
+        s.lock().unwrap().patches.last().unwrap().1["status"]["activity"]["devices"][0]["memoryUsedMib"].clone()
+    };
+    let n = written(&server);
+    // A leak begins (2 GiB, no process) and ends (back to the baseline): both written.
+    sim::leak_memory(&state, 0, &mig.uuid, 2048).unwrap();
+    a.sample_activity().await.unwrap();
+    assert_eq!((written(&server), memory(&server)), (n + 1, 2048.into()));
+    sim::leak_memory(&state, 0, &mig.uuid, 11).unwrap();
+    a.sample_activity().await.unwrap();
+    assert_eq!((written(&server), memory(&server)), (n + 2, 11.into()));
+    // The baseline moving a little is nothing.
+    sim::leak_memory(&state, 0, &mig.uuid, 14).unwrap();
+    a.sample_activity().await.unwrap();
+    assert_eq!(written(&server), n + 2);
+}

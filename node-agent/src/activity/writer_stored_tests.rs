@@ -113,3 +113,20 @@ async fn a_leak_ending_at_an_idle_devices_baseline_is_written() {
     a.sample_activity().await.unwrap();
     assert_eq!(written(&server), n + 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconcile_pass_checks_what_is_stored() {
+    let state = temp_dir("activity-reconcile-checks").join("sim.json");
+    let mut b = SimBackend::open(&state, &["H100-80GB"].map(String::from)).unwrap();
+    b.set_mig_mode(0, true).unwrap();
+    b.create_instance(0, "3g.40gb", 4).unwrap();
+    let server = Arc::new(Mutex::new(Server::default()));
+    let mut a = agent(&state, server.clone());
+    a.activity.write_interval = SignedDuration::ZERO;
+    settle(&mut a, &server).await;
+    assert!(a.activity.last.is_some());
+    // The GpuNode the reconcile reads stores no summary (recreated): what was written is
+    // forgotten, so the next sample writes.
+    a.reconcile().await.unwrap();
+    assert!(a.activity.last.is_none());
+}

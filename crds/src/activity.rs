@@ -89,3 +89,9 @@ impl std::fmt::Display for DevicePod {
         write!(f, "{}/{}", self.namespace, self.name)
     }
 }
+
+/// Memory in use on a device with no compute process above this many MiB is held (a leak, or a
+/// context left open). Not measured: an idle MIG device shows tens of MiB in use on real
+/// hardware (11 MiB in NVIDIA's examples), a CUDA context several hundred. Shared by the node
+/// agent (reports, write rule) and the operator (idle rule) so both draw the line at one place.
+pub const LEAK_THRESHOLD_MIB: u64 = 256;

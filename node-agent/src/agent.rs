@@ -30,9 +30,9 @@ use crate::report::{self, GpuOutcome};
 /// The field manager for everything the agent writes.
 pub const MANAGER: &str = "tessera-node-agent";
 
-/// Memory in use in a MIG device with no process above this is leaked. Not measured: an idle MIG
-/// device shows tens of MiB used in NVIDIA's examples, a CUDA context holds several hundred.
-const LEAK_THRESHOLD_MIB: u64 = 256;
+// Memory in use in a MIG device with no process above this is leaked (shared with the activity
+// report and the operator; see its doc).
+use tessera_crds::activity::LEAK_THRESHOLD_MIB;
 
 pub struct Agent<B: GpuBackend> {
     pub backend: B,
@@ -138,6 +138,9 @@ impl<B: GpuBackend> Agent<B> {
                 api.patch(&self.node, &PatchParams::apply(MANAGER), &Patch::Apply(&body)).await?
             }
         };
+        // A GpuNode recreated, or its summary removed, while this agent ran: the activity pass
+        // writes it again even with nothing new.
+        self.activity.check_stored(&gn);
         let generation = gn.metadata.generation;
         let intent = gn.spec.gpus.clone();
         // The operator's hand-over: the node is drained for this change. Without it only

@@ -4,15 +4,16 @@
 
 use tessera_crds::activity::ActivitySource;
 
-use super::Observation;
+use super::{DeviceKey, Observation};
 use crate::Error;
 use crate::backend::{GpuBackend, SmActivity};
 
 /// GPM's answer as (source, figure, failed). A missing symbol is a driver without GPM: processes
 /// and memory from then on. Any other failure keeps the device on GPM with no figure this pass
-/// and `failed` set: the tracker then judges that one sample by the processes rule (a board
-/// whose MIG GPM is never supported behaves as one without GPM), and the next sample tries
-/// GPM again, so a passing fault neither wipes the device's history nor freezes its idleness.
+/// and `failed` set: the tracker counts that sample idle without a process and unknown with one
+/// (an idle pod's open context), and judges a device whose GPM keeps failing by its processes
+/// ([`super::tracker::GPM_FAILURES_BEFORE_PROCESSES`]); the next sample tries GPM again, so a
+/// passing fault neither wipes the device's history nor ends its idle stretch.
 fn gpm<B: GpuBackend>(backend: &mut B, gpu: u32, gi: Option<u32>, uuid: &str) -> (ActivitySource, Option<f64>, bool) {
     match backend.sm_activity(gpu, gi, uuid) {
         Ok(SmActivity::Percent(p)) => (ActivitySource::Gpm, Some(p), false),
@@ -32,16 +33,25 @@ fn skipped(gpu: u32, gi: Option<u32>, e: &Error) {
 
 /// Observes every device of the node. Fails only when the GPUs themselves cannot be listed: a
 /// GPU or device whose reads fail (a lost GPU, `GPU_IS_LOST`) is left out of this pass, so the
-/// others are still measured and written, and the operator counts the missing ones unmeasured.
+/// others are still measured and written; the tracker keeps its history for up to 10 minutes
+/// (see [`observe_all`]), after which the operator counts it unmeasured.
 /// GPM samples are kept by device UUID, and those of devices not seen (destroyed) are dropped.
 pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error> {
+    observe_all(backend).map(|(o, _)| o)
+}
+
+/// [`observe`], with the devices whose reads failed (`(gpu, None)`: the GPU's, all of them), for
+/// [`super::Tracker::observe_unread`].
+pub fn observe_all<B: GpuBackend>(backend: &mut B) -> Result<(Vec<Observation>, Vec<DeviceKey>), Error> {
     let mut out = Vec::new();
+    let mut unread: Vec<DeviceKey> = Vec::new();
     let mut sampled: Vec<String> = Vec::new();
     for g in backend.inventory()? {
         let procs = match backend.processes(g.index) {
             Ok(p) => p,
             Err(e) => {
                 skipped(g.index, None, &e);
+                unread.push((g.index, None));
                 continue;
             }
         };
@@ -52,6 +62,7 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
                 Ok(m) => m,
                 Err(e) => {
                     skipped(g.index, None, &e);
+                    unread.push((g.index, None));
                     continue;
                 }
             };
@@ -76,6 +87,7 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
             Ok(i) => i,
             Err(e) => {
                 skipped(g.index, None, &e);
+                unread.push((g.index, None));
                 continue;
             }
         };
@@ -88,6 +100,7 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
                 Ok(m) => m,
                 Err(e) => {
                     skipped(g.index, Some(gi), &e);
+                    unread.push((g.index, Some(i.uuid)));
                     continue;
                 }
             };
@@ -109,7 +122,7 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
         }
     }
     backend.retain_gpm_samples(&sampled.iter().map(String::as_str).collect::<Vec<_>>());
-    Ok(out)
+    Ok((out, unread))
 }
 
 #[cfg(test)]
@@ -156,21 +169,52 @@ mod tests {
 
     #[test]
     fn a_lost_gpu_or_device_costs_only_its_own_figures() {
+        use crate::activity::Tracker;
         use crate::activity::faulty::{Faulty, Read};
+        use k8s_openapi::jiff::Timestamp;
         let (_state, b, [one, three]) = two_gpus("activity-lost");
         let (one_gi, one, three) = (one.gpu_instance_id, one.uuid, three.uuid);
-        let mut f = Faulty { inner: b, failing: vec![Read::Processes(1)] };
-        let keys = |got: Vec<Observation>| got.into_iter().map(|o| o.key()).collect::<Vec<_>>();
-        // The A100 is lost (GPU_IS_LOST on its process list): the H100's devices are measured.
-        let got = observe(&mut f).expect("one lost GPU does not fail the pass");
-        assert_eq!(keys(got), vec![(0, Some(one.clone())), (0, Some(three.clone()))]);
+        let mut f = Faulty { inner: b, failing: vec![] };
+        let keys = |got: &[Observation]| got.iter().map(|o| o.key()).collect::<Vec<_>>();
+        let t = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let mut tr = Tracker::default();
+        let (got, _) = observe_all(&mut f).unwrap();
+        tr.observe(t(0), got);
+        let idle = |tr: &Tracker, s: i64| {
+            tr.summary(t(s))
+                .devices
+                .into_iter()
+                .map(|d| (d.gpu_index, d.uuid, d.idle_since.map(|x| x.0)))
+                .collect::<Vec<_>>()
+        };
+        let all_idle_since_0 = idle(&tr, 0);
+        assert_eq!(all_idle_since_0.len(), 3);
+        assert!(all_idle_since_0.iter().all(|d| d.2 == Some(t(0))), "{all_idle_since_0:?}");
+        // The A100 is lost (GPU_IS_LOST on its process list): the H100's devices are measured,
+        // the A100 is marked unread, and keeps its history (idle since 0) while it is.
+        f.failing = vec![Read::Processes(1)];
+        let (got, unread) = observe_all(&mut f).expect("one lost GPU does not fail the pass");
+        assert_eq!(keys(&got), vec![(0, Some(one.clone())), (0, Some(three.clone()))]);
+        assert_eq!(unread, vec![(1, None)]);
+        tr.observe_unread(t(30), got, &unread);
+        assert_eq!(idle(&tr, 30), all_idle_since_0);
         // One MIG device's memory cannot be read: only that device goes without its figure.
         f.failing = vec![Read::Memory(0, Some(one_gi))];
-        let got = keys(observe(&mut f).unwrap());
-        assert_eq!(got, vec![(0, Some(three.clone())), (1, None)]);
+        let (got, unread) = observe_all(&mut f).unwrap();
+        assert_eq!(keys(&got), vec![(0, Some(three.clone())), (1, None)]);
+        assert_eq!(unread, vec![(0, Some(one.clone()))]);
+        tr.observe_unread(t(60), got, &unread);
+        assert_eq!(idle(&tr, 60), all_idle_since_0);
         // The whole GPU's memory, and a GPU whose instances cannot be listed.
         f.failing = vec![Read::Memory(1, None), Read::Instances(0)];
-        assert_eq!(keys(observe(&mut f).unwrap()), Vec::<(u32, Option<String>)>::new());
+        let (got, unread) = observe_all(&mut f).unwrap();
+        assert_eq!(keys(&got), Vec::<(u32, Option<String>)>::new());
+        assert_eq!(unread, vec![(0, None), (1, None)]);
+        tr.observe_unread(t(90), got, &unread);
+        assert_eq!(idle(&tr, 90), all_idle_since_0, "history kept while unread");
+        // Past the gap rule it is forgotten: the operator counts it unmeasured.
+        tr.observe_unread(t(700), vec![], &unread);
+        assert!(idle(&tr, 700).is_empty());
     }
 
     #[test]
@@ -190,20 +234,23 @@ mod tests {
         tr.observe(t(0), observe(&mut f).unwrap());
         tr.observe(t(30), observe(&mut f).unwrap());
         assert_eq!(idle_since(&tr, 30), (ActivitySource::Gpm, Some(t(0))));
-        // GPM fails (a board whose MIG GPM is never supported, or a passing fault) while the
-        // device's pod computes: a compute process means active, not idle forever.
+        // GPM fails (a passing fault) while the device's pod holds a context: its open process
+        // says nothing about computing, so the sample is unknown and the idle stretch goes on.
         f.failing = vec![Read::Gpm(0, Some(gi))];
         sim::run_process(&state, 0, Some(&one), 7, "python", Some(100)).unwrap();
         tr.observe(t(60), observe(&mut f).unwrap());
-        assert_eq!(idle_since(&tr, 60), (ActivitySource::Gpm, None), "busy by the processes rule");
-        // Still no GPM, the process ended: idle by the same rule, from this sample.
+        assert_eq!(idle_since(&tr, 60), (ActivitySource::Gpm, Some(t(0))), "unknown: the stretch goes on");
+        // Still no GPM, the process ended: idle by the processes rule, the same stretch.
         sim::stop_process(&state, 7).unwrap();
         tr.observe(t(90), observe(&mut f).unwrap());
-        assert_eq!(idle_since(&tr, 90), (ActivitySource::Gpm, Some(t(90))));
-        // GPM answers again: its figure decides (50% is busy), and the history was kept.
+        assert_eq!(idle_since(&tr, 90), (ActivitySource::Gpm, Some(t(0))));
+        // GPM answers again: its figure decides (50% is busy), and the history was kept: the
+        // hour's share blends the 0% sample before the errors with this one.
         f.failing.clear();
         sim::set_activity(&state, 0, Some(&one), 50.0).unwrap();
         tr.observe(t(120), observe(&mut f).unwrap());
+        let d = tr.summary(t(120)).devices.into_iter().find(|d| d.uuid.as_deref() == Some(one.as_str())).unwrap();
+        assert_eq!(d.active_percent_1h, Some(25), "30 s at 0% and 30 s at 50%");
         assert_eq!(idle_since(&tr, 120), (ActivitySource::Gpm, None));
     }
 }

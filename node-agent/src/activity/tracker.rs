@@ -18,6 +18,10 @@ pub const IDLE_BELOW_PERCENT: f64 = 1.0;
 /// An interval longer than this between two observations is not credited to either window (the
 /// agent was stopped or stuck; what happened then is unknown).
 pub const MAX_INTERVAL: SignedDuration = SignedDuration::from_mins(10);
+/// After this many GPM failures in a row (5 min at the default 30 s sample) a device is judged by
+/// its processes alone, like one without GPM: a board whose GPM always fails must not leave a
+/// busy device idle forever. Before that a failed sample with a process is unknown.
+pub const GPM_FAILURES_BEFORE_PROCESSES: u32 = 10;
 const HOUR: i64 = 3600;
 const DAY: i64 = 24 * HOUR;
 
@@ -38,7 +42,9 @@ pub struct Observation {
     /// GPM's SM activity since the previous sample, percent; `None` without GPM or on a first
     /// sample.
     pub sm_active_percent: Option<f64>,
-    /// GPM failed for this device this sample: judged by its processes instead, this once.
+    /// GPM failed for this device this sample: without a process it is idle; with one it is
+    /// unknown (an idle pod's open CUDA context is a process), unless GPM keeps failing
+    /// ([`GPM_FAILURES_BEFORE_PROCESSES`]).
     pub gpm_failed: bool,
     pub memory_used_mib: u64,
     pub processes: u32,
@@ -51,12 +57,13 @@ impl Observation {
         (self.gpu_index, self.uuid.clone())
     }
 
-    /// Idle now: GPM under 1%; without GPM (or GPM failed this sample), no compute process.
-    /// `None`: GPM with no figure yet.
+    /// Idle now: GPM under 1%; without GPM, no compute process. `None` (unknown): GPM with no
+    /// figure yet, or GPM failed with a process running (it may only hold a context).
     pub(crate) fn idle(&self) -> Option<bool> {
         match (self.source, self.sm_active_percent) {
             (ActivitySource::Gpm, Some(p)) => Some(p < IDLE_BELOW_PERCENT),
             (ActivitySource::Gpm, None) if !self.gpm_failed => None,
+            (ActivitySource::Gpm, None) if self.processes > 0 => None,
             _ => Some(self.processes == 0),
         }
     }
@@ -78,12 +85,15 @@ struct History {
     last_at: Timestamp,
     buckets: VecDeque<Bucket>,
     idle_since: Option<Timestamp>,
+    /// GPM failures in a row.
+    gpm_failures: u32,
 }
 
 impl History {
     fn new(o: Observation, now: Timestamp) -> Self {
         let idle_since = (o.idle() == Some(true)).then_some(now);
-        Self { last: o, last_at: now, buckets: VecDeque::new(), idle_since }
+        let gpm_failures = u32::from(o.gpm_failed);
+        Self { last: o, last_at: now, buckets: VecDeque::new(), idle_since, gpm_failures }
     }
 
     fn observe(&mut self, o: Observation, now: Timestamp) {
@@ -94,7 +104,12 @@ impl History {
         {
             self.credit(now, interval.as_secs_f64(), p.clamp(0.0, 100.0));
         }
-        match o.idle() {
+        self.gpm_failures = if o.gpm_failed { self.gpm_failures.saturating_add(1) } else { 0 };
+        let idle = match o.gpm_failed && self.gpm_failures >= GPM_FAILURES_BEFORE_PROCESSES {
+            true => Some(o.processes == 0),
+            false => o.idle(),
+        };
+        match idle {
             // GPM's figure covers the interval since the previous sample: idle from its start.
             Some(true) if self.idle_since.is_none() => {
                 let began = if o.sm_active_percent.is_some() && interval <= MAX_INTERVAL { self.last_at } else { now };
@@ -209,6 +224,14 @@ impl Tracker {
     /// Takes one pass's observations of all devices: a device missing from them (destroyed, or
     /// its GPU's MIG mode changed) drops out; a new one starts with no history.
     pub fn observe(&mut self, now: Timestamp, observations: Vec<Observation>) {
+        self.observe_unread(now, observations, &[]);
+    }
+
+    /// [`Tracker::observe`], where the devices `unread` (a GPU's when the UUID is `None`) could
+    /// not be read this pass: those keep their history, and stay in the summary as last read,
+    /// for up to [`MAX_INTERVAL`] since then, so a passing read failure neither resets an idle
+    /// stretch nor costs two writes. Longer, they drop out (the operator counts them unmeasured).
+    pub fn observe_unread(&mut self, now: Timestamp, observations: Vec<Observation>, unread: &[DeviceKey]) {
         let mut next = BTreeMap::new();
         for o in observations {
             let key = o.key();
@@ -220,6 +243,12 @@ impl Tracker {
                 None => History::new(o, now),
             };
             next.insert(key, h);
+        }
+        for (key, h) in std::mem::take(&mut self.devices) {
+            let is_unread = unread.iter().any(|(g, u)| *g == key.0 && (u.is_none() || *u == key.1));
+            if is_unread && now.duration_since(h.last_at) <= MAX_INTERVAL {
+                next.entry(key).or_insert(h);
+            }
         }
         self.devices = next;
     }

@@ -261,3 +261,80 @@ fn a_seeded_share_blends_with_new_samples_and_ages_out_of_the_hour() {
     assert_eq!(d.active_percent_1h, Some(0), "the prior hour left the window");
     assert!(d.active_percent_24h.is_some_and(|p| p > 0 && p < 20), "{:?}", d.active_percent_24h);
 }
+
+/// A sample whose GPM read failed, with `processes` compute processes.
+fn gpm_failed(uuid: &str, processes: u32) -> Observation {
+    Observation { gpm_failed: true, ..mig(uuid, ActivitySource::Gpm, None, processes) }
+}
+
+#[test]
+fn a_gpm_error_with_a_process_is_unknown_and_keeps_the_idle_stretch() {
+    let mut tr = Tracker::default();
+    // An idle pod holding a CUDA context: GPM 0%, one process, idle since 0.
+    run(&mut tr, 0, 600, 30, |_| vec![gpm("MIG-a", 0.0)]);
+    assert_eq!(device(&tr, 570, "MIG-a").idle_since, Some(Time(t(0))));
+    // One GPM error: the open context says nothing about computing; the stretch goes on.
+    tr.observe(t(600), vec![gpm_failed("MIG-a", 1)]);
+    let d = device(&tr, 600, "MIG-a");
+    assert_eq!((d.idle_since, d.active_percent_1h), (Some(Time(t(0))), Some(0)));
+    run(&mut tr, 630, 700, 30, |_| vec![gpm("MIG-a", 0.0)]);
+    assert_eq!(device(&tr, 690, "MIG-a").idle_since, Some(Time(t(0))), "GPM back: still the same stretch");
+    // A busy device stays busy through an error with its process, and is idle through one
+    // without any.
+    let mut busy = Tracker::default();
+    run(&mut busy, 0, 300, 30, |_| vec![gpm("MIG-b", 60.0)]);
+    busy.observe(t(300), vec![gpm_failed("MIG-b", 1)]);
+    assert_eq!(device(&busy, 300, "MIG-b").idle_since, None);
+    busy.observe(t(330), vec![gpm_failed("MIG-b", 0)]);
+    assert_eq!(device(&busy, 330, "MIG-b").idle_since, Some(Time(t(330))));
+}
+
+#[test]
+fn a_device_whose_gpm_always_fails_is_judged_by_its_processes_after_a_while() {
+    let mut tr = Tracker::default();
+    run(&mut tr, 0, 300, 30, |_| vec![gpm("MIG-a", 0.0)]);
+    // GPM fails every sample while a pod computes: unknown at first, then, after
+    // GPM_FAILURES_BEFORE_PROCESSES failures in a row, busy by the processes rule.
+    let mut s = 300;
+    for _ in 1..GPM_FAILURES_BEFORE_PROCESSES {
+        tr.observe(t(s), vec![gpm_failed("MIG-a", 1)]);
+        s += 30;
+    }
+    assert_eq!(device(&tr, s, "MIG-a").idle_since, Some(Time(t(0))), "not yet");
+    tr.observe(t(s), vec![gpm_failed("MIG-a", 1)]);
+    assert_eq!(device(&tr, s, "MIG-a").idle_since, None, "judged by its process");
+    // One good GPM figure in between starts the count over.
+    tr.observe(t(s + 30), vec![gpm("MIG-a", 0.0)]);
+    tr.observe(t(s + 60), vec![gpm_failed("MIG-a", 1)]);
+    assert_eq!(device(&tr, s + 60, "MIG-a").idle_since, Some(Time(t(s))));
+}
+
+#[test]
+fn a_device_that_could_not_be_read_keeps_its_history_for_up_to_the_gap_rule() {
+    let mut tr = Tracker::default();
+    run(&mut tr, 0, 300, 30, |_| vec![gpm("MIG-a", 0.0), gpm("MIG-b", 50.0)]);
+    let before = tr.summary(t(270));
+    // MIG-a's read fails: it stays in the summary as last seen (nothing new to write), MIG-b goes
+    // on; one GPU-wide failure (its instances could not be listed) keeps both.
+    tr.observe_unread(t(300), vec![gpm("MIG-b", 50.0)], &[(0, Some("MIG-a".into()))]);
+    tr.observe_unread(t(330), vec![], &[(0, None)]);
+    assert_eq!(tr.summary(t(330)).devices, before.devices);
+    // Back within ten minutes: the same idle stretch.
+    tr.observe(t(360), vec![gpm("MIG-a", 0.0), gpm("MIG-b", 50.0)]);
+    assert_eq!(device(&tr, 360, "MIG-a").idle_since, Some(Time(t(0))));
+    // Unread for longer than the gap rule: forgotten, and a new start when it is back.
+    run(&mut tr, 390, 1000, 30, |_| vec![gpm("MIG-b", 50.0)]);
+    let mut unread = Tracker::default();
+    run(&mut unread, 0, 300, 30, |_| vec![gpm("MIG-a", 0.0)]);
+    let mut s = 300;
+    while s <= 270 + MAX_INTERVAL.as_secs() {
+        unread.observe_unread(t(s), vec![], &[(0, Some("MIG-a".into()))]);
+        assert_eq!(unread.summary(t(s)).devices.len(), 1, "kept at {s}");
+        s += 30;
+    }
+    unread.observe_unread(t(s), vec![], &[(0, Some("MIG-a".into()))]);
+    assert!(unread.summary(t(s)).devices.is_empty(), "forgotten at {s}");
+    // A device merely missing (destroyed) drops out at once, as before.
+    tr.observe(t(1000), vec![gpm("MIG-b", 50.0)]);
+    assert!(tr.summary(t(1000)).devices.iter().all(|d| d.uuid.as_deref() == Some("MIG-b")));
+}

@@ -1,13 +1,13 @@
 //! Whether the activity summary is worth an API write. The agent samples every pass; the
 //! API server hears of it at most every `--activity-write-interval` (default 5 min), and only on a
 //! meaningful change (a device set change, an idle transition, a 1 h share moved by 10 points, a
-//! device's memory or processes appearing or all going, a new holder), so a node at rest costs
-//! no writes at all.
+//! device's memory held (over `LEAK_THRESHOLD_MIB`) or processes appearing or all going, a new
+//! holder), so a node at rest costs no writes at all.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use tessera_crds::activity::{ActivitySource, NodeActivity};
+use tessera_crds::activity::{ActivitySource, LEAK_THRESHOLD_MIB, NodeActivity};
 
 /// A 1 h share that moved by at least this many points is news.
 pub const SHARE_STEP_POINTS: i32 = 10;
@@ -25,7 +25,7 @@ pub enum Reason {
     Share,
     /// Another pod (or none) runs on a device ([`super::holders`]).
     Holder,
-    /// A device's memory or compute processes appeared or all went (a leak beginning or
+    /// A device's memory held or compute processes appeared or all went (a leak beginning or
     /// ending, on a GPM device whose share and idleness do not move).
     Usage,
 }
@@ -33,6 +33,12 @@ pub enum Reason {
 /// Each device as (GPU, UUID, measured by GPM).
 fn devices(a: &NodeActivity) -> BTreeSet<(i32, Option<&str>, bool)> {
     a.devices.iter().map(|d| (d.gpu_index, d.uuid.as_deref(), d.source == ActivitySource::Gpm)).collect()
+}
+
+/// Memory held on a device: above [`LEAK_THRESHOLD_MIB`], not the tens of MiB an idle MIG
+/// device shows on real hardware (0 in the simulator), so a leak ending is news there too.
+fn held(mib: i64) -> bool {
+    u64::try_from(mib).is_ok_and(|m| m > LEAK_THRESHOLD_MIB)
 }
 
 /// Decides on `current` against what this agent last wrote (`None`: nothing yet) and when.
@@ -67,7 +73,7 @@ pub fn should_write(
             (Some(a), Some(b)) => (a - b).abs() >= SHARE_STEP_POINTS,
             (a, b) => a != b,
         };
-        usage |= (w.memory_used_mib > 0) != (d.memory_used_mib > 0) || (w.processes > 0) != (d.processes > 0);
+        usage |= held(w.memory_used_mib) != held(d.memory_used_mib) || (w.processes > 0) != (d.processes > 0);
     }
     share
         .then_some(Reason::Share)

@@ -136,6 +136,13 @@ fn memory_or_processes_appearing_or_ending_is_news_and_a_device_at_rest_writes_n
         ("only the number of processes moved", with(512, 1), with(512, 3), 300, false),
         ("a leak begins, but within the interval", with(0, 0), with(2048, 0), 299, false),
         ("at rest with memory held", with(2048, 1), with(2048, 1), 3600, false),
+        // Real hardware: an idle MIG device shows tens of MiB in use, never 0.
+        ("a leak ends: back to an idle device's 11 MiB", with(2048, 0), with(11, 0), 300, true),
+        ("a leak begins from an idle device's 11 MiB", with(11, 0), with(2048, 0), 300, true),
+        ("an idle device's baseline is no leak", with(0, 0), with(11, 0), 300, false),
+        ("the baseline moved", with(11, 0), with(14, 0), 300, false),
+        ("at the leak threshold is no leak", with(11, 0), with(256, 0), 300, false),
+        ("just above it is", with(256, 0), with(257, 0), 300, true),
     ];
     for (name, written, current, now, news) in cases {
         let got = should_write(Some((t(0), &written)), &current, t(now), SignedDuration::from_mins(5));

@@ -25,8 +25,11 @@ pub const ACTIVITY_MANAGER: &str = "tessera-node-agent-activity";
 #[derive(Debug, Clone)]
 pub struct Writer {
     pub tracker: Tracker,
-    /// What this agent last wrote, and when (`None`: nothing since it started).
+    /// What this agent last wrote, and when (`None`: nothing since it started, or what is stored
+    /// is not it any more: [`Writer::check_stored`]).
     pub last: Option<(Timestamp, NodeActivity)>,
+    /// The UID of the GpuNode `last` was written to.
+    pub written_uid: Option<String>,
     /// At most one write per this interval (`--activity-write-interval-seconds`, default 300).
     pub write_interval: SignedDuration,
     /// How often devices are sampled (`--activity-sample-seconds`, default 30).
@@ -62,11 +65,27 @@ impl Writer {
     }
 }
 
+impl Writer {
+    /// The reconcile read this node's GpuNode `gn`: when it is not what this agent last wrote to
+    /// (deleted and recreated: another UID) or stores no summary, `last` is forgotten so the
+    /// next sample writes. Else a recreated GpuNode of a node at rest (nothing new to write)
+    /// would stay without a summary for good, its devices counted unmeasured.
+    pub fn check_stored(&mut self, gn: &GpuNode) {
+        let stored = gn.status.as_ref().and_then(|s| s.activity.as_ref());
+        let other = self.written_uid.is_some() && gn.metadata.uid != self.written_uid;
+        if self.last.is_some() && (stored.is_none() || other) {
+            debug!(uid = ?gn.metadata.uid, "GpuNode.status.activity is not what was written; writing it again");
+            self.last = None;
+        }
+    }
+}
+
 impl Default for Writer {
     fn default() -> Self {
         Self {
             tracker: Tracker::default(),
             last: None,
+            written_uid: None,
             write_interval: SignedDuration::from_mins(5),
             sample_interval: Duration::from_secs(30),
             metrics: Default::default(),
@@ -96,7 +115,7 @@ impl<B: GpuBackend> Agent<B> {
 
     /// One pass: `Ok(false)` when a write was due but waits out the back-off.
     async fn activity_pass(&mut self) -> Result<bool, Error> {
-        let observations = tokio::task::block_in_place(|| super::sample::observe(&mut self.backend))?;
+        let (observations, unread) = tokio::task::block_in_place(|| super::sample::observe_all(&mut self.backend))?;
         let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
         pids.sort_unstable();
         if pids != self.activity.holders.0 {
@@ -138,12 +157,15 @@ impl<B: GpuBackend> Agent<B> {
                 w.tracker = Tracker::seed(now, &prior, observations);
                 w.seeded = true;
             }
-            None => w.tracker.observe(now, observations),
+            None => w.tracker.observe_unread(now, observations, &unread),
         }
         let summary = super::holders::summary(&w.tracker, now, &w.holders.1);
         *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
             super::metrics::render(&self.node, &w.tracker, now, &w.holders.1);
         let Some(reason) = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval) else {
+            // Nothing due: what is stored is current (a change that failed to be written went
+            // back), so no wait of earlier failures is left over for the next change.
+            w.backoff.succeeded();
             return Ok(true);
         };
         if !w.backoff.try_now() {
@@ -157,8 +179,9 @@ impl<B: GpuBackend> Agent<B> {
         });
         let api: Api<GpuNode> = Api::all(self.client.clone());
         match api.patch_status(&self.node, &PatchParams::apply(ACTIVITY_MANAGER).force(), &Patch::Apply(&body)).await {
-            Ok(_) => {
+            Ok(gn) => {
                 self.activity.last = Some((now, summary));
+                self.activity.written_uid = gn.metadata.uid;
                 self.activity.backoff.succeeded();
                 Ok(true)
             }

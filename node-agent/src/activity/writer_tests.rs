@@ -25,6 +25,8 @@ struct Server {
     fail_pod_lists: u32,
     /// Each heartbeat Lease apply's body.
     leases: Vec<Value>,
+    /// The GpuNode's UID in the answers to status writes.
+    uid: Option<String>,
 }
 
 fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBackend> {
@@ -66,7 +68,7 @@ fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBacken
                 }
                 s.patches.push((query, serde_json::from_slice(&body).unwrap()));
                 let out = serde_json::json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-                    "metadata": {"name": "test"}, "spec": {}});
+                    "metadata": {"name": "test", "uid": s.uid}, "spec": {}});
                 Ok::<_, std::io::Error>(http::Response::new(kube::client::Body::from(out.to_string().into_bytes())))
             }
         }),
@@ -326,4 +328,13 @@ async fn devices_that_cannot_be_listed_leave_the_report_behind_and_are_announced
     let since = a.activity.failing.unwrap();
     assert_eq!(a.activity.failing_since(Timestamp::now()), Some(since));
     assert!(server.lock().unwrap().patches.is_empty());
+    // The heartbeat Lease carries it to the operator.
+    a.renew_lease().await.unwrap();
+    let lease = server.lock().unwrap().leases.last().unwrap().clone();
+    let want = serde_json::json!({"tessera.dev/activity-failing-since": since.to_string()});
+    assert_eq!(lease["metadata"]["annotations"], want);
 }
+
+/// The stored summary against what was written (a recreated GpuNode, a back-off left over).
+#[path = "writer_stored_tests.rs"]
+mod stored;

@@ -55,8 +55,9 @@ impl NvmlBackend {
         self.nvml.device_by_index(gpu).map_err(nvml_err("device"))
     }
 
-    /// MIG devices by GPU instance id: (UUID, memory used in MiB).
-    fn mig_devices(&self, gpu: u32) -> Result<std::collections::HashMap<u32, (String, u64)>, Error> {
+    /// MIG devices' UUIDs by GPU instance id. Any failed read fails the list (the reconcile
+    /// must not take a MIG device for free space).
+    fn mig_uuids(&self, gpu: u32) -> Result<std::collections::HashMap<u32, String>, Error> {
         let d = self.device(gpu)?;
         let lib = self.nvml.lib();
         let mut out = std::collections::HashMap::new();
@@ -68,10 +69,30 @@ impl NvmlBackend {
             };
             // SAFETY: `mig` is a live MIG device handle of this session.
             let gi = nvml_raw::mig_device_gpu_instance_id(lib, unsafe { mig.handle() })?;
-            let used = mig.memory_info().map_err(nvml_err("MIG device memory"))?.used / (1024 * 1024);
-            out.insert(gi, (mig.uuid().map_err(nvml_err("MIG device UUID"))?, used));
+            out.insert(gi, mig.uuid().map_err(nvml_err("MIG device UUID"))?);
         }
         Ok(out)
+    }
+
+    /// Memory used in MiB by the MIG device of GPU instance `gi` (0 when there is none). Reads
+    /// only that device: another device whose reads fail does not cost this one its figure.
+    fn mig_memory_used_mib(&self, gpu: u32, gi: u32) -> Result<u64, Error> {
+        let d = self.device(gpu)?;
+        let lib = self.nvml.lib();
+        for i in 0..d.mig_device_count().map_err(nvml_err("MIG device count"))? {
+            let Ok(mig) = d.mig_device_by_index(i) else { continue };
+            // SAFETY: `mig` is a live MIG device handle of this session.
+            match nvml_raw::mig_device_gpu_instance_id(lib, unsafe { mig.handle() }) {
+                Ok(id) if id == gi => {
+                    return Ok(mig.memory_info().map_err(nvml_err("MIG device memory"))?.used / (1024 * 1024));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(gpu, index = i, "skipping a MIG device whose instance id cannot be read: {e}")
+                }
+            }
+        }
+        Ok(0)
     }
 
     fn profile_ids(&mut self, gpu: u32) -> Result<Vec<(u32, String, u32)>, Error> {
@@ -146,7 +167,7 @@ impl GpuBackend for NvmlBackend {
     /// one is listed with `compute_instance_id: None` and no UUID (no MIG device exists).
     fn instances(&mut self, gpu: u32) -> Result<Vec<Instance>, Error> {
         let profiles = self.profile_ids(gpu)?;
-        let uuids = self.mig_devices(gpu)?;
+        let uuids = self.mig_uuids(gpu)?;
         let d = self.device(gpu)?;
         let lib = self.nvml.lib();
         // SAFETY: the handle belongs to `self.nvml`, which outlives this call.
@@ -164,11 +185,7 @@ impl GpuBackend for NvmlBackend {
                     profile: name.clone(),
                     start: gi.start as u8,
                     size: gi.size as u8,
-                    uuid: if complete {
-                        uuids.get(&gi.id).map(|m| m.0.clone()).unwrap_or_default()
-                    } else {
-                        String::new()
-                    },
+                    uuid: if complete { uuids.get(&gi.id).cloned().unwrap_or_default() } else { String::new() },
                     split_compute,
                 });
             }
@@ -178,7 +195,7 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn memory_used_mib(&mut self, gpu: u32, gpu_instance_id: u32) -> Result<u64, Error> {
-        Ok(self.mig_devices(gpu)?.get(&gpu_instance_id).map(|m| m.1).unwrap_or(0))
+        self.mig_memory_used_mib(gpu, gpu_instance_id)
     }
 
     fn processes(&mut self, gpu: u32) -> Result<Vec<GpuProcess>, Error> {

@@ -370,3 +370,30 @@ fn after_a_driver_restart_the_backend_opens_nvml_again_and_sees_the_gpus_as_they
     assert_eq!(b.set_mig_mode(0, true).unwrap(), ModeChange::Applied);
     assert!(b.instances(0).unwrap().is_empty());
 }
+
+#[test]
+fn a_mig_device_whose_memory_cannot_be_read_is_left_out_alone() {
+    let (mut b, state) = open(&["H100-80GB"]);
+    b.set_mig_mode(0, true).unwrap();
+    let three = b.create_instance(0, "3g.40gb", 4).unwrap();
+    let one = b.create_instance(0, "1g.10gb", 0).unwrap();
+    // The pass reads the GPU's memory (inventory), then each MIG device's in start order: the
+    // second read is the 1g device's.
+    sim::add_call_fault(
+        &state,
+        CallFault {
+            function: "nvmlDeviceGetMemoryInfo".into(),
+            nth: 2,
+            code: NVML_ERROR_UNKNOWN,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (got, unread) = crate::activity::sample::observe_all(&mut b).unwrap();
+    let keys: Vec<_> = got.iter().map(|o| o.key()).collect();
+    assert_eq!(keys, vec![(0, Some(three.uuid.clone()))], "the other device is measured");
+    assert_eq!(unread, vec![(0, Some(one.uuid.clone()))], "the failed one is marked unread, not gone");
+    // The fault was one call: the next pass measures both.
+    let (got, unread) = crate::activity::sample::observe_all(&mut b).unwrap();
+    assert_eq!((got.len(), unread.len()), (2, 0));
+}

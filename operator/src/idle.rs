@@ -11,7 +11,7 @@
 //! - A node whose agent is not reporting (its heartbeat Lease ran out) has its summary set
 //!   aside: its held devices count `unmeasured`, and the report says why (see [`stale`]).
 //! - A device no pod holds is listed as leaked, unattributed, when it runs a compute process or
-//!   holds [`LEAKED_MEMORY_MIB`] or more: once a pod ends, no API object says which pod held a
+//!   holds more than [`LEAKED_MEMORY_MIB`]: once a pod ends, no API object says which pod held a
 //!   device-plugin device, so naming a tenant would be a guess. An idle MIG instance shows tens
 //!   of MiB on real hardware (driver context), so any memory above 0 is no leak.
 //! - A guessed holder still counts in its tenant's figures and is listed (`exact: false`), but
@@ -33,11 +33,12 @@ use crate::cli::status::{FleetStatus, Holder};
 pub mod gate;
 pub mod stale;
 use stale::{NotReporting, SetAside};
+use tessera_crds::activity::LEAK_THRESHOLD_MIB;
 
-/// Memory on a free device from which it counts as leaked (with no compute process). The node
-/// agent's own leak check uses the same figure (`node-agent`'s leaked-memory threshold, 256 MiB):
-/// an idle MIG instance shows some 10-30 MiB of driver memory. To be unified with the agent's.
-pub const LEAKED_MEMORY_MIB: i64 = 256;
+/// Memory on a free device above which it counts as leaked (with no compute process): the one
+/// threshold the node agent also uses ([`LEAK_THRESHOLD_MIB`]); an idle MIG instance shows some
+/// 10-30 MiB of driver memory.
+pub const LEAKED_MEMORY_MIB: i64 = LEAK_THRESHOLD_MIB as i64;
 
 /// The threshold when a quota sets none.
 pub const DEFAULT_IDLE_AFTER: SignedDuration = SignedDuration::from_secs(3600);
@@ -267,7 +268,7 @@ pub fn idle_report(
         for p in placed {
             let measured = devices.iter().find(|d| matches(d, &p));
             let Some(h) = p.holder else {
-                if let Some(d) = measured.filter(|d| d.processes > 0 || d.memory_used_mib >= LEAKED_MEMORY_MIB) {
+                if let Some(d) = measured.filter(|d| d.processes > 0 || d.memory_used_mib > LEAKED_MEMORY_MIB) {
                     report.leaked.push(Leaked {
                         node: node.name.clone(),
                         gpu: p.gpu,

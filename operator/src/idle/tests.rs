@@ -230,10 +230,10 @@ fn memory_on_a_free_device_is_leaked_and_unattributed() {
     let leaked: Vec<_> = r.leaked.iter().map(|l| (l.gpu, l.start, l.memory_used_mib)).collect();
     assert_eq!(leaked, vec![(0, Some(4), 900)], "only the 900 MiB instance");
     // A compute process leaks whatever its memory; the threshold itself counts.
-    let act = vec![mig_free(0, 11, 1), mig_free(4, LEAKED_MEMORY_MIB, 0), whole_act(None, LEAKED_MEMORY_MIB - 1, 0)];
+    let act = vec![mig_free(0, 11, 1), mig_free(4, LEAKED_MEMORY_MIB + 1, 0), whole_act(None, LEAKED_MEMORY_MIB, 0)];
     let r = report(act, &[], &[]);
     let leaked: Vec<_> = r.leaked.iter().map(|l| (l.gpu, l.start, l.memory_used_mib, l.processes)).collect();
-    assert_eq!(leaked, vec![(0, Some(0), 11, 1), (0, Some(4), LEAKED_MEMORY_MIB, 0)]);
+    assert_eq!(leaked, vec![(0, Some(0), 11, 1), (0, Some(4), LEAKED_MEMORY_MIB + 1, 0)]);
 }
 
 #[test]

@@ -369,7 +369,7 @@ fn used_raw(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64
         .find(|rq| rq.metadata.namespace.as_deref() == Some(ns) && rq.metadata.name.as_deref() == Some(name))
         .and_then(|rq| rq.status.as_ref()?.used.clone())
         .unwrap_or_default();
-    used.into_iter().filter_map(|(k, v)| Some((k, v.0.parse::<i64>().ok()?))).collect()
+    used.into_iter().filter_map(|(k, v)| Some((k, quantity::count(&v.0)?))).collect()
 }
 
 pub mod claims;
@@ -377,6 +377,7 @@ mod conflicts;
 pub mod holdings;
 pub mod phases;
 pub mod pod_gate;
+pub mod quantity;
 mod steps;
 pub mod unallocated;
 

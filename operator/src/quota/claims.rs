@@ -413,8 +413,8 @@ fn allowed_classes(
         .flat_map(|a| a.hard.iter())
         .filter_map(|(k, want)| {
             let class = class_of_key(k).filter(|c| resource_of_class(c).is_some())?;
-            let have: i64 = enforced.get(k)?.0.parse().ok()?;
-            (have <= want.parse().ok()?).then(|| class.to_string())
+            let have = super::quantity::count(&enforced.get(k)?.0)?;
+            (have <= super::quantity::count(want)?).then(|| class.to_string())
         })
         .collect();
     if q.spec.unlisted == UnlistedPolicy::Unlimited {
@@ -449,7 +449,7 @@ pub fn reduce_for_other_path(
             continue;
         }
         let num = |m: &Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-            m.as_ref()?.get(&old_key)?.0.parse::<i64>().ok()
+            super::quantity::count(&m.as_ref()?.get(&old_key)?.0)
         };
         let held = rq.filter(|s| num(&s.hard) == Some(0)).and_then(|s| num(&s.used));
         // Back on extended resources with no class of ours to claim through and no claims

@@ -107,12 +107,12 @@ pub struct Planned<'a> {
 fn shown(status: Option<&ResourceQuotaStatus>, key: &str) -> Option<i64> {
     let s = status?;
     s.hard.as_ref()?.get(key)?;
-    s.used.as_ref()?.get(key)?.0.parse().ok()
+    super::quantity::count(&s.used.as_ref()?.get(key)?.0)
 }
 
 /// The limit `status.hard` enforces for `key`.
 fn shown_hard(status: Option<&ResourceQuotaStatus>, key: &str) -> Option<i64> {
-    status?.hard.as_ref()?.get(key)?.0.parse().ok()
+    super::quantity::count(&status?.hard.as_ref()?.get(key)?.0)
 }
 
 /// Lowers the planned limits so the tenant stays within `hard` ([`spread`]), and counts what
@@ -150,7 +150,7 @@ pub fn bound(mode: AllocationPath, planned: &mut [Planned<'_>], held: &Held) -> 
             // switched path reads it): until then it may still grow.
             let mut inactive = Some(0);
             for k in keys.iter().filter(|k| **k != active) {
-                let Some(planned) = p.hard.get(k).and_then(|v| v.parse::<i64>().ok()) else { continue };
+                let Some(planned) = p.hard.get(k).and_then(|v| super::quantity::count(v)) else { continue };
                 let settled = shown_hard(p.status, k).is_some_and(|h| h <= planned);
                 inactive = inactive.zip(shown(p.status, k).filter(|_| settled)).map(|(a, b)| a + b);
             }
@@ -160,7 +160,7 @@ pub fn bound(mode: AllocationPath, planned: &mut [Planned<'_>], held: &Held) -> 
         }
         let parts: Vec<Part> = rows.iter().map(|r| r.2).collect();
         for ((p, (inactive, elsewhere, part)), (limit, why)) in planned.iter_mut().zip(rows).zip(spread(&parts)) {
-            let Some(current) = p.hard.get(&active).and_then(|v| v.parse::<i64>().ok()) else { continue };
+            let Some(current) = p.hard.get(&active).and_then(|v| super::quantity::count(v)) else { continue };
             let target = (limit - inactive - elsewhere).max(0);
             if target < current {
                 p.hard.insert(active.clone(), target.to_string());

@@ -14,7 +14,7 @@ use super::holdings::Planned;
 /// The limit `status.hard` enforces for `key` (`None`: not enforced, i.e. unlimited, or not a
 /// whole number, taken as unknown).
 fn in_force(status: Option<&ResourceQuotaStatus>, key: &str) -> Option<i64> {
-    status?.hard.as_ref()?.get(key)?.0.parse().ok()
+    super::quantity::count(&status?.hard.as_ref()?.get(key)?.0)
 }
 
 /// Holds back each planned raise (a key whose planned limit is above what the namespace's
@@ -30,7 +30,7 @@ pub fn hold_raises(planned: &mut [Planned<'_>]) -> Vec<String> {
             p.hard
                 .iter()
                 .filter_map(|(k, v)| {
-                    let want: i64 = v.parse().ok()?;
+                    let want = super::quantity::count(v)?;
                     let have = in_force(p.status, k);
                     have.is_none_or(|h| h > want).then(|| (k.clone(), have, want))
                 })
@@ -43,7 +43,7 @@ pub fn hold_raises(planned: &mut [Planned<'_>]) -> Vec<String> {
             .hard
             .iter()
             .filter_map(|(k, v)| {
-                let want: i64 = v.parse().ok()?;
+                let want = super::quantity::count(v)?;
                 let have = in_force(planned[i].status, k)?;
                 (want > have).then(|| (k.clone(), have, want))
             })

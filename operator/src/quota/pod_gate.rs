@@ -10,10 +10,14 @@ use k8s_openapi::api::core::v1::ResourceQuota;
 use tessera_crds::TenantGpuQuota;
 
 use super::Apply;
+use super::quantity::count;
 
 /// The params key: space-separated tenant namespaces whose limits are not enforced yet. A
 /// list of the few pending ones keeps the ConfigMap small with thousands of tenant namespaces.
 pub const PENDING: &str = "_pending";
+
+/// The ResourceQuota keys that limit pods' `nvidia.com/` extended resources.
+const GPU_KEY_PREFIX: &str = "requests.nvidia.com/";
 
 /// Whether pods may ask for extended resources in `ns`, claimed by `quotas`: each quota's planned
 /// ResourceQuota there (`applies`) is in `rqs` (owned by it) with `status.hard` carrying each
@@ -29,15 +33,20 @@ pub fn enforced(ns: &str, quotas: &[&TenantGpuQuota], rqs: &[ResourceQuota], app
             any |= owned.any(|rq| rq.status.as_ref().and_then(|s| s.hard.as_ref()).is_some());
             continue;
         };
+        // No planned pod limit (`hard: {}`, physical limits only): nothing to wait for.
+        if !a.hard.keys().any(|k| k.starts_with(GPU_KEY_PREFIX)) {
+            any = true;
+            continue;
+        }
         let Some(hard) = owned
             .find(|rq| rq.metadata.name.as_deref() == Some(a.name.as_str()))
             .and_then(|rq| rq.status.as_ref()?.hard.as_ref())
         else {
             return false;
         };
-        let limited = a.hard.iter().filter(|(k, _)| k.starts_with("requests.nvidia.com/")).all(|(k, want)| {
-            let have = hard.get(k).and_then(|h| h.0.parse::<i64>().ok());
-            have.zip(want.parse::<i64>().ok()).is_some_and(|(h, w)| h <= w)
+        let limited = a.hard.iter().filter(|(k, _)| k.starts_with(GPU_KEY_PREFIX)).all(|(k, want)| {
+            let have = hard.get(k).and_then(|h| count(&h.0));
+            have.zip(count(want)).is_some_and(|(h, w)| h <= w)
         });
         if !limited {
             return false;

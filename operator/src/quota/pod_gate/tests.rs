@@ -64,3 +64,40 @@ fn an_invalid_quota_keeps_open_only_where_it_enforces() {
     let rqs = [ours("team-a", "a", 2, Some(2))];
     assert_eq!(pending(&bad, &["a", "b"], &rqs), "b");
 }
+
+/// Our ResourceQuota as the API server stores it: quantities in canonical form (`1000` is `1k`).
+fn ours_canonical(q: &str, ns: &str, hard: &str) -> ResourceQuota {
+    let mut rq = ours(q, ns, 0, Some(0));
+    rq.spec
+        .as_mut()
+        .unwrap()
+        .hard
+        .as_mut()
+        .unwrap()
+        .insert(GPU.into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(hard.into()));
+    let st = rq.status.as_mut().unwrap();
+    st.hard.as_mut().unwrap().insert(GPU.into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(hard.into()));
+    st.used.as_mut().unwrap().insert(GPU.into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("0".into()));
+    rq
+}
+
+/// Review gap: `hard: nvidia.com/gpu: 1000` is stored and synced as `1k`; a plain integer parse
+/// failed on it, so the namespace stayed pending forever (every GPU pod refused).
+#[test]
+fn a_limit_in_canonical_form_is_enforced() {
+    let q = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 1000}}));
+    assert_eq!(pending(&q, &["a"], &[ours_canonical("team-a", "a", "1k")]), "");
+    assert_eq!(pending(&q, &["a"], &[ours_canonical("team-a", "a", "1e3")]), "");
+    assert_eq!(pending(&q, &["a"], &[ours_canonical("team-a", "a", "2k")]), "a");
+}
+
+/// Review gap: `hard: {}` (only physical limits) plans a ResourceQuota with no key, whose status
+/// shows no `hard`: nothing is limited, so there is nothing to wait for.
+#[test]
+fn a_namespace_with_no_planned_limit_is_not_pending() {
+    let q = quota("team-a", json!({"namespaces": ["a"], "hard": {}}));
+    let mut rq = ours("team-a", "a", 0, None);
+    rq.spec.as_mut().unwrap().hard = None;
+    assert_eq!(pending(&q, &["a"], &[rq]), "");
+    assert_eq!(pending(&q, &["a"], &[]), "");
+}

@@ -460,6 +460,8 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
 }
 
 #[cfg(test)]
+mod pod_policy_tests;
+#[cfg(test)]
 mod start_tests;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,101 @@
+//! The shipped pod policy `tessera-gpu-pods`, evaluated with a CEL interpreter: match conditions,
+//! variables in order, then each validation and its message. The real API server runs it in
+//! `e2e/tests/quota.rs`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+fn to_cel(v: &Value) -> cel::Value {
+    match v {
+        Value::Number(n) => cel::Value::Int(n.as_i64().expect("test numbers are integers")),
+        Value::Object(o) => cel::Value::from(o.iter().map(|(k, v)| (k.clone(), to_cel(v))).collect::<HashMap<_, _>>()),
+        Value::Array(a) => cel::Value::List(Arc::new(a.iter().map(to_cel).collect())),
+        other => cel::to_value(other).unwrap(),
+    }
+}
+
+fn shipped_policy() -> Value {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(include_str!("../../../config/rbac/claim-classes.yaml")).unwrap();
+    let p = docs
+        .into_iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == "tessera-gpu-pods");
+    p.expect("the manifest ships tessera-gpu-pods")
+}
+
+/// `None`: admitted (not matched, or every validation holds); `Some(message)`: refused.
+fn admit(pod: &Value, ns: &str, data: &Value) -> Option<String> {
+    let mut env = cel::Env::stdlib();
+    env.add_extension(cel::extensions::strings).unwrap();
+    let env = Arc::new(env);
+    let spec = shipped_policy()["spec"].clone();
+    let mut vars: HashMap<String, cel::Value> = HashMap::new();
+    let eval = |expr: &str, vars: &HashMap<String, cel::Value>| {
+        let program = env.compile(expr).unwrap_or_else(|e| panic!("{e}: {expr}"));
+        let mut ctx = cel::Context::with_env(env.clone());
+        ctx.add_variable_from_value("object", to_cel(pod));
+        ctx.add_variable_from_value("request", to_cel(&json!({"namespace": ns})));
+        ctx.add_variable_from_value("params", to_cel(&json!({"data": data})));
+        ctx.add_variable_from_value("variables", cel::Value::from(vars.clone()));
+        program.execute(&ctx).unwrap_or_else(|e| panic!("{e:?}: {expr} on {pod}"))
+    };
+    for c in spec["matchConditions"].as_array().unwrap() {
+        if eval(c["expression"].as_str().unwrap(), &vars) != cel::Value::Bool(true) {
+            return None;
+        }
+    }
+    for v in spec["variables"].as_array().unwrap() {
+        // A variable is evaluated lazily by the API server: one that fails here is unused.
+        let program = env.compile(v["expression"].as_str().unwrap()).unwrap();
+        let mut ctx = cel::Context::with_env(env.clone());
+        ctx.add_variable_from_value("object", to_cel(pod));
+        ctx.add_variable_from_value("request", to_cel(&json!({"namespace": ns})));
+        ctx.add_variable_from_value("params", to_cel(&json!({"data": data})));
+        ctx.add_variable_from_value("variables", cel::Value::from(vars.clone()));
+        if let Ok(value) = program.execute(&ctx) {
+            vars.insert(v["name"].as_str().unwrap().to_string(), value);
+        }
+    }
+    for v in spec["validations"].as_array().unwrap() {
+        if eval(v["expression"].as_str().unwrap(), &vars) != cel::Value::Bool(true) {
+            // The interpreter lacks Kubernetes' list `indexOf`: such a message is not evaluated
+            // here (e2e checks it).
+            let message = env.compile(v["messageExpression"].as_str().unwrap()).unwrap();
+            let mut ctx = cel::Context::with_env(env.clone());
+            ctx.add_variable_from_value("object", to_cel(pod));
+            ctx.add_variable_from_value("request", to_cel(&json!({"namespace": ns})));
+            ctx.add_variable_from_value("params", to_cel(&json!({"data": data})));
+            ctx.add_variable_from_value("variables", cel::Value::from(vars.clone()));
+            return Some(match message.execute(&ctx) {
+                Ok(cel::Value::String(s)) => s.to_string(),
+                Ok(other) => panic!("a message must be a string, got {other:?}"),
+                Err(e) => format!("(message not evaluated: {e:?})"),
+            });
+        }
+    }
+    None
+}
+
+fn pod(resources: &[&str]) -> Value {
+    let requests: serde_json::Map<String, Value> = resources.iter().map(|r| (r.to_string(), json!("1"))).collect();
+    json!({"spec": {"containers": [{"name": "c", "resources": {"requests": requests}}]}})
+}
+
+/// Review gap: the pod policy gated every `nvidia.com/` resource, so a pending tenant namespace
+/// also refused RDMA pods (`nvidia.com/hostdev`, Network Operator pools). Only GPU resources
+/// (`quota::is_gpu_resource`) are gated now.
+#[test]
+fn the_pod_policy_gates_gpu_resources_only() {
+    let pending = json!({"a.quota": "team-a", "_pending": "a"});
+    for r in ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/gpu-mps", "nvidia.com/mig-1g.10gb"] {
+        assert!(crate::quota::is_gpu_resource(r), "{r}");
+        assert!(admit(&pod(&[r]), "a", &pending).is_some(), "{r} admitted while pending");
+    }
+    for r in ["nvidia.com/hostdev", "nvidia.com/rdma_shared_device_a", "nvidia.com/gpus", "example.com/gpu"] {
+        assert!(!crate::quota::is_gpu_resource(r), "{r}");
+        assert_eq!(admit(&pod(&[r]), "a", &pending), None, "{r} is no GPU resource");
+    }
+    assert_eq!(admit(&pod(&["nvidia.com/gpu"]), "a", &json!({"a.quota": "team-a", "_pending": ""})), None);
+}

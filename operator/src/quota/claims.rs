@@ -398,22 +398,21 @@ fn allowed_classes(
 ) -> BTreeSet<String> {
     let name = q.metadata.name.as_deref().unwrap_or_default();
     let planned = applies.iter().find(|a| a.namespace == ns && a.quota == name);
-    let enforced = planned
-        .and_then(|a| {
-            rqs.iter().find(|rq| {
-                rq.metadata.namespace.as_deref() == Some(ns)
-                    && rq.metadata.name.as_deref() == Some(a.name.as_str())
-                    && super::owned_by(rq, q)
-            })
+    let rq = planned.and_then(|a| {
+        rqs.iter().find(|rq| {
+            rq.metadata.namespace.as_deref() == Some(ns)
+                && rq.metadata.name.as_deref() == Some(a.name.as_str())
+                && super::owned_by(rq, q)
         })
-        .and_then(|rq| rq.status.as_ref()?.hard.clone())
-        .unwrap_or_default();
+    });
+    let spec = rq.and_then(|rq| rq.spec.as_ref()?.hard.as_ref());
+    let status = rq.and_then(|rq| rq.status.as_ref()?.hard.as_ref());
     let mut out: BTreeSet<String> = planned
         .into_iter()
         .flat_map(|a| a.hard.iter())
         .filter_map(|(k, want)| {
             let class = class_of_key(k).filter(|c| resource_of_class(c).is_some())?;
-            let have = super::quantity::count(&enforced.get(k)?.0)?;
+            let have = super::phases::in_force(spec, status, k)?;
             (have <= super::quantity::count(want)?).then(|| class.to_string())
         })
         .collect();

@@ -38,14 +38,15 @@ pub fn enforced(ns: &str, quotas: &[&TenantGpuQuota], rqs: &[ResourceQuota], app
             any = true;
             continue;
         }
-        let Some(hard) = owned
-            .find(|rq| rq.metadata.name.as_deref() == Some(a.name.as_str()))
-            .and_then(|rq| rq.status.as_ref()?.hard.as_ref())
-        else {
+        let Some(rq) = owned.find(|rq| rq.metadata.name.as_deref() == Some(a.name.as_str())) else {
             return false;
         };
+        let Some(hard) = rq.status.as_ref().and_then(|s| s.hard.as_ref()) else {
+            return false;
+        };
+        let spec = rq.spec.as_ref().and_then(|s| s.hard.as_ref());
         let limited = a.hard.iter().filter(|(k, _)| k.starts_with(GPU_KEY_PREFIX)).all(|(k, want)| {
-            let have = hard.get(k).and_then(|h| count(&h.0));
+            let have = super::phases::in_force(spec, Some(hard), k);
             have.zip(count(want)).is_some_and(|(h, w)| h <= w)
         });
         if !limited {

@@ -338,6 +338,9 @@ pub fn plan_quotas_dra(
     }
     // After the shares: a class opens only where its planned limit is already enforced.
     plan.policy = claims::policy_data(&live, &valid_names, resource_quotas, &plan.apply, &resources, &dra.classes);
+    let tenants: Vec<String> =
+        plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
+    plan.policy.extend(unallocated::policy_claims(pending, tenants.iter().map(String::as_str)));
     steps::sweep_stale(resource_quotas, &wanted, &mut plan.delete);
     plan
 }

@@ -341,6 +341,7 @@ pub fn plan_quotas_dra(
     let tenants: Vec<String> =
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
     plan.policy.extend(unallocated::policy_claims(pending, tenants.iter().map(String::as_str)));
+    plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
     steps::sweep_stale(resource_quotas, &wanted, &mut plan.delete);
     plan
 }

@@ -57,5 +57,31 @@ pub fn enforced(ns: &str, quotas: &[&TenantGpuQuota], rqs: &[ResourceQuota], app
     any
 }
 
+/// The params key listing the GPU resources the ResourceQuotas of an `unlisted: Zero` quota
+/// limit. Under `Zero` a GPU resource ([`super::is_gpu_resource`]) no node advertises yet
+/// (`nvidia.com/gpu.shared` before time-slicing is enabled, a MIG profile of a board outside the
+/// catalog) has no ResourceQuota key: a pod asking for it would be admitted and bind once nodes
+/// advertise it. The pod policy refuses, in the quota's namespaces, GPU resources not listed
+/// here. Per quota, not per namespace: the ConfigMap stays small with thousands of namespaces.
+pub fn resources_key(quota: &str) -> String {
+    format!("{quota}.resources")
+}
+
+/// [`resources_key`] of each valid `unlisted: Zero` quota: the GPU resources of its planned
+/// ResourceQuotas' `requests.` keys, space-separated. A quota whose key would pass the 253
+/// characters a ConfigMap key may have gets none (its namespaces keep only the ResourceQuota).
+pub fn zero_resources(valid: &[&TenantGpuQuota], applies: &[Apply]) -> std::collections::BTreeMap<String, String> {
+    let zero = valid.iter().filter(|q| q.spec.unlisted == tessera_crds::quota::UnlistedPolicy::Zero);
+    zero.filter_map(|q| {
+        let name = q.metadata.name.as_deref()?;
+        let key = resources_key(name);
+        let keys = applies.iter().filter(|a| a.quota == name).flat_map(|a| a.hard.keys());
+        let res: std::collections::BTreeSet<&str> =
+            keys.filter_map(|k| k.strip_prefix("requests.")).filter(|r| super::is_gpu_resource(r)).collect();
+        (key.len() <= 253).then(|| (key, res.into_iter().collect::<Vec<_>>().join(" ")))
+    })
+    .collect()
+}
+
 #[cfg(test)]
 mod tests;

@@ -123,3 +123,28 @@ fn a_pod_naming_a_listed_claim_is_refused() {
     assert_eq!(admit(&naming("mine"), "x", &pending), None);
     assert!(admit(&pod(&["nvidia.com/gpu"]), "x", &pending).is_some());
 }
+
+/// Review gap: under `unlisted: Zero` a GPU resource no node advertises yet (time-slicing not
+/// yet enabled, a MIG profile of a board outside the catalog) has no ResourceQuota key, so a pod
+/// asking for it was admitted and bound once nodes advertised it. Now refused where the params
+/// list the quota's limited resources (`<quota>.resources`).
+#[test]
+fn under_unlisted_zero_a_gpu_resource_no_resource_quota_limits_is_refused() {
+    let data =
+        json!({"x.quota": "team-b", "_pending": "", "team-b.resources": "nvidia.com/gpu nvidia.com/mig-1g.10gb"});
+    let refused = admit(&pod(&["nvidia.com/gpu.shared"]), "x", &data).expect("gpu.shared is limited by nothing");
+    assert!(
+        refused.contains(
+            "container c: resources[nvidia.com/gpu.shared]: namespace x of TenantGpuQuota team-b (unlisted: Zero)"
+        ),
+        "{refused}"
+    );
+    let init = json!({"spec": {"containers": [{"name": "c"}],
+        "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]}});
+    assert!(admit(&init, "x", &data).is_some_and(|m| m.contains("container i: resources[nvidia.com/mig-7g.80gb]")));
+    for ok in [&["nvidia.com/gpu"][..], &["nvidia.com/mig-1g.10gb", "nvidia.com/hostdev"], &["example.com/x"]] {
+        assert_eq!(admit(&pod(ok), "x", &data), None, "{ok:?}");
+    }
+    let unlimited = json!({"x.quota": "team-b", "_pending": ""});
+    assert_eq!(admit(&pod(&["nvidia.com/gpu.shared"]), "x", &unlimited), None, "not Zero: unlimited");
+}

@@ -101,3 +101,18 @@ fn a_namespace_with_no_planned_limit_is_not_pending() {
     assert_eq!(pending(&q, &["a"], &[rq]), "");
     assert_eq!(pending(&q, &["a"], &[]), "");
 }
+
+/// `unlisted: Zero` quotas list the GPU resources their ResourceQuotas limit (for the pod
+/// policy); `Unlimited` ones list none.
+#[test]
+fn a_zero_quota_lists_the_gpu_resources_its_resource_quotas_limit() {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
+    let nss: BTreeSet<String> = ["a".to_string()].into();
+    let zero = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 2}, "unlisted": "Zero"}));
+    let open = quota("team-b", json!({"namespaces": ["b"], "hard": {"nvidia.com/gpu": 2}}));
+    let plan = plan_quotas_dra(&[zero, open], &nss, &[], &Capacity::default(), &Dra::default(), now);
+    let listed: Vec<&str> = plan.policy["team-a.resources"].split(' ').collect();
+    assert!(listed.contains(&"nvidia.com/gpu") && listed.contains(&"nvidia.com/mig-1g.10gb"), "{listed:?}");
+    assert!(listed.iter().all(|r| crate::quota::is_gpu_resource(r)), "{listed:?}");
+    assert!(!plan.policy.contains_key("team-b.resources"), "{:?}", plan.policy.keys());
+}

@@ -98,17 +98,27 @@ pub fn shares(spec: &TenantGpuQuotaSpec) -> BTreeMap<String, BTreeMap<String, i6
 
 /// The GPU resources a quota's `hard` does not list (for `unlisted: Zero`): `nvidia.com/gpu`,
 /// every MIG resource of the catalog's boards, every resource the fleet supplies (boards
-/// outside the catalog report their own profiles), and every `nvidia.com/` resource a node
-/// advertises (time-sliced or MPS ones the device plugin renames, e.g. `nvidia.com/gpu.shared`).
+/// outside the catalog report their own profiles), and every GPU resource ([`is_gpu_resource`])
+/// a node advertises (time-sliced or MPS ones the device plugin renames, e.g. `nvidia.com/gpu.shared`).
 pub fn unlisted_gpu_resources(spec: &TenantGpuQuotaSpec, capacity: &Capacity) -> BTreeSet<String> {
     capacity.gpu_resources().into_iter().filter(|r| !spec.hard.contains_key(r)).collect()
 }
 
-/// The `nvidia.com/` resources nodes advertise (`status.allocatable`, as the node cache keeps
-/// it: `slim::advertised_only`).
+/// The GPU resources nodes advertise (`status.allocatable`, as the node cache keeps it:
+/// `slim::advertised_only`).
 pub fn advertised<'a>(nodes: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Node>) -> BTreeSet<String> {
     let allocatable = nodes.into_iter().filter_map(|n| n.status.as_ref()?.allocatable.as_ref());
-    allocatable.flat_map(|a| a.keys()).filter(|k| k.starts_with(crate::slim::NVIDIA_RESOURCE_PREFIX)).cloned().collect()
+    allocatable.flat_map(|a| a.keys()).filter(|k| is_gpu_resource(k)).cloned().collect()
+}
+
+/// Whether an extended resource is a GPU one: `nvidia.com/gpu`, a rename of it by the device
+/// plugin's time-slicing or MPS (`nvidia.com/gpu.shared`, `nvidia.com/gpu-<anything>`), or a MIG
+/// resource (`nvidia.com/mig-...`, shared ones included). Other `nvidia.com/` resources (Network
+/// Operator's `nvidia.com/hostdev`, RDMA and SR-IOV pools) are not GPUs; a rename to any other
+/// name is not recognized either. The pod policy `tessera-gpu-pods` applies the same rule.
+pub fn is_gpu_resource(name: &str) -> bool {
+    name == GPU_RESOURCE
+        || ["nvidia.com/gpu.", "nvidia.com/gpu-", "nvidia.com/mig-"].iter().any(|p| name.starts_with(p))
 }
 
 /// Every GPU resource a quota can name: `nvidia.com/gpu`, the catalog's MIG resources and the
@@ -328,6 +338,10 @@ pub fn plan_quotas_dra(
     }
     // After the shares: a class opens only where its planned limit is already enforced.
     plan.policy = claims::policy_data(&live, &valid_names, resource_quotas, &plan.apply, &resources, &dra.classes);
+    let tenants: Vec<String> =
+        plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
+    plan.policy.extend(unallocated::policy_claims(pending, tenants.iter().map(String::as_str)));
+    plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
     steps::sweep_stale(resource_quotas, &wanted, &mut plan.delete);
     plan
 }
@@ -369,7 +383,7 @@ fn used_raw(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64
         .find(|rq| rq.metadata.namespace.as_deref() == Some(ns) && rq.metadata.name.as_deref() == Some(name))
         .and_then(|rq| rq.status.as_ref()?.used.clone())
         .unwrap_or_default();
-    used.into_iter().filter_map(|(k, v)| Some((k, v.0.parse::<i64>().ok()?))).collect()
+    used.into_iter().filter_map(|(k, v)| Some((k, quantity::count(&v.0)?))).collect()
 }
 
 pub mod claims;
@@ -377,6 +391,7 @@ mod conflicts;
 pub mod holdings;
 pub mod phases;
 pub mod pod_gate;
+pub mod quantity;
 mod steps;
 pub mod unallocated;
 

@@ -450,14 +450,17 @@ fn report_binding(
 
 /// Whether `rq` already is what `a` would write (the plan checked that it is this quota's).
 fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
-    let hard_ok =
-        rq.spec.as_ref().and_then(|s| s.hard.as_ref()).is_some_and(|h| {
-            h.len() == a.hard.len() && a.hard.iter().all(|(k, v)| h.get(k).is_some_and(|q| q.0 == *v))
-        });
+    // An empty `hard` may come back omitted; quantities come back canonical (`1000` as `1k`).
+    let empty = BTreeMap::new();
+    let h = rq.spec.as_ref().and_then(|s| s.hard.as_ref()).unwrap_or(&empty);
+    let same = |q: &str, v: &str| q == v || v.parse().is_ok_and(|n| crate::quota::quantity::is_exactly(q, n));
+    let hard_ok = h.len() == a.hard.len() && a.hard.iter().all(|(k, v)| h.get(k).is_some_and(|q| same(&q.0, v)));
     let annotated = rq.metadata.annotations.as_ref().and_then(|m| m.get(QUOTA_NAME_ANNOTATION)) == Some(&a.quota);
     hard_ok && annotated
 }
 
+#[cfg(test)]
+mod pod_policy_tests;
 #[cfg(test)]
 mod start_tests;
 #[cfg(test)]

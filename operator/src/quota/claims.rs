@@ -398,23 +398,22 @@ fn allowed_classes(
 ) -> BTreeSet<String> {
     let name = q.metadata.name.as_deref().unwrap_or_default();
     let planned = applies.iter().find(|a| a.namespace == ns && a.quota == name);
-    let enforced = planned
-        .and_then(|a| {
-            rqs.iter().find(|rq| {
-                rq.metadata.namespace.as_deref() == Some(ns)
-                    && rq.metadata.name.as_deref() == Some(a.name.as_str())
-                    && super::owned_by(rq, q)
-            })
+    let rq = planned.and_then(|a| {
+        rqs.iter().find(|rq| {
+            rq.metadata.namespace.as_deref() == Some(ns)
+                && rq.metadata.name.as_deref() == Some(a.name.as_str())
+                && super::owned_by(rq, q)
         })
-        .and_then(|rq| rq.status.as_ref()?.hard.clone())
-        .unwrap_or_default();
+    });
+    let spec = rq.and_then(|rq| rq.spec.as_ref()?.hard.as_ref());
+    let status = rq.and_then(|rq| rq.status.as_ref()?.hard.as_ref());
     let mut out: BTreeSet<String> = planned
         .into_iter()
         .flat_map(|a| a.hard.iter())
         .filter_map(|(k, want)| {
             let class = class_of_key(k).filter(|c| resource_of_class(c).is_some())?;
-            let have: i64 = enforced.get(k)?.0.parse().ok()?;
-            (have <= want.parse().ok()?).then(|| class.to_string())
+            let have = super::phases::in_force(spec, status, k)?;
+            (have <= super::quantity::count(want)?).then(|| class.to_string())
         })
         .collect();
     if q.spec.unlisted == UnlistedPolicy::Unlimited {
@@ -449,7 +448,7 @@ pub fn reduce_for_other_path(
             continue;
         }
         let num = |m: &Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-            m.as_ref()?.get(&old_key)?.0.parse::<i64>().ok()
+            super::quantity::count(&m.as_ref()?.get(&old_key)?.0)
         };
         let held = rq.filter(|s| num(&s.hard) == Some(0)).and_then(|s| num(&s.used));
         // Back on extended resources with no class of ours to claim through and no claims

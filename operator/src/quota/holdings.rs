@@ -96,6 +96,8 @@ pub struct Planned<'a> {
     pub share: BTreeMap<String, i64>,
     /// Its ResourceQuota's status as cached (`None`: not written yet, or not synced).
     pub status: Option<&'a ResourceQuotaStatus>,
+    /// Its ResourceQuota's `spec.hard` as cached (`None`: not written yet).
+    pub written: Option<&'a super::phases::Hard>,
     /// The ResourceQuota's `spec.hard` as planned so far.
     pub hard: BTreeMap<String, String>,
     /// Usage by resource, for the quota's status.
@@ -107,12 +109,12 @@ pub struct Planned<'a> {
 fn shown(status: Option<&ResourceQuotaStatus>, key: &str) -> Option<i64> {
     let s = status?;
     s.hard.as_ref()?.get(key)?;
-    s.used.as_ref()?.get(key)?.0.parse().ok()
+    super::quantity::count(&s.used.as_ref()?.get(key)?.0)
 }
 
-/// The limit `status.hard` enforces for `key`.
-fn shown_hard(status: Option<&ResourceQuotaStatus>, key: &str) -> Option<i64> {
-    status?.hard.as_ref()?.get(key)?.0.parse().ok()
+/// The limit in force for `key` ([`super::phases::in_force`]).
+fn shown_hard(p: &Planned<'_>, key: &str) -> Option<i64> {
+    super::phases::in_force(p.written, p.status?.hard.as_ref(), key)
 }
 
 /// Lowers the planned limits so the tenant stays within `hard` ([`spread`]), and counts what
@@ -150,8 +152,8 @@ pub fn bound(mode: AllocationPath, planned: &mut [Planned<'_>], held: &Held) -> 
             // switched path reads it): until then it may still grow.
             let mut inactive = Some(0);
             for k in keys.iter().filter(|k| **k != active) {
-                let Some(planned) = p.hard.get(k).and_then(|v| v.parse::<i64>().ok()) else { continue };
-                let settled = shown_hard(p.status, k).is_some_and(|h| h <= planned);
+                let Some(planned) = p.hard.get(k).and_then(|v| super::quantity::count(v)) else { continue };
+                let settled = shown_hard(p, k).is_some_and(|h| h <= planned);
                 inactive = inactive.zip(shown(p.status, k).filter(|_| settled)).map(|(a, b)| a + b);
             }
             let own = if p.hard.contains_key(&active) { shown(p.status, &active) } else { Some(0) };
@@ -160,7 +162,7 @@ pub fn bound(mode: AllocationPath, planned: &mut [Planned<'_>], held: &Held) -> 
         }
         let parts: Vec<Part> = rows.iter().map(|r| r.2).collect();
         for ((p, (inactive, elsewhere, part)), (limit, why)) in planned.iter_mut().zip(rows).zip(spread(&parts)) {
-            let Some(current) = p.hard.get(&active).and_then(|v| v.parse::<i64>().ok()) else { continue };
+            let Some(current) = p.hard.get(&active).and_then(|v| super::quantity::count(v)) else { continue };
             let target = (limit - inactive - elsewhere).max(0);
             if target < current {
                 p.hard.insert(active.clone(), target.to_string());

@@ -7,14 +7,26 @@
 //! enforces that key at no more than its new planned limit; until then the namespace keeps the
 //! limit it enforces, and the lowered ones go first.
 
-use k8s_openapi::api::core::v1::ResourceQuotaStatus;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::holdings::Planned;
 
-/// The limit `status.hard` enforces for `key` (`None`: not enforced, i.e. unlimited, or not a
-/// whole number, taken as unknown).
-fn in_force(status: Option<&ResourceQuotaStatus>, key: &str) -> Option<i64> {
-    status?.hard.as_ref()?.get(key)?.0.parse().ok()
+/// A ResourceQuota's `hard`, in its spec or status.
+pub type Hard = BTreeMap<String, Quantity>;
+
+/// The limit in force for `key`: the larger of `spec.hard` (written, and synced into `status`
+/// by the controller manager at any moment) and `status.hard` (what admission enforces now).
+/// `None` where either lacks the key (unlimited now or soon) or a value is no quantity (unknown).
+pub fn in_force(spec: Option<&Hard>, status: Option<&Hard>, key: &str) -> Option<i64> {
+    let count = |h: Option<&Hard>| super::quantity::count(&h?.get(key)?.0);
+    Some(count(spec)?.max(count(status)?))
+}
+
+/// [`in_force`] for one planned namespace.
+fn in_force_of(p: &Planned<'_>, key: &str) -> Option<i64> {
+    in_force(p.written, p.status.and_then(|s| s.hard.as_ref()), key)
 }
 
 /// Holds back each planned raise (a key whose planned limit is above what the namespace's
@@ -30,8 +42,8 @@ pub fn hold_raises(planned: &mut [Planned<'_>]) -> Vec<String> {
             p.hard
                 .iter()
                 .filter_map(|(k, v)| {
-                    let want: i64 = v.parse().ok()?;
-                    let have = in_force(p.status, k);
+                    let want = super::quantity::count(v)?;
+                    let have = in_force_of(p, k);
                     have.is_none_or(|h| h > want).then(|| (k.clone(), have, want))
                 })
                 .collect()
@@ -43,8 +55,8 @@ pub fn hold_raises(planned: &mut [Planned<'_>]) -> Vec<String> {
             .hard
             .iter()
             .filter_map(|(k, v)| {
-                let want: i64 = v.parse().ok()?;
-                let have = in_force(planned[i].status, k)?;
+                let want = super::quantity::count(v)?;
+                let have = in_force_of(&planned[i], k)?;
                 (want > have).then(|| (k.clone(), have, want))
             })
             .collect();

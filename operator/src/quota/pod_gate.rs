@@ -10,10 +10,14 @@ use k8s_openapi::api::core::v1::ResourceQuota;
 use tessera_crds::TenantGpuQuota;
 
 use super::Apply;
+use super::quantity::count;
 
 /// The params key: space-separated tenant namespaces whose limits are not enforced yet. A
 /// list of the few pending ones keeps the ConfigMap small with thousands of tenant namespaces.
 pub const PENDING: &str = "_pending";
+
+/// The ResourceQuota keys that limit pods' `nvidia.com/` extended resources.
+const GPU_KEY_PREFIX: &str = "requests.nvidia.com/";
 
 /// Whether pods may ask for extended resources in `ns`, claimed by `quotas`: each quota's planned
 /// ResourceQuota there (`applies`) is in `rqs` (owned by it) with `status.hard` carrying each
@@ -29,15 +33,21 @@ pub fn enforced(ns: &str, quotas: &[&TenantGpuQuota], rqs: &[ResourceQuota], app
             any |= owned.any(|rq| rq.status.as_ref().and_then(|s| s.hard.as_ref()).is_some());
             continue;
         };
-        let Some(hard) = owned
-            .find(|rq| rq.metadata.name.as_deref() == Some(a.name.as_str()))
-            .and_then(|rq| rq.status.as_ref()?.hard.as_ref())
-        else {
+        // No planned pod limit (`hard: {}`, physical limits only): nothing to wait for.
+        if !a.hard.keys().any(|k| k.starts_with(GPU_KEY_PREFIX)) {
+            any = true;
+            continue;
+        }
+        let Some(rq) = owned.find(|rq| rq.metadata.name.as_deref() == Some(a.name.as_str())) else {
             return false;
         };
-        let limited = a.hard.iter().filter(|(k, _)| k.starts_with("requests.nvidia.com/")).all(|(k, want)| {
-            let have = hard.get(k).and_then(|h| h.0.parse::<i64>().ok());
-            have.zip(want.parse::<i64>().ok()).is_some_and(|(h, w)| h <= w)
+        let Some(hard) = rq.status.as_ref().and_then(|s| s.hard.as_ref()) else {
+            return false;
+        };
+        let spec = rq.spec.as_ref().and_then(|s| s.hard.as_ref());
+        let limited = a.hard.iter().filter(|(k, _)| k.starts_with(GPU_KEY_PREFIX)).all(|(k, want)| {
+            let have = super::phases::in_force(spec, Some(hard), k);
+            have.zip(count(want)).is_some_and(|(h, w)| h <= w)
         });
         if !limited {
             return false;
@@ -45,6 +55,32 @@ pub fn enforced(ns: &str, quotas: &[&TenantGpuQuota], rqs: &[ResourceQuota], app
         any = true;
     }
     any
+}
+
+/// The params key listing the GPU resources the ResourceQuotas of an `unlisted: Zero` quota
+/// limit. Under `Zero` a GPU resource ([`super::is_gpu_resource`]) no node advertises yet
+/// (`nvidia.com/gpu.shared` before time-slicing is enabled, a MIG profile of a board outside the
+/// catalog) has no ResourceQuota key: a pod asking for it would be admitted and bind once nodes
+/// advertise it. The pod policy refuses, in the quota's namespaces, GPU resources not listed
+/// here. Per quota, not per namespace: the ConfigMap stays small with thousands of namespaces.
+pub fn resources_key(quota: &str) -> String {
+    format!("{quota}.resources")
+}
+
+/// [`resources_key`] of each valid `unlisted: Zero` quota: the GPU resources of its planned
+/// ResourceQuotas' `requests.` keys, space-separated. A quota whose key would pass the 253
+/// characters a ConfigMap key may have gets none (its namespaces keep only the ResourceQuota).
+pub fn zero_resources(valid: &[&TenantGpuQuota], applies: &[Apply]) -> std::collections::BTreeMap<String, String> {
+    let zero = valid.iter().filter(|q| q.spec.unlisted == tessera_crds::quota::UnlistedPolicy::Zero);
+    zero.filter_map(|q| {
+        let name = q.metadata.name.as_deref()?;
+        let key = resources_key(name);
+        let keys = applies.iter().filter(|a| a.quota == name).flat_map(|a| a.hard.keys());
+        let res: std::collections::BTreeSet<&str> =
+            keys.filter_map(|k| k.strip_prefix("requests.")).filter(|r| super::is_gpu_resource(r)).collect();
+        (key.len() <= 253).then(|| (key, res.into_iter().collect::<Vec<_>>().join(" ")))
+    })
+    .collect()
 }
 
 #[cfg(test)]

@@ -170,10 +170,11 @@ fn enforce(
             rq.metadata.namespace.as_deref() == Some(ns.as_str()) && rq.metadata.name.as_deref() == Some(&rq_name)
         });
         let status = rq.and_then(|rq| rq.status.as_ref());
+        let written = rq.and_then(|rq| rq.spec.as_ref()?.hard.as_ref());
         let cut = super::claims::reduce_for_other_path(q.spec.allocation, &share, status, p.classes, &mut hard);
         reduced.extend(cut.into_iter().map(|c| format!("namespace {ns}: {c}")));
         let used = used_in(p.resource_quotas, &ns, &rq_name);
-        planned.push(super::holdings::Planned { ns, share, status, hard, used });
+        planned.push(super::holdings::Planned { ns, share, status, written, hard, used });
         rq_names.push(rq_name);
     }
     // Across namespaces: what one holds above its share comes off the others' limits.

@@ -113,6 +113,31 @@ pub fn with_pending(held: &Held, pending: &[Pending]) -> Held {
     out
 }
 
+/// The params key listing the unallocated claims of other GPU classes in `ns` (only where there
+/// are some: the ConfigMap stays small). Counting them is not enough: a pod naming one
+/// (`spec.resourceClaims[].resourceClaimName`) is allocated it with no quota check, so the pod
+/// policy `tessera-gpu-pods` refuses such pods.
+pub fn claims_key(ns: &str) -> String {
+    format!("{ns}.claims")
+}
+
+/// [`claims_key`] per namespace of `tenants` holding pending claims: space-separated
+/// `<claim>:<class>` (names and classes hold no `:` or space).
+pub fn policy_claims<'a>(pending: &[Pending], tenants: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, String> {
+    let mut by_ns: BTreeMap<&str, BTreeMap<&str, &str>> = BTreeMap::new();
+    pending.iter().for_each(|p| {
+        by_ns.entry(p.namespace.as_str()).or_default().entry(p.name.as_str()).or_insert(p.class.as_str());
+    });
+    tenants
+        .into_iter()
+        .filter_map(|ns| {
+            let claims = by_ns.get(ns)?;
+            let list: Vec<String> = claims.iter().map(|(name, class)| format!("{name}:{class}")).collect();
+            Some((claims_key(ns), list.join(" ")))
+        })
+        .collect()
+}
+
 /// A note per pending claim in `namespaces`, for `Ready`.
 pub fn notes<'a>(pending: &[Pending], namespaces: impl IntoIterator<Item = &'a str>) -> Vec<String> {
     let mut by_ns: BTreeMap<&str, Vec<&Pending>> = BTreeMap::new();

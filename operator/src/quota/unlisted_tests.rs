@@ -18,12 +18,15 @@ fn quota(spec: serde_json::Value) -> TenantGpuQuota {
 /// Review gap: NVIDIA's device plugin renames time-sliced or MPS GPUs (`nvidia.com/gpu.shared`);
 /// that name was in no list, so `unlisted: Zero` left it unlimited. Now every `nvidia.com/`
 /// resource a node advertises is held at 0 under `Zero` (and stays unlimited under `Unlimited`,
-/// as any resource `hard` does not list).
+/// as any resource `hard` does not list). Review gap: that held every `nvidia.com/` resource,
+/// NVIDIA Network Operator's `nvidia.com/hostdev` and RDMA pools included, which `hard` cannot
+/// name: RDMA pods were refused forever. Only GPU resources ([`is_gpu_resource`]) are held now.
 #[test]
 fn unlisted_zero_holds_every_nvidia_resource_nodes_advertise_at_zero() {
     let nodes = [
         node(json!({"cpu": "8", "nvidia.com/gpu.shared": "16", "example.com/fpga": "1"})),
-        node(json!({"nvidia.com/mps.gpu": "4"})),
+        node(json!({"nvidia.com/gpu-mps": "4", "nvidia.com/mig-1g.10gb.shared": "7"})),
+        node(json!({"nvidia.com/hostdev": "4", "nvidia.com/rdma_shared_device_a": "63", "nvidia.com/gpus": "1"})),
     ];
     let capacity = Capacity { advertised: advertised(&nodes), ..Default::default() };
     let spec = json!({"namespaces": ["b"], "hard": {"nvidia.com/gpu": 2}});
@@ -33,8 +36,12 @@ fn unlisted_zero_holds_every_nvidia_resource_nodes_advertise_at_zero() {
     strict["unlisted"] = json!("Zero");
     let p = plan_quotas_with(&[quota(strict)], &nss, &[], &capacity, now.clone());
     let hard = &p.apply[0].hard;
-    for r in ["requests.nvidia.com/gpu.shared", "requests.nvidia.com/mps.gpu"] {
+    for r in ["requests.nvidia.com/gpu.shared", "requests.nvidia.com/gpu-mps", "requests.nvidia.com/mig-1g.10gb.shared"]
+    {
         assert_eq!(hard.get(r).map(String::as_str), Some("0"), "{r} in {hard:?}");
+    }
+    for r in ["requests.nvidia.com/hostdev", "requests.nvidia.com/rdma_shared_device_a", "requests.nvidia.com/gpus"] {
+        assert!(!hard.contains_key(r), "{r} is no GPU resource: {hard:?}");
     }
     assert!(!hard.keys().any(|k| k.contains("example.com") || k.contains("cpu")), "only nvidia.com/: {hard:?}");
     assert!(p.device_classes.is_empty() && hard["requests.nvidia.com/gpu"] == "2", "{hard:?}");

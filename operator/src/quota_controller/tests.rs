@@ -292,3 +292,21 @@ async fn the_idle_report_time_is_exported_and_not_moved_by_a_failed_list() {
     c.metrics.forget_leader_state();
     assert_eq!(stamp(&c), 0, "a follower's stamp would hide staleness");
 }
+
+/// Review gap: the API server stores `1000` as `1k`; comparing strings re-applied every pass.
+#[test]
+fn a_resource_quota_in_canonical_form_is_current() {
+    let rq: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": "tessera-q", "namespace": "a",
+        "annotations": {QUOTA_NAME_ANNOTATION: "q"}},
+        "spec": {"hard": {"requests.nvidia.com/gpu": "1k"}}}))
+    .unwrap();
+    let a = Apply {
+        namespace: "a".into(),
+        quota: "q".into(),
+        name: "tessera-q".into(),
+        hard: [("requests.nvidia.com/gpu".to_string(), "1000".to_string())].into(),
+    };
+    assert!(is_current(&rq, &a));
+    let b = Apply { hard: [("requests.nvidia.com/gpu".to_string(), "999".to_string())].into(), ..a };
+    assert!(!is_current(&rq, &b));
+}

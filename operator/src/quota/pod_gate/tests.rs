@@ -64,3 +64,55 @@ fn an_invalid_quota_keeps_open_only_where_it_enforces() {
     let rqs = [ours("team-a", "a", 2, Some(2))];
     assert_eq!(pending(&bad, &["a", "b"], &rqs), "b");
 }
+
+/// Our ResourceQuota as the API server stores it: quantities in canonical form (`1000` is `1k`).
+fn ours_canonical(q: &str, ns: &str, hard: &str) -> ResourceQuota {
+    let mut rq = ours(q, ns, 0, Some(0));
+    rq.spec
+        .as_mut()
+        .unwrap()
+        .hard
+        .as_mut()
+        .unwrap()
+        .insert(GPU.into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(hard.into()));
+    let st = rq.status.as_mut().unwrap();
+    st.hard.as_mut().unwrap().insert(GPU.into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(hard.into()));
+    st.used.as_mut().unwrap().insert(GPU.into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("0".into()));
+    rq
+}
+
+/// Review gap: `hard: nvidia.com/gpu: 1000` is stored and synced as `1k`; a plain integer parse
+/// failed on it, so the namespace stayed pending forever (every GPU pod refused).
+#[test]
+fn a_limit_in_canonical_form_is_enforced() {
+    let q = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 1000}}));
+    assert_eq!(pending(&q, &["a"], &[ours_canonical("team-a", "a", "1k")]), "");
+    assert_eq!(pending(&q, &["a"], &[ours_canonical("team-a", "a", "1e3")]), "");
+    assert_eq!(pending(&q, &["a"], &[ours_canonical("team-a", "a", "2k")]), "a");
+}
+
+/// Review gap: `hard: {}` (only physical limits) plans a ResourceQuota with no key, whose status
+/// shows no `hard`: nothing is limited, so there is nothing to wait for.
+#[test]
+fn a_namespace_with_no_planned_limit_is_not_pending() {
+    let q = quota("team-a", json!({"namespaces": ["a"], "hard": {}}));
+    let mut rq = ours("team-a", "a", 0, None);
+    rq.spec.as_mut().unwrap().hard = None;
+    assert_eq!(pending(&q, &["a"], &[rq]), "");
+    assert_eq!(pending(&q, &["a"], &[]), "");
+}
+
+/// `unlisted: Zero` quotas list the GPU resources their ResourceQuotas limit (for the pod
+/// policy); `Unlimited` ones list none.
+#[test]
+fn a_zero_quota_lists_the_gpu_resources_its_resource_quotas_limit() {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
+    let nss: BTreeSet<String> = ["a".to_string()].into();
+    let zero = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 2}, "unlisted": "Zero"}));
+    let open = quota("team-b", json!({"namespaces": ["b"], "hard": {"nvidia.com/gpu": 2}}));
+    let plan = plan_quotas_dra(&[zero, open], &nss, &[], &Capacity::default(), &Dra::default(), now);
+    let listed: Vec<&str> = plan.policy["team-a.resources"].split(' ').collect();
+    assert!(listed.contains(&"nvidia.com/gpu") && listed.contains(&"nvidia.com/mig-1g.10gb"), "{listed:?}");
+    assert!(listed.iter().all(|r| crate::quota::is_gpu_resource(r)), "{listed:?}");
+    assert!(!plan.policy.contains_key("team-b.resources"), "{:?}", plan.policy.keys());
+}

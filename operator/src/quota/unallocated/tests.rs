@@ -197,3 +197,28 @@ fn a_claim_of_a_class_of_any_gpu_counts_against_every_resource_of_the_share() {
     let notes = notes(&unallocated([&one], &view()), ["x"]);
     assert!(notes.is_empty(), "{notes:?}");
 }
+
+/// Review gap (MED-HIGH): counting `stash` is not enough: a pod naming it
+/// (`spec.resourceClaims[].resourceClaimName: stash`) is allocated every GPU of a node with no
+/// quota check. The params now list it for the pod policy (`x.claims`), only in tenant
+/// namespaces, and not once it is allocated or deleted.
+#[test]
+fn a_claim_made_before_the_namespace_joined_is_listed_for_the_pod_policy() {
+    let stash = claim(
+        "x",
+        "stash",
+        json!([{"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}},
+               {"name": "s", "exactly": {"deviceClassName": "mig.nvidia.com"}}]),
+        false,
+    );
+    let other =
+        claim("z", "elsewhere", json!([{"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]), false);
+    let q = quota(json!({"namespaces": ["x", "y"], "hard": {"nvidia.com/gpu": 2}}));
+    let rqs = [synced("x", &[(GPU_REQ, 1)]), synced("y", &[(GPU_REQ, 1)])];
+    let p = plan(&q, &rqs, &[stash, other]);
+    assert_eq!(p.policy.get("x.claims").map(String::as_str), Some("stash:gpu.nvidia.com"), "{:?}", p.policy);
+    assert!(!p.policy.contains_key("y.claims") && !p.policy.contains_key("z.claims"), "{:?}", p.policy);
+    let allocated = claim("x", "stash", json!([{"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]), true);
+    assert!(!plan(&q, &rqs, &[allocated]).policy.contains_key("x.claims"));
+    assert!(!plan(&q, &rqs, &[]).policy.contains_key("x.claims"));
+}

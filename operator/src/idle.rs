@@ -13,7 +13,7 @@
 //! - A device no pod holds is listed as leaked, unattributed, when it runs a compute process or
 //!   holds more than [`LEAKED_MEMORY_MIB`]: once a pod ends, no API object says which pod held a
 //!   device-plugin device, so naming a tenant would be a guess. An idle MIG instance shows tens
-//!   of MiB on real hardware (driver context), so any memory above 0 is no leak.
+//!   of MiB on real hardware (driver context), which is no leak.
 //! - A guessed holder still counts in its tenant's figures and is listed (`exact: false`), but
 //!   fires the alert only when it is idle for certain: the guessed pod may not be the idle one.
 

@@ -111,6 +111,11 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
                 if let Some((a, b)) = worker.take() {
                     a.abort();
                     b.abort();
+                    // An abort lands at the task's next await: a pass between its last await and
+                    // its metric writes would export tenant series after they were forgotten (a
+                    // follower's frozen idle series keeps an alert firing), so wait for both.
+                    let _ = a.await;
+                    let _ = b.await;
                 }
                 metrics.forget_leader_state();
                 // What the passes kept (the fleet's objects among it) goes too: a follower would

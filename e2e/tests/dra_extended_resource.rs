@@ -270,6 +270,10 @@ async fn in_extended_resources_mode_kep_5004_pods_are_admitted_to_the_share_and_
     assert!(pods.iter().all(|p| p.spec.as_ref().unwrap().node_name.is_none()), "a pod was bound without a device");
 
     // A node whose device plugin advertises the resource serves the admitted two, and only them.
+    // The DRA-only node is cordoned meanwhile: the scheduler's scoring may keep picking it (each
+    // try refused at the claim's create, retried with back-off), which made this step a matter of
+    // luck; uncordoned again for the broad-class check below.
+    set_unschedulable(&admin, "gpu-0", true).await;
     let plugin = FakeGpuNode::new("plugin-0", "NVIDIA-H100-80GB-HBM3", 1).resource(MIG1G, 7);
     create_gpu_nodes(&admin, &[plugin]).await.unwrap();
     let pods_e: Api<Pod> = Api::namespaced(admin.clone(), "team-e");
@@ -284,6 +288,7 @@ async fn in_extended_resources_mode_kep_5004_pods_are_admitted_to_the_share_and_
     assert!(claim_names(&admin, "team-e").await.is_empty(), "a claim was made in team-e");
     let more = create_pods(&admin, "team-e", "more", MIG1G, 1).await;
     assert!(more[0].as_ref().is_err_and(|m| m.contains("exceeded quota: tessera-team-e")), "{more:?}");
+    set_unschedulable(&admin, "gpu-0", false).await;
 
     // The implicit name of NVIDIA's broad class is closed the same way.
     create_pods(&admin, "team-e", "broad", &format!("{IMPLICIT}{}", dra::MIG_CLASS), 1).await[0].clone().unwrap();
@@ -349,4 +354,11 @@ async fn in_resource_claims_mode_kep_5004_pods_are_refused_and_the_implicit_clas
     .await
     .unwrap();
     assert_eq!((st.resources[0].name.as_str(), st.resources[0].remaining), (MIG1G, 0));
+}
+
+/// Cordons (or uncordons) `node` as `kubectl cordon` does.
+async fn set_unschedulable(admin: &Client, node: &str, on: bool) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let patch = json!({"spec": {"unschedulable": on}});
+    nodes.patch(node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.unwrap();
 }

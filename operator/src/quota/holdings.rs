@@ -256,4 +256,4 @@ pub fn held_elsewhere<'a>(
 }
 
 #[cfg(test)]
-mod tests;
+pub(in crate::quota) mod tests;

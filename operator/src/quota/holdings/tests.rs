@@ -82,14 +82,14 @@ proptest! {
     }
 }
 
-fn quota(name: &str, spec: serde_json::Value) -> TenantGpuQuota {
+pub(in crate::quota) fn quota(name: &str, spec: serde_json::Value) -> TenantGpuQuota {
     serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
         "metadata": {"name": name, "generation": 1, "uid": format!("uid-{name}")}, "spec": spec}))
     .unwrap()
 }
 
 /// Our ResourceQuota of `q` in `ns`, synced: `hard` in spec and status, `used` per key.
-fn synced(q: &str, ns: &str, hard: &[(&str, i64)], used: &[(&str, i64)]) -> ResourceQuota {
+pub(in crate::quota) fn synced(q: &str, ns: &str, hard: &[(&str, i64)], used: &[(&str, i64)]) -> ResourceQuota {
     let m = |p: &[(&str, i64)]| {
         p.iter().map(|(k, v)| (k.to_string(), json!(v.to_string()))).collect::<serde_json::Map<_, _>>()
     };

@@ -8,7 +8,8 @@ use serde_json::json;
 use super::*;
 use tessera_crds::TenantGpuQuota;
 
-use crate::quota::{Capacity, Dra, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
+use crate::quota::holdings::tests::{quota, synced};
+use crate::quota::{Capacity, Dra, QuotaPlan, plan_quotas_dra};
 
 const GPU: &str = "requests.nvidia.com/gpu";
 
@@ -28,25 +29,6 @@ fn planned<'a>(ns: &str, status: Option<&'a ResourceQuotaStatus>, hard: &[(&str,
         hard: hard.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         used: BTreeMap::new(),
     }
-}
-
-fn quota(name: &str, spec: serde_json::Value) -> TenantGpuQuota {
-    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
-        "metadata": {"name": name, "generation": 1, "uid": format!("uid-{name}")}, "spec": spec}))
-    .unwrap()
-}
-
-/// Our ResourceQuota of `q` in `ns`, synced: `hard` in spec and status, `used` per key.
-fn synced(q: &str, ns: &str, hard: &[(&str, i64)], used: &[(&str, i64)]) -> ResourceQuota {
-    let m = |p: &[(&str, i64)]| {
-        p.iter().map(|(k, v)| (k.to_string(), json!(v.to_string()))).collect::<serde_json::Map<_, _>>()
-    };
-    serde_json::from_value(json!({"metadata": {"name": resource_quota_name(q), "namespace": ns,
-        "labels": {"tessera.dev/quota": quota_label_value(q)},
-        "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": q,
-                             "uid": format!("uid-{q}"), "controller": true}]},
-        "spec": {"hard": m(hard)}, "status": {"hard": m(hard), "used": m(used)}}))
-    .unwrap()
 }
 
 fn plan(q: &TenantGpuQuota, rqs: &[ResourceQuota]) -> QuotaPlan {

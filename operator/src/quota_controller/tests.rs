@@ -222,9 +222,7 @@ async fn devices_held_through_other_classes_come_off_the_written_share() {
     let c = controller(client, None);
     let _ = c.claims.set(crate::controller::claims::ClaimCache::of(store_of(vec![claim]), GpuDrivers::default()));
     c.reconcile().await.unwrap();
-    let requests = requests.lock().unwrap();
-    let path = "/api/v1/namespaces/ml/resourcequotas/tessera-ml";
-    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
+    let body = written_ml_quota(&requests);
     assert_eq!(body["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"], "1", "share 2 less the 1 held: {body}");
 }
 
@@ -241,9 +239,7 @@ async fn unallocated_claims_of_other_classes_come_off_the_written_share() {
     let c = controller(client, None);
     let _ = c.claims.set(crate::controller::claims::ClaimCache::of(store_of(vec![claim]), GpuDrivers::default()));
     c.reconcile().await.unwrap();
-    let requests = requests.lock().unwrap();
-    let path = "/api/v1/namespaces/ml/resourcequotas/tessera-ml";
-    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
+    let body = written_ml_quota(&requests);
     assert_eq!(body["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"], "1", "share 2 less the 1 claimed: {body}");
 }
 
@@ -264,9 +260,7 @@ async fn unlisted_zero_holds_what_nodes_advertise_at_zero_in_the_written_share()
     .unwrap();
     let _ = c.nodes.set(store_of(vec![node]));
     c.reconcile().await.unwrap();
-    let requests = requests.lock().unwrap();
-    let path = "/api/v1/namespaces/ml/resourcequotas/tessera-ml";
-    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
+    let body = written_ml_quota(&requests);
     assert_eq!(body["spec"]["hard"]["requests.nvidia.com/gpu.shared"], "0", "{body}");
 }
 
@@ -309,4 +303,12 @@ fn a_resource_quota_in_canonical_form_is_current() {
     assert!(is_current(&rq, &a));
     let b = Apply { hard: [("requests.nvidia.com/gpu".to_string(), "999".to_string())].into(), ..a };
     assert!(!is_current(&rq, &b));
+}
+
+/// The body of the pass's server-side apply of `ml`'s ResourceQuota.
+fn written_ml_quota(requests: &Requests) -> Value {
+    let requests = requests.lock().unwrap();
+    let path = "/api/v1/namespaces/ml/resourcequotas/tessera-ml";
+    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("ResourceQuota written");
+    body.clone()
 }

@@ -10,7 +10,9 @@ pub mod bench;
 #[cfg(test)]
 pub mod faulty;
 pub mod holders;
+pub mod lookup;
 pub mod metrics;
+pub mod previous;
 pub mod sample;
 pub mod tracker;
 pub mod write;

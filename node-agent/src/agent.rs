@@ -474,7 +474,10 @@ impl<B: GpuBackend> Agent<B> {
     }
 
     /// Renews (or creates) this node's heartbeat Lease in [`AGENT_LEASE_NAMESPACE`].
-    pub async fn renew_lease(&self) -> Result<(), Error> {
+    /// The first renewal of a run reads what the previous run left on it first
+    /// ([`Agent::previous_run`]): the apply overwrites it.
+    pub async fn renew_lease(&mut self) -> Result<(), Error> {
+        self.previous_run().await?;
         let api: Api<Lease> = Api::namespaced(self.client.clone(), AGENT_LEASE_NAMESPACE);
         // Whether the activity report is current rides on the renewal (see
         // `ACTIVITY_FAILING_SINCE`): applied while failing, left out (so removed) once current.

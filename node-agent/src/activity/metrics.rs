@@ -41,7 +41,9 @@ pub fn render(hostname: &str, tracker: &Tracker, now: Timestamp, holders: &BTree
     let mut out = String::new();
     for (i, (name, help)) in families.iter().enumerate() {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-        for (o, d) in &latest {
+        // A device kept from the stored summary whose GPU could not be read since the restart
+        // has no GPU UUID to label it with yet: left out until read.
+        for (o, d) in latest.iter().filter(|(o, _)| !o.gpu_uuid.is_empty()) {
             let value = match i {
                 0 => o.sm_active_percent.map(|p| p / 100.0),
                 1 => d.active_percent_1h.map(|p| f64::from(p) / 100.0),

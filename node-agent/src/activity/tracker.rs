@@ -191,36 +191,6 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    /// Seeds an empty tracker from `prior` (the node's stored `status.activity`, written by an
-    /// earlier run) for the devices in `observations` (the first pass) with the same GPU, UUID and
-    /// source: `idleSince` is kept unless the device is active now, and the 1 h / 24 h shares
-    /// are carried as two synthetic buckets ending at `prior.measuredAt` that reproduce them, so
-    /// new samples blend in and the prior ages out of each window as real history would.
-    /// Entries for devices that no longer exist or are measured another way are ignored; a
-    /// `measuredAt` in the future or more than 24 h old carries no shares (idle time still
-    /// counts: the tracker never ends an idle stretch on a gap it did not observe).
-    pub fn seed(now: Timestamp, prior: &NodeActivity, observations: Vec<Observation>) -> Self {
-        let measured_at = prior.measured_at.as_ref().map(|t| t.0);
-        let mut devices = BTreeMap::new();
-        for o in observations {
-            let mut h = History::new(o, now);
-            let old = prior
-                .devices
-                .iter()
-                .find(|d| d.gpu_index == h.last.gpu_index as i32 && d.uuid == h.last.uuid && d.source == h.last.source);
-            if let Some(d) = old {
-                if h.last.idle() != Some(false) {
-                    h.idle_since = d.idle_since.as_ref().map(|t| t.0).filter(|s| *s <= now).or(h.idle_since);
-                }
-                if let Some(at) = measured_at.filter(|at| *at <= now && now.duration_since(*at).as_secs() < DAY) {
-                    h.seed_shares(at, d.active_percent_1h, d.active_percent_24h);
-                }
-            }
-            devices.insert(h.last.key(), h);
-        }
-        Self { devices }
-    }
-
     /// Takes one pass's observations of all devices: a device missing from them (destroyed, or
     /// its GPU's MIG mode changed) drops out; a new one starts with no history.
     pub fn observe(&mut self, now: Timestamp, observations: Vec<Observation>) {
@@ -282,6 +252,10 @@ impl Tracker {
         NodeActivity { measured_at: Some(Time(now)), devices }
     }
 }
+
+/// [`Tracker::seed`]: a restart resumes from the stored summary.
+#[path = "tracker_seed.rs"]
+mod seed;
 
 #[cfg(test)]
 #[path = "tracker_tests.rs"]

@@ -241,7 +241,7 @@ fn a_restart_is_seeded_from_the_stored_summary_per_case() {
         },
     ];
     for c in cases {
-        let tr = Tracker::seed(t(c.now), &c.prior, vec![c.first]);
+        let tr = Tracker::seed(t(c.now), &c.prior, Some(t(c.now)), vec![c.first], &[]);
         let d = device(&tr, c.now, "MIG-a");
         assert_eq!(d.active_percent_1h, c.want_1h, "{}: 1 h", c.name);
         assert_eq!(d.active_percent_24h, c.want_24h, "{}: 24 h", c.name);
@@ -251,7 +251,8 @@ fn a_restart_is_seeded_from_the_stored_summary_per_case() {
 
 #[test]
 fn a_seeded_share_blends_with_new_samples_and_ages_out_of_the_hour() {
-    let mut tr = Tracker::seed(t(0), &prior(0, "MIG-a", ActivitySource::Gpm, None), vec![gpm("MIG-a", 0.0)]);
+    let mut tr =
+        Tracker::seed(t(0), &prior(0, "MIG-a", ActivitySource::Gpm, None), Some(t(0)), vec![gpm("MIG-a", 0.0)], &[]);
     run(&mut tr, 30, 1830, 30, |_| vec![gpm("MIG-a", 0.0)]);
     // The stored hour (40%) is half out of the window half an hour later: as real history,
     // 30 min of 40% and 30 min of 0%.

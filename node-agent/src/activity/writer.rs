@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use tessera_crds::activity::{DevicePod, NodeActivity};
+use tessera_crds::activity::NodeActivity;
 use tessera_crds::gpunode::GpuNode;
 use tracing::{debug, warn};
 
@@ -36,8 +36,9 @@ pub struct Writer {
     pub sample_interval: Duration,
     /// The latest `/metrics` text, rendered every sample (served by `metrics::serve`).
     pub metrics: std::sync::Arc<std::sync::Mutex<String>>,
-    /// PID -> pod of the devices' processes, looked up (one pod list) only when the PIDs change.
-    pub holders: (Vec<u32>, std::collections::BTreeMap<u32, DevicePod>),
+    /// PID -> pod of the devices' processes, looked up (one pod list) for new PIDs, and again
+    /// with a back-off for PIDs no pod was found for ([`super::lookup`]).
+    pub holders: super::lookup::Lookup,
     /// Where the PIDs' cgroups are read (`/proc`, the host's with the host PID namespace).
     pub proc_root: std::path::PathBuf,
     /// Whether the tracker was seeded from the stored `status.activity` (once per run).
@@ -48,6 +49,8 @@ pub struct Writer {
     /// could not be read, or a write it needed failed or waits out the back-off); `None` while
     /// current. Announced on the heartbeat Lease ([`Writer::failing_since`]).
     pub failing: Option<Timestamp>,
+    /// The previous run as its heartbeat Lease left it, once read ([`Agent::previous_run`]).
+    pub previous: Option<super::previous::PreviousRun>,
 }
 
 /// A report not current for longer than this many samples is announced (a passing failure,
@@ -94,6 +97,7 @@ impl Default for Writer {
             seeded: false,
             backoff: Default::default(),
             failing: None,
+            previous: None,
         }
     }
 }
@@ -118,25 +122,20 @@ impl<B: GpuBackend> Agent<B> {
         let (observations, unread) = tokio::task::block_in_place(|| super::sample::observe_all(&mut self.backend))?;
         let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
         pids.sort_unstable();
-        if pids != self.activity.holders.0 {
-            let found = if pids.is_empty() {
-                Ok(Default::default())
-            } else {
-                tokio::task::block_in_place(|| self.try_pods_of(&pids))
-            };
-            match found {
-                Ok(pods) => self.activity.holders = (pids, pods),
+        pids.dedup();
+        if self.activity.holders.due(&pids) {
+            match tokio::task::block_in_place(|| self.try_pods_of(&pids)) {
+                Ok(pods) => self.activity.holders.listed(pids, pods, self.activity.sample_interval),
                 // Tried again on the next sample (the PIDs looked up stay the old ones); the PIDs
                 // still running keep their pods meanwhile.
                 Err(e) => {
                     warn!(error = %e, "could not list this node's pods to name the devices' holders; retrying on the next sample");
-                    self.activity.holders.1.retain(|pid, _| pids.binary_search(pid).is_ok());
                 }
             }
         }
         let prior = match self.activity.seeded {
             true => None,
-            false => match self.stored_activity().await {
+            false => match self.resume_from().await {
                 Ok(prior) => Some(prior),
                 Err(e) => {
                     // `/metrics` still shows this sample (figures without history); seeding, and
@@ -145,7 +144,7 @@ impl<B: GpuBackend> Agent<B> {
                     let mut fresh = Tracker::default();
                     fresh.observe(now, observations);
                     *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
-                        super::metrics::render(&self.node, &fresh, now, &w.holders.1);
+                        super::metrics::render(&self.node, &fresh, now, &w.holders.found);
                     return Err(e);
                 }
             },
@@ -153,15 +152,16 @@ impl<B: GpuBackend> Agent<B> {
         let now = Timestamp::now();
         let w = &mut self.activity;
         match prior {
-            Some(prior) => {
-                w.tracker = Tracker::seed(now, &prior, observations);
+            Some((prior, previous)) => {
+                let current_until = previous.current_until(prior.measured_at.as_ref().map(|t| t.0));
+                w.tracker = Tracker::seed(now, &prior, current_until, observations, &unread);
                 w.seeded = true;
             }
             None => w.tracker.observe_unread(now, observations, &unread),
         }
-        let summary = super::holders::summary(&w.tracker, now, &w.holders.1);
+        let summary = super::holders::summary(&w.tracker, now, &w.holders.found);
         *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
-            super::metrics::render(&self.node, &w.tracker, now, &w.holders.1);
+            super::metrics::render(&self.node, &w.tracker, now, &w.holders.found);
         let Some(reason) = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval) else {
             // Nothing due: what is stored is current (a change that failed to be written went
             // back), so no wait of earlier failures is left over for the next change.
@@ -196,6 +196,12 @@ impl<B: GpuBackend> Agent<B> {
 }
 
 impl<B: GpuBackend> Agent<B> {
+    /// What a restart resumes from: the stored summary, and the previous run's Lease.
+    async fn resume_from(&mut self) -> Result<(NodeActivity, super::previous::PreviousRun), Error> {
+        let previous = self.previous_run().await?;
+        Ok((self.stored_activity().await?, previous))
+    }
+
     /// What an earlier run wrote to this node's `status.activity` (empty when there is no
     /// GpuNode or no summary yet). A failed read fails the pass: starting empty would reset
     /// every `idleSince` on the next write.

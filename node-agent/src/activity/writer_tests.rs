@@ -27,16 +27,24 @@ struct Server {
     leases: Vec<Value>,
     /// The GpuNode's UID in the answers to status writes.
     uid: Option<String>,
+    /// The heartbeat Lease a GET finds (what the previous run left); `None`: not found.
+    lease: Option<Value>,
 }
 
 fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBackend> {
-    let mut agent = Agent::offline(SimBackend::at(state));
+    agent_on(SimBackend::at(state), server)
+}
+
+/// [`agent`] over any backend (a faulty one).
+fn agent_on<B: crate::backend::GpuBackend>(backend: B, server: Arc<Mutex<Server>>) -> Agent<B> {
+    let mut agent = Agent::offline(backend);
     agent.client = Client::new(
         tower::service_fn(move |req: http::Request<kube::client::Body>| {
             let server = server.clone();
             async move {
                 let query = req.uri().query().unwrap_or_default().to_string();
                 let path = req.uri().path().to_string();
+                let get = req.method() == http::Method::GET;
                 let body = req.into_body().collect_bytes().await.map_err(|e| std::io::Error::other(e.to_string()))?;
                 let mut s = server.lock().unwrap();
                 if path == "/api/v1/pods" {
@@ -49,6 +57,16 @@ fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBacken
                     let list =
                         serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": s.pods});
                     return Ok(http::Response::new(kube::client::Body::from(list.to_string().into_bytes())));
+                }
+                if path.ends_with("/leases/test") && get {
+                    let Some(lease) = s.lease.clone() else {
+                        let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "reason": "NotFound", "code": 404, "message": "leases \"test\" not found"});
+                        let mut res = http::Response::new(kube::client::Body::from(status.to_string().into_bytes()));
+                        *res.status_mut() = http::StatusCode::NOT_FOUND;
+                        return Ok(res);
+                    };
+                    return Ok(http::Response::new(kube::client::Body::from(lease.to_string().into_bytes())));
                 }
                 if path.ends_with("/leases/test") {
                     let lease: Value = serde_json::from_slice(&body).unwrap();
@@ -148,8 +166,17 @@ async fn holders_are_looked_up_only_when_the_processes_change() {
     let mut b = SimBackend::open(&state, &["H100-80GB".into()]).unwrap();
     b.set_mig_mode(0, true).unwrap();
     let mig = b.create_instance(0, "3g.40gb", 4).unwrap();
-    let server = Arc::new(Mutex::new(Server::default()));
+    // Both PIDs run in one pod (their cgroups say so): found by the first list that asks.
+    let (proc, uid) = (state.with_file_name("proc"), "0f3c1e9a-5b7d-4c2e-9a1b-2d3e4f5a6b71");
+    for pid in ["4242", "4243"] {
+        std::fs::create_dir_all(proc.join(pid)).unwrap();
+        std::fs::write(proc.join(pid).join("cgroup"), format!("0::/kubepods/besteffort/pod{uid}/ctr")).unwrap();
+    }
+    let pod =
+        serde_json::json!({"metadata": {"namespace": "ml", "name": "nb", "uid": uid}, "spec": {"containers": []}});
+    let server = Arc::new(Mutex::new(Server { pods: vec![pod], ..Default::default() }));
     let mut a = agent(&state, server.clone());
+    a.activity.proc_root = proc;
     a.sample_activity().await.unwrap();
     assert_eq!(server.lock().unwrap().pod_lists, 0, "no process, no lookup");
     sim::run_process(&state, 0, Some(&mig.uuid), 4242, "python", Some(100)).unwrap();
@@ -338,3 +365,7 @@ async fn devices_that_cannot_be_listed_leave_the_report_behind_and_are_announced
 /// The stored summary against what was written (a recreated GpuNode, a back-off left over).
 #[path = "writer_stored_tests.rs"]
 mod stored;
+
+/// What a restarted agent takes over from its previous run, and holders looked up again.
+#[path = "writer_restart_tests.rs"]
+mod restart;

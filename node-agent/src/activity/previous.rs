@@ -1,0 +1,155 @@
+//! What the agent's previous run left on its heartbeat Lease, read once per run before this run
+//! first renews it (the renewal overwrites both): its last `renewTime` (the last moment it was
+//! alive) and its `tessera.dev/activity-failing-since` annotation. They tell a restarted agent
+//! how long nobody kept the stored summary current (an idle stretch must not span an outage no
+//! run observed), and that the report it takes over is stale (so the annotation, and the
+//! operator's setting the summary aside, survive the restart).
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use tessera_crds::gpunode::{ACTIVITY_FAILING_SINCE, AGENT_LEASE_NAMESPACE};
+use tracing::{info, warn};
+
+use crate::Error;
+use crate::agent::Agent;
+use crate::backend::GpuBackend;
+
+/// The previous run's report, as its Lease announced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failing {
+    /// Current (no annotation).
+    No,
+    Since(Timestamp),
+    /// An annotation that does not parse (no agent writes one).
+    Unreadable,
+}
+
+/// The previous run as its heartbeat Lease left it; `Default`: no Lease (a first run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreviousRun {
+    /// Its last heartbeat.
+    pub renewed: Option<Timestamp>,
+    pub failing: Failing,
+}
+
+impl Default for PreviousRun {
+    fn default() -> Self {
+        Self { renewed: None, failing: Failing::No }
+    }
+}
+
+impl PreviousRun {
+    pub fn from_lease(lease: Option<&Lease>) -> Self {
+        let Some(lease) = lease else { return Self::default() };
+        let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
+        let failing = match lease.metadata.annotations.as_ref().and_then(|a| a.get(ACTIVITY_FAILING_SINCE)) {
+            None => Failing::No,
+            Some(v) => v.parse().map_or(Failing::Unreadable, Failing::Since),
+        };
+        Self { renewed, failing }
+    }
+
+    /// Until when the stored summary (measured at `measured_at`) is known current: the
+    /// previous run kept it so until its last heartbeat, or, announcing it stale, until the
+    /// failure began; at least until it was measured. `None`: not known at all.
+    pub fn current_until(&self, measured_at: Option<Timestamp>) -> Option<Timestamp> {
+        let kept = match self.failing {
+            Failing::No => self.renewed,
+            Failing::Since(since) => Some(since),
+            Failing::Unreadable => None,
+        };
+        kept.max(measured_at)
+    }
+
+    /// The stale report this run takes over, since when: the announced time, or for an
+    /// unreadable annotation the previous run's last heartbeat (it was stale then at least).
+    pub fn failing_since(&self) -> Option<Timestamp> {
+        match self.failing {
+            Failing::No => None,
+            Failing::Since(since) => Some(since),
+            Failing::Unreadable => self.renewed,
+        }
+    }
+}
+
+impl<B: GpuBackend> Agent<B> {
+    /// The previous run, read from the Lease once per run (by the first renewal or the first
+    /// activity pass, whichever comes first); a stale report it announced becomes this run's
+    /// failure, so the next renewal keeps announcing it. A failed read fails the caller (tried
+    /// again): renewing unread would erase both.
+    pub async fn previous_run(&mut self) -> Result<PreviousRun, Error> {
+        if let Some(p) = self.activity.previous {
+            return Ok(p);
+        }
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), AGENT_LEASE_NAMESPACE);
+        let lease = api.get_opt(&self.node).await.inspect_err(
+            |e| warn!(error = %e, "could not read this agent's heartbeat Lease to resume from; retrying"),
+        )?;
+        let p = PreviousRun::from_lease(lease.as_ref());
+        if let Some(since) = p.failing_since() {
+            info!(%since, "the previous run announced its activity report stale; announcing it until current");
+            let failing = &mut self.activity.failing;
+            *failing = Some(failing.map_or(since, |f| f.min(since)));
+        }
+        self.activity.previous = Some(p);
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn lease(renewed: Option<i64>, annotation: Option<&str>) -> Lease {
+        let mut l: Lease = serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}, "spec": {}})).unwrap();
+        l.spec.as_mut().unwrap().renew_time =
+            renewed.map(|s| k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(t(s)));
+        if let Some(a) = annotation {
+            l.metadata.annotations = Some([(ACTIVITY_FAILING_SINCE.to_string(), a.to_string())].into());
+        }
+        l
+    }
+
+    #[test]
+    fn the_lease_says_until_when_the_stored_summary_was_current_and_whether_it_was_stale() {
+        let since = t(-600).to_string();
+        // (case, lease, measuredAt, want current_until, want failing since)
+        type Case = (&'static str, Option<Lease>, Option<i64>, Option<i64>, Option<i64>);
+        let cases: [Case; 6] = [
+            ("no Lease (a first run): only the summary's time", None, Some(-7200), Some(-7200), None),
+            ("alive and current until its last heartbeat", Some(lease(Some(-30), None)), Some(-7200), Some(-30), None),
+            (
+                "stale since 10 min: current until then",
+                Some(lease(Some(-30), Some(&since))),
+                Some(-7200),
+                Some(-600),
+                Some(-600),
+            ),
+            (
+                "stale since before the summary: the summary's time",
+                Some(lease(Some(-30), Some(&since))),
+                Some(-60),
+                Some(-60),
+                Some(-600),
+            ),
+            (
+                "an unreadable annotation: the summary's time, stale since the last heartbeat",
+                Some(lease(Some(-30), Some("soon"))),
+                Some(-7200),
+                Some(-7200),
+                Some(-30),
+            ),
+            ("nothing known", Some(lease(None, None)), None, None, None),
+        ];
+        for (name, l, measured, want_until, want_failing) in cases {
+            let p = PreviousRun::from_lease(l.as_ref());
+            assert_eq!(p.current_until(measured.map(t)), want_until.map(t), "{name}: current until");
+            assert_eq!(p.failing_since(), want_failing.map(t), "{name}: failing since");
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! Seeding a restarted agent's tracker from what the previous run wrote: the restart neither
+//! resets `idleSince` nor forgets the shares, nor lets an idle stretch span an outage no run
+//! observed.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+use tessera_crds::activity::{DeviceActivity, NodeActivity};
+
+use super::{DAY, DeviceKey, History, MAX_INTERVAL, Observation, Tracker};
+
+impl Tracker {
+    /// Seeds an empty tracker from `prior` (the node's stored `status.activity`, written by an
+    /// earlier run) for the devices of the first pass with the same GPU, UUID and source.
+    ///
+    /// `current_until` is until when the previous run kept `prior` current (its last heartbeat,
+    /// or when its report began to fail; see [`crate::activity::previous`]). Within
+    /// [`MAX_INTERVAL`] of it (the gap rule of a running agent) the restart is no gap: each
+    /// stored `idleSince` is kept unless the device is active now, and the devices in `unread`
+    /// (reads failed this pass; a GPU's when the UUID is `None`) are kept as stored, as a
+    /// running agent keeps them, until the gap rule drops them. Past it (or unknown) nobody
+    /// observed the time between: idle stretches start over from this run's samples, and unread
+    /// devices drop out.
+    ///
+    /// The 1 h / 24 h shares are carried either way, as two synthetic buckets ending at
+    /// `prior.measuredAt` (they are what was measured then), so new samples blend in and the
+    /// prior ages out of each window as real history would; a `measuredAt` in the future or more
+    /// than 24 h old carries none. Devices that no longer exist or are measured another way are
+    /// ignored.
+    pub fn seed(
+        now: Timestamp,
+        prior: &NodeActivity,
+        current_until: Option<Timestamp>,
+        observations: Vec<Observation>,
+        unread: &[DeviceKey],
+    ) -> Self {
+        let measured_at = prior.measured_at.as_ref().map(|t| t.0);
+        let shares_at = measured_at.filter(|at| *at <= now && now.duration_since(*at).as_secs() < DAY);
+        let continuous = current_until.filter(|at| now.duration_since(*at) <= MAX_INTERVAL);
+        let carry = |h: &mut History, d: &DeviceActivity| {
+            if continuous.is_some() && h.last.idle() != Some(false) {
+                h.idle_since = d.idle_since.as_ref().map(|t| t.0).filter(|s| *s <= now).or(h.idle_since);
+            }
+            if let Some(at) = shares_at {
+                h.seed_shares(at, d.active_percent_1h, d.active_percent_24h);
+            }
+        };
+        let gpus: BTreeMap<u32, (String, String)> =
+            observations.iter().map(|o| (o.gpu_index, (o.model_name.clone(), o.gpu_uuid.clone()))).collect();
+        let mut devices = BTreeMap::new();
+        for o in observations {
+            let mut h = History::new(o, now);
+            let old = prior
+                .devices
+                .iter()
+                .find(|d| d.gpu_index == h.last.gpu_index as i32 && d.uuid == h.last.uuid && d.source == h.last.source);
+            if let Some(d) = old {
+                carry(&mut h, d);
+            }
+            devices.insert(h.last.key(), h);
+        }
+        if let Some(at) = continuous {
+            for d in &prior.devices {
+                let Ok(gpu) = u32::try_from(d.gpu_index) else { continue };
+                let key = (gpu, d.uuid.clone());
+                let is_unread = unread.iter().any(|(g, u)| *g == gpu && (u.is_none() || *u == d.uuid));
+                if !is_unread || devices.contains_key(&key) {
+                    continue;
+                }
+                let (model_name, gpu_uuid) = gpus.get(&gpu).cloned().unwrap_or_default();
+                let o = as_stored(d, gpu, model_name, gpu_uuid);
+                let mut h = History::new(o, now);
+                // Last read (as far as is known) when the previous run last kept it current.
+                h.last_at = at.min(now);
+                h.idle_since = None;
+                carry(&mut h, d);
+                devices.insert(key, h);
+            }
+        }
+        Self { devices }
+    }
+}
+
+/// A stored device as its last observation (no GPM figure, no PIDs: not read this run).
+fn as_stored(d: &DeviceActivity, gpu_index: u32, model_name: String, gpu_uuid: String) -> Observation {
+    Observation {
+        gpu_index,
+        model_name,
+        gpu_uuid,
+        uuid: d.uuid.clone(),
+        profile: d.profile.clone(),
+        start: d.start.and_then(|s| u8::try_from(s).ok()),
+        gpu_instance_id: None,
+        source: d.source,
+        sm_active_percent: None,
+        gpm_failed: false,
+        memory_used_mib: u64::try_from(d.memory_used_mib).unwrap_or(0),
+        processes: u32::try_from(d.processes).unwrap_or(0),
+        pids: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use tessera_crds::activity::ActivitySource;
+
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn obs(uuid: &str, source: ActivitySource, processes: u32) -> Observation {
+        Observation {
+            gpu_index: 0,
+            model_name: "NVIDIA H100 80GB HBM3".into(),
+            gpu_uuid: "GPU-0".into(),
+            uuid: Some(uuid.into()),
+            profile: Some("3g.40gb".into()),
+            start: Some(4),
+            gpu_instance_id: Some(2),
+            source,
+            sm_active_percent: None,
+            gpm_failed: false,
+            memory_used_mib: 11,
+            processes,
+            pids: vec![],
+        }
+    }
+
+    /// Stored at 0: MIG-a and MIG-b, idle since -3600, 40% over the hour.
+    fn prior() -> NodeActivity {
+        let device = |uuid: &str| DeviceActivity {
+            gpu_index: 0,
+            uuid: Some(uuid.into()),
+            profile: Some("3g.40gb".into()),
+            start: Some(4),
+            source: ActivitySource::Gpm,
+            active_percent_1h: Some(40),
+            idle_since: Some(Time(t(-3600))),
+            memory_used_mib: 11,
+            ..Default::default()
+        };
+        NodeActivity { measured_at: Some(Time(t(0))), devices: vec![device("MIG-a"), device("MIG-b")] }
+    }
+
+    fn find(tr: &Tracker, now: i64, uuid: &str) -> Option<DeviceActivity> {
+        tr.summary(t(now)).devices.into_iter().find(|d| d.uuid.as_deref() == Some(uuid))
+    }
+
+    #[test]
+    fn devices_unread_at_restart_keep_their_stored_figures_within_the_gap_rule() {
+        let a = || vec![obs("MIG-a", ActivitySource::Gpm, 0)];
+        let one = [(0, Some("MIG-b".to_string()))];
+        let gpu = [(0, None)];
+        // (case, current until, unread, whether MIG-b is kept at 60)
+        let cases: [(&str, Option<i64>, &[DeviceKey], bool); 5] = [
+            ("its read failed, the previous run current a minute ago", Some(0), &one, true),
+            ("its GPU's reads failed", Some(0), &gpu, true),
+            ("merely missing (destroyed)", Some(0), &[], false),
+            ("the previous run not current for over 10 min", Some(-600), &one, false),
+            ("unknown since when", None, &one, false),
+        ];
+        for (name, until, unread, kept) in cases {
+            let tr = Tracker::seed(t(60), &prior(), until.map(t), a(), unread);
+            let b = find(&tr, 60, "MIG-b");
+            assert_eq!(b.is_some(), kept, "{name}: {b:?}");
+            if let Some(b) = b {
+                assert_eq!(b.idle_since, Some(Time(t(-3600))), "{name}: the stored stretch");
+                assert_eq!((b.active_percent_1h, b.memory_used_mib), (Some(40), 11), "{name}: as stored");
+            }
+        }
+        // Unread on: kept up to 10 min after the previous run was last current, as a running
+        // agent keeps it; read again within that, the same stretch goes on.
+        let mut tr = Tracker::seed(t(60), &prior(), Some(t(0)), a(), &one);
+        tr.observe_unread(t(600), a(), &one);
+        assert!(find(&tr, 600, "MIG-b").is_some());
+        tr.observe(t(630), vec![obs("MIG-a", ActivitySource::Gpm, 0), obs("MIG-b", ActivitySource::Gpm, 0)]);
+        assert_eq!(find(&tr, 630, "MIG-b").unwrap().idle_since, Some(Time(t(-3600))));
+        let mut tr = Tracker::seed(t(60), &prior(), Some(t(0)), a(), &one);
+        tr.observe_unread(t(601), a(), &one);
+        assert!(find(&tr, 601, "MIG-b").is_none(), "past the gap rule: dropped");
+    }
+
+    #[test]
+    fn an_idle_stretch_does_not_span_an_outage_past_the_gap_rule() {
+        let pm = |p| vec![obs("MIG-a", ActivitySource::ProcessesAndMemory, p)];
+        let mut prior = prior();
+        prior.devices.iter_mut().for_each(|d| d.source = ActivitySource::ProcessesAndMemory);
+        let now = 7200;
+        // (case, current until, first observation, want idle since)
+        type Case = (&'static str, Option<i64>, Vec<Observation>, Option<i64>);
+        let cases: [Case; 5] = [
+            ("down 5 min, idle now: the stored stretch goes on", Some(now - 300), pm(0), Some(-3600)),
+            ("down 2 h, idle now: a new stretch from now", Some(now - 7200), pm(0), Some(now)),
+            (
+                "down 2 h, GPM's first sample: none until its first figure",
+                Some(now - 7200),
+                vec![obs("MIG-a", ActivitySource::Gpm, 1)],
+                None,
+            ),
+            ("unknown since when: a new stretch", None, pm(0), Some(now)),
+            ("down 5 min, active now: none", Some(now - 300), pm(1), None),
+        ];
+        for (name, until, first, want) in cases {
+            let mut p = prior.clone();
+            if first[0].source == ActivitySource::Gpm {
+                p.devices.iter_mut().for_each(|d| d.source = ActivitySource::Gpm);
+            }
+            let tr = Tracker::seed(t(now), &p, until.map(t), first, &[]);
+            assert_eq!(find(&tr, now, "MIG-a").unwrap().idle_since, want.map(|s| Time(t(s))), "{name}");
+        }
+    }
+}

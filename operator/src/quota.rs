@@ -345,6 +345,8 @@ pub fn plan_quotas_dra(
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
     plan.policy.extend(unallocated::policy_claims(pending, tenants.iter().map(String::as_str)));
     plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
+    let names = live.iter().filter_map(|q| q.metadata.name.as_deref()).collect::<Vec<_>>();
+    plan.policy.insert(pod_gate::QUOTAS.to_string(), names.join(" "));
     for ns in &tenants {
         let qs: Vec<&TenantGpuQuota> = live.iter().copied().filter(|q| q.spec.namespaces.contains(ns)).collect();
         let uid = dra.namespace_uids.get(ns).map(String::as_str);

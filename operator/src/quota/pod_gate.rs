@@ -86,6 +86,12 @@ pub fn zero_resources(valid: &[&TenantGpuQuota], applies: &[Apply]) -> std::coll
 #[cfg(test)]
 mod tests;
 
+/// The params key listing every TenantGpuQuota the operator last saw (space-separated names).
+/// The policy `tessera-quota-names` refuses creating a quota under a listed name: one deleted and
+/// created again before the operator saw the deletion (it was down) would otherwise find its
+/// namespaces described as enforced, their ResourceQuotas already garbage-collected.
+pub const QUOTAS: &str = "_quotas";
+
 /// The params key holding tenant namespace `ns`'s UID as the operator last saw it. Both
 /// policies compare it with `namespaceObject.metadata.uid`: a namespace deleted and created
 /// again while the operator is down has no ResourceQuota, yet the params still call the old one

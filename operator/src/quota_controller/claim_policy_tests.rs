@@ -36,3 +36,25 @@ fn a_namespace_created_again_while_the_operator_is_down_closes_its_gpu_classes()
     older.as_object_mut().unwrap().remove("a.uid");
     assert_eq!(admit("gpu.tessera.dev", "a", &older), None, "params of an older operator: not checked");
 }
+
+/// Review gap: a TenantGpuQuota deleted and created again under its name while the operator is
+/// down found its namespaces described as enforced (its ResourceQuotas garbage-collected). The
+/// policy `tessera-quota-names` refuses the create while the params still list the name.
+#[test]
+fn a_quota_created_again_before_the_operator_saw_its_deletion_is_refused() {
+    let create = |name: &str, data: &Value| {
+        let quota = json!({"metadata": {"name": name}, "spec": {"namespaces": ["a"], "hard": {}}});
+        evaluate("tessera-quota-names", &quota, &json!({"operation": "CREATE"}), data, NS_UID)
+    };
+    let data = json!({"_quotas": "team-a team-b", "a.quota": "team-a"});
+    let refused = create("team-a", &data).expect("team-a is still listed");
+    assert_eq!(
+        refused,
+        "metadata.name: TenantGpuQuota team-a was deleted and the operator has not run since (its namespaces are \
+         still described as enforced by it, their ResourceQuotas gone); retry once the operator has run (seconds)"
+    );
+    assert_eq!(create("team-c", &data), None, "a new name");
+    assert_eq!(create("team", &data), None, "names are whole words");
+    assert_eq!(create("team-a", &json!({"a.quota": "team-a"})), None, "params of an older operator");
+    assert_eq!(create("team-a", &json!({"_quotas": ""})), None, "the operator saw the deletion");
+}

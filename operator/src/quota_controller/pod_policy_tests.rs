@@ -72,7 +72,7 @@ pub(super) fn evaluate(name: &str, object: &Value, request: &Value, data: &Value
         ctx
     };
     let mut vars: HashMap<String, cel::Value> = HashMap::new();
-    for c in spec["matchConditions"].as_array().unwrap() {
+    for c in spec["matchConditions"].as_array().into_iter().flatten() {
         let expr = c["expression"].as_str().unwrap();
         let program = env.compile(expr).unwrap_or_else(|e| panic!("{e}: {expr}"));
         let got = program.execute(&context(&vars)).unwrap_or_else(|e| panic!("{e:?}: {expr} on {object}"));
@@ -80,7 +80,7 @@ pub(super) fn evaluate(name: &str, object: &Value, request: &Value, data: &Value
             return None;
         }
     }
-    for v in spec["variables"].as_array().unwrap() {
+    for v in spec["variables"].as_array().into_iter().flatten() {
         let expr = v["expression"].as_str().unwrap();
         let program = env.compile(expr).unwrap_or_else(|e| panic!("{e}: {expr}"));
         // The interpreter lacks Kubernetes' list `indexOf`: a variable it cannot evaluate reads

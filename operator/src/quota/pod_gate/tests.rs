@@ -183,3 +183,19 @@ fn a_conflicted_or_invalid_namespace_lists_what_its_resource_quotas_limit() {
     assert_eq!(plan.policy.get("a.limited").map(String::as_str), Some("nvidia.com/gpu"), "{:?}", plan.policy);
     assert!(!plan.policy.contains_key("team-a.resources"));
 }
+
+/// Review gap: a quota deleted and created again while the operator is down found its
+/// namespaces described as enforced. The params list the quotas the operator last saw
+/// (`_quotas`, valid or not) for the policy `tessera-quota-names`; a deleted one is dropped.
+#[test]
+fn the_params_list_the_live_quotas() {
+    let a = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 4}}));
+    let bad = quota("team-b", json!({"namespaces": ["b"], "hard": {"nvidia.com/gpu": -1}}));
+    let mut gone = quota("team-c", json!({"namespaces": ["c"], "hard": {"nvidia.com/gpu": 1}}));
+    gone.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap()));
+    let plan = plan_with(&[a, bad, gone], &["a", "b", "c"], &[], &Dra::default());
+    assert_eq!(plan.policy.get("_quotas").map(String::as_str), Some("team-a team-b"), "{:?}", plan.policy);
+    let none = plan_with(&[], &["a"], &[], &Dra::default());
+    assert_eq!(none.policy.get("_quotas").map(String::as_str), Some(""));
+}

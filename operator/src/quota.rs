@@ -250,6 +250,9 @@ pub struct Dra {
     /// Unallocated claims of such classes in any namespace, counted at their most
     /// ([`unallocated`]).
     pub pending: Vec<unallocated::Pending>,
+    /// Each existing namespace's UID (not terminating), for the params' `<ns>.uid`
+    /// ([`pod_gate::uid_key`]).
+    pub namespace_uids: BTreeMap<String, String>,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -342,6 +345,13 @@ pub fn plan_quotas_dra(
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
     plan.policy.extend(unallocated::policy_claims(pending, tenants.iter().map(String::as_str)));
     plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
+    let names = live.iter().filter_map(|q| q.metadata.name.as_deref()).collect::<Vec<_>>();
+    plan.policy.insert(pod_gate::QUOTAS.to_string(), names.join(" "));
+    for ns in &tenants {
+        let qs: Vec<&TenantGpuQuota> = live.iter().copied().filter(|q| q.spec.namespaces.contains(ns)).collect();
+        let uid = dra.namespace_uids.get(ns).map(String::as_str);
+        plan.policy.extend(pod_gate::namespace_keys(ns, &qs, &valid_names, resource_quotas, &plan.apply, uid));
+    }
     steps::sweep_stale(resource_quotas, &wanted, &mut plan.delete);
     plan
 }

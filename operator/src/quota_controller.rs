@@ -208,13 +208,12 @@ impl QuotaController {
     pub async fn reconcile(&self) -> Result<(), Error> {
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
         let rqs: Vec<ResourceQuota> = self.rqs.state().iter().map(|q| (**q).clone()).collect();
-        let namespaces: BTreeSet<String> = self
-            .namespaces
-            .state()
-            .iter()
-            .filter(|n| n.metadata.deletion_timestamp.is_none())
-            .map(|n| n.name_any())
-            .collect();
+        let live_namespaces = self.namespaces.state();
+        let live_namespaces: Vec<_> =
+            live_namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).collect();
+        let namespaces: BTreeSet<String> = live_namespaces.iter().map(|n| n.name_any()).collect();
+        let namespace_uids: BTreeMap<String, String> =
+            live_namespaces.iter().filter_map(|n| Some((n.name_any(), n.metadata.uid.clone()?))).collect();
         let stand_ins = crate::controller::dra::supply_nodes(self.dra.get(), &self.gpunodes);
         let mut capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g).chain(&stand_ins));
         if let Some(nodes) = self.nodes.get() {
@@ -237,7 +236,7 @@ impl QuotaController {
             .claims
             .get()
             .map_or_else(Vec::new, |c| crate::quota::unallocated::unallocated(c.claims().iter().map(|c| &**c), &view));
-        let dra = Dra { classes: view, drivers: self.drivers.clone(), held, pending };
+        let dra = Dra { classes: view, drivers: self.drivers.clone(), held, pending, namespace_uids };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.
@@ -461,6 +460,9 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
 
 #[cfg(test)]
 mod pod_policy_tests;
+
+#[cfg(test)]
+mod claim_policy_tests;
 #[cfg(test)]
 mod start_tests;
 #[cfg(test)]

@@ -85,3 +85,101 @@ pub fn zero_resources(valid: &[&TenantGpuQuota], applies: &[Apply]) -> std::coll
 
 #[cfg(test)]
 mod tests;
+
+/// The params key listing every TenantGpuQuota the operator last saw (space-separated names).
+/// The policy `tessera-quota-names` refuses creating a quota under a listed name: one deleted and
+/// created again before the operator saw the deletion (it was down) would otherwise find its
+/// namespaces described as enforced, their ResourceQuotas already garbage-collected.
+pub const QUOTAS: &str = "_quotas";
+
+/// The params key holding tenant namespace `ns`'s UID as the operator last saw it. Both
+/// policies compare it with `namespaceObject.metadata.uid`: a namespace deleted and created
+/// again while the operator is down has no ResourceQuota, yet the params still call the old one
+/// enforced; a mismatch is pending (GPU pods refused) and closed (GPU classes refused). Written
+/// for every tenant namespace that exists; a namespace the operator has not seen has no key
+/// and is pending anyway (no ResourceQuota of its quota there). Params of an older operator
+/// have none: not checked (no refusal at upgrade; the new operator writes them its first pass).
+pub fn uid_key(ns: &str) -> String {
+    format!("{ns}.uid")
+}
+
+/// The params key saying why `ns` is pending when waiting will not end it (both ResourceQuota
+/// names taken): the pod policy's message names it instead of "retry in a few seconds".
+pub fn reason_key(ns: &str) -> String {
+    format!("{ns}.pending")
+}
+
+/// The params key listing, per namespace, the GPU resources some ResourceQuota of a quota
+/// claiming it limits (planned or kept). Written where [`resources_key`] cannot answer: the
+/// namespace is claimed by two quotas and one is `unlisted: Zero` (`<ns>.quota` holds both
+/// names), or a quota claiming it is invalid (its key is dropped; it keeps what it enforced).
+/// The pod policy prefers it to [`resources_key`]: fails closed, a GPU resource no
+/// ResourceQuota there limits is refused.
+pub fn limited_key(ns: &str) -> String {
+    format!("{ns}.limited")
+}
+
+/// [`uid_key`], [`reason_key`] and [`limited_key`] of tenant namespace `ns` claimed by `quotas`
+/// (`valid` names the valid ones); `uid` is its UID where it exists.
+pub fn namespace_keys(
+    ns: &str,
+    quotas: &[&TenantGpuQuota],
+    valid: &std::collections::BTreeSet<&str>,
+    rqs: &[ResourceQuota],
+    applies: &[Apply],
+    uid: Option<&str>,
+) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    if let Some(uid) = uid {
+        out.insert(uid_key(ns), uid.to_string());
+    }
+    let name = |q: &TenantGpuQuota| q.metadata.name.clone().unwrap_or_default();
+    let taken: Vec<String> = quotas.iter().filter_map(|q| names_taken(ns, q, rqs, applies)).collect();
+    if !taken.is_empty() {
+        out.insert(reason_key(ns), taken.join("; "));
+    }
+    let zero = quotas.iter().any(|q| q.spec.unlisted == tessera_crds::quota::UnlistedPolicy::Zero);
+    let invalid = quotas.iter().any(|q| !valid.contains(name(q).as_str()));
+    if (quotas.len() > 1 && zero) || invalid {
+        let planned = applies.iter().filter(|a| a.namespace == ns && quotas.iter().any(|q| name(q) == a.quota));
+        let kept = rqs
+            .iter()
+            .filter(|rq| rq.metadata.namespace.as_deref() == Some(ns) && quotas.iter().any(|q| super::owned_by(rq, q)));
+        let kept_keys = kept.flat_map(|rq| {
+            let spec = rq.spec.as_ref().and_then(|s| s.hard.as_ref()).into_iter().flat_map(|h| h.keys());
+            spec.chain(rq.status.as_ref().and_then(|s| s.hard.as_ref()).into_iter().flat_map(|h| h.keys()))
+        });
+        let res: std::collections::BTreeSet<&str> = planned
+            .flat_map(|a| a.hard.keys())
+            .chain(kept_keys)
+            .filter_map(|k| k.strip_prefix("requests."))
+            .filter(|r| super::is_gpu_resource(r))
+            .collect();
+        out.insert(limited_key(ns), res.into_iter().collect::<Vec<_>>().join(" "));
+    }
+    out
+}
+
+/// Why `q` enforces nothing in `ns` though it could: it plans no ResourceQuota there and both of
+/// its names are held by ResourceQuotas it does not own (`steps::rq_name`).
+fn names_taken(ns: &str, q: &TenantGpuQuota, rqs: &[ResourceQuota], applies: &[Apply]) -> Option<String> {
+    let name = q.metadata.name.as_deref().unwrap_or_default();
+    if applies.iter().any(|a| a.namespace == ns && a.quota == name) {
+        return None;
+    }
+    let primary = super::resource_quota_name(name);
+    let fallback = super::fallback_resource_quota_name(name, q.metadata.uid.as_deref().unwrap_or_default());
+    let foreign = |n: &str| {
+        rqs.iter().any(|rq| {
+            rq.metadata.namespace.as_deref() == Some(ns)
+                && rq.metadata.name.as_deref() == Some(n)
+                && !super::owned_by(rq, q)
+        })
+    };
+    (foreign(&primary) && foreign(&fallback)).then(|| {
+        format!(
+            "ResourceQuotas {primary} and {fallback} there are not TenantGpuQuota {name}'s, so its limits cannot \
+             be written (rename or delete one; see TenantGpuQuota {name} status)"
+        )
+    })
+}

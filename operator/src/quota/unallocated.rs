@@ -121,19 +121,42 @@ pub fn claims_key(ns: &str) -> String {
     format!("{ns}.claims")
 }
 
+/// The most characters one namespace's [`claims_key`] may hold: about 20 claims of usual names
+/// (`<claim>:<class>`, 30 to 50 characters each). Past it the value is [`ALL_CLAIMS`].
+pub const CLAIMS_CAP: usize = 1024;
+
+/// The most characters all [`claims_key`] values together may hold: a quarter of the
+/// ConfigMap's 1 MiB, leaving the rest for the per-namespace keys (a few hundred characters per
+/// tenant namespace: thousands of them). Namespaces past it (in name order) get [`ALL_CLAIMS`].
+pub const CLAIMS_BUDGET: usize = 256 * 1024;
+
+/// The [`claims_key`] value past the caps: the pod policy then refuses every pod naming an
+/// existing ResourceClaim in that namespace (a claim name never starts with `_`). One
+/// namespace's thousands of leftover claims can no longer make every params write fail.
+pub const ALL_CLAIMS: &str = "_all";
+
 /// [`claims_key`] per namespace of `tenants` holding pending claims: space-separated
-/// `<claim>:<class>` (names and classes hold no `:` or space).
+/// `<claim>:<class>` (names and classes hold no `:` or space), or [`ALL_CLAIMS`] past
+/// [`CLAIMS_CAP`] or [`CLAIMS_BUDGET`].
 pub fn policy_claims<'a>(pending: &[Pending], tenants: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, String> {
     let mut by_ns: BTreeMap<&str, BTreeMap<&str, &str>> = BTreeMap::new();
     pending.iter().for_each(|p| {
         by_ns.entry(p.namespace.as_str()).or_default().entry(p.name.as_str()).or_insert(p.class.as_str());
     });
+    let mut tenants: Vec<&str> = tenants.into_iter().collect();
+    tenants.sort_unstable();
+    let mut used = 0;
     tenants
         .into_iter()
         .filter_map(|ns| {
             let claims = by_ns.get(ns)?;
             let list: Vec<String> = claims.iter().map(|(name, class)| format!("{name}:{class}")).collect();
-            Some((claims_key(ns), list.join(" ")))
+            let list = list.join(" ");
+            if list.len() > CLAIMS_CAP || used + list.len() > CLAIMS_BUDGET {
+                return Some((claims_key(ns), ALL_CLAIMS.to_string()));
+            }
+            used += list.len();
+            Some((claims_key(ns), list))
         })
         .collect()
 }

@@ -14,7 +14,9 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::QuotaController;
-use super::policy_check::{NOT_ENFORCING, PODS, pod_binding_problem, policy_problems, problems};
+use super::policy_check::{
+    Checked, NOT_ENFORCING, PODS, QUOTA_NAMES, params_binding_problem, policy_problems, problems,
+};
 use crate::controller::MANAGER;
 use crate::quota::QuotaPlan;
 use crate::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem, spec_matches};
@@ -120,27 +122,38 @@ impl QuotaController {
 }
 
 impl QuotaController {
-    /// What keeps the pod policy from enforcing ([`pod_binding_problem`], [`problems`]), joined;
-    /// `None` when it enforces or cannot be read (not checked).
+    /// What keeps the pod policy or the quota-name policy from enforcing, joined; `None` when
+    /// both enforce or cannot be read (not checked).
     async fn check_pod_policy(&self) -> Option<String> {
-        let binding = match Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone()).get_opt(PODS.name).await {
+        let mut found = Vec::new();
+        for c in [&PODS, &QUOTA_NAMES] {
+            found.extend(self.check_params_policy(c).await);
+        }
+        (!found.is_empty()).then(|| found.join("; "))
+    }
+
+    /// What keeps policy `c` (bound to the operator's params) from enforcing
+    /// ([`params_binding_problem`], [`problems`]), joined; `None` when it enforces or cannot be
+    /// read (not checked).
+    async fn check_params_policy(&self, c: &Checked) -> Option<String> {
+        let binding = match Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone()).get_opt(c.name).await {
             Ok(b) => b,
             Err(e) => {
-                debug!(error = %e, "could not read the pod policy binding; not checked");
+                debug!(policy = c.name, error = %e, "could not read the policy binding; not checked");
                 return None;
             }
         };
-        if let Some(problem) = pod_binding_problem(binding.as_ref(), &self.namespace) {
+        if let Some(problem) = params_binding_problem(c, binding.as_ref(), &self.namespace) {
             return Some(problem);
         }
-        let policy = match Api::<ValidatingAdmissionPolicy>::all(self.client.clone()).get_opt(PODS.name).await {
+        let policy = match Api::<ValidatingAdmissionPolicy>::all(self.client.clone()).get_opt(c.name).await {
             Ok(p) => p,
             Err(e) => {
-                debug!(error = %e, "could not read the pod policy; not checked");
+                debug!(policy = c.name, error = %e, "could not read the policy; not checked");
                 return None;
             }
         };
-        let problems = problems(&PODS, policy.as_ref(), binding.as_ref()?);
+        let problems = problems(c, policy.as_ref(), binding.as_ref()?);
         (!problems.is_empty()).then(|| problems.join("; "))
     }
 }

@@ -4,7 +4,8 @@
 //! (Warn-only actions, a `matchResources`) lets every class through while the params are read.
 //! The parts that decide enforcement are compared with the manifest compiled in
 //! (`config/rbac/claim-classes.yaml`; the chart ships the same policy). The pod policy
-//! (`tessera-gpu-pods`, same params) is checked the same way ([`PODS`]).
+//! (`tessera-gpu-pods`, same params) is checked the same way ([`PODS`]), and so is the quota-name
+//! policy (`tessera-quota-names`, [`QUOTA_NAMES`]).
 
 use std::sync::LazyLock;
 
@@ -25,6 +26,12 @@ pub(crate) const NOT_ENFORCING: &str = "PolicyNotEnforcing";
 pub(crate) struct Checked {
     pub name: &'static str,
     group: &'static str,
+    /// The version the match must cover (`matchPolicy: Equivalent` converts the others).
+    version: &'static str,
+    /// The resources' scope (a rule's `scope` must be `*` or this).
+    scope: &'static str,
+    /// What the policy admits when its binding finds no params.
+    admits: &'static str,
     resources: &'static [&'static str],
     operations: &'static [&'static str],
     loses: &'static str,
@@ -35,6 +42,9 @@ pub(crate) struct Checked {
 pub(crate) const CLAIMS: Checked = Checked {
     name: POLICY_PARAMS,
     group: "resource.k8s.io",
+    version: "v1",
+    scope: "Namespaced",
+    admits: "every claim",
     resources: &["resourceclaims", "resourceclaimtemplates"],
     operations: &["CREATE", "UPDATE"],
     loses: "claims of closed classes may be admitted",
@@ -45,12 +55,31 @@ pub(crate) const CLAIMS: Checked = Checked {
 pub(crate) const PODS: Checked = Checked {
     name: "tessera-gpu-pods",
     group: "",
+    version: "v1",
+    scope: "Namespaced",
+    admits: "every pod",
     resources: &["pods"],
     operations: &["CREATE"],
     loses: "pods asking for nvidia.com/ resources may be admitted in a tenant namespace before its ResourceQuota \
             enforces the share",
     install: "nothing refuses pods asking for nvidia.com/ resources in a tenant namespace whose ResourceQuota is \
               not yet enforced (a namespace created after its quota lists it)",
+};
+
+/// The quota-name policy: a quota deleted while the operator was down is not created again
+/// under its name before the operator saw the deletion.
+pub(crate) const QUOTA_NAMES: Checked = Checked {
+    name: "tessera-quota-names",
+    group: "tessera.dev",
+    version: "v1alpha1",
+    scope: "Cluster",
+    admits: "every TenantGpuQuota",
+    resources: &["tenantgpuquotas"],
+    operations: &["CREATE"],
+    loses: "a quota deleted while the operator is down may be created again under its name while its namespaces \
+            are still described as enforced",
+    install: "nothing refuses creating a quota under the name of one deleted while the operator is down (its \
+              namespaces still described as enforced)",
 };
 
 /// The shipped manifest's policies; empty only if it cannot be read (a test proves it can).
@@ -98,17 +127,19 @@ pub(crate) fn problems(
     out
 }
 
-/// What is wrong with the pod policy's binding before its policy is read: missing, or reading
-/// params other than the operator's (`parameterNotFoundAction: Allow`: every pod admitted).
-pub(crate) fn pod_binding_problem(
+/// What is wrong with the binding of policy `c` (the pod or quota-name policy) before the policy
+/// is read: missing, or reading params other than the operator's (`parameterNotFoundAction:
+/// Allow`: everything admitted).
+pub(crate) fn params_binding_problem(
+    c: &Checked,
     binding: Option<&ValidatingAdmissionPolicyBinding>,
     namespace: &str,
 ) -> Option<String> {
-    let name = PODS.name;
+    let name = c.name;
     let Some(b) = binding else {
         return Some(format!(
             "ValidatingAdmissionPolicyBinding {name} not found: {} (install config/rbac/claim-classes.yaml or the chart)",
-            PODS.install
+            c.install
         ));
     };
     let r = b.spec.param_ref.as_ref();
@@ -116,10 +147,11 @@ pub(crate) fn pod_binding_problem(
     (params != Some(POLICY_PARAMS) || ns != Some(namespace)).then(|| {
         format!(
             "ValidatingAdmissionPolicyBinding {name} reads params {}/{} but the operator writes \
-             {namespace}/{POLICY_PARAMS}: the policy finds no params and admits every pod; set its \
+             {namespace}/{POLICY_PARAMS}: the policy finds no params and admits {}; set its \
              spec.paramRef to {namespace}/{POLICY_PARAMS}",
             ns.unwrap_or("<unset>"),
-            params.unwrap_or("<unset>")
+            params.unwrap_or("<unset>"),
+            c.admits
         )
     })
 }
@@ -165,14 +197,15 @@ fn policy_enforces(c: &Checked, policy: &ValidatingAdmissionPolicy) -> Vec<Strin
                 .resources
                 .iter()
                 .flat_map(|r| c.operations.iter().map(move |op| (*r, *op)))
-                .filter(|(r, op)| !covers(m, c.group, r, op))
+                .filter(|(r, op)| !covers(m, c, r, op))
                 .map(|(r, op)| format!("{op} of {r}"))
                 .collect();
             if !uncovered.is_empty() {
                 out.push(format!(
-                    "spec.matchConstraints.resourceRules do not cover {} ({}v1)",
+                    "spec.matchConstraints.resourceRules do not cover {} ({}{})",
                     uncovered.join(", "),
-                    if c.group.is_empty() { String::new() } else { format!("{}/", c.group) }
+                    if c.group.is_empty() { String::new() } else { format!("{}/", c.group) },
+                    c.version
                 ));
             }
         }
@@ -210,16 +243,16 @@ fn narrows(m: &MatchResources, at: &str) -> Vec<String> {
     out
 }
 
-/// Whether a rule of `m` matches every `op` of `resource` in `group`/v1.
-fn covers(m: &MatchResources, group: &str, resource: &str, op: &str) -> bool {
+/// Whether a rule of `m` matches every `op` of `resource` in `c`'s group, version and scope.
+fn covers(m: &MatchResources, c: &Checked, resource: &str, op: &str) -> bool {
     let has = |list: &Option<Vec<String>>, v: &str| list.iter().flatten().any(|x| x == v || x == "*");
     m.resource_rules.iter().flatten().any(|r| {
-        has(&r.api_groups, group)
-            && has(&r.api_versions, "v1")
+        has(&r.api_groups, c.group)
+            && has(&r.api_versions, c.version)
             && has(&r.operations, op)
             && has(&r.resources, resource)
             && r.resource_names.as_ref().is_none_or(Vec::is_empty)
-            && r.scope.as_deref().is_none_or(|s| s == "*" || s == "Namespaced")
+            && r.scope.as_deref().is_none_or(|s| s == "*" || s == c.scope)
     })
 }
 

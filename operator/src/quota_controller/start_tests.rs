@@ -69,3 +69,29 @@ async fn a_failed_params_write_is_reported_on_the_quota_status() {
     let msg = &find(&st.conditions, RECONCILING).expect("Reconciling").message;
     assert!(msg.contains("tessera-claim-classes") && msg.contains("lock-quotas"), "{msg}");
 }
+
+/// Review gap: the params must carry each tenant namespace's UID from the namespace cache (the
+/// policies compare it with the namespace's); a terminating namespace gets none.
+#[tokio::test]
+async fn the_params_carry_each_live_tenant_namespaces_uid() {
+    use tessera_crds::TenantGpuQuota;
+    let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "team-b", "uid": "uid-q"},
+        "spec": {"namespaces": ["b", "gone"], "hard": {"nvidia.com/gpu": 3}}}))
+    .unwrap();
+    let b: Namespace = serde_json::from_value(json!({"metadata": {"name": "b", "uid": "uid-b"}})).unwrap();
+    let gone: Namespace = serde_json::from_value(
+        json!({"metadata": {"name": "gone", "uid": "uid-gone", "deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+    )
+    .unwrap();
+    let (client, requests) = crate::quota::tests::api_refusing_writes_in_locked();
+    let c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![b, gone]))
+        .with_dra(store_of(vec![]), store_of(Vec::<ConfigMap>::new()));
+    let _ = c.reconcile().await;
+    let requests = requests.lock().unwrap().clone();
+    let path = "/api/v1/namespaces/tessera-system/configmaps/tessera-claim-classes";
+    let (_, _, body) = requests.iter().find(|(m, p, _)| m == "PATCH" && p == path).expect("params written");
+    assert_eq!(body["data"]["b.uid"], "uid-b", "{body}");
+    assert!(body["data"].get("gone.uid").is_none(), "a terminating namespace: {body}");
+    assert_eq!(body["data"]["_pending"], "b gone", "{body}");
+}

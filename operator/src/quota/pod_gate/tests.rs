@@ -116,3 +116,86 @@ fn a_zero_quota_lists_the_gpu_resources_its_resource_quotas_limit() {
     assert!(listed.iter().all(|r| crate::quota::is_gpu_resource(r)), "{listed:?}");
     assert!(!plan.policy.contains_key("team-b.resources"), "{:?}", plan.policy.keys());
 }
+
+fn plan_with(quotas: &[TenantGpuQuota], nss: &[&str], rqs: &[ResourceQuota], dra: &Dra) -> crate::quota::QuotaPlan {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
+    let nss: BTreeSet<String> = nss.iter().map(|s| s.to_string()).collect();
+    plan_quotas_dra(quotas, &nss, rqs, &Capacity::default(), dra, now)
+}
+
+/// Review gap: a tenant namespace deleted and created again while the operator is down. The
+/// params now carry each existing tenant namespace's UID (`<ns>.uid`), which both policies
+/// compare with the namespace's; one that does not exist has none (it is pending anyway).
+#[test]
+fn each_existing_tenant_namespace_has_its_uid_in_the_params() {
+    let q = quota("team-a", json!({"namespaces": ["a", "b"], "hard": {"nvidia.com/gpu": 4}}));
+    let uids = [("a", "uid-a"), ("other", "uid-other")].map(|(n, u)| (n.to_string(), u.to_string()));
+    let dra = Dra { namespace_uids: uids.into(), ..Default::default() };
+    let plan = plan_with(&[q], &["a", "other"], &[ours("team-a", "a", 2, Some(2))], &dra);
+    assert_eq!(plan.policy.get("a.uid").map(String::as_str), Some("uid-a"), "{:?}", plan.policy);
+    assert!(!plan.policy.contains_key("b.uid") && !plan.policy.contains_key("other.uid"), "{:?}", plan.policy);
+    assert_eq!(plan.policy[PENDING], "b");
+}
+
+/// A ResourceQuota of someone else's under `name` in `ns`.
+fn foreign(name: &str, ns: &str) -> ResourceQuota {
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": {"hard": {GPU: "9"}}})).unwrap()
+}
+
+/// Review gap: with both ResourceQuota names taken the namespace is pending, but the pod
+/// policy said "retry in a few seconds". `<ns>.pending` names the taken names and the quota.
+#[test]
+fn a_namespace_whose_resource_quota_names_are_taken_says_so_in_the_params() {
+    let q = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 4}}));
+    let fallback = crate::quota::fallback_resource_quota_name("team-a", "uid-team-a");
+    let rqs = [foreign(&resource_quota_name("team-a"), "a"), foreign(&fallback, "a")];
+    let plan = plan_with(std::slice::from_ref(&q), &["a"], &rqs, &Dra::default());
+    assert_eq!(plan.policy[PENDING], "a");
+    let why = plan.policy.get("a.pending").unwrap_or_else(|| panic!("no reason in {:?}", plan.policy));
+    assert!(
+        why.contains(&format!("ResourceQuotas tessera-team-a and {fallback} there are not TenantGpuQuota team-a's"))
+            && why.contains("see TenantGpuQuota team-a status"),
+        "{why}"
+    );
+    let one_taken = plan_with(std::slice::from_ref(&q), &["a"], &rqs[..1], &Dra::default());
+    assert!(!one_taken.policy.contains_key("a.pending"), "the fallback name serves: {:?}", one_taken.policy);
+}
+
+/// Review gap: two quotas claim `x`, one `unlisted: Zero`; or a Zero quota turns invalid. The
+/// pod policy read `<quota>.resources` through `<ns>.quota` (two names: no key; an invalid
+/// quota: dropped) and admitted GPU resources no ResourceQuota limits. `<ns>.limited` now lists,
+/// per such namespace, the GPU resources some ResourceQuota there limits (planned or kept).
+#[test]
+fn a_conflicted_or_invalid_namespace_lists_what_its_resource_quotas_limit() {
+    let zero = quota("team-b", json!({"namespaces": ["x"], "hard": {"nvidia.com/gpu": 2}, "unlisted": "Zero"}));
+    let open = quota("team-c", json!({"namespaces": ["x", "y"], "hard": {"nvidia.com/gpu": 2}}));
+    let plan = plan_with(&[zero.clone(), open.clone()], &["x", "y"], &[], &Dra::default());
+    let limited = plan.policy.get("x.limited").unwrap_or_else(|| panic!("no x.limited in {:?}", plan.policy));
+    let limited: Vec<&str> = limited.split(' ').collect();
+    assert!(limited.contains(&"nvidia.com/gpu"), "{limited:?}");
+    assert!(!limited.contains(&"nvidia.com/gpu.shared"), "{limited:?}");
+    assert!(!plan.policy.contains_key("y.limited"), "one Unlimited quota: {:?}", plan.policy);
+    let alone = plan_with(&[open], &["x", "y"], &[], &Dra::default());
+    assert!(!alone.policy.contains_key("x.limited"), "{:?}", alone.policy);
+    // Invalid: what it kept (its synced ResourceQuota) is what is limited.
+    let bad = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": -1}, "unlisted": "Zero"}));
+    let plan = plan_with(&[bad], &["a"], &[ours("team-a", "a", 2, Some(2))], &Dra::default());
+    assert_eq!(plan.policy.get("a.limited").map(String::as_str), Some("nvidia.com/gpu"), "{:?}", plan.policy);
+    assert!(!plan.policy.contains_key("team-a.resources"));
+}
+
+/// Review gap: a quota deleted and created again while the operator is down found its
+/// namespaces described as enforced. The params list the quotas the operator last saw
+/// (`_quotas`, valid or not) for the policy `tessera-quota-names`; a deleted one is dropped.
+#[test]
+fn the_params_list_the_live_quotas() {
+    let a = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 4}}));
+    let bad = quota("team-b", json!({"namespaces": ["b"], "hard": {"nvidia.com/gpu": -1}}));
+    let mut gone = quota("team-c", json!({"namespaces": ["c"], "hard": {"nvidia.com/gpu": 1}}));
+    gone.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap()));
+    let plan = plan_with(&[a, bad, gone], &["a", "b", "c"], &[], &Dra::default());
+    assert_eq!(plan.policy.get("_quotas").map(String::as_str), Some("team-a team-b"), "{:?}", plan.policy);
+    let none = plan_with(&[], &["a"], &[], &Dra::default());
+    assert_eq!(none.policy.get("_quotas").map(String::as_str), Some(""));
+}

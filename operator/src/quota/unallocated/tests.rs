@@ -222,3 +222,32 @@ fn a_claim_made_before_the_namespace_joined_is_listed_for_the_pod_policy() {
     assert!(!plan(&q, &rqs, &[allocated]).policy.contains_key("x.claims"));
     assert!(!plan(&q, &rqs, &[]).policy.contains_key("x.claims"));
 }
+
+/// Review gap: `<ns>.claims` had no cap: thousands of leftover claims passed the ConfigMap's
+/// 1 MiB and every params write failed, for every tenant. Past [`CLAIMS_CAP`] in a namespace,
+/// or [`CLAIMS_BUDGET`] over all, the value is [`ALL_CLAIMS`] (the pod policy then refuses
+/// every pod naming a claim there); the rest stay listed.
+#[test]
+fn leftover_claims_past_the_cap_are_listed_as_all() {
+    let many: Vec<Pending> =
+        (0..5000).map(|i| pending("x", &format!("leftover-{i:05}"), "gpu.nvidia.com", None, 1)).collect();
+    let few = [pending("y", "stash", "gpu.nvidia.com", None, 1)];
+    let all: Vec<Pending> = many.iter().chain(&few).cloned().collect();
+    let listed = policy_claims(&all, ["x", "y"]);
+    assert_eq!(listed["x.claims"], ALL_CLAIMS);
+    assert_eq!(listed["y.claims"], "stash:gpu.nvidia.com");
+    let at_cap: Vec<Pending> =
+        (0..CLAIMS_CAP / 30).map(|i| pending("x", &format!("c-{i:05}"), "gpu.nvidia.com", None, 1)).collect();
+    assert!(policy_claims(&at_cap, ["x"])["x.claims"].starts_with("c-00000:gpu.nvidia.com "), "under the cap: listed");
+    // Many namespaces each just under the cap: the total stays within the budget.
+    let names: Vec<String> = (0..1000).map(|n| format!("ns-{n:04}")).collect();
+    let spread: Vec<Pending> = names
+        .iter()
+        .flat_map(|ns| (0..30).map(move |i| pending(ns, &format!("c-{i:05}"), "gpu.nvidia.com", None, 1)))
+        .collect();
+    let listed = policy_claims(&spread, names.iter().map(String::as_str));
+    let total: usize = listed.values().map(String::len).sum();
+    assert!(total <= CLAIMS_BUDGET + ALL_CLAIMS.len() * names.len(), "{total}");
+    assert_eq!(listed["ns-0999.claims"], ALL_CLAIMS, "past the budget");
+    assert_ne!(listed["ns-0000.claims"], ALL_CLAIMS, "within it");
+}

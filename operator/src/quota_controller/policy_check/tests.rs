@@ -31,10 +31,19 @@ const POD_BINDING_PATH: &str =
 
 /// [`api`], also answering the pod policy and its binding from `pods` where given.
 fn api_with(objects: Objects, pods: Option<Objects>) -> (kube::Client, Requests) {
+    api_with_names(objects, pods, None)
+}
+
+const NAMES_POLICY_PATH: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/tessera-quota-names";
+const NAMES_BINDING_PATH: &str =
+    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/tessera-quota-names";
+
+/// [`api_with`], also answering the quota-name policy and its binding from `names` where given.
+fn api_with_names(objects: Objects, pods: Option<Objects>, names: Option<Objects>) -> (kube::Client, Requests) {
     let requests = Requests::default();
     let seen = requests.clone();
     let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let (seen, objects, pods) = (seen.clone(), objects.clone(), pods.clone());
+        let (seen, objects, pods, names) = (seen.clone(), objects.clone(), pods.clone(), names.clone());
         async move {
             let (parts, body) = req.into_parts();
             let body: Value = serde_json::from_slice(&body.collect_bytes().await.unwrap()).unwrap_or_default();
@@ -44,11 +53,14 @@ fn api_with(objects: Objects, pods: Option<Objects>) -> (kube::Client, Requests)
             let not_found = json!({"kind": "Status", "apiVersion": "v1", "code": 404, "reason": "NotFound"});
             let found = |o: Option<Value>| o.map_or((404, not_found.clone()), |o| (200, o));
             let (pod_binding, pod_policy) = pods.as_ref().map(|p| p.lock().unwrap().clone()).unwrap_or_default();
+            let (names_binding, names_policy) = names.as_ref().map(|p| p.lock().unwrap().clone()).unwrap_or_default();
             let (code, answer) = match (method.as_str(), path.as_str()) {
                 ("GET", BINDING_PATH) => found(binding),
                 ("GET", POLICY_PATH) => found(policy),
                 ("GET", POD_BINDING_PATH) if pods.is_some() => found(pod_binding),
                 ("GET", POD_POLICY_PATH) if pods.is_some() => found(pod_policy),
+                ("GET", NAMES_BINDING_PATH) if names.is_some() => found(names_binding),
+                ("GET", NAMES_POLICY_PATH) if names.is_some() => found(names_policy),
                 (_, p) if p.ends_with("/status") => (
                     200,
                     json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
@@ -192,8 +204,8 @@ fn each_edit_that_stops_the_policy_enforcing_is_named_by_its_field() {
         ),
         (
             "variable rewritten",
-            |p, _| p["spec"]["variables"][4]["expression"] = json!("['mig.nvidia.com']"),
-            "spec.variables[4] (allowed) differs",
+            |p, _| p["spec"]["variables"][5]["expression"] = json!("['mig.nvidia.com']"),
+            "spec.variables[5] (allowed) differs",
         ),
         (
             "condition added",
@@ -232,7 +244,7 @@ fn shipped_pods(kind: &str) -> Value {
 fn the_shipped_pod_policy_enforces_and_the_chart_ships_the_same() {
     let (p, b) = (shipped_pods("ValidatingAdmissionPolicy"), shipped_pods("ValidatingAdmissionPolicyBinding"));
     assert_eq!(super::problems(&super::PODS, Some(&policy(p.clone())), &binding(b.clone())), Vec::<String>::new());
-    assert_eq!(super::pod_binding_problem(Some(&binding(b)), "tessera-system"), None);
+    assert_eq!(super::params_binding_problem(&super::PODS, Some(&binding(b)), "tessera-system"), None);
     let chart = include_str!("../../../../config/helm/tessera/templates/claim-classes.yaml");
     let docs: Vec<&str> = chart.split("\n---\n").collect();
     let chart_policy =
@@ -280,9 +292,9 @@ fn each_edit_of_the_pod_policy_is_named_by_its_field() {
     let b = shipped_pods("ValidatingAdmissionPolicyBinding");
     let missing = super::problems(&super::PODS, None, &binding(b.clone()));
     assert!(missing[0].contains("ValidatingAdmissionPolicy tessera-gpu-pods not found"), "{missing:?}");
-    let none = super::pod_binding_problem(None, "tessera-system").unwrap();
+    let none = super::params_binding_problem(&super::PODS, None, "tessera-system").unwrap();
     assert!(none.contains("ValidatingAdmissionPolicyBinding tessera-gpu-pods not found"), "{none}");
-    let elsewhere = super::pod_binding_problem(Some(&binding(b)), "ops").unwrap();
+    let elsewhere = super::params_binding_problem(&super::PODS, Some(&binding(b)), "ops").unwrap();
     assert!(elsewhere.contains("reads params tessera-system/tessera-claim-classes"), "{elsewhere}");
 }
 
@@ -322,4 +334,66 @@ async fn an_edited_or_missing_pod_policy_is_reported_on_the_quotas() {
     let (status, _, message) = last_condition(&requests);
     assert_eq!(status, "False");
     assert!(message.contains("ValidatingAdmissionPolicyBinding tessera-gpu-pods not found"), "{message}");
+}
+
+/// The shipped quota-name policy's documents, by kind.
+fn shipped_names(kind: &str) -> Value {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(include_str!("../../../../config/rbac/claim-classes.yaml")).unwrap();
+    docs.into_iter().find(|d| d["kind"] == kind && d["metadata"]["name"] == "tessera-quota-names").unwrap()
+}
+
+/// The quota-name policy (`tessera-quota-names`) is checked like the pod policy: as shipped
+/// (and as the chart ships it) it enforces; edits that stop it are named by their field.
+#[test]
+fn the_quota_name_policy_is_checked_like_the_pod_policy() {
+    use super::{QUOTA_NAMES, params_binding_problem, problems};
+    let (p, b) = (shipped_names("ValidatingAdmissionPolicy"), shipped_names("ValidatingAdmissionPolicyBinding"));
+    assert_eq!(problems(&QUOTA_NAMES, Some(&policy(p.clone())), &binding(b.clone())), Vec::<String>::new());
+    assert_eq!(params_binding_problem(&QUOTA_NAMES, Some(&binding(b.clone())), "tessera-system"), None);
+    let chart = include_str!("../../../../config/helm/tessera/templates/claim-classes.yaml");
+    let docs: Vec<&str> = chart.split("\n---\n").collect();
+    let chart_policy = docs
+        .iter()
+        .find(|d| d.contains("name: tessera-quota-names") && d.contains("kind: ValidatingAdmissionPolicy\n"));
+    let chart_policy: Value = serde_saphyr::from_str(chart_policy.expect("the chart ships it")).unwrap();
+    assert_eq!(chart_policy, p, "the chart's quota-name policy is the kustomize one");
+    let mut ignoring = p.clone();
+    ignoring["spec"]["failurePolicy"] = json!("Ignore");
+    let found = problems(&QUOTA_NAMES, Some(&policy(ignoring)), &binding(b.clone()));
+    assert!(found.iter().any(|f| f.contains("tessera-quota-names: spec.failurePolicy is Ignore")), "{found:?}");
+    let mut other_version = p.clone();
+    other_version["spec"]["matchConstraints"]["resourceRules"][0]["apiVersions"] = json!(["v1beta1"]);
+    let found = problems(&QUOTA_NAMES, Some(&policy(other_version)), &binding(b.clone()));
+    assert!(
+        found.iter().any(|f| f.contains("do not cover CREATE of tenantgpuquotas (tessera.dev/v1alpha1)")),
+        "{found:?}"
+    );
+    let elsewhere = params_binding_problem(&QUOTA_NAMES, Some(&binding(b)), "ops").unwrap();
+    assert!(elsewhere.contains("admits every TenantGpuQuota"), "{elsewhere}");
+}
+
+/// A pass reports a missing quota-name binding on the quotas (`ClaimPolicyBound=False`); found
+/// again, `Bound`.
+#[tokio::test]
+async fn a_missing_quota_name_binding_is_reported_on_the_quotas() {
+    let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "team-b", "uid": "uid-b", "generation": 1},
+        "spec": {"namespaces": ["b"], "hard": {"nvidia.com/gpu": 3}}}))
+    .unwrap();
+    let pair = |b: Value, p: Value| std::sync::Arc::new(std::sync::Mutex::new((Some(b), Some(p))));
+    let claims = pair(shipped("ValidatingAdmissionPolicyBinding"), shipped("ValidatingAdmissionPolicy"));
+    let pods = pair(shipped_pods("ValidatingAdmissionPolicyBinding"), shipped_pods("ValidatingAdmissionPolicy"));
+    let names = pair(shipped_names("ValidatingAdmissionPolicyBinding"), shipped_names("ValidatingAdmissionPolicy"));
+    names.lock().unwrap().0 = None;
+    let (client, requests) = api_with_names(claims, Some(pods), Some(names.clone()));
+    let c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![]));
+    let _ = c.reconcile().await;
+    let (status, reason, message) = last_condition(&requests);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "PolicyNotEnforcing"), "{message}");
+    assert!(message.contains("ValidatingAdmissionPolicyBinding tessera-quota-names not found"), "{message}");
+    names.lock().unwrap().0 = Some(shipped_names("ValidatingAdmissionPolicyBinding"));
+    let _ = c.reconcile().await;
+    let (status, reason, message) = last_condition(&requests);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Bound"), "{message}");
 }

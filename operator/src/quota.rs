@@ -250,6 +250,8 @@ pub struct Dra {
     /// Unallocated claims of such classes in any namespace, counted at their most
     /// ([`unallocated`]).
     pub pending: Vec<unallocated::Pending>,
+    /// Claims asking for admin access to GPU devices, in any namespace ([`unallocated::admin_access`]).
+    pub admin_access: Vec<unallocated::AdminAccess>,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -340,7 +342,7 @@ pub fn plan_quotas_dra(
     plan.policy = claims::policy_data(&live, &valid_names, resource_quotas, &plan.apply, &resources, &dra.classes);
     let tenants: Vec<String> =
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
-    plan.policy.extend(unallocated::policy_claims(pending, tenants.iter().map(String::as_str)));
+    plan.policy.extend(unallocated::policy_claims(pending, &dra.admin_access, tenants.iter().map(String::as_str)));
     plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
     steps::sweep_stale(resource_quotas, &wanted, &mut plan.delete);
     plan

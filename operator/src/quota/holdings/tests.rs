@@ -110,7 +110,7 @@ fn plan(quotas: &[TenantGpuQuota], nss: &[&str], rqs: &[ResourceQuota], held: He
     let drivers = GpuDrivers::default();
     let ours = managed_class(MIG, &drivers).unwrap();
     let classes = [class("mig.nvidia.com", "device.driver == 'gpu.nvidia.com'"), class(&ours.name, &ours.expression)];
-    let dra = Dra { classes: ClassView::of(&classes, &drivers), drivers, held, pending: Vec::new() };
+    let dra = Dra { classes: ClassView::of(&classes, &drivers), drivers, held, ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let nss: BTreeSet<String> = nss.iter().map(|s| s.to_string()).collect();
     plan_quotas_dra(quotas, &nss, rqs, &Capacity::default(), &dra, now)

@@ -1,15 +1,16 @@
 //! TenantGpuQuota over DRA ResourceClaims on the real control plane: claims of a GPU-reaching
 //! class are refused in tenant namespaces (the claim-class policy names the field and the class),
 //! and in `allocation: ResourceClaims` the API server's quota admission holds claims of Tessera's
-//! per-profile class to the share under concurrent creates. (Claims the resource-claim controller
-//! makes from ResourceClaimTemplates: `dra_rollout.rs`.)
+//! per-profile class to the share under concurrent creates; a pod naming a leftover claim (of a
+//! GPU class not Tessera's, or an admin-access one, made before its namespace joined) is refused.
+//! (Claims the resource-claim controller makes from ResourceClaimTemplates: `dra_rollout.rs`.)
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota, ServiceAccount};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
 use tessera_e2e::fixtures::{apply_file, create_namespace, install_crds, spawn_operator, wait_for};
@@ -204,4 +205,66 @@ async fn in_resource_claims_mode_concurrent_claims_get_exactly_the_share_and_usa
     .await
     .unwrap();
     assert_eq!((st.resources[0].name.as_str(), st.resources[0].remaining), ("nvidia.com/mig-1g.10gb", 0));
+}
+
+/// A pod naming the claim `claim` (`spec.resourceClaims[0].resourceClaimName`).
+fn claim_pod(name: &str, claim: &str) -> Pod {
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "g"}]}}],
+                 "resourceClaims": [{"name": "g", "resourceClaimName": claim}]}}))
+    .unwrap()
+}
+
+/// `stash` (NVIDIA's MIG class, unallocated) and `watch` (admin access to MIG devices) were made
+/// in `team-c` before it joined a quota (it carried the admin-access label). Once the quota lists
+/// it, the operator's params list both in `team-c.claims`, and the API server refuses a pod naming
+/// either, naming the field, the claim and (through its class) the cause; a claim not listed is
+/// still usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_naming_a_claim_made_before_its_namespace_joined_is_refused_by_the_api_server() {
+    let (_cp, admin, _op) = setup(&["team-c"]).await;
+    let label = json!({"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}});
+    Api::<Namespace>::all(admin.clone()).patch("team-c", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "team-c");
+    claims.create(&PostParams::default(), &claim("stash", &["mig.nvidia.com"])).await.unwrap();
+    let mut watch = claim("watch", &["mig.nvidia.com"]);
+    let devices = watch.spec.as_mut().unwrap().devices.as_mut().unwrap();
+    devices.requests.as_mut().unwrap()[0].exactly.as_mut().unwrap().admin_access = Some(true);
+    claims.create(&PostParams::default(), &watch).await.unwrap();
+    claims.create(&PostParams::default(), &claim("fpga", &["fpga.example.com"])).await.unwrap();
+
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let spec = json!({"namespaces": ["team-c"], "hard": {"nvidia.com/mig-1g.10gb": 2}});
+    quotas.create(&PostParams::default(), &quota("team-c", spec)).await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "tessera-system");
+    let listed = wait_for("team-c.claims in the params", T, || async {
+        let data = cms.get("tessera-claim-classes").await.ok()?.data?;
+        let listed = data.get("team-c.claims")?.clone();
+        listed.contains("watch:").then_some(listed)
+    })
+    .await
+    .unwrap();
+    assert_eq!(listed, "stash:mig.nvidia.com watch:mig.nvidia.com,adminAccess");
+
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "team-c");
+    wait_for("team-c's default service account", T, || async { sas.get_opt("default").await.ok()?.map(|_| ()) })
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-c");
+    let msg = pods.create(&PostParams::default(), &claim_pod("p1", "stash")).await.unwrap_err().to_string();
+    assert!(
+        msg.contains(
+            "spec.resourceClaims[0].resourceClaimName: ResourceClaim stash (class mig.nvidia.com) is not limited by \
+             TenantGpuQuota team-c of namespace team-c"
+        ) && msg.contains("delete the claim"),
+        "{msg}"
+    );
+    let msg = pods.create(&PostParams::default(), &claim_pod("p2", "watch")).await.unwrap_err().to_string();
+    assert!(
+        msg.contains(
+            "spec.resourceClaims[0].resourceClaimName: ResourceClaim watch (class mig.nvidia.com,adminAccess)"
+        ),
+        "{msg}"
+    );
+    pods.create(&PostParams::default(), &claim_pod("p3", "fpga")).await.unwrap();
 }

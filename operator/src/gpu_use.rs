@@ -5,9 +5,13 @@
 //!
 //! Decisions (README "GPUs allocated through DRA"):
 //! - A claim shared by several pods: every pod that names it uses its devices.
-//! - A claim allocated but not yet reserved for the pod that names it: the pod uses it (the
-//!   scheduler reserves it as it binds; waiting for the reservation would let a layout change
-//!   slip in between).
+//! - A claim allocated but not yet reserved for anyone (`status.reservedFor` empty): the pod
+//!   naming it uses it (the scheduler reserves it as it binds; waiting for the reservation would
+//!   let a layout change slip in between).
+//! - A claim reserved for other pods only (`reservedFor` UIDs without the pod's): not taken for
+//!   the pod's. Bound, the pod must be among them (the kubelet runs no pod its claim is not
+//!   reserved for), so the cache shows an older claim of that name (deleted and created again)
+//!   or is behind: GPU use of an unknown device. Not bound: no device of its own yet.
 //! - Admin-access results (monitoring, `adminAccess: true`) observe a device without holding it,
 //!   like a metrics exporter using no GPU resource: not GPU use here (they still count for quota).
 //! - A claim not allocated yet: no device, no node: not GPU use.
@@ -37,6 +41,33 @@ struct ClaimGpus {
     allocated: bool,
     /// The GPU-driver devices it holds (admin-access results left out).
     devices: Vec<AllocatedDevice>,
+    /// The nodes its allocation is on: `allocation.nodeSelector`'s `metadata.name` fields and
+    /// its GPU devices' pools (NVIDIA's DRA driver names a node's pool after the node).
+    nodes: Vec<String>,
+    /// The pods it is reserved for (`status.reservedFor`, resource `pods`): (name, UID).
+    reserved_for: Vec<(String, String)>,
+}
+
+impl ClaimGpus {
+    /// Whether it is reserved for `pod` (by UID; by name only where either lacks one).
+    fn reserved_for(&self, pod: &Pod) -> bool {
+        let (name, uid) = (pod.metadata.name.as_deref().unwrap_or_default(), pod.metadata.uid.as_deref());
+        self.reserved_for.iter().any(|(n, u)| match uid.filter(|u| !u.is_empty()) {
+            Some(uid) if !u.is_empty() => u == uid,
+            _ => n == name,
+        })
+    }
+}
+
+/// The node names a claim's `allocation.nodeSelector` pins by `metadata.name` (the scheduler's
+/// form for node-local devices).
+fn selector_nodes(allocation: &k8s_openapi::api::resource::v1::AllocationResult) -> Vec<String> {
+    let terms = allocation.node_selector.iter().flat_map(|s| s.node_selector_terms.iter());
+    terms
+        .flat_map(|t| t.match_fields.iter().flatten())
+        .filter(|f| f.key == "metadata.name" && f.operator == "In")
+        .flat_map(|f| f.values.iter().flatten().cloned())
+        .collect()
 }
 
 /// The ResourceClaims of the cluster (or of the namespaces asked about), reduced to what GPU use
@@ -56,7 +87,7 @@ impl ClaimIndex {
             let allocation = c.status.as_ref().and_then(|s| s.allocation.as_ref());
             let results =
                 allocation.and_then(|a| a.devices.as_ref()).and_then(|d| d.results.as_deref()).unwrap_or_default();
-            let devices = results
+            let devices: Vec<AllocatedDevice> = results
                 .iter()
                 .filter(|r| drivers.contains(&r.driver) && r.admin_access != Some(true))
                 .map(|r| AllocatedDevice {
@@ -66,9 +97,50 @@ impl ClaimIndex {
                     device: r.device.clone(),
                 })
                 .collect();
-            index.claims.insert((ns, name), ClaimGpus { allocated: allocation.is_some(), devices });
+            let mut nodes: Vec<String> = allocation.map(selector_nodes).unwrap_or_default();
+            nodes.extend(devices.iter().map(|d| d.pool.clone()));
+            nodes.sort();
+            nodes.dedup();
+            let reserved = c.status.as_ref().and_then(|s| s.reserved_for.as_ref()).into_iter().flatten();
+            let reserved_for = reserved
+                .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty())
+                .map(|r| (r.name.clone(), r.uid.clone()))
+                .collect();
+            let gpus = ClaimGpus { allocated: allocation.is_some(), devices, nodes, reserved_for };
+            index.claims.insert((ns, name), gpus);
         }
         index
+    }
+
+    /// Why `node` must not be handed over yet: its GPU claims reserved for a pod not among
+    /// `bound` (the node's pods). The scheduler reserves a claim in PreBind and writes the Bind
+    /// after, so such a pod is in its binding cycle: unseen by a drain that lists the node's
+    /// pods, and about to start on the devices the change would destroy. Once bound it is
+    /// drained like any pod; a pod whose binding fails loses the reservation.
+    pub fn binding_on(&self, node: &str, bound: &[Pod]) -> Vec<String> {
+        let mut why = Vec::new();
+        for ((ns, name), c) in &self.claims {
+            if c.devices.is_empty() || !c.nodes.iter().any(|n| n == node) {
+                continue;
+            }
+            let on_node = |(pod, uid): &(String, String)| {
+                bound.iter().any(|p| {
+                    p.metadata.namespace.as_deref() == Some(ns.as_str())
+                        && match p.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
+                            Some(u) if !uid.is_empty() => u == uid,
+                            _ => p.metadata.name.as_deref() == Some(pod.as_str()),
+                        }
+                })
+            };
+            for (pod, _) in c.reserved_for.iter().filter(|r| !on_node(r)) {
+                why.push(format!(
+                    "claim {ns}/{name} holds a GPU of {node} reserved for pod {ns}/{pod}, which is not bound to the \
+                     node yet (the scheduler is binding it): the node is not handed to its node agent until the pod \
+                     shows on it (then it is drained) or loses the reservation"
+                ));
+            }
+        }
+        why
     }
 
     /// An index that holds no claim. With it, a bound pod naming a claim counts as GPU use of
@@ -162,6 +234,12 @@ pub fn gpu_use(pod: &Pod, claims: &ClaimIndex) -> GpuUse {
         match (found, claim) {
             // Bound but shown unallocated: the cache is behind the scheduler's write.
             (Some(c), Some(name)) if bound && !c.allocated => used.unknown_claims.push(name),
+            // Reserved for other pods only: not the pod's claim as the cache shows it.
+            (Some(c), Some(name)) if !c.reserved_for.is_empty() && !c.reserved_for(pod) => {
+                if bound {
+                    used.unknown_claims.push(name);
+                }
+            }
             (Some(c), _) => used.devices.extend(c.devices.iter().cloned()),
             (None, Some(name)) if bound => used.unknown_claims.push(name),
             (None, None) if bound => used.unknown_claims.push(format!("({entry}: claim not created yet)")),
@@ -220,3 +298,6 @@ pub fn parse_nvidia_device(name: &str) -> Option<NvidiaDevice> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod reserved_tests;

@@ -253,6 +253,8 @@ pub struct Dra {
     /// Each existing namespace's UID (not terminating), for the params' `<ns>.uid`
     /// ([`pod_gate::uid_key`]).
     pub namespace_uids: BTreeMap<String, String>,
+    /// Claims asking for admin access to GPU devices, in any namespace ([`unallocated::admin_access`]).
+    pub admin_access: Vec<unallocated::AdminAccess>,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -343,7 +345,7 @@ pub fn plan_quotas_dra(
     plan.policy = claims::policy_data(&live, &valid_names, resource_quotas, &plan.apply, &resources, &dra.classes);
     let tenants: Vec<String> =
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
-    plan.policy.extend(unallocated::policy_claims(pending, tenants.iter().map(String::as_str)));
+    plan.policy.extend(unallocated::policy_claims(pending, &dra.admin_access, tenants.iter().map(String::as_str)));
     plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
     let names = live.iter().filter_map(|q| q.metadata.name.as_deref()).collect::<Vec<_>>();
     plan.policy.insert(pod_gate::QUOTAS.to_string(), names.join(" "));

@@ -103,6 +103,40 @@ pub fn unallocated<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>, view
     out
 }
 
+/// A claim asking for admin access to devices of a GPU class (any class not proven off GPUs,
+/// Tessera's included). Kubernetes admits one only in a namespace labelled
+/// `resource.kubernetes.io/admin-access`, and it takes no device (so it counts toward nothing),
+/// but a pod using it sees the GPUs other tenants hold: one made before its namespace joined a
+/// quota is listed for the pod policy (allocated or not), as [`Pending`] claims are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminAccess {
+    pub namespace: String,
+    pub name: String,
+    /// Its first admin-access request's class.
+    pub class: String,
+}
+
+/// Every claim with an admin-access request of a GPU class (see [`AdminAccess`]).
+pub fn admin_access<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>, view: &ClassView) -> Vec<AdminAccess> {
+    let mut out = Vec::new();
+    for c in claims {
+        let requests = c.spec.as_ref().and_then(|s| s.devices.as_ref()).and_then(|d| d.requests.as_deref());
+        let admin = requests
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|r| r.exactly.as_ref())
+            .find(|e| e.admin_access == Some(true) && !view.open.contains(&e.device_class_name));
+        if let Some(e) = admin {
+            out.push(AdminAccess {
+                namespace: c.metadata.namespace.clone().unwrap_or_default(),
+                name: c.metadata.name.clone().unwrap_or_default(),
+                class: e.device_class_name.clone(),
+            });
+        }
+    }
+    out
+}
+
 /// `held` plus what `pending` may take: counted like devices held, so [`super::holdings::bound`]
 /// takes them off the namespace's limits (and through its usage off the others').
 pub fn with_pending(held: &Held, pending: &[Pending]) -> Held {
@@ -135,13 +169,23 @@ pub const CLAIMS_BUDGET: usize = 256 * 1024;
 /// namespace's thousands of leftover claims can no longer make every params write fail.
 pub const ALL_CLAIMS: &str = "_all";
 
-/// [`claims_key`] per namespace of `tenants` holding pending claims: space-separated
-/// `<claim>:<class>` (names and classes hold no `:` or space), or [`ALL_CLAIMS`] past
-/// [`CLAIMS_CAP`] or [`CLAIMS_BUDGET`].
-pub fn policy_claims<'a>(pending: &[Pending], tenants: impl IntoIterator<Item = &'a str>) -> BTreeMap<String, String> {
-    let mut by_ns: BTreeMap<&str, BTreeMap<&str, &str>> = BTreeMap::new();
+/// [`claims_key`] per namespace of `tenants` holding pending or admin-access claims:
+/// space-separated `<claim>:<class>` (names and classes hold no `:` or space); an admin-access
+/// claim's class is followed by `,adminAccess`, so the policy's refusal names the cause. A claim
+/// that is both is listed once, as pending. Past [`CLAIMS_CAP`] or [`CLAIMS_BUDGET`] the
+/// value is [`ALL_CLAIMS`].
+pub fn policy_claims<'a>(
+    pending: &[Pending],
+    admin: &[AdminAccess],
+    tenants: impl IntoIterator<Item = &'a str>,
+) -> BTreeMap<String, String> {
+    let mut by_ns: BTreeMap<&str, BTreeMap<&str, String>> = BTreeMap::new();
     pending.iter().for_each(|p| {
-        by_ns.entry(p.namespace.as_str()).or_default().entry(p.name.as_str()).or_insert(p.class.as_str());
+        by_ns.entry(p.namespace.as_str()).or_default().entry(p.name.as_str()).or_insert_with(|| p.class.clone());
+    });
+    admin.iter().for_each(|a| {
+        let class = || format!("{},adminAccess", a.class);
+        by_ns.entry(a.namespace.as_str()).or_default().entry(a.name.as_str()).or_insert_with(class);
     });
     let mut tenants: Vec<&str> = tenants.into_iter().collect();
     tenants.sort_unstable();

@@ -249,3 +249,31 @@ fn past_the_claims_cap_every_pod_naming_a_claim_is_refused() {
     assert_eq!(admit(&template, "x", &data), None, "a template makes a new claim: the claim policy checks it");
     assert_eq!(admit(&naming, "y", &data), None, "another namespace");
 }
+
+/// Known gap closed: a pod naming an admin-access claim of a GPU class, made before its
+/// namespace joined the quota, was admitted and saw GPUs other tenants hold. Listed in
+/// `<ns>.claims` by the operator, it is refused, the message naming the claim and the cause.
+#[test]
+fn a_pod_naming_an_admin_access_claim_of_a_gpu_class_is_refused() {
+    let watch: k8s_openapi::api::resource::v1::ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "watch", "namespace": "x"},
+        "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "mig.nvidia.com",
+                                                                    "adminAccess": true}}]}}}))
+    .unwrap();
+    let view = crate::quota::claims::ClassView::default();
+    let listed = crate::quota::unallocated::admin_access([&watch], &view);
+    let mut data = json!({"x.quota": "team-a", "_pending": ""});
+    for (k, v) in crate::quota::unallocated::policy_claims(&[], &listed, ["x"]) {
+        data[k] = json!(v);
+    }
+    let pod = json!({"spec": {"containers": [{"name": "c"}], "resourceClaims": [
+        {"name": "g", "resourceClaimName": "watch"}]}});
+    let refused = admit(&pod, "x", &data).expect("a pod naming watch is refused");
+    assert!(
+        refused.contains(
+            "ResourceClaim watch (class mig.nvidia.com,adminAccess) is not limited by TenantGpuQuota team-a of \
+             namespace x"
+        ),
+        "{refused}"
+    );
+}

@@ -206,6 +206,9 @@ struct PodsLeft {
     waiting: Vec<(String, String)>,
     refused: Vec<String>,
     stuck: Vec<String>,
+    /// GPU claims on the node reserved for pods the scheduler has not bound yet
+    /// ([`crate::gpu_use::ClaimIndex::binding_on`]): they hold the hand-over, not the evictions.
+    binding: Vec<String>,
 }
 
 fn pods_left(s: &Step<'_>, pods: &[k8s_openapi::api::core::v1::Pod], started: Option<Timestamp>) -> PodsLeft {
@@ -223,7 +226,19 @@ fn pods_left(s: &Step<'_>, pods: &[k8s_openapi::api::core::v1::Pod], started: Op
             PodVerdict::Skip(_) => {}
         }
     }
+    // Past the drain timeout with `forceAfterTimeout`, no longer: those pods have not run yet,
+    // so no work is lost (they fail to prepare their device or start on the new layout).
+    if !(timed_out(s, started) && s.plan.spec.rollout.force_after_timeout) {
+        left.binding = s.node.claims.binding_on(s.node.name, pods);
+    }
     left
+}
+
+/// Whether the drain started at `started` has run past the plan's `drainTimeoutSeconds`.
+fn timed_out(s: &Step<'_>, started: Option<Timestamp>) -> bool {
+    let policy = &s.plan.spec.rollout;
+    let drain_timeout = SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
+    policy.drain_timeout_seconds > 0 && s.now.duration_since(started.unwrap_or(s.now)) > drain_timeout
 }
 
 /// `Draining`: keep the node cordoned, hand it over once empty, else report what holds it and
@@ -249,7 +264,7 @@ fn drain(s: &Step<'_>, r: &NodeRollout, actions: &mut Vec<Action>, report: &mut 
         actions.push(Action::Cordon { node: n.to_string() });
         return;
     }
-    if left.evict.is_empty() && left.waiting.is_empty() && left.refused.is_empty() {
+    if left.evict.is_empty() && left.waiting.is_empty() && left.refused.is_empty() && left.binding.is_empty() {
         hand_over(s, base, actions, report);
         return;
     }
@@ -292,14 +307,14 @@ fn evict(
     actions: &mut Vec<Action>,
     report: &mut PlanReport,
 ) {
-    let (n, policy, now) = (s.node.name, &s.plan.spec.rollout, s.now);
-    let PodsLeft { evict, waiting, refused, stuck } = left;
-    let drain_timeout = SignedDuration::from_secs(policy.drain_timeout_seconds.max(0));
-    let timed_out = policy.drain_timeout_seconds > 0 && now.duration_since(started.unwrap_or(now)) > drain_timeout;
+    let (n, policy) = (s.node.name, &s.plan.spec.rollout);
+    let PodsLeft { evict, waiting, refused, stuck, binding } = left;
+    let timed_out = timed_out(s, started);
     // What holds the drain, as the pods show it: recorded on the node by the
     // controller (with the evictions the API refuses), so it reads the same there.
     let returning = s.node.returns.iter().filter_map(|(owner, n)| drain::keeps_coming_back(owner, *n));
-    let blockers: Vec<String> = refused.iter().cloned().chain(stuck).chain(returning).collect();
+    let blockers: Vec<String> =
+        refused.iter().cloned().chain(stuck).chain(binding.iter().cloned()).chain(returning).collect();
     // The plan says what the node's record says, and what the record does not say yet.
     if !r.message.is_empty() {
         report.drain_blocked.push(format!("{n}: {}", r.message));
@@ -327,7 +342,11 @@ fn evict(
             "{n}: drain exceeded {}s with {} pod(s) left{}",
             policy.drain_timeout_seconds,
             evict.len() + waiting.len(),
-            if r.message.is_empty() { String::new() } else { format!(" ({})", r.message) }
+            match (binding.is_empty(), r.message.is_empty()) {
+                (false, _) => format!(" ({})", binding.join("; ")),
+                (true, false) => format!(" ({})", r.message),
+                (true, true) => String::new(),
+            }
         ));
     }
     if force {

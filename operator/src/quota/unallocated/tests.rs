@@ -127,7 +127,8 @@ fn synced(ns: &str, keys: &[(&str, i64)]) -> ResourceQuota {
 fn plan(q: &TenantGpuQuota, rqs: &[ResourceQuota], claims: &[ResourceClaim]) -> QuotaPlan {
     let classes = view();
     let pending = unallocated(claims, &classes);
-    let dra = Dra { classes, pending, ..Default::default() };
+    let admin_access = admin_access(claims, &classes);
+    let dra = Dra { classes, pending, admin_access, ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let nss: BTreeSet<String> = ["x", "y"].iter().map(|s| s.to_string()).collect();
     plan_quotas_dra(std::slice::from_ref(q), &nss, rqs, &Capacity::default(), &dra, now)
@@ -233,21 +234,67 @@ fn leftover_claims_past_the_cap_are_listed_as_all() {
         (0..5000).map(|i| pending("x", &format!("leftover-{i:05}"), "gpu.nvidia.com", None, 1)).collect();
     let few = [pending("y", "stash", "gpu.nvidia.com", None, 1)];
     let all: Vec<Pending> = many.iter().chain(&few).cloned().collect();
-    let listed = policy_claims(&all, ["x", "y"]);
+    let listed = policy_claims(&all, &[], ["x", "y"]);
     assert_eq!(listed["x.claims"], ALL_CLAIMS);
     assert_eq!(listed["y.claims"], "stash:gpu.nvidia.com");
     let at_cap: Vec<Pending> =
         (0..CLAIMS_CAP / 30).map(|i| pending("x", &format!("c-{i:05}"), "gpu.nvidia.com", None, 1)).collect();
-    assert!(policy_claims(&at_cap, ["x"])["x.claims"].starts_with("c-00000:gpu.nvidia.com "), "under the cap: listed");
+    assert!(
+        policy_claims(&at_cap, &[], ["x"])["x.claims"].starts_with("c-00000:gpu.nvidia.com "),
+        "under the cap: listed"
+    );
     // Many namespaces each just under the cap: the total stays within the budget.
     let names: Vec<String> = (0..1000).map(|n| format!("ns-{n:04}")).collect();
     let spread: Vec<Pending> = names
         .iter()
         .flat_map(|ns| (0..30).map(move |i| pending(ns, &format!("c-{i:05}"), "gpu.nvidia.com", None, 1)))
         .collect();
-    let listed = policy_claims(&spread, names.iter().map(String::as_str));
+    let listed = policy_claims(&spread, &[], names.iter().map(String::as_str));
     let total: usize = listed.values().map(String::len).sum();
     assert!(total <= CLAIMS_BUDGET + ALL_CLAIMS.len() * names.len(), "{total}");
     assert_eq!(listed["ns-0999.claims"], ALL_CLAIMS, "past the budget");
     assert_ne!(listed["ns-0000.claims"], ALL_CLAIMS, "within it");
+}
+
+/// Known gap closed: `watch` asks for admin access to `mig.nvidia.com` devices, made while `x`
+/// carried `resource.kubernetes.io/admin-access` (before it joined `team-a`). It takes no device,
+/// so it counts toward nothing, but a pod naming it sees GPUs other tenants hold. It is listed
+/// for the pod policy (`x.claims`, its class marked `,adminAccess`) whether allocated or not;
+/// not an admin request of a class proven off GPUs, nor one outside tenant namespaces.
+#[test]
+fn an_admin_access_claim_of_a_gpu_class_is_listed_for_the_pod_policy_and_counts_toward_nothing() {
+    let admin = |ns: &str, name: &str, class: &str, allocated: bool| {
+        claim(ns, name, json!([{"name": "r", "exactly": {"deviceClassName": class, "adminAccess": true}}]), allocated)
+    };
+    let q = quota(json!({"namespaces": ["x", "y"], "hard": {"nvidia.com/gpu": 2}}));
+    let rqs = [synced("x", &[(GPU_REQ, 1)]), synced("y", &[(GPU_REQ, 1)])];
+    let ours = managed_class(GPU_RESOURCE, &GpuDrivers::default()).unwrap().name;
+    for allocated in [false, true] {
+        let claims = [
+            admin("x", "watch", "mig.nvidia.com", allocated),
+            admin("x", "ours", &ours, allocated),
+            admin("x", "card", "fpga", allocated),
+            admin("z", "elsewhere", "gpu.nvidia.com", allocated),
+        ];
+        let p = plan(&q, &rqs, &claims);
+        assert_eq!(
+            p.policy.get("x.claims").map(String::as_str),
+            Some(format!("ours:{ours},adminAccess watch:mig.nvidia.com,adminAccess").as_str()),
+            "allocated: {allocated}: {:?}",
+            p.policy
+        );
+        assert!(!p.policy.contains_key("z.claims"), "{:?}", p.policy);
+        // Counted toward nothing: every ResourceQuota is as without the claims.
+        assert_eq!(p.apply, plan(&q, &rqs, &[]).apply, "allocated: {allocated}");
+    }
+    // A claim both unallocated (counted) and with an admin request is listed once, as counted.
+    let both = claim(
+        "x",
+        "both",
+        json!([{"name": "r", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+               {"name": "a", "exactly": {"deviceClassName": "mig.nvidia.com", "adminAccess": true}}]),
+        false,
+    );
+    let p = plan(&q, &rqs, &[both]);
+    assert_eq!(p.policy.get("x.claims").map(String::as_str), Some("both:gpu.nvidia.com"));
 }

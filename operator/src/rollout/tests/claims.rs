@@ -1,6 +1,7 @@
 //! A pod that holds a GPU through a ResourceClaim is drained like one requesting
 //! `nvidia.com/*`: evicted through the Eviction API (so a PodDisruptionBudget can refuse it)
-//! before its node is handed over (`gpu_use`).
+//! before its node is handed over (`gpu_use`); a claim reserved for a pod not bound yet holds the
+//! hand-over until the pod shows on the node.
 
 use super::*;
 use crate::gpu_use::ClaimIndex;
@@ -96,4 +97,63 @@ fn a_gpu_daemonset_pod_holding_a_claim_holds_the_hand_over() {
     assert!(evicted(&actions).is_empty() && !handed_over(&actions), "{actions:?}");
     let blocked = &reports["p"].drain_blocked;
     assert!(blocked.iter().any(|b| b.contains("pod ml/exporter of DaemonSet ml/d uses a GPU")), "{blocked:?}");
+}
+
+/// The claim `mig` on n1, reserved (PreBind) for the pod `starting`, which is not bound yet.
+fn reserved_for_a_pod_being_bound() -> std::sync::Arc<ClaimIndex> {
+    let c: k8s_openapi::api::resource::v1::ResourceClaim =
+        serde_json::from_value(json!({"metadata": {"name": "mig", "namespace": "ml"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "r", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0-mig-9-0-4"}]}},
+                "reservedFor": [{"resource": "pods", "name": "starting", "uid": "uid-s"}]}}))
+        .unwrap();
+    std::sync::Arc::new(ClaimIndex::new(&[c], &crate::dra::GpuDrivers::default()))
+}
+
+#[test]
+fn a_claim_reserved_for_a_pod_in_its_binding_cycle_holds_the_hand_over_until_the_pod_shows() {
+    let p = plan("p", 0, json!(1), h100_layout());
+    // Drained of its bound pods; the scheduler reserved the claim for `starting` and has not
+    // written its Bind: handed over now, `starting` would start on a device the change destroys.
+    let mut n = node("n1", true, gpunode("n1", json!([]), true, Some(draining("2026-06-01T00:00:00Z"))));
+    n.pods = Ok(vec![claim_pod("web", "nic")]);
+    n.claims = reserved_for_a_pod_being_bound();
+    let (actions, reports) = plan_fleet(std::slice::from_ref(&p), std::slice::from_ref(&n), now());
+    assert!(!handed_over(&actions), "{actions:?}");
+    let reason = "claim ml/mig holds a GPU of n1 reserved for pod ml/starting, which is not bound";
+    let blocked = &reports["p"].drain_blocked;
+    assert!(blocked.iter().any(|b| b.starts_with(&format!("n1: {reason}"))), "{blocked:?}");
+    let recorded = actions.iter().any(|a| {
+        matches!(a, Action::Blockers { reasons, .. }
+        if reasons.iter().any(|r| r.starts_with(reason)))
+    });
+    assert!(recorded, "named on the node: {actions:?}");
+    // Bound now: drained like any claim pod (evicted), then handed over once gone.
+    let mut starting = claim_pod("starting", "mig");
+    starting.metadata.uid = Some("uid-s".into());
+    n.pods = Ok(vec![starting]);
+    let (actions, _) = plan_fleet(std::slice::from_ref(&p), std::slice::from_ref(&n), now());
+    assert_eq!(evicted(&actions), ["starting"]);
+    n.pods = Ok(vec![]);
+    n.claims = claims();
+    let (actions, _) = plan_fleet(std::slice::from_ref(&p), std::slice::from_ref(&n), now());
+    assert!(handed_over(&actions), "{actions:?}");
+}
+
+#[test]
+fn a_binding_claim_past_the_drain_timeout_stalls_the_plan_and_is_let_go_only_when_forced() {
+    // Drain started 2 minutes before `now`; the plan's timeout is 60 s.
+    let mut n = node("n1", true, gpunode("n1", json!([]), true, Some(draining("2026-05-31T23:58:00Z"))));
+    n.pods = Ok(vec![]);
+    n.claims = reserved_for_a_pod_being_bound();
+    let strict = plan("p", 0, json!(1), h100_layout());
+    let (actions, reports) = plan_fleet(std::slice::from_ref(&strict), std::slice::from_ref(&n), now());
+    assert!(!handed_over(&actions), "{actions:?}");
+    let timeouts = &reports["p"].drain_timeouts;
+    assert!(timeouts.iter().any(|t| t.contains("reserved for pod ml/starting")), "{timeouts:?}");
+    let mut forced = strict;
+    forced.spec.rollout.force_after_timeout = true;
+    let (actions, _) = plan_fleet(&[forced], &[n], now());
+    assert!(handed_over(&actions), "the pod has not run: forcing loses no work: {actions:?}");
 }

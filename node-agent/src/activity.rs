@@ -11,6 +11,7 @@ pub mod bench;
 pub mod faulty;
 pub mod holders;
 pub mod metrics;
+pub mod prune;
 pub mod sample;
 pub mod tracker;
 pub mod write;

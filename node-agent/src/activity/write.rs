@@ -111,9 +111,10 @@ fn change(written: &NodeActivity, current: &NodeActivity) -> Option<Reason> {
     for d in &current.devices {
         let Some(w) = before(written, d) else { return Some(Reason::DeviceSet) };
         // Idle now and then, or idle again after a short burst: a later `idleSince` than the
-        // one written (the written one would overstate how long it has idled).
+        // one written (the written one would overstate how long it has idled); or an earlier
+        // one (a clock stepped back: the written one lies in the future).
         if w.idle_since.is_some() != d.idle_since.is_some()
-            || d.idle_since.as_ref().is_some_and(|n| w.idle_since.as_ref().is_some_and(|o| n.0 > o.0))
+            || d.idle_since.as_ref().is_some_and(|n| w.idle_since.as_ref().is_some_and(|o| n.0 != o.0))
         {
             return Some(Reason::IdleTransition);
         }

@@ -226,4 +226,12 @@ fn a_clock_stepped_back_before_the_last_write_does_not_stall_writes() {
     assert_eq!(should_write(Some((t(3600), &written)), &moved, t(30), five), Some(Reason::Share));
     // Nothing new is still nothing.
     assert_eq!(should_write(Some((t(3600), &written)), &written, t(30), five), None);
+    // An `idleSince` written before the step lies in the future now; the tracker moved its own
+    // back by the step: that is rewritten, else the operator reads the device as not idle.
+    let mut idle = dev("MIG-a", Some(0), true);
+    idle.idle_since = Some(Time(t(3000)));
+    let before_step = node(vec![idle.clone()]);
+    idle.idle_since = Some(Time(t(-570)));
+    let got = should_write(Some((t(3600), &before_step)), &node(vec![idle]), t(30), five);
+    assert_eq!(got, Some(Reason::IdleTransition));
 }

@@ -13,6 +13,7 @@ pub mod holders;
 pub mod lookup;
 pub mod metrics;
 pub mod previous;
+pub mod prune;
 pub mod sample;
 pub mod tracker;
 pub mod write;

@@ -15,7 +15,7 @@ fn main() {
         "| load ({devices} devices, 24 h of 30 s samples) | activity writes / day | per hour | lease renewals per hour |"
     );
     println!("| --- | --- | --- | --- |");
-    for load in [Load::Idle, Load::Steady, Load::Workday, Load::Flapping] {
+    for load in [Load::Idle, Load::Steady, Load::Workday, Load::Flapping, Load::Hovering] {
         let n = writes(load, devices, 24, sample, interval);
         println!("| {load:?} | {n} | {:.2} | {lease_renewals_per_hour} |", f64::from(n) / 24.0);
     }

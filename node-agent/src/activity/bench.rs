@@ -19,6 +19,9 @@ pub enum Load {
     Workday,
     /// Worst case: each sample 0% or 100% at random.
     Flapping,
+    /// At rest, but each figure hovers at its threshold: SM activity 0.8% / 1.3% and memory
+    /// 250 / 262 MiB (no process) in turn, sample after sample.
+    Hovering,
 }
 
 /// Writes a node of `devices` MIG devices would send in `hours` of `sample` intervals under
@@ -47,7 +50,9 @@ pub fn writes(load: Load, devices: u32, hours: i64, sample: SignedDuration, writ
                     Load::Workday if (9..17).contains(&hour) => 60.0 + noise,
                     Load::Workday => 0.0,
                     Load::Flapping => (next() % 2) as f64 * 100.0,
+                    Load::Hovering => [0.8, 1.3][(at.as_second() / 30 % 2) as usize],
                 };
+                let hover = load == Load::Hovering;
                 Observation {
                     gpu_index: d / 7,
                     model_name: "NVIDIA H100 80GB HBM3".into(),
@@ -59,8 +64,8 @@ pub fn writes(load: Load, devices: u32, hours: i64, sample: SignedDuration, writ
                     source: ActivitySource::Gpm,
                     sm_active_percent: Some(percent),
                     gpm_failed: false,
-                    memory_used_mib: 0,
-                    processes: u32::from(percent > 0.0),
+                    memory_used_mib: if hover { [250, 262][(at.as_second() / 30 % 2) as usize] } else { 0 },
+                    processes: u32::from(percent > 0.0 && !hover),
                     pids: vec![],
                 }
             })
@@ -90,6 +95,12 @@ mod tests {
         // Two transitions a day, each followed by the 1 h share moving in 10-point steps.
         let workday = writes(Load::Workday, 56, 24, s, w);
         assert!((2..=20).contains(&workday), "{workday}");
-        assert!(writes(Load::Flapping, 56, 24, s, w) <= 24 * 12 + 1, "at most one per 5 min");
+        // One per 5 min, plus an early write when a device idle 5 min on end wakes (rare at
+        // random: 304 a day here), not a write per sample.
+        let flapping = writes(Load::Flapping, 56, 24, s, w);
+        assert!(flapping <= 24 * 12 * 5 / 4, "about one per 5 min: {flapping}");
+        // Figures hovering at their thresholds (hysteresis): as few writes as at rest.
+        let hovering = writes(Load::Hovering, 56, 24, s, w);
+        assert!(hovering <= 3, "hovering at a threshold is no news: {hovering}");
     }
 }

@@ -32,7 +32,7 @@ pub fn render(hostname: &str, tracker: &Tracker, now: Timestamp, holders: &BTree
         ("tessera_gpu_sm_active_24h_ratio", "Mean SM activity over the last 24 hours (or since the agent started)."),
         (
             "tessera_gpu_idle_seconds",
-            "Seconds the device has been idle without a break (GPM: SM activity under 1%; without GPM: no compute process); 0 while active.",
+            "Seconds the device has been idle without a break (GPM: SM activity under 1%, until it reaches 5%; without GPM: no compute process); 0 while active.",
         ),
         ("tessera_gpu_fb_used_mib", "Device memory in use, MiB (like DCGM_FI_DEV_FB_USED)."),
         ("tessera_gpu_compute_processes", "Compute processes running on the device."),

@@ -15,6 +15,10 @@ pub type DeviceKey = (u32, Option<String>);
 
 /// Below this SM activity (percent) a GPM device counts as idle.
 pub const IDLE_BELOW_PERCENT: f64 = 1.0;
+/// An idle GPM device becomes active only at this SM activity (percent) or more: a figure
+/// hovering around [`IDLE_BELOW_PERCENT`] keeps one idle stretch (hysteresis) rather than start
+/// a new one, and cost a write, every interval.
+pub const ACTIVE_FROM_PERCENT: f64 = 5.0;
 /// An interval longer than this between two observations is not credited to either window (the
 /// agent was stopped or stuck; what happened then is unknown).
 pub const MAX_INTERVAL: SignedDuration = SignedDuration::from_mins(10);
@@ -97,7 +101,12 @@ impl History {
     }
 
     fn observe(&mut self, o: Observation, now: Timestamp) {
-        let interval = now.duration_since(self.last_at);
+        let mut interval = now.duration_since(self.last_at);
+        if interval < SignedDuration::ZERO {
+            // The clock stepped back: the step counts as no time (see `rebase`).
+            self.rebase(-interval);
+            interval = SignedDuration::ZERO;
+        }
         if let Some(p) = o.sm_active_percent
             && interval > SignedDuration::ZERO
             && interval <= MAX_INTERVAL
@@ -107,6 +116,10 @@ impl History {
         self.gpm_failures = if o.gpm_failed { self.gpm_failures.saturating_add(1) } else { 0 };
         let idle = match o.gpm_failed && self.gpm_failures >= GPM_FAILURES_BEFORE_PROCESSES {
             true => Some(o.processes == 0),
+            // Hysteresis: idle under 1%, active again only from `ACTIVE_FROM_PERCENT`.
+            false if self.idle_since.is_some() && o.sm_active_percent.is_some_and(|p| p < ACTIVE_FROM_PERCENT) => {
+                Some(true)
+            }
             false => o.idle(),
         };
         match idle {
@@ -129,6 +142,19 @@ impl History {
         let oldest = now.as_second().div_euclid(60) - DAY / 60;
         while self.buckets.front().is_some_and(|b| b.minute <= oldest) {
             self.buckets.pop_front();
+        }
+    }
+
+    /// Moves everything recorded `step` earlier, as if the clock had read that much less all
+    /// along: after a clock stepped back, `idleSince` stays in the past (the stretch keeps the
+    /// length it had) and the history stays in its windows' order, not counted as the future.
+    fn rebase(&mut self, step: SignedDuration) {
+        self.last_at = self.last_at.checked_sub(step).unwrap_or(self.last_at);
+        self.idle_since = self.idle_since.map(|t| t.checked_sub(step).unwrap_or(t));
+        let (secs, minutes) = (step.as_secs(), (step.as_secs() + 30).div_euclid(60));
+        for b in &mut self.buckets {
+            b.minute -= minutes;
+            b.spread = b.spread.map(|(from, to)| (from - secs, to - secs));
         }
     }
 
@@ -260,3 +286,7 @@ mod seed;
 #[cfg(test)]
 #[path = "tracker_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "tracker_band_tests.rs"]
+mod band_tests;

@@ -69,11 +69,11 @@ fn windows_and_idle_since_per_case() {
             want_idle_since: Some(3570),
         },
         Case {
-            name: "under 1% is idle, 1% is not",
-            phases: &[(0, 600, 0.5), (600, 1200, 1.0)],
+            name: "under 1% is idle; idle, it is active again only from 5% (hysteresis)",
+            phases: &[(0, 600, 0.5), (600, 1200, 5.0)],
             now: 1170,
-            want_1h: Some(1),
-            want_24h: Some(1),
+            want_1h: Some(3),
+            want_24h: Some(3),
             want_idle_since: None,
         },
         Case {

@@ -149,3 +149,89 @@ fn memory_or_processes_appearing_or_ending_is_news_and_a_device_at_rest_writes_n
         assert_eq!(got, news.then_some(Reason::Usage), "{name}");
     }
 }
+
+#[test]
+fn a_leak_figure_hovering_at_the_threshold_is_written_once_and_memory_counts_only_without_processes() {
+    let with = |mib: i64, processes: i32| {
+        let mut d = dev("MIG-a", Some(0), true);
+        (d.memory_used_mib, d.processes) = (mib, processes);
+        node(vec![d])
+    };
+    let cases: Vec<(&str, NodeActivity, NodeActivity, bool)> = vec![
+        // Written held at 262: hovering just under the threshold is no news...
+        ("held, dips just under the threshold", with(262, 0), with(250, 0), false),
+        ("held, down to the release band's edge", with(262, 0), with(129, 0), false),
+        // ...only falling to the release band (half the threshold) ends the leak.
+        ("held, freed to the release band", with(262, 0), with(128, 0), true),
+        ("not held, rises over the threshold", with(250, 0), with(262, 0), true),
+        ("not held, hovers under it", with(129, 0), with(256, 0), false),
+        // With a compute process the memory says nothing of a leak (the process does).
+        ("a process runs while its memory crosses the threshold", with(100, 1), with(2048, 1), false),
+        ("a process runs while its memory is freed", with(2048, 2), with(11, 2), false),
+        ("the process ends, its memory held", with(2048, 1), with(2048, 0), true),
+    ];
+    for (name, written, current, news) in cases {
+        let got = should_write(Some((t(0), &written)), &current, t(300), SignedDuration::from_mins(5));
+        assert_eq!(got, news.then_some(Reason::Usage), "{name}");
+    }
+    // A figure alternating 250 / 262 MiB every sample for a day: one write, not one an interval.
+    let mut last = (t(0), with(250, 0));
+    let mut writes = 0;
+    for i in 1..2880 {
+        let current = with(if i % 2 == 0 { 250 } else { 262 }, 0);
+        if should_write(Some((last.0, &last.1)), &current, t(i * 30), SignedDuration::from_mins(5)).is_some() {
+            writes += 1;
+            last = (t(i * 30), current);
+        }
+    }
+    assert_eq!(writes, 1, "hovering costs one write");
+}
+
+#[test]
+fn a_device_waking_is_written_at_once_and_other_news_waits_the_interval() {
+    let five = SignedDuration::from_mins(5);
+    // Written at 600 s: MIG-b idle since 0 (10 min then).
+    let written = node(vec![dev("MIG-a", Some(40), false), dev("MIG-b", Some(0), true)]);
+    let woke = node(vec![dev("MIG-a", Some(40), false), dev("MIG-b", Some(0), false)]);
+    let cases: Vec<(&str, NodeActivity, i64, Option<Reason>)> = vec![
+        ("an idle device wakes 30 s after a write", woke.clone(), 630, Some(Reason::Wake)),
+        (
+            "it wakes while another device went idle",
+            node(vec![dev("MIG-a", Some(40), true), dev("MIG-b", Some(0), false)]),
+            630,
+            Some(Reason::Wake),
+        ),
+        ("a device going idle waits", node(vec![dev("MIG-a", Some(40), true), dev("MIG-b", Some(0), true)]), 630, None),
+        ("a share step waits", node(vec![dev("MIG-a", Some(90), false), dev("MIG-b", Some(0), true)]), 630, None),
+        ("a device gone waits", node(vec![dev("MIG-b", Some(0), true)]), 630, None),
+        ("after the interval it is an idle transition as before", woke.clone(), 900, Some(Reason::IdleTransition)),
+    ];
+    for (name, current, now, want) in cases {
+        assert_eq!(should_write(Some((t(600), &written)), &current, t(now), five), want, "{name}");
+    }
+    // Written idle for less than an interval (a short pause, or a device flapping sample after
+    // sample): its waking waits like any news, so flapping costs no write per sample.
+    let mut brief = written.clone();
+    brief.devices[1].idle_since = Some(Time(t(400)));
+    assert_eq!(should_write(Some((t(600), &brief)), &woke, t(630), five), None);
+    assert_eq!(should_write(Some((t(600), &brief)), &woke, t(900), five), Some(Reason::IdleTransition));
+}
+
+#[test]
+fn a_clock_stepped_back_before_the_last_write_does_not_stall_writes() {
+    let five = SignedDuration::from_mins(5);
+    let written = node(vec![dev("MIG-a", Some(40), false)]);
+    let moved = node(vec![dev("MIG-a", Some(90), false)]);
+    // The clock stepped back an hour after the write: the news is written, not held for 65 min.
+    assert_eq!(should_write(Some((t(3600), &written)), &moved, t(30), five), Some(Reason::Share));
+    // Nothing new is still nothing.
+    assert_eq!(should_write(Some((t(3600), &written)), &written, t(30), five), None);
+    // An `idleSince` written before the step lies in the future now; the tracker moved its own
+    // back by the step: that is rewritten, else the operator reads the device as not idle.
+    let mut idle = dev("MIG-a", Some(0), true);
+    idle.idle_since = Some(Time(t(3000)));
+    let before_step = node(vec![idle.clone()]);
+    idle.idle_since = Some(Time(t(-570)));
+    let got = should_write(Some((t(3600), &before_step)), &node(vec![idle]), t(30), five);
+    assert_eq!(got, Some(Reason::IdleTransition));
+}

@@ -51,6 +51,9 @@ pub struct Writer {
     pub failing: Option<Timestamp>,
     /// The previous run as its heartbeat Lease left it, once read ([`Agent::previous_run`]).
     pub previous: Option<super::previous::PreviousRun>,
+    /// The `status.activity` paths the API server dropped from the last write (an older CRD
+    /// prunes fields it does not know); `None` when it stored everything sent.
+    pub pruned: Option<Vec<String>>,
 }
 
 /// A report not current for longer than this many samples is announced (a passing failure,
@@ -76,10 +79,39 @@ impl Writer {
     pub fn check_stored(&mut self, gn: &GpuNode) {
         let stored = gn.status.as_ref().and_then(|s| s.activity.as_ref());
         let other = self.written_uid.is_some() && gn.metadata.uid != self.written_uid;
-        if self.last.is_some() && (stored.is_none() || other) {
+        // An older CRD prunes the summary: its absence is known, and retried at the interval
+        // (`pruned_retry`), not at every reconcile.
+        let pruned = self.pruned.is_some() && !other;
+        if self.last.is_some() && (stored.is_none() || other) && !pruned {
             debug!(uid = ?gn.metadata.uid, "GpuNode.status.activity is not what was written; writing it again");
             self.last = None;
         }
+    }
+}
+
+impl Writer {
+    /// The last write was pruned (see [`Writer::pruned`]): written again once the interval since
+    /// it is over, so an upgraded CRD gets the summary even at rest.
+    fn pruned_retry(&self, now: Timestamp) -> Option<super::write::Reason> {
+        let (at, _) = self.last.as_ref().filter(|_| self.pruned.is_some())?;
+        let elapsed = now.duration_since(*at);
+        (elapsed >= self.write_interval || elapsed < SignedDuration::ZERO).then_some(super::write::Reason::First)
+    }
+
+    /// Compares the stored summary the write's answer holds with what was `sent`: fields the
+    /// API server dropped (an older CRD) are logged once, with the fix, and kept in `pruned`.
+    fn check_pruned(&mut self, sent: &NodeActivity, gn: &GpuNode) {
+        let sent = serde_json::to_value(sent).unwrap_or_default();
+        let got = gn.status.as_ref().and_then(|s| s.activity.as_ref()).map(serde_json::to_value);
+        let got = got.and_then(Result::ok).unwrap_or_default();
+        let dropped = super::prune::dropped(&sent, &got, "status.activity");
+        let dropped = (!dropped.is_empty()).then_some(dropped);
+        if dropped.is_some() && dropped != self.pruned {
+            warn!(fields = ?dropped, "the API server dropped GpuNode.status.activity fields this agent wrote: \
+                its CRD is older than the agent; upgrade the CRDs (kubectl apply --server-side -f \
+                config/helm/tessera/crds/); writing at most every write interval meanwhile");
+        }
+        self.pruned = dropped;
     }
 }
 
@@ -98,6 +130,7 @@ impl Default for Writer {
             backoff: Default::default(),
             failing: None,
             previous: None,
+            pruned: None,
         }
     }
 }
@@ -162,7 +195,8 @@ impl<B: GpuBackend> Agent<B> {
         let summary = super::holders::summary(&w.tracker, now, &w.holders.found);
         *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =
             super::metrics::render(&self.node, &w.tracker, now, &w.holders.found);
-        let Some(reason) = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval) else {
+        let due = should_write(w.last.as_ref().map(|(t, a)| (*t, a)), &summary, now, w.write_interval);
+        let Some(reason) = due.or_else(|| w.pruned_retry(now)) else {
             // Nothing due: what is stored is current (a change that failed to be written went
             // back), so no wait of earlier failures is left over for the next change.
             w.backoff.succeeded();
@@ -180,6 +214,7 @@ impl<B: GpuBackend> Agent<B> {
         let api: Api<GpuNode> = Api::all(self.client.clone());
         match api.patch_status(&self.node, &PatchParams::apply(ACTIVITY_MANAGER).force(), &Patch::Apply(&body)).await {
             Ok(gn) => {
+                self.activity.check_pruned(&summary, &gn);
                 self.activity.last = Some((now, summary));
                 self.activity.written_uid = gn.metadata.uid;
                 self.activity.backoff.succeeded();

@@ -29,6 +29,8 @@ struct Server {
     uid: Option<String>,
     /// The heartbeat Lease a GET finds (what the previous run left); `None`: not found.
     lease: Option<Value>,
+    /// An older CRD without `status.activity`: the answer to a status write lacks it (pruned).
+    prune: bool,
 }
 
 fn agent(state: &std::path::Path, server: Arc<Mutex<Server>>) -> Agent<SimBackend> {
@@ -84,9 +86,20 @@ fn agent_on<B: crate::backend::GpuBackend>(backend: B, server: Arc<Mutex<Server>
                     s.fail -= 1;
                     return Err(std::io::Error::other("API server unavailable"));
                 }
-                s.patches.push((query, serde_json::from_slice(&body).unwrap()));
+                let patch: Value = serde_json::from_slice(&body).unwrap();
+                // The stored object, as a real server answers: the status sent (the CRD's schema
+                // known), or without `activity` (pruned by an older CRD).
+                let mut status = patch["status"].clone();
+                if s.prune {
+                    status.as_object_mut().map(|o| o.remove("activity"));
+                }
+                // The reconcile's status apply leaves the stored summary (another manager's).
+                if status.get("activity").is_none() && s.stored.get("activity").is_some() {
+                    status["activity"] = s.stored["activity"].clone();
+                }
+                s.patches.push((query, patch));
                 let out = serde_json::json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-                    "metadata": {"name": "test", "uid": s.uid}, "spec": {}});
+                    "metadata": {"name": "test", "uid": s.uid}, "spec": {}, "status": status});
                 Ok::<_, std::io::Error>(http::Response::new(kube::client::Body::from(out.to_string().into_bytes())))
             }
         }),
@@ -366,6 +379,8 @@ async fn devices_that_cannot_be_listed_leave_the_report_behind_and_are_announced
 #[path = "writer_stored_tests.rs"]
 mod stored;
 
+#[path = "writer_prune_tests.rs"]
+mod prune;
 /// What a restarted agent takes over from its previous run, and holders looked up again.
 #[path = "writer_restart_tests.rs"]
 mod restart;

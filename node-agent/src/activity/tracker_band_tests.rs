@@ -1,0 +1,83 @@
+//! The tracker against figures hovering at the idle threshold and a clock stepped backwards.
+
+use super::*;
+
+fn t(s: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + s).unwrap()
+}
+
+fn gpm(sm: f64) -> Observation {
+    Observation {
+        gpu_index: 0,
+        model_name: "NVIDIA H100 80GB HBM3".into(),
+        gpu_uuid: "GPU-0".into(),
+        uuid: Some("MIG-a".into()),
+        profile: Some("3g.40gb".into()),
+        start: Some(4),
+        gpu_instance_id: Some(2),
+        source: ActivitySource::Gpm,
+        sm_active_percent: Some(sm),
+        gpm_failed: false,
+        memory_used_mib: 11,
+        processes: 1,
+        pids: vec![],
+    }
+}
+
+fn device(tracker: &Tracker, now: i64) -> DeviceActivity {
+    tracker.summary(t(now)).devices.into_iter().next().expect("device in summary")
+}
+
+#[test]
+fn a_figure_hovering_at_the_idle_threshold_keeps_one_idle_stretch() {
+    let mut tr = Tracker::default();
+    tr.observe(t(0), vec![gpm(0.0)]);
+    // 0.8% / 1.3% in turn for an hour: one idle stretch, from the first sample.
+    for i in 1..120 {
+        tr.observe(t(i * 30), vec![gpm(if i % 2 == 0 { 0.8 } else { 1.3 })]);
+        assert_eq!(device(&tr, i * 30).idle_since.map(|s| s.0), Some(t(0)), "sample {i}");
+    }
+    // Under ACTIVE_FROM_PERCENT it stays idle; at it, it is active at once.
+    tr.observe(t(3600), vec![gpm(ACTIVE_FROM_PERCENT - 0.1)]);
+    assert!(device(&tr, 3600).idle_since.is_some());
+    tr.observe(t(3630), vec![gpm(ACTIVE_FROM_PERCENT)]);
+    assert_eq!(device(&tr, 3630).idle_since, None);
+    // An active device at 3% stays active: it goes idle only under 1%.
+    tr.observe(t(3660), vec![gpm(3.0)]);
+    assert_eq!(device(&tr, 3660).idle_since, None);
+    tr.observe(t(3690), vec![gpm(0.9)]);
+    assert_eq!(device(&tr, 3690).idle_since.map(|s| s.0), Some(t(3660)));
+}
+
+#[test]
+fn a_clock_stepped_back_credits_no_negative_interval_and_keeps_idle_since_in_the_past() {
+    // Idle for 10 min, then the clock steps back an hour: the stretch keeps its 10 min (the
+    // step counts as no time), never in the future.
+    let mut tr = Tracker::default();
+    for i in 0..=20 {
+        tr.observe(t(i * 30), vec![gpm(0.0)]);
+    }
+    tr.observe(t(630 - 3600), vec![gpm(0.0)]);
+    assert_eq!(device(&tr, 630 - 3600).idle_since.map(|s| s.0), Some(t(-3570)));
+    // Busy, then idle on the first sample after the step: idle since then, not since the old
+    // (future) sample time.
+    let mut tr = Tracker::default();
+    for i in 0..=20 {
+        tr.observe(t(i * 30), vec![gpm(60.0)]);
+    }
+    tr.observe(t(630 - 3600), vec![gpm(0.0)]);
+    let since = device(&tr, 630 - 3600).idle_since.map(|s| s.0);
+    assert!(since.is_some_and(|s| s <= t(630 - 3600)), "{since:?}");
+    // An hour at 60% then, after a 2 h step back, an hour at 0%: the busy hour left the 1 h
+    // window (it was an hour ago), not counted as the future.
+    let mut tr = Tracker::default();
+    for i in 0..120 {
+        tr.observe(t(i * 30), vec![gpm(60.0)]);
+    }
+    for i in 0..120 {
+        tr.observe(t(i * 30 - 3600), vec![gpm(0.0)]);
+    }
+    let d = device(&tr, -30);
+    assert!(d.active_percent_1h.is_some_and(|p| p <= 1), "{:?}", d.active_percent_1h);
+    assert!(d.active_percent_24h.is_some_and(|p| (29..=31).contains(&p)), "{:?}", d.active_percent_24h);
+}

@@ -58,3 +58,45 @@ fn a_quota_created_again_before_the_operator_saw_its_deletion_is_refused() {
     assert_eq!(create("team-a", &json!({"a.quota": "team-a"})), None, "params of an older operator");
     assert_eq!(create("team-a", &json!({"_quotas": ""})), None, "the operator saw the deletion");
 }
+
+/// Issue 24: an admin-access claim of Tessera's classes in a tenant namespace (labelled
+/// `resource.kubernetes.io/admin-access`) was admitted, and listed for the pod policy only a
+/// pass later; a ResourceClaimTemplate was not stopped at all (its claim is made with the pod).
+/// Both are refused at admission for any class not proven off GPUs, naming the field.
+#[test]
+fn admin_access_claims_and_templates_of_gpu_classes_are_refused_in_tenant_namespaces() {
+    let data = json!({"a.quota": "team-a", "a.allowed": "_tessera", "_tessera": "gpu.tessera.dev",
+        "_open": "nic.example.com", "_reaching": "gpu.tessera.dev", "a.hint": "use gpu.tessera.dev", "a.uid": NS_UID});
+    let devices = |class: &str, admin: bool| {
+        json!({"requests": [{"name": "plain", "exactly": {"deviceClassName": "gpu.tessera.dev"}},
+            {"name": "watch", "exactly": {"deviceClassName": class, "adminAccess": admin}}]})
+    };
+    let claim =
+        |class: &str, admin: bool| json!({"metadata": {"name": "watch"}, "spec": {"devices": devices(class, admin)}});
+    let template = |class: &str, admin: bool| json!({"metadata": {"name": "watchers"}, "spec": {"spec": {"devices": devices(class, admin)}}});
+    let run = |object: &Value, resource: &str, operation: &str, ns: &str| {
+        let request = json!({"namespace": ns, "operation": operation, "resource": {"resource": resource}});
+        evaluate("tessera-claim-classes", object, &request, &data, NS_UID)
+    };
+    let refused = run(&claim("gpu.tessera.dev", true), "resourceclaims", "CREATE", "a").expect("claim refused");
+    assert_eq!(
+        refused,
+        "spec.devices.requests[1].exactly.adminAccess: ResourceClaim watch asks for admin access to class \
+         gpu.tessera.dev in namespace a of TenantGpuQuota team-a: admin access sees the GPUs other tenants hold \
+         (no quota limits it); run monitoring outside tenant namespaces"
+    );
+    let refused =
+        run(&template("gpu.tessera.dev", true), "resourceclaimtemplates", "CREATE", "a").expect("template refused");
+    assert!(
+        refused.starts_with(
+            "spec.spec.devices.requests[1].exactly.adminAccess: ResourceClaimTemplate watchers asks for admin access"
+        ),
+        "{refused}"
+    );
+    // A class the operator has never seen: not proven off GPUs, refused for admin access.
+    let refused = run(&claim("mig.nvidia.com", true), "resourceclaims", "CREATE", "a").expect("unknown class");
+    assert!(refused.contains("exactly.adminAccess: ResourceClaim watch asks for admin access to class mig.nvidia.com"));
+    assert_eq!(run(&claim("nic.example.com", true), "resourceclaims", "CREATE", "a"), None, "proven off GPUs");
+    assert_eq!(run(&claim("gpu.tessera.dev", false), "resourceclaims", "CREATE", "a"), None, "no admin access");
+    assert_eq!(run(&claim("gpu.tessera.dev", true), "resourceclaims", "CREATE", "b"), None, "not a tenant's");
+}

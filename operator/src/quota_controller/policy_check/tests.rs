@@ -200,7 +200,7 @@ fn each_edit_that_stops_the_policy_enforcing_is_named_by_its_field() {
             |p, _| {
                 p["spec"]["validations"].as_array_mut().unwrap().pop();
             },
-            "spec.validations[1] is missing",
+            "spec.validations[2] is missing",
         ),
         (
             "variable rewritten",

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::ResourceQuotaStatus;
+use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaStatus};
 use k8s_openapi::api::resource::v1::{DeviceRequest, ResourceClaim, ResourceSlice};
 use tessera_crds::catalog;
 use tessera_crds::quota::AllocationPath;
@@ -104,6 +104,38 @@ pub struct Planned<'a> {
     pub used: BTreeMap<String, i64>,
 }
 
+/// A namespace of the quota where this pass applies nothing (both ResourceQuota names taken by
+/// objects not the quota's): its ResourceQuotas from before stay in force as they are, so what
+/// they let it hold counts against the other namespaces' limits ([`kept_reach`]).
+#[derive(Debug, Clone)]
+pub struct Kept<'a> {
+    pub ns: String,
+    pub share: BTreeMap<String, i64>,
+    /// The quota's own ResourceQuotas there; none: the quota limits nothing there (its status
+    /// says so) and nothing of it is counted.
+    pub rqs: Vec<&'a ResourceQuota>,
+}
+
+/// What `rqs` let a namespace hold through `keys` together: per key its usage or the limit in
+/// force, whichever is more, under the strictest ResourceQuota (admission checks each). `None`
+/// (unknown: the others are held at their usage) where no ResourceQuota limits a key or shows
+/// its usage: a limit that cannot be lowered here is never taken for 0.
+pub fn kept_reach(rqs: &[&ResourceQuota], keys: &[String]) -> Option<i64> {
+    let mut total = 0;
+    for key in keys {
+        let limit = rqs
+            .iter()
+            .filter_map(|rq| {
+                let spec = rq.spec.as_ref().and_then(|s| s.hard.as_ref());
+                super::phases::in_force(spec, rq.status.as_ref().and_then(|s| s.hard.as_ref()), key)
+            })
+            .min()?;
+        let used = rqs.iter().filter_map(|rq| shown(rq.status.as_ref(), key)).max()?;
+        total += used.max(limit);
+    }
+    Some(total)
+}
+
 /// What `status` shows the namespace holds through `key`: only once `status.hard` carries the
 /// key (the quota controller counts only what it limits) and `status.used` counts it.
 fn shown(status: Option<&ResourceQuotaStatus>, key: &str) -> Option<i64> {
@@ -122,8 +154,9 @@ fn shown_hard(p: &Planned<'_>, key: &str) -> Option<i64> {
 /// the key this quota's path limits gets the namespace's limit less what the other paths and
 /// classes hold there. A device of unknown profile counts against every resource of the share
 /// (an upper bound: it may be any of them). Limits only ever go down here. Returns a note per
-/// namespace and resource whose limit is below its share, for `Ready`.
-pub fn bound(mode: AllocationPath, planned: &mut [Planned<'_>], held: &Held) -> Vec<String> {
+/// namespace and resource whose limit is below its share, for `Ready`. `kept` ([`Kept`]) count
+/// with what their old limits let them hold; nothing is planned for them.
+pub fn bound(mode: AllocationPath, planned: &mut [Planned<'_>], kept: &[Kept<'_>], held: &Held) -> Vec<String> {
     let mut notes = Vec::new();
     for p in planned.iter_mut() {
         for (res, n) in held.get(&p.ns).into_iter().flatten() {
@@ -160,7 +193,16 @@ pub fn bound(mode: AllocationPath, planned: &mut [Planned<'_>], held: &Held) -> 
             let used = own.zip(inactive).map(|(a, b)| a + b + elsewhere);
             rows.push((inactive.unwrap_or(0), elsewhere, Part { share, used }));
         }
-        let parts: Vec<Part> = rows.iter().map(|r| r.2).collect();
+        // Namespaces left as they were enter last, holding what their old limits let them reach
+        // (their own computed limit is not applied: only the others' are).
+        let kept_parts = kept.iter().filter(|k| !k.rqs.is_empty()).map(|k| {
+            let here = held.get(&k.ns);
+            let elsewhere = here.and_then(|h| h.get(&Some(res.clone()))).copied().unwrap_or(0)
+                + here.and_then(|h| h.get(&None)).copied().unwrap_or(0);
+            let share = k.share.get(&res).copied().unwrap_or(0);
+            Part { share, used: kept_reach(&k.rqs, &keys).map(|r| r + elsewhere) }
+        });
+        let parts: Vec<Part> = rows.iter().map(|r| r.2).chain(kept_parts).collect();
         for ((p, (inactive, elsewhere, part)), (limit, why)) in planned.iter_mut().zip(rows).zip(spread(&parts)) {
             let Some(current) = p.hard.get(&active).and_then(|v| super::quantity::count(v)) else { continue };
             let target = (limit - inactive - elsewhere).max(0);

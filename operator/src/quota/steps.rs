@@ -39,18 +39,22 @@ pub(super) struct Pass<'p> {
 /// The ResourceQuotas to keep: (namespace, name).
 pub(super) type Wanted = BTreeSet<(String, String)>;
 
-impl Pass<'_> {
+impl<'p> Pass<'p> {
     fn claimed_twice(&self, ns: &str) -> bool {
         self.claims.get(ns).is_some_and(|c| c.len() > 1)
     }
 
-    /// Where nothing new can be applied, what this quota enforced there stays.
-    fn keep_enforced(&self, q: &TenantGpuQuota, ns: &str, wanted: &mut Wanted) {
-        for rq in
-            self.resource_quotas.iter().filter(|rq| owned_by(rq, q) && rq.metadata.namespace.as_deref() == Some(ns))
-        {
+    /// Where nothing new can be applied, what this quota enforced there stays; returns it.
+    fn keep_enforced(&self, q: &TenantGpuQuota, ns: &str, wanted: &mut Wanted) -> Vec<&'p ResourceQuota> {
+        let kept: Vec<&'p ResourceQuota> = self
+            .resource_quotas
+            .iter()
+            .filter(|rq| owned_by(rq, q) && rq.metadata.namespace.as_deref() == Some(ns))
+            .collect();
+        for rq in &kept {
             wanted.insert((ns.to_string(), rq.metadata.name.clone().unwrap_or_default()));
         }
+        kept
     }
 }
 
@@ -156,13 +160,14 @@ fn enforce(
 ) -> (BTreeMap<String, i64>, Vec<String>, Vec<String>) {
     let mut used_total: BTreeMap<String, i64> = BTreeMap::new();
     let (mut taken, mut reduced): (Vec<String>, Vec<String>) = Default::default();
-    let (mut planned, mut rq_names) = (Vec::new(), Vec::new());
+    let (mut planned, mut rq_names, mut kept) = (Vec::new(), Vec::new(), Vec::new());
     for (ns, share) in shares(&q.spec) {
         if !p.existing_namespaces.contains(&ns) {
             continue;
         }
         let Some(rq_name) = rq_name(p, q, name, &ns, &mut taken) else {
-            p.keep_enforced(q, &ns, wanted);
+            let rqs = p.keep_enforced(q, &ns, wanted);
+            kept.push(super::holdings::Kept { ns, share, rqs });
             continue;
         };
         let mut hard = hard(p, q, &share);
@@ -178,7 +183,7 @@ fn enforce(
         rq_names.push(rq_name);
     }
     // Across namespaces: what one holds above its share comes off the others' limits.
-    reduced.extend(super::holdings::bound(q.spec.allocation, &mut planned, p.held));
+    reduced.extend(super::holdings::bound(q.spec.allocation, &mut planned, &kept, p.held));
     reduced.extend(super::unallocated::notes(p.pending, planned.iter().map(|pl| pl.ns.as_str())));
     // Across namespaces in time: a raise waits for the lowerings it takes from ([`super::phases`]).
     reduced.extend(super::phases::hold_raises(&mut planned));

@@ -8,7 +8,9 @@ use tessera_crds::TenantGpuQuota;
 
 use super::*;
 use crate::quota::claims::{ClassView, managed_class};
-use crate::quota::{Capacity, Dra, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
+use crate::quota::{
+    Capacity, Dra, QuotaPlan, fallback_resource_quota_name, plan_quotas_dra, quota_label_value, resource_quota_name,
+};
 
 const MIG: &str = "nvidia.com/mig-1g.10gb";
 const KEY: &str = "mig-1g.10gb.tessera.dev.deviceclass.resource.k8s.io/devices";
@@ -20,11 +22,12 @@ fn part(share: i64, used: Option<i64>) -> Part {
 
 /// The invariant: whatever each namespace holds (`used`: the truth, also for parts whose usage
 /// the pass did not know), no admission takes the tenant past `hard` (the sum of the shares):
-/// the sum of max(used, limit) is at most max(hard, sum of used).
-fn within_hard(parts: &[Part], limits: &[(i64, Cut)], used: &[i64]) -> bool {
+/// the sum of max(used, limit) is at most max(hard, sum of `held`) (`held`: `used`, or for a
+/// namespace left as it was what its old limit lets it reach).
+fn within_hard(parts: &[Part], limits: &[(i64, Cut)], used: &[i64], held: &[i64]) -> bool {
     let hard: i64 = parts.iter().map(|p| p.share).sum();
     let reach: i64 = used.iter().zip(limits).map(|(u, (l, _))| (*u).max(*l)).sum();
-    reach <= hard.max(used.iter().sum())
+    reach <= hard.max(held.iter().sum())
 }
 
 #[test]
@@ -64,20 +67,28 @@ proptest! {
     /// past `hard`; the one exception is the first pass (no usage known at all) over namespaces
     /// that already hold more than their shares (see `spread`). And a limit is never above its
     /// share.
+    ///
+    /// A namespace left as it was (`kept`: an old limit this pass cannot lower, see
+    /// [`Kept`]) enters as a part holding what that limit lets it reach ([`kept_reach`]): its
+    /// real limit replaces the one computed, and it counts as held.
     #[test]
     fn no_admission_takes_the_tenant_past_hard(
-        rows in prop::collection::vec((0i64..8, 0i64..12, any::<bool>()), 1..6),
+        rows in prop::collection::vec((0i64..8, 0i64..12, any::<bool>(), prop::option::of(0i64..12)), 1..6),
     ) {
-        let parts: Vec<Part> = rows.iter().map(|(s, u, known)| part(*s, known.then_some(*u))).collect();
-        let used: Vec<i64> = rows.iter().map(|(_, u, _)| *u).collect();
+        let held: Vec<i64> = rows.iter().map(|(_, u, _, kept)| (*u).max(kept.unwrap_or(0))).collect();
+        let parts: Vec<Part> =
+            rows.iter().zip(&held).map(|((s, _, known, _), h)| part(*s, known.then_some(*h))).collect();
+        let used: Vec<i64> = rows.iter().map(|(_, u, _, _)| *u).collect();
         let limits = spread(&parts);
         prop_assert_eq!(limits.len(), parts.len());
         for (p, (l, _)) in parts.iter().zip(&limits) {
             prop_assert!(*l >= 0 && *l <= p.share, "{:?} -> {:?}", parts, limits);
         }
-        let first_pass_over = parts.iter().all(|p| p.used.is_none()) && rows.iter().any(|(s, u, _)| u > s);
+        let real: Vec<(i64, Cut)> =
+            rows.iter().zip(&limits).map(|((_, _, _, kept), l)| kept.map_or(*l, |k| (k, Cut::None))).collect();
+        let first_pass_over = parts.iter().all(|p| p.used.is_none()) && rows.iter().zip(&held).any(|(r, h)| *h > r.0);
         if !first_pass_over {
-            prop_assert!(within_hard(&parts, &limits, &used), "{:?} used {:?} -> {:?}", parts, used, limits);
+            prop_assert!(within_hard(&parts, &real, &used, &held), "{:?} used {:?} -> {:?}", rows, used, real);
         }
     }
 }
@@ -182,6 +193,43 @@ fn a_lowered_hard_or_edited_namespace_hard_admits_nothing_past_it() {
     ];
     let p = plan(&[moved], &["a", "b"], &rqs, Held::new());
     assert_eq!((limit(&p, "a", KEY), limit(&p, "b", KEY)), ("1".into(), "0".into()));
+}
+
+/// Issue 24 (gap): in `b` both ResourceQuota names are taken by objects not the quota's, so this
+/// pass applies nothing there; the quota's ResourceQuota from before (written under another name,
+/// e.g. by an older operator) stays in force, letting `b` reach 4 of an `Even` share of 2. Before,
+/// `a` still got 2 (the tenant could reach 6 of 4); now what `b`'s old ResourceQuota lets it hold
+/// (its usage or its limit, whichever is more) comes off `a`'s headroom, and `a` waits while that
+/// is unknown.
+#[test]
+fn a_namespace_left_as_it_was_counts_what_its_old_resource_quota_lets_it_hold() {
+    let q = quota("team-a", json!({"namespaces": ["a", "b"], "hard": {MIG: 4}, "allocation": "ResourceClaims"}));
+    let foreign = |name: String| -> ResourceQuota {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "b"}, "spec": {"hard": {"pods": "9"}}}))
+            .unwrap()
+    };
+    let old = |limit: i64, used: i64, status: bool| {
+        let mut rq = synced("team-a", "b", &[(KEY, limit), (REQ, 0)], &[(KEY, used), (REQ, 0)]);
+        rq.metadata.name = Some("tessera-team-a-v0".into());
+        if !status {
+            rq.status = None;
+        }
+        rq
+    };
+    let a = synced("team-a", "a", &[(KEY, 2), (REQ, 0)], &[(KEY, 0), (REQ, 0)]);
+    let taken = [foreign(resource_quota_name("team-a")), foreign(fallback_resource_quota_name("team-a", "uid-team-a"))];
+    let run = |kept: Option<ResourceQuota>| {
+        let rqs: Vec<ResourceQuota> = [a.clone()].into_iter().chain(taken.clone()).chain(kept).collect();
+        let p = plan(std::slice::from_ref(&q), &["a", "b"], &rqs, Held::new());
+        assert!(p.apply.iter().all(|x| x.namespace == "a"), "nothing applied in b: {:?}", p.apply);
+        limit(&p, "a", KEY)
+    };
+    assert_eq!(run(Some(old(4, 3, true))), "0", "b may reach 4: 2 above its share");
+    assert_eq!(run(Some(old(3, 1, true))), "1", "b may reach 3");
+    assert_eq!(run(Some(old(1, 3, true))), "1", "b holds 3 over a limit of 1");
+    assert_eq!(run(Some(old(2, 0, true))), "2", "within its share");
+    assert_eq!(run(Some(old(4, 3, false))), "0", "unknown usage: a held at its usage");
+    assert_eq!(run(None), "2", "no ResourceQuota of the quota in b: nothing of it counts (not enforced there)");
 }
 
 fn held(pairs: &[(&str, Option<&str>, i64)]) -> Held {

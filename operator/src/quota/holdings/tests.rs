@@ -232,6 +232,23 @@ fn a_namespace_left_as_it_was_counts_what_its_old_resource_quota_lets_it_hold() 
     assert_eq!(run(None), "2", "no ResourceQuota of the quota in b: nothing of it counts (not enforced there)");
 }
 
+/// [`kept_reach`] per key: usage or limit, whichever is more, under the strictest ResourceQuota;
+/// a key none limits (or no status) is unknown, never 0.
+#[test]
+fn what_a_kept_namespace_may_hold_is_read_from_its_strictest_resource_quota() {
+    let keys = [KEY.to_string(), REQ.to_string()];
+    let loose = synced("team-a", "b", &[(KEY, 4), (REQ, 1)], &[(KEY, 1), (REQ, 0)]);
+    let strict = synced("team-a", "b", &[(KEY, 2), (REQ, 0)], &[(KEY, 1), (REQ, 0)]);
+    assert_eq!(kept_reach(&[&loose], &keys), Some(5));
+    assert_eq!(kept_reach(&[&loose, &strict], &keys), Some(2));
+    let unlimited = synced("team-a", "b", &[(KEY, 4)], &[(KEY, 1)]);
+    assert_eq!(kept_reach(&[&unlimited], &keys), None, "requests key unlimited");
+    let mut unsynced = loose.clone();
+    unsynced.status = None;
+    assert_eq!(kept_reach(&[&unsynced], &keys), None, "no status");
+    assert_eq!(kept_reach(&[], &keys), None);
+}
+
 fn held(pairs: &[(&str, Option<&str>, i64)]) -> Held {
     let mut h = Held::new();
     for (ns, res, n) in pairs {

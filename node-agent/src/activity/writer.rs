@@ -60,8 +60,6 @@ pub struct Writer {
     pub pruned: Option<Vec<String>>,
 }
 
-pub use super::failing::FAILING_AFTER_SAMPLES;
-
 impl Writer {
     /// The reconcile read this node's GpuNode `gn`: when it is not what this agent last wrote to
     /// (deleted and recreated: another UID) or stores no summary, `last` is forgotten so the

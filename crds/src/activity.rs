@@ -56,14 +56,21 @@ pub struct DeviceActivity {
     /// Mean SM activity over the last 24 hours (or since the agent started), in percent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_percent_24h: Option<i32>,
-    /// Since when the device has been idle without a break (GPM: SM activity under 1%; without
-    /// GPM: no compute process); absent while it is active.
+    /// Since when the device has been idle without a break; absent while it is active. GPM: idle
+    /// once SM activity is under 1%, and active again only at 5% or more (a figure between
+    /// keeps the stretch, and does not start one); without GPM: no compute process. A stretch
+    /// never spans more than 10 minutes the agent did not observe (stopped, hung): it starts
+    /// over after. A clock stepped back moves it back by the step (never in the future).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_since: Option<Time>,
-    /// GPU memory in use on the device, MiB.
+    /// GPU memory in use on the device, MiB, as of the last write: a change alone is not
+    /// written. Without a compute process, memory rising over 256 MiB (held: a leak) is
+    /// written, and once written held, falling to 128 MiB or less; amounts that only move are
+    /// not (read it against 256 MiB).
     #[serde(default)]
     pub memory_used_mib: i64,
-    /// Compute processes running on the device.
+    /// Compute processes running on the device, as of the last write: processes appearing or
+    /// all going is written, a count that only moves is not.
     #[serde(default)]
     pub processes: i32,
     /// The pod all of the device's compute processes run in (the agent finds it from their
@@ -95,3 +102,31 @@ impl std::fmt::Display for DevicePod {
 /// hardware (11 MiB in NVIDIA's examples), a CUDA context several hundred. Shared by the node
 /// agent (reports, write rule) and the operator (idle rule) so both draw the line at one place.
 pub const LEAK_THRESHOLD_MIB: u64 = 256;
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+
+    use crate::GpuNode;
+
+    /// The description of `status.activity.devices[].<field>` in the GpuNode CRD.
+    fn description(field: &str) -> String {
+        let crd = serde_json::to_value(GpuNode::crd()).unwrap();
+        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"];
+        let device = &status["properties"]["activity"]["properties"]["devices"]["items"]["properties"];
+        device[field]["description"].as_str().unwrap_or_default().to_string()
+    }
+
+    #[test]
+    fn the_crd_says_when_an_idle_device_is_active_again_and_which_figures_are_as_written() {
+        let idle = description("idleSince");
+        // The agent's hysteresis: idle under 1%, active again only from 5%; and its gap rule.
+        assert!(idle.contains("under 1%") && idle.contains("at 5% or more"), "idleSince: {idle}");
+        assert!(idle.contains("10 minutes"), "idleSince, the gap rule: {idle}");
+        // Written only when a leak begins or ends: the stored figures may lag the device.
+        for field in ["memoryUsedMib", "processes"] {
+            let d = description(field);
+            assert!(d.contains("as of the last write"), "{field}: {d}");
+        }
+    }
+}

@@ -7,6 +7,7 @@
 
 pub mod backoff;
 pub mod bench;
+pub mod failing;
 #[cfg(test)]
 pub mod faulty;
 pub mod holders;

@@ -71,6 +71,19 @@ impl Observation {
             _ => Some(self.processes == 0),
         }
     }
+
+    /// [`Observation::idle`] for a device in an idle stretch (`idle_before`) or not, after
+    /// `gpm_failures` GPM failures in a row: in a stretch a GPM figure under
+    /// [`ACTIVE_FROM_PERCENT`] keeps it idle (hysteresis); GPM failing for good judges by the
+    /// processes ([`GPM_FAILURES_BEFORE_PROCESSES`]). Shared by a running agent and a restart's
+    /// seeding, so both judge a figure in the band alike.
+    pub(crate) fn idle_after(&self, idle_before: bool, gpm_failures: u32) -> Option<bool> {
+        match self.gpm_failed && gpm_failures >= GPM_FAILURES_BEFORE_PROCESSES {
+            true => Some(self.processes == 0),
+            false if idle_before && self.sm_active_percent.is_some_and(|p| p < ACTIVE_FROM_PERCENT) => Some(true),
+            false => self.idle(),
+        }
+    }
 }
 
 /// Seconds observed and SM-active seconds in one minute; or, seeded from a stored summary, over
@@ -107,6 +120,12 @@ impl History {
             self.rebase(-interval);
             interval = SignedDuration::ZERO;
         }
+        if interval > MAX_INTERVAL {
+            // Nobody observed the gap (the agent hung, or its samples stopped): an idle stretch
+            // does not span it, as after a restart past the gap rule (`seed`); this sample
+            // judges afresh, without the band of a stretch going on.
+            self.idle_since = None;
+        }
         if let Some(p) = o.sm_active_percent
             && interval > SignedDuration::ZERO
             && interval <= MAX_INTERVAL
@@ -114,14 +133,8 @@ impl History {
             self.credit(now, interval.as_secs_f64(), p.clamp(0.0, 100.0));
         }
         self.gpm_failures = if o.gpm_failed { self.gpm_failures.saturating_add(1) } else { 0 };
-        let idle = match o.gpm_failed && self.gpm_failures >= GPM_FAILURES_BEFORE_PROCESSES {
-            true => Some(o.processes == 0),
-            // Hysteresis: idle under 1%, active again only from `ACTIVE_FROM_PERCENT`.
-            false if self.idle_since.is_some() && o.sm_active_percent.is_some_and(|p| p < ACTIVE_FROM_PERCENT) => {
-                Some(true)
-            }
-            false => o.idle(),
-        };
+        // Hysteresis: idle under 1%, active again only from `ACTIVE_FROM_PERCENT`.
+        let idle = o.idle_after(self.idle_since.is_some(), self.gpm_failures);
         match idle {
             // GPM's figure covers the interval since the previous sample: idle from its start.
             Some(true) if self.idle_since.is_none() => {

@@ -16,7 +16,8 @@ impl Tracker {
     /// `current_until` is until when the previous run kept `prior` current (its last heartbeat,
     /// or when its report began to fail; see [`crate::activity::previous`]). Within
     /// [`MAX_INTERVAL`] of it (the gap rule of a running agent) the restart is no gap: each
-    /// stored `idleSince` is kept unless the device is active now, and the devices in `unread`
+    /// stored `idleSince` is kept unless the device is active now (GPM: from
+    /// [`super::ACTIVE_FROM_PERCENT`], as in a running stretch), and the devices in `unread`
     /// (reads failed this pass; a GPU's when the UUID is `None`) are kept as stored, as a
     /// running agent keeps them, until the gap rule drops them. Past it (or unknown) nobody
     /// observed the time between: idle stretches start over from this run's samples, and unread
@@ -38,8 +39,11 @@ impl Tracker {
         let shares_at = measured_at.filter(|at| *at <= now && now.duration_since(*at).as_secs() < DAY);
         let continuous = current_until.filter(|at| now.duration_since(*at) <= MAX_INTERVAL);
         let carry = |h: &mut History, d: &DeviceActivity| {
-            if continuous.is_some() && h.last.idle() != Some(false) {
-                h.idle_since = d.idle_since.as_ref().map(|t| t.0).filter(|s| *s <= now).or(h.idle_since);
+            // A stored stretch goes on as in a running agent: a first figure in the band
+            // (under `ACTIVE_FROM_PERCENT`) does not end it.
+            let stored = d.idle_since.as_ref().map(|t| t.0).filter(|s| *s <= now);
+            if continuous.is_some() && h.last.idle_after(stored.is_some(), h.gpm_failures) != Some(false) {
+                h.idle_since = stored.or(h.idle_since);
             }
             if let Some(at) = shares_at {
                 h.seed_shares(at, d.active_percent_1h, d.active_percent_24h);
@@ -105,6 +109,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use tessera_crds::activity::ActivitySource;
 
+    use super::super::ACTIVE_FROM_PERCENT;
     use super::*;
 
     fn t(s: i64) -> Timestamp {
@@ -172,12 +177,17 @@ mod tests {
             }
         }
         // Unread on: kept up to 10 min after the previous run was last current, as a running
-        // agent keeps it; read again within that, the same stretch goes on.
-        let mut tr = Tracker::seed(t(60), &prior(), Some(t(0)), a(), &one);
-        tr.observe_unread(t(600), a(), &one);
-        assert!(find(&tr, 600, "MIG-b").is_some());
-        tr.observe(t(630), vec![obs("MIG-a", ActivitySource::Gpm, 0), obs("MIG-b", ActivitySource::Gpm, 0)]);
-        assert_eq!(find(&tr, 630, "MIG-b").unwrap().idle_since, Some(Time(t(-3600))));
+        // agent keeps it; read again within that, the same stretch goes on; read later, the
+        // stretch does not span the 10 min nobody observed it (a running agent's gap rule).
+        let both = || vec![obs("MIG-a", ActivitySource::Gpm, 0), obs("MIG-b", ActivitySource::Gpm, 0)];
+        for (read_at, want) in [(600, Some(Time(t(-3600)))), (630, None)] {
+            let mut tr = Tracker::seed(t(60), &prior(), Some(t(0)), a(), &one);
+            tr.observe_unread(t(570), a(), &one);
+            tr.observe_unread(t(600), a(), &one);
+            assert!(find(&tr, 600, "MIG-b").is_some());
+            tr.observe(t(read_at), both());
+            assert_eq!(find(&tr, read_at, "MIG-b").unwrap().idle_since, want, "read at {read_at}");
+        }
         let mut tr = Tracker::seed(t(60), &prior(), Some(t(0)), a(), &one);
         tr.observe_unread(t(601), a(), &one);
         assert!(find(&tr, 601, "MIG-b").is_none(), "past the gap rule: dropped");
@@ -210,6 +220,30 @@ mod tests {
             }
             let tr = Tracker::seed(t(now), &p, until.map(t), first, &[]);
             assert_eq!(find(&tr, now, "MIG-a").unwrap().idle_since, want.map(|s| Time(t(s))), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_first_gpm_figure_in_the_band_keeps_the_stored_idle_stretch_as_a_running_agent_does() {
+        let figure = |sm: f64| Observation { sm_active_percent: Some(sm), ..obs("MIG-a", ActivitySource::Gpm, 1) };
+        let mut busy = prior();
+        busy.devices.iter_mut().for_each(|d| d.idle_since = None);
+        // (case, stored, current until, first figure, want idle since at 60)
+        type Case = (&'static str, NodeActivity, Option<i64>, f64, Option<i64>);
+        let cases: [Case; 6] = [
+            ("stored idle, 3% (the band): the stretch goes on", prior(), Some(0), 3.0, Some(-3600)),
+            ("stored idle, just under 5%: the stretch goes on", prior(), Some(0), 4.9, Some(-3600)),
+            ("stored idle, 5%: active", prior(), Some(0), ACTIVE_FROM_PERCENT, None),
+            ("stored idle, 0.5%: the stretch goes on", prior(), Some(0), 0.5, Some(-3600)),
+            ("stored active, 3%: active (idle only under 1%)", busy, Some(0), 3.0, None),
+            ("stored idle, down past the gap rule, 3%: judged afresh, active", prior(), Some(-600), 3.0, None),
+        ];
+        for (name, stored, until, sm, want) in cases {
+            let mut tr = Tracker::seed(t(60), &stored, until.map(t), vec![figure(sm)], &[]);
+            assert_eq!(find(&tr, 60, "MIG-a").unwrap().idle_since, want.map(|s| Time(t(s))), "{name}");
+            // The next figure in the band: as a running agent, the same (or no) stretch.
+            tr.observe(t(90), vec![figure(3.0)]);
+            assert_eq!(find(&tr, 90, "MIG-a").unwrap().idle_since, want.map(|s| Time(t(s))), "{name}: next");
         }
     }
 }

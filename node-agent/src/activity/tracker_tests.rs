@@ -147,6 +147,29 @@ fn a_long_gap_is_not_credited_to_either_window() {
     assert_eq!(d.idle_since, None);
 }
 
+#[test]
+fn an_idle_stretch_does_not_span_a_gap_past_the_gap_rule() {
+    let pm = |procs| mig("MIG-a", ActivitySource::ProcessesAndMemory, None, procs);
+    let unknown = || Observation { gpm_failed: true, ..mig("MIG-a", ActivitySource::Gpm, None, 1) };
+    // (case, before the gap, gap (s), the first sample after it, want idle since)
+    type Case = (&'static str, fn(u32) -> Observation, i64, Observation, Option<i64>);
+    let gpm0 = |_| gpm("MIG-a", 0.0);
+    let cases: [Case; 6] = [
+        ("a gap of exactly the gap rule: the stretch goes on", gpm0, 600, gpm("MIG-a", 0.0), Some(0)),
+        ("hung an hour, idle after: a new stretch from the sample after", gpm0, 3600, gpm("MIG-a", 0.0), Some(4170)),
+        ("hung an hour, then 3% (the band): not idle, nothing to go on", gpm0, 3600, gpm("MIG-a", 3.0), None),
+        ("hung an hour, then GPM failed with a process: unknown, not idle", gpm0, 3600, unknown(), None),
+        ("without GPM: a new stretch from the sample after", pm, 3600, pm(0), Some(4170)),
+        ("without GPM, a gap of exactly the gap rule: the stretch goes on", pm, 600, pm(0), Some(0)),
+    ];
+    for (name, before, gap, after, want) in cases {
+        let mut tr = Tracker::default();
+        run(&mut tr, 0, 600, 30, |_| vec![before(0)]);
+        tr.observe(t(570 + gap), vec![after]);
+        assert_eq!(device(&tr, 570 + gap, "MIG-a").idle_since, want.map(|s| Time(t(s))), "{name}");
+    }
+}
+
 fn prior(measured_at: i64, uuid: &str, source: ActivitySource, idle_since: Option<i64>) -> NodeActivity {
     NodeActivity {
         measured_at: Some(Time(t(measured_at))),

@@ -47,28 +47,17 @@ pub struct Writer {
     pub backoff: super::backoff::Backoff,
     /// Since when the stored summary has not been kept current (sampling failed, the stored one
     /// could not be read, or a write it needed failed or waits out the back-off); `None` while
-    /// current. Announced on the heartbeat Lease ([`Writer::failing_since`]).
+    /// current; moved back by a clock step like `idleSince` ([`Writer::passed`]). Announced on
+    /// the heartbeat Lease ([`Writer::failing_since`]).
     pub failing: Option<Timestamp>,
     /// The previous run as its heartbeat Lease left it, once read ([`Agent::previous_run`]).
     pub previous: Option<super::previous::PreviousRun>,
+    /// When the last pass ended, by this node's clock: a later pass or renewal reading an
+    /// earlier time saw the clock step back ([`Writer::passed`]).
+    pub last_pass: Option<Timestamp>,
     /// The `status.activity` paths the API server dropped from the last write (an older CRD
     /// prunes fields it does not know); `None` when it stored everything sent.
     pub pruned: Option<Vec<String>>,
-}
-
-/// A report not current for longer than this many samples is announced (a passing failure,
-/// retried on the next sample, is not).
-pub const FAILING_AFTER_SAMPLES: u32 = 2;
-
-impl Writer {
-    /// Since when the activity report has not been current, once that has lasted longer than
-    /// [`FAILING_AFTER_SAMPLES`] samples at `now`: the heartbeat Lease carries it, and the
-    /// operator sets the node's summary aside as a dead agent's.
-    pub fn failing_since(&self, now: Timestamp) -> Option<Timestamp> {
-        let grace =
-            SignedDuration::try_from(self.sample_interval * FAILING_AFTER_SAMPLES).unwrap_or(SignedDuration::MAX);
-        self.failing.filter(|since| now.duration_since(*since) > grace)
-    }
 }
 
 impl Writer {
@@ -130,6 +119,7 @@ impl Default for Writer {
             backoff: Default::default(),
             failing: None,
             previous: None,
+            last_pass: None,
             pruned: None,
         }
     }
@@ -142,11 +132,7 @@ impl<B: GpuBackend> Agent<B> {
     /// by the next that leaves it current.
     pub async fn sample_activity(&mut self) -> Result<(), Error> {
         let current = self.activity_pass().await;
-        let now = Timestamp::now();
-        match current {
-            Ok(true) => self.activity.failing = None,
-            Ok(false) | Err(_) => self.activity.failing = self.activity.failing.or(Some(now)),
-        }
+        self.activity.passed(Timestamp::now(), matches!(current, Ok(true)));
         current.map(|_| ())
     }
 

@@ -1,0 +1,82 @@
+//! Whether the activity report is current, as the heartbeat Lease announces it
+//! (`tessera.dev/activity-failing-since`): since when the stored summary has been left behind.
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use super::writer::Writer;
+
+/// A report not current for longer than this many samples is announced (a passing failure,
+/// retried on the next sample, is not).
+pub const FAILING_AFTER_SAMPLES: u32 = 2;
+
+impl Writer {
+    /// Since when the activity report has not been current, once that has lasted longer than
+    /// [`FAILING_AFTER_SAMPLES`] samples at `now`: the heartbeat Lease carries it, and the
+    /// operator sets the node's summary aside as a dead agent's.
+    pub fn failing_since(&self, now: Timestamp) -> Option<Timestamp> {
+        let grace =
+            SignedDuration::try_from(self.sample_interval * FAILING_AFTER_SAMPLES).unwrap_or(SignedDuration::MAX);
+        self.failing_rebased(now).filter(|since| now.duration_since(*since) > grace)
+    }
+
+    /// A pass ended at `now`, leaving the stored summary `current` or not: a failure starts
+    /// [`Writer::failing`] (kept from its first pass, moved back by a clock step), a current
+    /// report clears it.
+    pub fn passed(&mut self, now: Timestamp, current: bool) {
+        self.failing = if current { None } else { self.failing_rebased(now).or(Some(now)) };
+        self.last_pass = Some(now);
+    }
+
+    /// [`Writer::failing`] as of `now`: when the clock reads earlier than the last pass it
+    /// stepped back, and the failure moves back by as much, as the tracker moves `idleSince`
+    /// (`History::rebase`): the step counts as no time, so the failure is announced after the
+    /// usual grace, not late by the size of the step, and never lies in the future.
+    fn failing_rebased(&self, now: Timestamp) -> Option<Timestamp> {
+        let step = self.last_pass.map_or(SignedDuration::ZERO, |at| at.duration_since(now).max(SignedDuration::ZERO));
+        self.failing.map(|since| since.checked_sub(step).unwrap_or(since))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    #[test]
+    fn a_failure_is_announced_after_two_samples_and_ends_with_a_current_pass() {
+        let mut w = Writer::default();
+        w.passed(t(0), true);
+        w.passed(t(30), false);
+        w.passed(t(60), false);
+        assert_eq!(w.failing_since(t(90)), None, "two samples: a passing failure");
+        w.passed(t(91), false);
+        assert_eq!(w.failing_since(t(91)), Some(t(30)), "past two samples: since the first");
+        w.passed(t(120), true);
+        assert_eq!(w.failing_since(t(150)), None);
+    }
+
+    #[test]
+    fn a_clock_stepped_back_moves_the_failure_back_as_the_tracker_moves_idle_since() {
+        // Failing since 0; after the pass at 30 the clock steps back an hour. As in
+        // `History::rebase`, the step counts as no time: the failure keeps the 30 s it had, so
+        // it is announced once it has lasted two samples as usual, not an hour late.
+        let step = 3600;
+        let mut w = Writer::default();
+        w.passed(t(0), false);
+        w.passed(t(30), false);
+        // A renewal before the next pass: 30 s of failing, not announced yet.
+        assert_eq!(w.failing_since(t(45 - step)), None);
+        w.passed(t(60 - step), false);
+        assert_eq!(w.failing_since(t(90 - step)), None, "60 s: two samples, not past them");
+        assert_eq!(w.failing_since(t(91 - step)), Some(t(30 - step)), "past two samples");
+        w.passed(t(90 - step), false);
+        assert_eq!(w.failing_since(t(120 - step)), Some(t(30 - step)), "the same since, pass after pass");
+        // A current pass still clears it; a step with nothing failing announces nothing.
+        w.passed(t(120 - step), true);
+        w.passed(t(150 - 2 * step), true);
+        assert_eq!(w.failing_since(t(300 - 2 * step)), None);
+    }
+}

@@ -3,7 +3,9 @@
 //! the API server running the shipped policies. A namespace deleted and created again while the
 //! operator is down (`<ns>.uid`), a quota deleted and created again under its name meanwhile
 //! (`_quotas`, policy `tessera-quota-names`), two quotas claiming one namespace, one
-//! `unlisted: Zero` (`<ns>.limited`); and the policies type-check there without warnings.
+//! `unlisted: Zero` (`<ns>.limited`), both ResourceQuota names taken (`<ns>.pending`), more
+//! leftover claims than the params list (`<ns>.claims: _all`); and the policies type-check there
+//! without warnings.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota, ServiceAccount};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
 use tessera_e2e::fixtures::{apply_file, create_namespace, install_crds, spawn_operator, wait_for};
@@ -261,4 +263,101 @@ async fn the_shipped_policies_type_check_on_the_api_server_without_warnings() {
         .unwrap();
         assert_eq!(checked.expression_warnings.unwrap_or_default(), vec![], "{name}");
     }
+}
+
+/// Issue 24: both names the quota may give its ResourceQuota in `a` are held by the tenant's
+/// own. Waiting will not help, so the pod policy's refusal gives the cause the params carry
+/// (`a.pending`) instead of "retry in a few seconds"; once one name is freed, the operator
+/// writes its ResourceQuota there and GPU pods are admitted within the share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_resource_quota_names_taken_refuses_gpu_pods_naming_the_cause() {
+    let (_cp, admin, _op) = setup(&["a"]).await;
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let spec = json!({"namespaces": ["b"], "hard": {"nvidia.com/gpu": 2}});
+    let uid = quotas.create(&PostParams::default(), &quota("team-a", spec)).await.unwrap().metadata.uid.unwrap();
+    let fallback = tessera_operator::quota::fallback_resource_quota_name("team-a", &uid);
+    let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), "a");
+    for name in ["tessera-team-a", fallback.as_str()] {
+        let rq: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"hard": {GPU: "100"}}}))
+        .unwrap();
+        rqs.create(&PostParams::default(), &rq).await.unwrap();
+    }
+    let join = json!({"spec": {"namespaces": ["b", "a"]}});
+    quotas.patch("team-a", &PatchParams::default(), &Patch::Merge(&join)).await.unwrap();
+    let data = wait_params(&admin, "a.pending written", |d| d.contains_key("a.pending") && pending(d, "a")).await;
+    let cause = format!("ResourceQuotas tessera-team-a and {fallback} there are not TenantGpuQuota team-a's");
+    assert!(data["a.pending"].starts_with(&cause), "{}", data["a.pending"]);
+
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "a");
+    let msg = pods.create(&PostParams::default(), &gpu_pod("early", "nvidia.com/gpu")).await.unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!(
+            "spec.containers[0].resources.requests[nvidia.com/gpu]: namespace a of TenantGpuQuota team-a: {cause}"
+        )) && msg.contains("rename or delete one")
+            && !msg.contains("retry in a few seconds"),
+        "{msg}"
+    );
+
+    rqs.delete("tessera-team-a", &DeleteParams::default()).await.unwrap();
+    wait_enforced(&admin, "a", "team-a", GPU, "1").await;
+    wait_params(&admin, "a enforced", |d| !d.contains_key("a.pending") && !pending(d, "a")).await;
+    pods.create(&PostParams::default(), &gpu_pod("p0", "nvidia.com/gpu")).await.unwrap();
+}
+
+/// Issue 24: more leftover claims of a GPU class in `x` than `x.claims` may list (1 KiB per
+/// namespace) were made before it joined its quota. The params say `_all`: the API server
+/// refuses every pod naming an existing claim there, even one of an open class, naming the
+/// cause and the way out (templates); a pod using a template is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_claims_cap_every_pod_naming_an_existing_claim_is_refused() {
+    let (_cp, admin, _op) = setup(&["x"]).await;
+    let classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(admin.clone());
+    for (name, expr) in [
+        ("mig.nvidia.com", "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"),
+        ("fpga.example.com", "device.driver == 'fpga.example.com'"),
+    ] {
+        let class = serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expr}}]}}))
+        .unwrap();
+        classes.create(&PostParams::default(), &class).await.unwrap();
+    }
+    let claim = |name: &str, class: &str| -> ResourceClaim {
+        serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name}, "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": class}}]}}}))
+        .unwrap()
+    };
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "x");
+    // 30 entries of ~50 characters: past 1 KiB.
+    for i in 0..30 {
+        claims
+            .create(&PostParams::default(), &claim(&format!("leftover-from-before-the-quota-{i:02}"), "mig.nvidia.com"))
+            .await
+            .unwrap();
+    }
+    claims.create(&PostParams::default(), &claim("fpga", "fpga.example.com")).await.unwrap();
+
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let spec = json!({"namespaces": ["x"], "hard": {"nvidia.com/mig-1g.10gb": 2}});
+    quotas.create(&PostParams::default(), &quota("team-x", spec)).await.unwrap();
+    wait_params(&admin, "x.claims is _all", |d| d.get("x.claims").map(String::as_str) == Some("_all")).await;
+
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "x");
+    let naming: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "g"}]}}],
+                 "resourceClaims": [{"name": "g", "resourceClaimName": "fpga"}]}}))
+    .unwrap();
+    let msg = pods.create(&PostParams::default(), &naming).await.unwrap_err().to_string();
+    assert!(
+        msg.contains(
+            "spec.resourceClaims[0].resourceClaimName: namespace x of TenantGpuQuota team-x holds more unallocated \
+             ResourceClaims of GPU classes not Tessera's than the params can list"
+        ) && msg.contains("use resourceClaimTemplateName"),
+        "{msg}"
+    );
+    let templated: Pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "t"},
+        "spec": {"containers": [{"name": "c", "image": "x"}],
+                 "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "any"}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &templated).await.unwrap();
 }

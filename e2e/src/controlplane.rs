@@ -129,7 +129,9 @@ impl ControlPlane {
             "--leader-elect=false".into(),
             // resourceclaim-controller: DRA's claims from templates (one per pod), `reservedFor` cleared
             // when pods go, the delete-protection finalizer removed (see e2e/src/dra.rs).
-            "--controllers=disruption,replicaset,deployment,daemonset,garbagecollector,namespace,resourcequota,job,serviceaccount,nodelifecycle,clusterrole-aggregation,resourceclaim-controller".into(),
+            // validatingadmissionpolicy-status-controller: the policies' `status.typeChecking`
+            // (e2e/tests/quota_params.rs).
+            "--controllers=disruption,replicaset,deployment,daemonset,garbagecollector,namespace,resourcequota,job,serviceaccount,nodelifecycle,clusterrole-aggregation,resourceclaim-controller,validatingadmissionpolicy-status-controller".into(),
             "--concurrent-gc-syncs=5".into(),
             // The default 20 requests/s untaints new nodes at about ten a second: minutes for a
             // bench's thousands of kwok nodes, each change a Node event for every watcher.

@@ -93,7 +93,7 @@ mod tests;
 pub const QUOTAS: &str = "_quotas";
 
 /// The params key holding tenant namespace `ns`'s UID as the operator last saw it. Both
-/// policies compare it with `namespaceObject.metadata.uid`: a namespace deleted and created
+/// policies compare it with the namespace's UID: a namespace deleted and created
 /// again while the operator is down has no ResourceQuota, yet the params still call the old one
 /// enforced; a mismatch is pending (GPU pods refused) and closed (GPU classes refused). Written
 /// for every tenant namespace that exists; a namespace the operator has not seen has no key

@@ -180,7 +180,7 @@ fn under_unlisted_zero_a_gpu_resource_no_resource_quota_limits_is_refused() {
 
 /// Review gap: a tenant namespace deleted and created again while the operator is down has no
 /// ResourceQuota, yet the params still called it enforced. The params carry its UID now: a
-/// mismatch with `namespaceObject.metadata.uid` refuses GPU pods, naming the cause. Params with
+/// mismatch with the namespace's UID refuses GPU pods, naming the cause. Params with
 /// no `<ns>.uid` (an older operator's) are not checked.
 #[test]
 fn a_namespace_created_again_while_the_operator_is_down_refuses_gpu_pods() {
@@ -271,9 +271,86 @@ fn a_pod_naming_an_admin_access_claim_of_a_gpu_class_is_refused() {
     let refused = admit(&pod, "x", &data).expect("a pod naming watch is refused");
     assert!(
         refused.contains(
-            "ResourceClaim watch (class mig.nvidia.com,adminAccess) is not limited by TenantGpuQuota team-a of \
-             namespace x"
+            "ResourceClaim watch (class mig.nvidia.com,adminAccess) of namespace x (TenantGpuQuota team-a) asks \
+             for admin access to GPU devices"
         ),
         "{refused}"
     );
+}
+
+/// Review gap: a listed admin-access claim got the unallocated claim's message ("made before the
+/// namespace joined it ... it would be allocated with no quota check"), which is not its cause
+/// and asks for a Tessera class no admin could use. It has its own: the claim sees GPUs other
+/// tenants hold. The claim's params entry (`<claim>:<class>,adminAccess`) stays in the message.
+#[test]
+fn an_admin_access_claim_is_refused_with_its_own_cause() {
+    let data = json!({"x.quota": "team-a", "_pending": "", "x.claims": "stash:gpu.nvidia.com watch:mig.nvidia.com,adminAccess"});
+    let naming = |name: &str| {
+        json!({"spec": {"containers": [{"name": "c"}], "resourceClaims": [
+            {"name": "t", "resourceClaimTemplateName": "tpl"}, {"name": "g", "resourceClaimName": name}]}})
+    };
+    let refused = admit(&naming("watch"), "x", &data).expect("a pod naming watch is refused");
+    assert_eq!(
+        refused,
+        "spec.resourceClaims[1].resourceClaimName: ResourceClaim watch (class mig.nvidia.com,adminAccess) of \
+         namespace x (TenantGpuQuota team-a) asks for admin access to GPU devices: a pod using it would see GPUs \
+         other tenants hold; delete the claim, or ask an administrator"
+    );
+    let stash = admit(&naming("stash"), "x", &data).expect("a pod naming stash is refused");
+    assert!(stash.contains("it would be allocated with no quota check") && !stash.contains("admin access"), "{stash}");
+}
+
+/// Found on the real API server (1.37): it types `namespaceObject` with a fixed schema whose UID
+/// field is `UID`, while the value it evaluates is the namespace's JSON (`uid`). So
+/// `namespaceObject.metadata.uid` is refused at creation (undefined field) and
+/// `namespaceObject.metadata.UID` fails every request at runtime (no such key): with
+/// failurePolicy Fail, every GPU pod refused. The interpreter here sees neither; this guards
+/// each shipped expression: the UID only through `dyn(namespaceObject)`, other fields only
+/// where the declared name is the JSON one.
+#[test]
+fn shipped_policies_read_the_namespace_uid_the_way_the_api_server_types_it() {
+    // Kubernetes' BuildNamespaceType metadata fields whose name is also the JSON key.
+    const TYPED: [&str; 11] = [
+        "name",
+        "generateName",
+        "namespace",
+        "labels",
+        "annotations",
+        "creationTimestamp",
+        "deletionGracePeriodSeconds",
+        "deletionTimestamp",
+        "generation",
+        "resourceVersion",
+        "finalizers",
+    ];
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(include_str!("../../../config/rbac/claim-classes.yaml")).unwrap();
+    let mut exprs = Vec::new();
+    for d in docs.iter().filter(|d| d["kind"] == "ValidatingAdmissionPolicy") {
+        let spec = &d["spec"];
+        for list in ["matchConditions", "variables", "validations"] {
+            for e in spec[list].as_array().into_iter().flatten() {
+                for key in ["expression", "messageExpression"] {
+                    if let Some(s) = e[key].as_str() {
+                        exprs.push((d["metadata"]["name"].as_str().unwrap().to_string(), s.to_string()));
+                    }
+                }
+            }
+        }
+    }
+    let mut uid_reads = 0;
+    for (policy, expr) in &exprs {
+        uid_reads += expr.matches("dyn(namespaceObject).metadata.uid").count();
+        for (at, _) in expr.match_indices("namespaceObject.metadata.") {
+            if at >= 4 && &expr[at - 4..at] == "dyn(" {
+                continue;
+            }
+            let field: String = expr[at + "namespaceObject.metadata.".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            assert!(TYPED.contains(&field.as_str()), "{policy}: namespaceObject.metadata.{field} in {expr}");
+        }
+    }
+    assert_eq!(uid_reads, 2, "both policies compare the namespace's UID");
 }

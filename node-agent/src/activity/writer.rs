@@ -50,6 +50,9 @@ pub struct Writer {
     /// current; moved back by a clock step like `idleSince` ([`Writer::passed`]). Announced on
     /// the heartbeat Lease ([`Writer::failing_since`]).
     pub failing: Option<Timestamp>,
+    /// The last pass of this run that left the stored summary current (so it had seeded):
+    /// published as `activity-current-until` ([`Writer::current_until`]).
+    pub current_at: Option<Timestamp>,
     /// The previous run as its heartbeat Lease left it, once read ([`Agent::previous_run`]).
     pub previous: Option<super::previous::PreviousRun>,
     /// When the last pass ended, by this node's clock: a later pass or renewal reading an
@@ -118,6 +121,7 @@ impl Default for Writer {
             seeded: false,
             backoff: Default::default(),
             failing: None,
+            current_at: None,
             previous: None,
             last_pass: None,
             pruned: None,

@@ -143,7 +143,9 @@ impl<B: GpuBackend> Agent<B> {
     /// One pass: `Ok(false)` when a write was due but waits out the back-off.
     async fn activity_pass(&mut self) -> Result<bool, Error> {
         let (observations, unread) = tokio::task::block_in_place(|| super::sample::observe_all(&mut self.backend))?;
+        // With those of devices kept as last read: their holders stay named (no write, no list).
         let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
+        pids.extend(self.activity.tracker.unread_pids(&unread));
         pids.sort_unstable();
         pids.dedup();
         if self.activity.holders.due(&pids) {

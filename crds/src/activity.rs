@@ -59,8 +59,9 @@ pub struct DeviceActivity {
     /// Since when the device has been idle without a break; absent while it is active. GPM: idle
     /// once SM activity is under 1%, and active again only at 5% or more (a figure between
     /// keeps the stretch, and does not start one); without GPM: no compute process. A stretch
-    /// never spans more than 10 minutes the agent did not observe (stopped, hung): it starts
-    /// over after. A clock stepped back moves it back by the step (never in the future).
+    /// never spans more than 10 minutes the agent did not observe (stopped, hung, or restarted
+    /// without reading its devices): it starts over after. A clock stepped back moves it back by
+    /// the step (never in the future), across a restart too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_since: Option<Time>,
     /// GPU memory in use on the device, MiB, as of the last write: a change alone is not

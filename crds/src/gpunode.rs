@@ -207,3 +207,10 @@ pub const AGENT_LEASE_NAMESPACE: &str = "tessera-node-leases";
 /// Set and removed by the agent's own Lease renewal (no extra request); the operator then sets
 /// the node's activity summary aside as it does a dead agent's.
 pub const ACTIVITY_FAILING_SINCE: &str = "tessera.dev/activity-failing-since";
+
+/// Annotation of an agent's heartbeat Lease: until when (RFC 3339) its `GpuNode.status.activity`
+/// is known current: the last pass of a run that seeded from the stored summary and left it
+/// current; a run that has not (NVML not ready, killed before its first pass) copies the value it
+/// found through, so `renewTime` alone never makes a report current. `unknown` when nothing is
+/// known. Read by the next run to tell whether an idle stretch may span the restart.
+pub const ACTIVITY_CURRENT_UNTIL: &str = "tessera.dev/activity-current-until";

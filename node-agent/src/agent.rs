@@ -17,7 +17,7 @@ use serde_json::json;
 use tessera_crds::GpuNode;
 use tessera_crds::activity::DevicePod;
 use tessera_crds::catalog::mig_resource_name;
-use tessera_crds::gpunode::{ACTIVITY_FAILING_SINCE, AGENT_LEASE_NAMESPACE, NodePhase};
+use tessera_crds::gpunode::{ACTIVITY_CURRENT_UNTIL, ACTIVITY_FAILING_SINCE, AGENT_LEASE_NAMESPACE, NodePhase};
 use tessera_crds::solver::ProfileCounts;
 use tracing::{info, warn};
 
@@ -481,9 +481,11 @@ impl<B: GpuBackend> Agent<B> {
         let api: Api<Lease> = Api::namespaced(self.client.clone(), AGENT_LEASE_NAMESPACE);
         // Whether the activity report is current rides on the renewal (see
         // `ACTIVITY_FAILING_SINCE`): applied while failing, left out (so removed) once current.
-        let mut metadata = json!({"name": self.node});
+        // `ACTIVITY_CURRENT_UNTIL` always: without it the next run would trust `renewTime`.
+        let until = self.activity.current_until().map_or_else(|| "unknown".to_string(), |t| t.to_string());
+        let mut metadata = json!({"name": self.node, "annotations": {ACTIVITY_CURRENT_UNTIL: until}});
         if let Some(since) = self.activity.failing_since(k8s_openapi::jiff::Timestamp::now()) {
-            metadata["annotations"] = json!({ACTIVITY_FAILING_SINCE: since.to_string()});
+            metadata["annotations"][ACTIVITY_FAILING_SINCE] = json!(since.to_string());
         }
         let body = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": metadata,

@@ -1,5 +1,6 @@
 //! The activity writer's cost at rest, on a simulated clock: a node's devices sampled every 30 s
-//! for a day through the real tracker and write rule, counting the status writes it would send.
+//! for a day through the real tracker and write rule, counting the status writes it would send
+//! and the pod lists its holder lookup would make (each busy device's process has a PID).
 //! Run by `make bench` (`bench-activity`) and bounded by a test.
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -27,6 +28,17 @@ pub enum Load {
 /// Writes a node of `devices` MIG devices would send in `hours` of `sample` intervals under
 /// `load`, with writes at most every `write_interval`.
 pub fn writes(load: Load, devices: u32, hours: i64, sample: SignedDuration, write_interval: SignedDuration) -> u32 {
+    cost(load, devices, hours, sample, write_interval).0
+}
+
+/// [`writes`], and the pod lists of the holder lookup (every PID maps to a pod).
+pub fn cost(
+    load: Load,
+    devices: u32,
+    hours: i64,
+    sample: SignedDuration,
+    write_interval: SignedDuration,
+) -> (u32, u32) {
     let start = Timestamp::from_second(1_800_000_000 - 1_800_000_000 % 86_400).unwrap_or(Timestamp::UNIX_EPOCH);
     let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move || {
@@ -38,6 +50,8 @@ pub fn writes(load: Load, devices: u32, hours: i64, sample: SignedDuration, writ
     let mut tracker = Tracker::default();
     let mut last: Option<(Timestamp, tessera_crds::activity::NodeActivity)> = None;
     let mut count = 0;
+    let mut lookup = super::lookup::Lookup::default();
+    let mut lists = 0;
     let mut at = start;
     while at < start + SignedDuration::from_hours(hours) {
         let hour = (at.as_second() - start.as_second()).rem_euclid(86_400) / 3600;
@@ -66,10 +80,17 @@ pub fn writes(load: Load, devices: u32, hours: i64, sample: SignedDuration, writ
                     gpm_failed: false,
                     memory_used_mib: if hover { [250, 262][(at.as_second() / 30 % 2) as usize] } else { 0 },
                     processes: u32::from(percent > 0.0 && !hover),
-                    pids: vec![],
+                    pids: if percent > 0.0 && !hover { vec![1000 + d] } else { vec![] },
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let pids: Vec<u32> = obs.iter().flat_map(|o| o.pids.iter().copied()).collect();
+        if lookup.due(&pids) {
+            lists += 1;
+            let pod = tessera_crds::activity::DevicePod::default();
+            let found = pids.iter().map(|p| (*p, pod.clone())).collect();
+            lookup.listed(pids, found, std::time::Duration::from_secs(30));
+        }
         tracker.observe(at, obs);
         let summary = tracker.summary(at);
         if should_write(last.as_ref().map(|(t, a)| (*t, a)), &summary, at, write_interval).is_some() {
@@ -78,7 +99,7 @@ pub fn writes(load: Load, devices: u32, hours: i64, sample: SignedDuration, writ
         }
         at += sample;
     }
-    count
+    (count, lists)
 }
 
 #[cfg(test)]
@@ -102,5 +123,10 @@ mod tests {
         // Figures hovering at their thresholds (hysteresis): as few writes as at rest.
         let hovering = writes(Load::Hovering, 56, 24, s, w);
         assert!(hovering <= 3, "hovering at a threshold is no news: {hovering}");
+        // Pod lists: at rest, none with no process and one for steady ones (their PIDs do not
+        // change); a workday's processes are listed when they start, not while they run.
+        let lists = |load| cost(load, 56, 24, s, w).1;
+        assert_eq!((lists(Load::Idle), lists(Load::Hovering), lists(Load::Steady)), (0, 0, 1));
+        assert_eq!(lists(Load::Workday), 1);
     }
 }

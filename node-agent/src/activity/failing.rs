@@ -24,7 +24,18 @@ impl Writer {
     /// report clears it.
     pub fn passed(&mut self, now: Timestamp, current: bool) {
         self.failing = if current { None } else { self.failing_rebased(now).or(Some(now)) };
+        if current {
+            self.current_at = Some(now);
+        }
         self.last_pass = Some(now);
+    }
+
+    /// Until when the stored summary is known current, for the heartbeat Lease's
+    /// `activity-current-until`: this run's last current pass, or, until it has one (not seeded,
+    /// or failing since it seeded), what the previous run said, copied through: a renewal alone
+    /// must not make a report nobody brought up to date current for the next run.
+    pub fn current_until(&self) -> Option<Timestamp> {
+        self.current_at.or_else(|| self.previous.and_then(|p| p.kept()))
     }
 
     /// [`Writer::failing`] as of `now`: when the clock reads earlier than the last pass it
@@ -56,6 +67,21 @@ mod tests {
         assert_eq!(w.failing_since(t(91)), Some(t(30)), "past two samples: since the first");
         w.passed(t(120), true);
         assert_eq!(w.failing_since(t(150)), None);
+    }
+
+    #[test]
+    fn only_a_current_pass_of_this_run_moves_current_until_forward() {
+        use super::super::previous::{Failing, PreviousRun};
+        let mut w = Writer::default();
+        assert_eq!(w.current_until(), None, "nothing known");
+        w.previous = Some(PreviousRun { renewed: Some(t(-30)), failing: Failing::No, current: Some(Some(t(-7200))) });
+        assert_eq!(w.current_until(), Some(t(-7200)), "not seeded: copied through, not the heartbeat");
+        w.passed(t(0), false);
+        assert_eq!(w.current_until(), Some(t(-7200)), "a failed pass moves nothing");
+        w.passed(t(30), true);
+        assert_eq!(w.current_until(), Some(t(30)), "a current pass");
+        w.passed(t(60), false);
+        assert_eq!(w.current_until(), Some(t(30)), "failing since: current until the last current pass");
     }
 
     #[test]

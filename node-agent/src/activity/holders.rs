@@ -25,7 +25,8 @@ pub fn pod_of<'a>(pids: &[u32], holders: &'a BTreeMap<u32, DevicePod>) -> Option
 pub fn summary(tracker: &Tracker, now: Timestamp, holders: &BTreeMap<u32, DevicePod>) -> NodeActivity {
     let mut out = tracker.summary(now);
     for (d, (o, _)) in out.devices.iter_mut().zip(tracker.latest(now)) {
-        d.pod = pod_of(&o.pids, holders).cloned();
+        // A device seeded unread has no PIDs yet: its stored holder (from the tracker) stands.
+        d.pod = pod_of(&o.pids, holders).cloned().or(d.pod.take());
     }
     out
 }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use tessera_crds::activity::{ActivitySource, DeviceActivity, NodeActivity};
+use tessera_crds::activity::{ActivitySource, DeviceActivity, DevicePod, NodeActivity};
 
 /// A device: its GPU index, and the MIG instance's UUID (none for a whole GPU).
 pub type DeviceKey = (u32, Option<String>);
@@ -104,16 +104,20 @@ struct History {
     idle_since: Option<Timestamp>,
     /// GPM failures in a row.
     gpm_failures: u32,
+    /// The holder stored for a device seeded unread (no PIDs read this run), named until it is
+    /// read ([`Tracker::seed`]).
+    stored_pod: Option<DevicePod>,
 }
 
 impl History {
     fn new(o: Observation, now: Timestamp) -> Self {
         let idle_since = (o.idle() == Some(true)).then_some(now);
         let gpm_failures = u32::from(o.gpm_failed);
-        Self { last: o, last_at: now, buckets: VecDeque::new(), idle_since, gpm_failures }
+        Self { last: o, last_at: now, buckets: VecDeque::new(), idle_since, gpm_failures, stored_pod: None }
     }
 
     fn observe(&mut self, o: Observation, now: Timestamp) {
+        self.stored_pod = None;
         let mut interval = now.duration_since(self.last_at);
         if interval < SignedDuration::ZERO {
             // The clock stepped back: the step counts as no time (see `rebase`).
@@ -227,6 +231,8 @@ impl History {
 #[derive(Debug, Clone, Default)]
 pub struct Tracker {
     devices: BTreeMap<DeviceKey, History>,
+    /// When the last pass was, by this node's clock: a pass reading earlier saw it step back.
+    last_pass: Option<Timestamp>,
 }
 
 impl Tracker {
@@ -241,6 +247,13 @@ impl Tracker {
     /// for up to [`MAX_INTERVAL`] since then, so a passing read failure neither resets an idle
     /// stretch nor costs two writes. Longer, they drop out (the operator counts them unmeasured).
     pub fn observe_unread(&mut self, now: Timestamp, observations: Vec<Observation>, unread: &[DeviceKey]) {
+        // A clock stepped back since the last pass moves every history back by the step, those
+        // kept unread too (else their `idleSince` lies in the future, kept for the step).
+        let step = self.last_pass.map_or(SignedDuration::ZERO, |at| at.duration_since(now));
+        if step > SignedDuration::ZERO {
+            self.devices.values_mut().for_each(|h| h.rebase(step));
+        }
+        self.last_pass = Some(now);
         let mut next = BTreeMap::new();
         for o in observations {
             let key = o.key();
@@ -260,6 +273,16 @@ impl Tracker {
             }
         }
         self.devices = next;
+    }
+
+    /// The PIDs last read of the devices `unread` this pass (kept as last read), so their
+    /// holders stay looked up.
+    pub fn unread_pids(&self, unread: &[DeviceKey]) -> impl Iterator<Item = u32> + '_ {
+        let unread = unread.to_vec();
+        self.devices
+            .iter()
+            .filter(move |(key, _)| unread.iter().any(|(g, u)| *g == key.0 && (u.is_none() || *u == key.1)))
+            .flat_map(|(_, h)| h.last.pids.iter().copied())
     }
 
     /// Every device's latest observation with its summary, for `/metrics`.
@@ -284,8 +307,9 @@ impl Tracker {
                 idle_since: h.idle_since.map(Time),
                 memory_used_mib: h.last.memory_used_mib as i64,
                 processes: h.last.processes as i32,
-                // Named by the writer, which knows the pods (`holders::summary`).
-                pod: None,
+                // Named by the writer, which knows the pods (`holders::summary`); a device seeded
+                // unread keeps its stored one.
+                pod: h.stored_pod.clone(),
             })
             .collect();
         NodeActivity { measured_at: Some(Time(now)), devices }

@@ -81,3 +81,28 @@ fn a_clock_stepped_back_credits_no_negative_interval_and_keeps_idle_since_in_the
     assert!(d.active_percent_1h.is_some_and(|p| p <= 1), "{:?}", d.active_percent_1h);
     assert!(d.active_percent_24h.is_some_and(|p| (29..=31).contains(&p)), "{:?}", d.active_percent_24h);
 }
+
+#[test]
+fn a_device_kept_unread_across_a_clock_step_back_is_moved_back_too() {
+    let pm = |uuid: &str| Observation {
+        uuid: Some(uuid.into()),
+        source: ActivitySource::ProcessesAndMemory,
+        sm_active_percent: None,
+        processes: 0,
+        ..gpm(0.0)
+    };
+    let one = [(0, Some("MIG-b".to_string()))];
+    let mut tr = Tracker::default();
+    tr.observe(t(0), vec![pm("MIG-a"), pm("MIG-b")]);
+    tr.observe_unread(t(30), vec![pm("MIG-a")], &one);
+    // The clock steps back an hour before the next pass; MIG-b is still unread.
+    let now = 60 - 3600;
+    tr.observe_unread(t(now), vec![pm("MIG-a")], &one);
+    let b = tr.summary(t(now)).devices.into_iter().find(|d| d.uuid.as_deref() == Some("MIG-b")).unwrap();
+    let since = b.idle_since.unwrap().0;
+    assert!(since <= t(now), "never in the future: {since}");
+    assert_eq!(since, t(-3570), "moved back by the step (the 30 s it had kept)");
+    // Kept 10 min after its last read (-3570), not for the step too.
+    tr.observe_unread(t(-3570 + 601), vec![pm("MIG-a")], &one);
+    assert!(tr.summary(t(-2969)).devices.iter().all(|d| d.uuid.as_deref() != Some("MIG-b")));
+}

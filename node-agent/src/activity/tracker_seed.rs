@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use tessera_crds::activity::{DeviceActivity, NodeActivity};
 
 use super::{DAY, DeviceKey, History, MAX_INTERVAL, Observation, Tracker};
@@ -24,10 +24,13 @@ impl Tracker {
     /// devices drop out.
     ///
     /// The 1 h / 24 h shares are carried either way, as two synthetic buckets ending at
-    /// `prior.measuredAt` (they are what was measured then), so new samples blend in and the
-    /// prior ages out of each window as real history would; a `measuredAt` in the future or more
-    /// than 24 h old carries none. Devices that no longer exist or are measured another way are
-    /// ignored.
+    /// `current_until` (the previous run kept them current until then; a node at rest writes
+    /// hours apart, and an hour ending at `measuredAt` would leave a GPM device unmeasured until
+    /// its first figure), so new samples blend in and the prior ages out of each window as real
+    /// history would; one more than 24 h old carries none. Devices that no longer exist or are
+    /// measured another way are ignored. A `current_until` later than `now` means the clock
+    /// stepped back since: the step counts as no time, and every stored time moves back by it,
+    /// as a running agent's history does.
     pub fn seed(
         now: Timestamp,
         prior: &NodeActivity,
@@ -35,13 +38,17 @@ impl Tracker {
         observations: Vec<Observation>,
         unread: &[DeviceKey],
     ) -> Self {
-        let measured_at = prior.measured_at.as_ref().map(|t| t.0);
-        let shares_at = measured_at.filter(|at| *at <= now && now.duration_since(*at).as_secs() < DAY);
+        let step = current_until.map_or(SignedDuration::ZERO, |at| at.duration_since(now).max(SignedDuration::ZERO));
+        let back = |t: Timestamp| t.checked_sub(step).unwrap_or(t);
+        let current_until = current_until.map(back);
+        let measured_at = prior.measured_at.as_ref().map(|t| back(t.0));
+        let shares_at =
+            current_until.max(measured_at).filter(|at| *at <= now && now.duration_since(*at).as_secs() < DAY);
         let continuous = current_until.filter(|at| now.duration_since(*at) <= MAX_INTERVAL);
         let carry = |h: &mut History, d: &DeviceActivity| {
             // A stored stretch goes on as in a running agent: a first figure in the band
             // (under `ACTIVE_FROM_PERCENT`) does not end it.
-            let stored = d.idle_since.as_ref().map(|t| t.0).filter(|s| *s <= now);
+            let stored = d.idle_since.as_ref().map(|t| back(t.0)).filter(|s| *s <= now);
             if continuous.is_some() && h.last.idle_after(stored.is_some(), h.gpm_failures) != Some(false) {
                 h.idle_since = stored.or(h.idle_since);
             }
@@ -77,11 +84,12 @@ impl Tracker {
                 // Last read (as far as is known) when the previous run last kept it current.
                 h.last_at = at.min(now);
                 h.idle_since = None;
+                h.stored_pod = d.pod.clone();
                 carry(&mut h, d);
                 devices.insert(key, h);
             }
         }
-        Self { devices }
+        Self { devices, last_pass: Some(now) }
     }
 }
 
@@ -221,6 +229,42 @@ mod tests {
             let tr = Tracker::seed(t(now), &p, until.map(t), first, &[]);
             assert_eq!(find(&tr, now, "MIG-a").unwrap().idle_since, want.map(|s| Time(t(s))), "{name}");
         }
+    }
+
+    #[test]
+    fn a_restart_after_the_clock_stepped_back_moves_the_stored_times_back_by_the_step() {
+        // Stored at 3600 and current until 3630 by the old clock; the clock has stepped back
+        // since: the restart's first pass reads 60. The step (3570 s) counts as no time.
+        let mut p = prior();
+        p.measured_at = Some(Time(t(3600)));
+        p.devices.iter_mut().for_each(|d| {
+            d.source = ActivitySource::ProcessesAndMemory;
+            d.idle_since = Some(Time(t(3000)));
+        });
+        let first = vec![obs("MIG-a", ActivitySource::ProcessesAndMemory, 0)];
+        let one = [(0, Some("MIG-b".to_string()))];
+        let mut tr = Tracker::seed(t(60), &p, Some(t(3630)), first.clone(), &one);
+        let a = find(&tr, 60, "MIG-a").unwrap();
+        assert_eq!(a.idle_since, Some(Time(t(3000 - 3570))), "the stored stretch, moved back");
+        assert_eq!(a.active_percent_1h, Some(40), "the stored shares, moved back: still history");
+        let b = find(&tr, 60, "MIG-b").unwrap();
+        assert_eq!(b.idle_since, Some(Time(t(3000 - 3570))), "unread: moved back too");
+        // Unread, it is kept up to 10 min after it was last current (3630 by the old clock, 60
+        // now), not for the step too.
+        tr.observe_unread(t(630), first.clone(), &one);
+        assert!(find(&tr, 630, "MIG-b").is_some());
+        tr.observe_unread(t(661), first, &one);
+        assert!(find(&tr, 661, "MIG-b").is_none(), "past the gap rule: dropped");
+    }
+
+    #[test]
+    fn a_restart_at_rest_carries_the_hours_share_up_to_when_the_summary_was_last_current() {
+        // Written three hours ago (nothing new since), kept current until a minute ago: the
+        // restart's first GPM sample has no figure yet, and the hour's share is still the
+        // stored one, not unmeasured.
+        let now = 3 * 3600 + 60;
+        let tr = Tracker::seed(t(now), &prior(), Some(t(now - 60)), vec![obs("MIG-a", ActivitySource::Gpm, 1)], &[]);
+        assert_eq!(find(&tr, now, "MIG-a").unwrap().active_percent_1h, Some(40));
     }
 
     #[test]

@@ -245,12 +245,12 @@ fn a_restart_is_seeded_from_the_stored_summary_per_case() {
             want_idle_since: Some(45),
         },
         Case {
-            name: "stored more than a day ago: the idle stretch kept, no shares",
+            name: "stored more than a day ago, kept current until now (at rest): the stretch and shares kept",
             prior: prior(0, "MIG-a", ActivitySource::Gpm, Some(-600)),
             first: gpm_first.clone(),
             now: 25 * 3600,
-            want_1h: None,
-            want_24h: None,
+            want_1h: Some(40),
+            want_24h: Some(20),
             want_idle_since: Some(-600),
         },
         Case {

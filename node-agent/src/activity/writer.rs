@@ -50,6 +50,9 @@ pub struct Writer {
     /// current; moved back by a clock step like `idleSince` ([`Writer::passed`]). Announced on
     /// the heartbeat Lease ([`Writer::failing_since`]).
     pub failing: Option<Timestamp>,
+    /// The last pass of this run that left the stored summary current (so it had seeded):
+    /// published as `activity-current-until` ([`Writer::current_until`]).
+    pub current_at: Option<Timestamp>,
     /// The previous run as its heartbeat Lease left it, once read ([`Agent::previous_run`]).
     pub previous: Option<super::previous::PreviousRun>,
     /// When the last pass ended, by this node's clock: a later pass or renewal reading an
@@ -118,6 +121,7 @@ impl Default for Writer {
             seeded: false,
             backoff: Default::default(),
             failing: None,
+            current_at: None,
             previous: None,
             last_pass: None,
             pruned: None,
@@ -139,7 +143,9 @@ impl<B: GpuBackend> Agent<B> {
     /// One pass: `Ok(false)` when a write was due but waits out the back-off.
     async fn activity_pass(&mut self) -> Result<bool, Error> {
         let (observations, unread) = tokio::task::block_in_place(|| super::sample::observe_all(&mut self.backend))?;
+        // With those of devices kept as last read: their holders stay named (no write, no list).
         let mut pids: Vec<u32> = observations.iter().flat_map(|o| o.pids.iter().copied()).collect();
+        pids.extend(self.activity.tracker.unread_pids(&unread));
         pids.sort_unstable();
         pids.dedup();
         if self.activity.holders.due(&pids) {

@@ -234,7 +234,8 @@ async fn two_quotas_one_zero_on_a_namespace_refuse_gpu_resources_no_resource_quo
         pods.create(&PostParams::default(), &gpu_pod("shared", "nvidia.com/gpu.shared")).await.unwrap_err().to_string();
     assert!(
         msg.contains(&format!(
-            "container c: resources[nvidia.com/gpu.shared]: namespace x of TenantGpuQuota {} (unlisted: Zero in a \
+            "spec.containers[0].resources.requests[nvidia.com/gpu.shared]: namespace x of TenantGpuQuota {} (unlisted: \
+             Zero in a \
              conflict, or an invalid quota): no ResourceQuota limits this GPU resource",
             data["x.quota"]
         )),

@@ -250,8 +250,8 @@ pub struct Dra {
     /// Unallocated claims of such classes in any namespace, counted at their most
     /// ([`unallocated`]).
     pub pending: Vec<unallocated::Pending>,
-    /// Each existing namespace's UID (not terminating), for the params' `<ns>.uid`
-    /// ([`pod_gate::uid_key`]).
+    /// Each existing namespace's UID (terminating ones included: [`pod_gate::namespace_facts`]),
+    /// for the params' `<ns>.uid` ([`pod_gate::uid_key`]).
     pub namespace_uids: BTreeMap<String, String>,
     /// Claims asking for admin access to GPU devices, in any namespace ([`unallocated::admin_access`]).
     pub admin_access: Vec<unallocated::AdminAccess>,
@@ -407,6 +407,8 @@ pub mod quantity;
 mod steps;
 pub mod unallocated;
 
+#[cfg(test)]
+mod params_size_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 #[cfg(test)]

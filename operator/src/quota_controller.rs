@@ -207,13 +207,13 @@ impl QuotaController {
 
     pub async fn reconcile(&self) -> Result<(), Error> {
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
+        let all_namespaces = self.namespaces.state();
+        let (namespace_uids, created) = crate::quota::pod_gate::namespace_facts(all_namespaces.iter().map(|n| &**n));
+        // A lagging ResourceQuota watch may still show a previous namespace's of the same name.
         let rqs: Vec<ResourceQuota> = self.rqs.state().iter().map(|q| (**q).clone()).collect();
-        let live_namespaces = self.namespaces.state();
-        let live_namespaces: Vec<_> =
-            live_namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).collect();
-        let namespaces: BTreeSet<String> = live_namespaces.iter().map(|n| n.name_any()).collect();
-        let namespace_uids: BTreeMap<String, String> =
-            live_namespaces.iter().filter_map(|n| Some((n.name_any(), n.metadata.uid.clone()?))).collect();
+        let rqs = crate::quota::pod_gate::of_current_namespaces(rqs, &created);
+        let namespaces: BTreeSet<String> =
+            all_namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).map(|n| n.name_any()).collect();
         let stand_ins = crate::controller::dra::supply_nodes(self.dra.get(), &self.gpunodes);
         let mut capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g).chain(&stand_ins));
         if let Some(nodes) = self.nodes.get() {

@@ -112,7 +112,8 @@ pub struct Kept<'a> {
     pub ns: String,
     pub share: BTreeMap<String, i64>,
     /// The quota's own ResourceQuotas there; none: the quota limits nothing there (its status
-    /// says so) and nothing of it is counted.
+    /// says so) and what it holds is unknown ([`kept_reach`] of none), so the others are held at
+    /// their usage (fail closed: it may hold anything, counting it as 0 gave them full shares).
     pub rqs: Vec<&'a ResourceQuota>,
 }
 
@@ -195,7 +196,7 @@ pub fn bound(mode: AllocationPath, planned: &mut [Planned<'_>], kept: &[Kept<'_>
         }
         // Namespaces left as they were enter last, holding what their old limits let them reach
         // (their own computed limit is not applied: only the others' are).
-        let kept_parts = kept.iter().filter(|k| !k.rqs.is_empty()).map(|k| {
+        let kept_parts = kept.iter().map(|k| {
             let here = held.get(&k.ns);
             let elsewhere = here.and_then(|h| h.get(&Some(res.clone()))).copied().unwrap_or(0)
                 + here.and_then(|h| h.get(&None)).copied().unwrap_or(0);

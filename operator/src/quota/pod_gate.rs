@@ -57,6 +57,53 @@ pub fn enforced(ns: &str, quotas: &[&TenantGpuQuota], rqs: &[ResourceQuota], app
     any
 }
 
+/// Each namespace's UID and creation time, by name, for [`uid_key`] and
+/// [`of_current_namespaces`]. Terminating namespaces included: dropping the UID of one whose
+/// ResourceQuota is still cached left it out of both the UID check and [`PENDING`]; re-created
+/// while the operator is down it admitted GPU pods with no ResourceQuota. Kept, the old UID
+/// mismatches the new namespace's, which the policies refuse until a pass runs.
+pub fn namespace_facts<'a>(
+    namespaces: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Namespace>,
+) -> (
+    std::collections::BTreeMap<String, String>,
+    std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+) {
+    let (mut uids, mut created) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
+    for n in namespaces {
+        let Some(name) = n.metadata.name.clone() else { continue };
+        if let Some(uid) = n.metadata.uid.clone() {
+            uids.insert(name.clone(), uid);
+        }
+        if let Some(t) = n.metadata.creation_timestamp.clone() {
+            created.insert(name, t);
+        }
+    }
+    (uids, created)
+}
+
+/// `rqs` less those cached from a previous namespace of the same name: created before the
+/// namespace that now holds the name (`created`, by name). A namespace deleted and created again
+/// has none of the old one's ResourceQuotas, but a lagging ResourceQuota watch (or a cache filled
+/// before the re-creation) still shows them; taken as enforced they would keep the new namespace
+/// out of [`PENDING`], open its classes and skip the write. Timestamps have second granularity:
+/// one created in the namespace's second is kept (a re-creation within the second of the old
+/// ResourceQuota's creation is not told apart). A namespace not in `created` keeps its own.
+pub fn of_current_namespaces(
+    rqs: Vec<ResourceQuota>,
+    created: &std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+) -> Vec<ResourceQuota> {
+    rqs.into_iter()
+        .filter(|rq| {
+            let ns = rq.metadata.namespace.as_deref().and_then(|ns| created.get(ns));
+            match (ns, rq.metadata.creation_timestamp.as_ref()) {
+                (Some(ns), Some(rq)) => rq.0 >= ns.0,
+                // Unknown creation time: cannot be told stale.
+                _ => true,
+            }
+        })
+        .collect()
+}
+
 /// The params key listing the GPU resources the ResourceQuotas of an `unlisted: Zero` quota
 /// limit. Under `Zero` a GPU resource ([`super::is_gpu_resource`]) no node advertises yet
 /// (`nvidia.com/gpu.shared` before time-slicing is enabled, a MIG profile of a board outside the

@@ -55,11 +55,15 @@ fn admit(pod: &Value, ns: &str, data: &Value) -> Option<String> {
 /// Runs policy `name` on `object` as the API server would for `request` in a namespace whose
 /// UID is `ns_uid`, with params `data`.
 pub(super) fn evaluate(name: &str, object: &Value, request: &Value, data: &Value, ns_uid: &str) -> Option<String> {
+    evaluate_spec(&shipped_policy(name)["spec"], object, request, data, ns_uid)
+}
+
+/// [`evaluate`] of a policy's `spec`.
+fn evaluate_spec(spec: &Value, object: &Value, request: &Value, data: &Value, ns_uid: &str) -> Option<String> {
     let mut env = cel::Env::stdlib();
     env.add_extension(cel::extensions::strings).unwrap();
     env.add_member_overload("indexOf", "list_index_of", LIST_TYPE, vec![DYN_TYPE], list_index_of).unwrap();
     let env = Arc::new(env);
-    let spec = shipped_policy(name)["spec"].clone();
     let namespace = json!({"metadata": {"name": request["namespace"].clone(), "uid": ns_uid}});
     let context = |vars: &HashMap<String, cel::Value>| {
         let mut ctx = cel::Context::with_env(env.clone());
@@ -80,30 +84,41 @@ pub(super) fn evaluate(name: &str, object: &Value, request: &Value, data: &Value
             return None;
         }
     }
+    // A variable that fails to evaluate is left out of `variables` and its error kept: as on the
+    // API server (variables are lazy), only an expression that reads it fails, with that error.
+    let mut failed: Vec<(String, String)> = Vec::new();
     for v in spec["variables"].as_array().into_iter().flatten() {
         let expr = v["expression"].as_str().unwrap();
         let program = env.compile(expr).unwrap_or_else(|e| panic!("{e}: {expr}"));
-        // The interpreter lacks Kubernetes' list `indexOf`: a variable it cannot evaluate reads
-        // as a placeholder (e2e checks the real value).
         let name = v["name"].as_str().unwrap().to_string();
-        let value =
-            program.execute(&context(&vars)).unwrap_or_else(|_| cel::Value::String(Arc::new(format!("<{name}>"))));
-        vars.insert(name, value);
+        match program.execute(&context(&vars)) {
+            Ok(value) => {
+                vars.insert(name, value);
+            }
+            Err(e) => failed.push((name, format!("{e:?}"))),
+        }
     }
-    for v in spec["validations"].as_array().unwrap() {
-        let expr = v["expression"].as_str().unwrap();
+    let run = |expr: &str| {
         let program = env.compile(expr).unwrap_or_else(|e| panic!("{e}: {expr}"));
-        let held = program.execute(&context(&vars)).unwrap_or_else(|e| panic!("{e:?}: {expr} on {object}"));
+        program.execute(&context(&vars)).map_err(|e| evaluation_error(&e, &failed, expr, object))
+    };
+    for v in spec["validations"].as_array().unwrap() {
+        let held = run(v["expression"].as_str().unwrap()).unwrap_or_else(|e| panic!("{e}"));
         if held != cel::Value::Bool(true) {
-            let message = env.compile(v["messageExpression"].as_str().unwrap()).unwrap();
-            return Some(match message.execute(&context(&vars)) {
+            return Some(match run(v["messageExpression"].as_str().unwrap()) {
                 Ok(cel::Value::String(s)) => s.to_string(),
                 Ok(other) => panic!("a message must be a string, got {other:?}"),
-                Err(e) => format!("(message not evaluated: {e:?})"),
+                Err(e) => panic!("{e}"),
             });
         }
     }
     None
+}
+
+/// The error of `expr`, naming the variables that failed before it (what it read of them).
+fn evaluation_error(e: &cel::ExecutionError, failed: &[(String, String)], expr: &str, object: &Value) -> String {
+    let causes: Vec<String> = failed.iter().map(|(n, err)| format!("variables.{n} failed: {err}")).collect();
+    format!("{e:?} (after {causes:?}): {expr} on {object}")
 }
 
 fn pod(resources: &[&str]) -> Value {
@@ -119,7 +134,12 @@ fn the_pod_policy_gates_gpu_resources_only() {
     let pending = json!({"a.quota": "team-a", "_pending": "a"});
     for r in ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/gpu-mps", "nvidia.com/mig-1g.10gb"] {
         assert!(crate::quota::is_gpu_resource(r), "{r}");
-        assert!(admit(&pod(&[r]), "a", &pending).is_some(), "{r} admitted while pending");
+        let refused = admit(&pod(&[r]), "a", &pending).unwrap_or_else(|| panic!("{r} admitted while pending"));
+        let want = format!(
+            "spec.containers[0].resources.requests[{r}]: namespace a of TenantGpuQuota team-a: its GPU limits \
+             (ResourceQuota) are not yet enforced; retry in a few seconds"
+        );
+        assert_eq!(refused, want);
     }
     for r in ["nvidia.com/hostdev", "nvidia.com/rdma_shared_device_a", "nvidia.com/gpus", "example.com/gpu"] {
         assert!(!crate::quota::is_gpu_resource(r), "{r}");
@@ -150,7 +170,8 @@ fn a_pod_naming_a_listed_claim_is_refused() {
     // A claim-only pod in a pending namespace is the claim policy's business, not refused here.
     let pending = json!({"x.quota": "team-a", "_pending": "x"});
     assert_eq!(admit(&naming("mine"), "x", &pending), None);
-    assert!(admit(&pod(&["nvidia.com/gpu"]), "x", &pending).is_some());
+    let refused = admit(&pod(&["nvidia.com/gpu"]), "x", &pending).expect("a GPU pod while pending");
+    assert!(refused.starts_with("spec.containers[0].resources.requests[nvidia.com/gpu]: namespace x of"), "{refused}");
 }
 
 /// Review gap: under `unlisted: Zero` a GPU resource no node advertises yet (time-slicing not
@@ -164,13 +185,18 @@ fn under_unlisted_zero_a_gpu_resource_no_resource_quota_limits_is_refused() {
     let refused = admit(&pod(&["nvidia.com/gpu.shared"]), "x", &data).expect("gpu.shared is limited by nothing");
     assert!(
         refused.contains(
-            "container c: resources[nvidia.com/gpu.shared]: namespace x of TenantGpuQuota team-b (unlisted: Zero)"
+            "spec.containers[0].resources.requests[nvidia.com/gpu.shared]: namespace x of TenantGpuQuota team-b \
+             (unlisted: Zero)"
         ),
         "{refused}"
     );
     let init = json!({"spec": {"containers": [{"name": "c"}],
         "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]}});
-    assert!(admit(&init, "x", &data).is_some_and(|m| m.contains("container i: resources[nvidia.com/mig-7g.80gb]")));
+    let refused = admit(&init, "x", &data).expect("mig-7g.80gb is limited by nothing");
+    assert!(
+        refused.starts_with("spec.initContainers[0].resources.limits[nvidia.com/mig-7g.80gb]: namespace x of"),
+        "{refused}"
+    );
     for ok in [&["nvidia.com/gpu"][..], &["nvidia.com/mig-1g.10gb", "nvidia.com/hostdev"], &["example.com/x"]] {
         assert_eq!(admit(&pod(ok), "x", &data), None, "{ok:?}");
     }
@@ -208,14 +234,16 @@ fn a_conflicted_or_invalid_namespace_refuses_gpu_resources_no_resource_quota_lim
     let refused = admit(&pod(&["nvidia.com/gpu.shared"]), "x", &conflict).expect("gpu.shared is limited by nothing");
     assert!(
         refused.contains(
-            "container c: resources[nvidia.com/gpu.shared]: namespace x of TenantGpuQuota team-b team-c \
+            "spec.containers[0].resources.requests[nvidia.com/gpu.shared]: namespace x of TenantGpuQuota team-b team-c \
              (unlisted: Zero in a conflict, or an invalid quota): no ResourceQuota limits this GPU resource"
         ),
         "{refused}"
     );
     assert_eq!(admit(&pod(&["nvidia.com/mig-1g.10gb"]), "x", &conflict), None);
     let nothing = json!({"x.quota": "team-b", "_pending": "", "x.limited": ""});
-    assert!(admit(&pod(&["nvidia.com/gpu"]), "x", &nothing).is_some(), "no GPU resource limited: all refused");
+    let refused = admit(&pod(&["nvidia.com/gpu"]), "x", &nothing).expect("no GPU resource limited: all refused");
+    assert!(refused.starts_with("spec.containers[0].resources.requests[nvidia.com/gpu]: namespace x"), "{refused}");
+    assert!(refused.contains("no ResourceQuota limits this GPU resource"), "{refused}");
     assert_eq!(admit(&pod(&["nvidia.com/hostdev"]), "x", &nothing), None);
 }
 
@@ -353,4 +381,25 @@ fn shipped_policies_read_the_namespace_uid_the_way_the_api_server_types_it() {
         }
     }
     assert_eq!(uid_reads, 2, "both policies compare the namespace's UID");
+}
+
+/// Issue 24 F3: a variable that failed to evaluate read as the string `"<name>"`, so
+/// `size(variables.asks) > 0` held on a broken expression and the policy "refused" for the
+/// wrong reason. Now an expression reading it fails with its error; one that does not is as
+/// before (variables are lazy on the API server too).
+#[test]
+fn a_variable_that_fails_fails_what_reads_it() {
+    let spec = |validation: &str| {
+        json!({"variables": [{"name": "broken", "expression": "object.spec.nope.missing"}],
+               "validations": [{"expression": validation, "messageExpression": "'refused'"}]})
+    };
+    let run = |validation: &str| {
+        let spec = spec(validation);
+        std::panic::catch_unwind(|| evaluate_spec(&spec, &json!({"spec": {}}), &json!({}), &json!({}), NS_UID))
+    };
+    let read = run("size(variables.broken) == 0").expect_err("reading the broken variable must fail");
+    let why = read.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(why.contains("variables.broken failed"), "{why}");
+    assert_eq!(run("true").ok(), Some(None), "a validation not reading it holds");
+    assert_eq!(run("false").ok(), Some(Some("refused".to_string())));
 }

@@ -229,7 +229,9 @@ fn a_namespace_left_as_it_was_counts_what_its_old_resource_quota_lets_it_hold() 
     assert_eq!(run(Some(old(1, 3, true))), "1", "b holds 3 over a limit of 1");
     assert_eq!(run(Some(old(2, 0, true))), "2", "within its share");
     assert_eq!(run(Some(old(4, 3, false))), "0", "unknown usage: a held at its usage");
-    assert_eq!(run(None), "2", "no ResourceQuota of the quota in b: nothing of it counts (not enforced there)");
+    // Issue 24 F6: no ResourceQuota of the quota in `b` (before: counted as holding nothing, so
+    // `a` got its full share). What `b` holds is unknown: `a` is held at its usage.
+    assert_eq!(run(None), "0", "no ResourceQuota of the quota in b: its holdings are unknown");
 }
 
 /// [`kept_reach`] per key: usage or limit, whichever is more, under the strictest ResourceQuota;

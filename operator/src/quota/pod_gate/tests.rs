@@ -199,3 +199,53 @@ fn the_params_list_the_live_quotas() {
     let none = plan_with(&[], &["a"], &[], &Dra::default());
     assert_eq!(none.policy.get("_quotas").map(String::as_str), Some(""));
 }
+
+fn namespace(name: &str, uid: &str, created: &str, terminating: bool) -> k8s_openapi::api::core::v1::Namespace {
+    let mut m = json!({"name": name, "uid": uid, "creationTimestamp": created});
+    if terminating {
+        m["deletionTimestamp"] = json!("2026-06-01T00:00:00Z");
+    }
+    serde_json::from_value(json!({"metadata": m})).unwrap()
+}
+
+/// Issue 24 F2 case a: `a` starts terminating while its ResourceQuota is still cached. The pass
+/// dropped `a.uid` and (the ResourceQuota still enforcing) kept `a` out of `_pending`; re-created
+/// while the operator was down, `a` was neither checked nor pending. Its old UID stays written.
+#[test]
+fn a_terminating_namespace_keeps_its_uid_in_the_params() {
+    let q = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 4}}));
+    let nss = [namespace("a", "old-uid", "2026-01-01T00:00:00Z", true)];
+    let (uids, _) = super::namespace_facts(&nss);
+    let dra = Dra { namespace_uids: uids, ..Default::default() };
+    // Terminating: not an existing namespace for the plan, but its key is there.
+    let plan = plan_with(&[q], &[], &[ours("team-a", "a", 2, Some(2))], &dra);
+    assert_eq!(plan.policy.get("a.uid").map(String::as_str), Some("old-uid"), "{:?}", plan.policy);
+}
+
+/// Issue 24 F2 case b: `a` re-created while the ResourceQuota watch lags: the old namespace's
+/// ResourceQuota (created before the new `a`) was taken as enforced, `a` left out of `_pending`
+/// and its write skipped. It is dropped: `a` is pending until its own ResourceQuota syncs.
+#[test]
+fn a_resource_quota_older_than_its_namespace_is_not_enforced() {
+    let q = quota("team-a", json!({"namespaces": ["a", "b"], "hard": {"nvidia.com/gpu": 4}}));
+    let nss = [
+        namespace("a", "new-uid", "2026-06-01T00:00:10Z", false),
+        namespace("b", "uid-b", "2026-01-01T00:00:00Z", false),
+    ];
+    let (_, created) = super::namespace_facts(&nss);
+    let at = |mut rq: ResourceQuota, t: &str| {
+        rq.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.parse().unwrap()));
+        rq
+    };
+    let stale = at(ours("team-a", "a", 2, Some(2)), "2026-06-01T00:00:09Z");
+    let b = at(ours("team-a", "b", 2, Some(2)), "2026-01-01T00:00:00Z");
+    let same_second = at(ours("team-a", "a", 2, Some(2)), "2026-06-01T00:00:10Z");
+    let kept = super::of_current_namespaces(vec![stale.clone(), b.clone()], &created);
+    assert_eq!(kept, vec![b.clone()]);
+    assert_eq!(pending(&q, &["a", "b"], &kept), "a");
+    assert_eq!(pending(&q, &["a", "b"], &[stale, b.clone()]), "", "the stale one read as enforced");
+    let fresh = super::of_current_namespaces(vec![same_second.clone(), b], &created);
+    assert_eq!(fresh.len(), 2, "written in the namespace's second: its own");
+    // Unknown namespace (not cached yet): nothing to compare, kept.
+    assert_eq!(super::of_current_namespaces(vec![same_second], &Default::default()).len(), 1);
+}

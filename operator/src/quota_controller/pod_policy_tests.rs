@@ -55,6 +55,18 @@ fn admit(pod: &Value, ns: &str, data: &Value) -> Option<String> {
 /// Runs policy `name` on `object` as the API server would for `request` in a namespace whose
 /// UID is `ns_uid`, with params `data`.
 pub(super) fn evaluate(name: &str, object: &Value, request: &Value, data: &Value, ns_uid: &str) -> Option<String> {
+    evaluate_update(name, object, &Value::Null, request, data, ns_uid)
+}
+
+/// [`evaluate`] with `oldObject` (an UPDATE's object before the write; `Null` for a CREATE).
+pub(super) fn evaluate_update(
+    name: &str,
+    object: &Value,
+    old: &Value,
+    request: &Value,
+    data: &Value,
+    ns_uid: &str,
+) -> Option<String> {
     let mut env = cel::Env::stdlib();
     env.add_extension(cel::extensions::strings).unwrap();
     env.add_member_overload("indexOf", "list_index_of", LIST_TYPE, vec![DYN_TYPE], list_index_of).unwrap();
@@ -64,7 +76,7 @@ pub(super) fn evaluate(name: &str, object: &Value, request: &Value, data: &Value
     let context = |vars: &HashMap<String, cel::Value>| {
         let mut ctx = cel::Context::with_env(env.clone());
         ctx.add_variable_from_value("object", to_cel(object));
-        ctx.add_variable_from_value("oldObject", cel::Value::Null);
+        ctx.add_variable_from_value("oldObject", to_cel(old));
         ctx.add_variable_from_value("request", to_cel(request));
         ctx.add_variable_from_value("namespaceObject", to_cel(&namespace));
         ctx.add_variable_from_value("params", to_cel(&json!({"data": data})));

@@ -287,11 +287,12 @@ async fn scheduling_messages(admin: &Client, ns: &str, pod: &str) -> String {
     out.join("\n")
 }
 
-/// Issue 24: `stash` (NVIDIA's whole-GPU class) and the gated pod `p` using it were made in
-/// `team-d` before it joined a quota; once the quota is enforced and the gate removed, the
-/// scheduler finds node-b's two GPUs and tries to allocate the claim: the claim-class policy
-/// refuses the allocation (`resourceclaims/status`), so the claim stays unallocated and the pod
-/// unbound, the refusal in its scheduling condition or events.
+/// Issue 24: `stash` (NVIDIA's whole-GPU class) and the gated pod `p` using it, and the gated pod
+/// `q` whose claim is made from the template `tpl` (same class), were made in `team-d` before it
+/// joined a quota; once the quota is enforced and the gates removed, the scheduler finds node-b's
+/// two GPUs and tries to allocate the claims: the claim-class policy refuses each allocation
+/// (`resourceclaims/status`), so the claims stay unallocated and the pods unbound, the refusal in
+/// their scheduling condition or events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocating_a_claim_made_before_its_namespace_joined_is_refused_and_the_pod_stays_pending() {
     let (_cp, admin, _op) = setup(&["team-d"]).await;
@@ -313,10 +314,8 @@ async fn allocating_a_claim_made_before_its_namespace_joined_is_refused_and_the_
     wait_for("team-d's default service account", T, || async { sas.get_opt("default").await.ok()?.map(|_| ()) })
         .await
         .unwrap();
-    let mut stash = claim("stash", &["gpu.nvidia.com"]);
-    let devices = stash.spec.as_mut().unwrap().devices.as_mut().unwrap();
-    let exactly = devices.requests.as_mut().unwrap()[0].exactly.as_mut().unwrap();
-    exactly.allocation_mode = Some("All".into());
+    // One GPU each (not `All`): with both claims being allocated, neither leaves the other none.
+    let stash = claim("stash", &["gpu.nvidia.com"]);
     let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "team-d");
     claims.create(&PostParams::default(), &stash).await.unwrap();
     let mut p = claim_pod("p", "stash");
@@ -324,6 +323,28 @@ async fn allocating_a_claim_made_before_its_namespace_joined_is_refused_and_the_
         Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate { name: "example.com/later".into() }]);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-d");
     pods.create(&PostParams::default(), &p).await.unwrap();
+    // The second form: a gated pod whose claim the resource-claim controller makes from a
+    // template, before the namespace joins.
+    let tpl: ResourceClaimTemplate = serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate", "metadata": {"name": "tpl"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "r0", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}}))
+    .unwrap();
+    Api::<ResourceClaimTemplate>::namespaced(admin.clone(), "team-d")
+        .create(&PostParams::default(), &tpl)
+        .await
+        .unwrap();
+    let mut q = claim_pod("q", "unused");
+    q.spec.as_mut().unwrap().resource_claims.as_mut().unwrap()[0] =
+        serde_json::from_value(json!({"name": "g", "resourceClaimTemplateName": "tpl"})).unwrap();
+    q.spec.as_mut().unwrap().scheduling_gates =
+        Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate { name: "example.com/later".into() }]);
+    pods.create(&PostParams::default(), &q).await.unwrap();
+    let q_claim = wait_for("q's claim made from tpl", T, || async {
+        let st = pods.get("q").await.ok()?.status?.resource_claim_statuses?;
+        st.first()?.resource_claim_name.clone()
+    })
+    .await
+    .unwrap();
 
     let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
     let spec = json!({"namespaces": ["team-d"], "hard": {"nvidia.com/gpu": 1}});
@@ -346,4 +367,15 @@ async fn allocating_a_claim_made_before_its_namespace_joined_is_refused_and_the_
     assert!(c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none(), "{:?}", c.status);
     let p = pods.get("p").await.unwrap();
     assert_eq!(p.spec.and_then(|s| s.node_name), None, "p stays pending");
+    pods.patch("q", &PatchParams::default(), &Patch::Merge(&ungate)).await.unwrap();
+    let want = format!("status.allocation: ResourceClaim {q_claim} (class gpu.nvidia.com) of namespace team-d");
+    let found = wait_for("the allocation's refusal in q's scheduling status", T, || async {
+        scheduling_messages(&admin, "team-d", "q").await.contains(&want).then_some(())
+    })
+    .await;
+    let last = scheduling_messages(&admin, "team-d", "q").await;
+    assert!(found.is_ok(), "{want} not in q's: {last}");
+    let c = claims.get(&q_claim).await.unwrap();
+    assert!(c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none(), "{:?}", c.status);
+    assert_eq!(pods.get("q").await.unwrap().spec.and_then(|s| s.node_name), None, "q stays pending");
 }

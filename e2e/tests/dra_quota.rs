@@ -3,17 +3,20 @@
 //! and in `allocation: ResourceClaims` the API server's quota admission holds claims of Tessera's
 //! per-profile class to the share under concurrent creates; a pod naming a leftover claim (of a
 //! GPU class not Tessera's, or an admin-access one, made before its namespace joined) is refused.
+//! The scheduler's allocation of such a claim (for a pod made before joining) is refused too.
 //! (Claims the resource-claim controller makes from ResourceClaimTemplates: `dra_rollout.rs`.)
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota, ServiceAccount};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, ResourceQuota, ServiceAccount};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
-use tessera_e2e::fixtures::{apply_file, create_namespace, install_crds, spawn_operator, wait_for};
+use tessera_e2e::fixtures::{
+    FakeGpuNode, apply_file, create_gpu_nodes, create_namespace, install_crds, spawn_operator, wait_for,
+};
 use tessera_e2e::process::Component;
 use tessera_e2e::{ControlPlane, Identity};
 
@@ -267,4 +270,112 @@ async fn a_pod_naming_a_claim_made_before_its_namespace_joined_is_refused_by_the
         "{msg}"
     );
     pods.create(&PostParams::default(), &claim_pod("p3", "fpga")).await.unwrap();
+}
+
+/// The pod's `PodScheduled` condition message and its `FailedScheduling` events, joined.
+async fn scheduling_messages(admin: &Client, ns: &str, pod: &str) -> String {
+    let mut out = Vec::new();
+    if let Ok(p) = Api::<Pod>::namespaced(admin.clone(), ns).get(pod).await {
+        let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
+        out.extend(conditions.into_iter().filter(|c| c.type_ == "PodScheduled").filter_map(|c| c.message));
+    }
+    let events: Api<Event> = Api::namespaced(admin.clone(), ns);
+    let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
+    if let Ok(list) = events.list(&lp).await {
+        out.extend(list.items.into_iter().filter_map(|e| e.message));
+    }
+    out.join("\n")
+}
+
+/// Issue 24: `stash` (NVIDIA's whole-GPU class) and the gated pod `p` using it, and the gated pod
+/// `q` whose claim is made from the template `tpl` (same class), were made in `team-d` before it
+/// joined a quota; once the quota is enforced and the gates removed, the scheduler finds node-b's
+/// two GPUs and tries to allocate the claims: the claim-class policy refuses each allocation
+/// (`resourceclaims/status`), so the claims stay unallocated and the pods unbound, the refusal in
+/// their scheduling condition or events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocating_a_claim_made_before_its_namespace_joined_is_refused_and_the_pod_stays_pending() {
+    let (_cp, admin, _op) = setup(&["team-d"]).await;
+    let gpu = class(
+        "gpu.nvidia.com",
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+    );
+    Api::<DeviceClass>::all(admin.clone()).create(&PostParams::default(), &gpu).await.unwrap();
+    create_gpu_nodes(&admin, &[FakeGpuNode::new("node-b", "NVIDIA-H100-80GB-HBM3", 2)]).await.unwrap();
+    let slice: ResourceSlice = serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "node-b-gpu"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-b", "pool": {"name": "node-b", "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}},
+                             {"name": "gpu-1", "attributes": {"type": {"string": "gpu"}}}]}}))
+    .unwrap();
+    Api::<ResourceSlice>::all(admin.clone()).create(&PostParams::default(), &slice).await.unwrap();
+
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "team-d");
+    wait_for("team-d's default service account", T, || async { sas.get_opt("default").await.ok()?.map(|_| ()) })
+        .await
+        .unwrap();
+    // One GPU each (not `All`): with both claims being allocated, neither leaves the other none.
+    let stash = claim("stash", &["gpu.nvidia.com"]);
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "team-d");
+    claims.create(&PostParams::default(), &stash).await.unwrap();
+    let mut p = claim_pod("p", "stash");
+    p.spec.as_mut().unwrap().scheduling_gates =
+        Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate { name: "example.com/later".into() }]);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-d");
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    // The second form: a gated pod whose claim the resource-claim controller makes from a
+    // template, before the namespace joins.
+    let tpl: ResourceClaimTemplate = serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate", "metadata": {"name": "tpl"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "r0", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}}))
+    .unwrap();
+    Api::<ResourceClaimTemplate>::namespaced(admin.clone(), "team-d")
+        .create(&PostParams::default(), &tpl)
+        .await
+        .unwrap();
+    let mut q = claim_pod("q", "unused");
+    q.spec.as_mut().unwrap().resource_claims.as_mut().unwrap()[0] =
+        serde_json::from_value(json!({"name": "g", "resourceClaimTemplateName": "tpl"})).unwrap();
+    q.spec.as_mut().unwrap().scheduling_gates =
+        Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate { name: "example.com/later".into() }]);
+    pods.create(&PostParams::default(), &q).await.unwrap();
+    let q_claim = wait_for("q's claim made from tpl", T, || async {
+        let st = pods.get("q").await.ok()?.status?.resource_claim_statuses?;
+        st.first()?.resource_claim_name.clone()
+    })
+    .await
+    .unwrap();
+
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let spec = json!({"namespaces": ["team-d"], "hard": {"nvidia.com/gpu": 1}});
+    quotas.create(&PostParams::default(), &quota("team-d", spec)).await.unwrap();
+    wait_policy(&admin, "team-d", "gpu.nvidia.com").await;
+    wait_key(&admin, "team-d", "team-d", &format!("gpu.nvidia.com{DEV}"), "0").await;
+
+    let ungate = json!({"spec": {"schedulingGates": []}});
+    pods.patch("p", &PatchParams::default(), &Patch::Merge(&ungate)).await.unwrap();
+    let seen = wait_for("the allocation's refusal in p's scheduling status", T, || async {
+        let m = scheduling_messages(&admin, "team-d", "p").await;
+        m.contains("status.allocation: ResourceClaim stash (class gpu.nvidia.com) of namespace team-d").then_some(m)
+    })
+    .await
+    .unwrap();
+    assert!(seen.contains("TenantGpuQuota team-d") && seen.contains("delete the claim"), "{seen}");
+    // Still refused some seconds on (the scheduler retries): nothing allocated, nothing bound.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let c = claims.get("stash").await.unwrap();
+    assert!(c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none(), "{:?}", c.status);
+    let p = pods.get("p").await.unwrap();
+    assert_eq!(p.spec.and_then(|s| s.node_name), None, "p stays pending");
+    pods.patch("q", &PatchParams::default(), &Patch::Merge(&ungate)).await.unwrap();
+    let want = format!("status.allocation: ResourceClaim {q_claim} (class gpu.nvidia.com) of namespace team-d");
+    let found = wait_for("the allocation's refusal in q's scheduling status", T, || async {
+        scheduling_messages(&admin, "team-d", "q").await.contains(&want).then_some(())
+    })
+    .await;
+    let last = scheduling_messages(&admin, "team-d", "q").await;
+    assert!(found.is_ok(), "{want} not in q's: {last}");
+    let c = claims.get(&q_claim).await.unwrap();
+    assert!(c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none(), "{:?}", c.status);
+    assert_eq!(pods.get("q").await.unwrap().spec.and_then(|s| s.node_name), None, "q stays pending");
 }

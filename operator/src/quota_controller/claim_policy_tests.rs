@@ -100,3 +100,83 @@ fn admin_access_claims_and_templates_of_gpu_classes_are_refused_in_tenant_namesp
     assert_eq!(run(&claim("gpu.tessera.dev", false), "resourceclaims", "CREATE", "a"), None, "no admin access");
     assert_eq!(run(&claim("gpu.tessera.dev", true), "resourceclaims", "CREATE", "b"), None, "not a tenant's");
 }
+
+/// The scheduler's write of `status.allocation` on `requests` (claim `stash`) in namespace `ns`;
+/// `before`/`after`: the claim's status before and after the write.
+fn status_write(requests: Value, before: Value, after: Value, ns: &str, data: &Value) -> Option<String> {
+    let at = |status: Value| json!({"metadata": {"name": "stash"}, "spec": {"devices": {"requests": requests.clone()}}, "status": status});
+    let request = json!({"namespace": ns, "operation": "UPDATE", "subResource": "status",
+        "resource": {"resource": "resourceclaims"}});
+    super::pod_policy_tests::evaluate_update("tessera-claim-classes", &at(after), &at(before), &request, data, NS_UID)
+}
+
+/// Issue 24: a claim of a GPU class not Tessera's made before its namespace joined a quota was
+/// allocated later (for a pod created after, or pending since before) with no quota check: the
+/// claim policy saw only spec writes. The scheduler's allocation (`resourceclaims/status`) of a
+/// claim that had none is refused when a request names a class closed there; other status writes
+/// (the driver's `status.devices`, deallocation, `reservedFor`) are not.
+#[test]
+fn allocating_a_claim_of_a_closed_class_is_refused_in_a_tenant_namespace() {
+    let data = json!({"a.quota": "team-a", "a.allowed": "_tessera", "_tessera": "gpu.tessera.dev",
+        "_open": "nic.example.com", "_reaching": "gpu.nvidia.com gpu.tessera.dev", "a.hint": "use gpu.tessera.dev",
+        "a.uid": NS_UID});
+    let all = |class: &str| json!([{"name": "r", "exactly": {"deviceClassName": class, "allocationMode": "All"}}]);
+    let allocated = json!({"allocation": {"devices": {"results": [{"request": "r", "driver": "gpu.nvidia.com",
+        "pool": "node-b", "device": "gpu-0"}]}}, "reservedFor": [{"resource": "pods", "name": "p2", "uid": "u"}]});
+    let refused = status_write(all("gpu.nvidia.com"), json!({}), allocated.clone(), "a", &data).expect("refused");
+    assert_eq!(
+        refused,
+        "status.allocation: ResourceClaim stash (class gpu.nvidia.com) of namespace a may not be allocated: the class \
+         is closed in namespaces of TenantGpuQuota team-a (the claim was made before the namespace joined it; \
+         allocated, it would take GPUs with no quota check); delete the claim and the pods using it; claim through \
+         Tessera's classes; use gpu.tessera.dev"
+    );
+    // No status at all before (a claim never touched since its creation).
+    assert!(
+        super::pod_policy_tests::evaluate_update(
+            "tessera-claim-classes",
+            &json!({"metadata": {"name": "stash"}, "spec": {"devices": {"requests": all("gpu.nvidia.com")}}, "status": allocated}),
+            &json!({"metadata": {"name": "stash"}, "spec": {"devices": {"requests": all("gpu.nvidia.com")}}}),
+            &json!({"namespace": "a", "operation": "UPDATE", "subResource": "status", "resource": {"resource": "resourceclaims"}}),
+            &data,
+            NS_UID,
+        )
+        .is_some_and(|m| m.starts_with("status.allocation: ResourceClaim stash (class gpu.nvidia.com)")),
+        "an old object without status"
+    );
+    // A closed sub-request of `firstAvailable`, and admin access to Tessera's class.
+    let first = json!([{"name": "r", "firstAvailable": [{"name": "s0", "deviceClassName": "gpu.tessera.dev"},
+        {"name": "s1", "deviceClassName": "gpu.nvidia.com"}]}]);
+    let refused = status_write(first, json!({}), allocated.clone(), "a", &data).expect("firstAvailable");
+    assert!(
+        refused.starts_with("status.allocation: ResourceClaim stash (class gpu.nvidia.com) of namespace a"),
+        "{refused}"
+    );
+    let admin = json!([{"name": "r", "exactly": {"deviceClassName": "gpu.tessera.dev", "adminAccess": true}}]);
+    let refused = status_write(admin, json!({}), allocated.clone(), "a", &data).expect("admin access");
+    assert!(
+        refused.starts_with("status.allocation: ResourceClaim stash (class gpu.tessera.dev, admin access)"),
+        "{refused}"
+    );
+    // A namespace created again since the operator wrote its limits: Tessera's class closed too.
+    let recreated = {
+        let mut d = data.clone();
+        d["a.uid"] = json!("uid-before");
+        d
+    };
+    let refused =
+        status_write(all("gpu.tessera.dev"), json!({}), allocated.clone(), "a", &recreated).expect("recreated");
+    assert!(refused.contains("(class gpu.tessera.dev)") && refused.contains("deleted and created again"), "{refused}");
+
+    // Admitted: Tessera's class, an open class, a namespace not a tenant's, and status writes
+    // that do not allocate (the driver's devices, deallocation, `reservedFor` only).
+    assert_eq!(status_write(all("gpu.tessera.dev"), json!({}), allocated.clone(), "a", &data), None, "Tessera's");
+    assert_eq!(status_write(all("nic.example.com"), json!({}), allocated.clone(), "a", &data), None, "open");
+    assert_eq!(status_write(all("gpu.nvidia.com"), json!({}), allocated.clone(), "b", &data), None, "not a tenant's");
+    let mut with_devices = allocated.clone();
+    with_devices["devices"] = json!([{"driver": "gpu.nvidia.com", "pool": "node-b", "device": "gpu-0"}]);
+    assert_eq!(status_write(all("gpu.nvidia.com"), allocated.clone(), with_devices, "a", &data), None, "devices");
+    assert_eq!(status_write(all("gpu.nvidia.com"), allocated.clone(), json!({}), "a", &data), None, "deallocated");
+    let reserved = json!({"reservedFor": [{"resource": "pods", "name": "p2", "uid": "u"}]});
+    assert_eq!(status_write(all("gpu.nvidia.com"), json!({}), reserved, "a", &data), None, "no allocation");
+}

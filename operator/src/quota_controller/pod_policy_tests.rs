@@ -55,11 +55,30 @@ fn admit(pod: &Value, ns: &str, data: &Value) -> Option<String> {
 /// Runs policy `name` on `object` as the API server would for `request` in a namespace whose
 /// UID is `ns_uid`, with params `data`.
 pub(super) fn evaluate(name: &str, object: &Value, request: &Value, data: &Value, ns_uid: &str) -> Option<String> {
-    evaluate_spec(&shipped_policy(name)["spec"], object, request, data, ns_uid)
+    evaluate_update(name, object, &Value::Null, request, data, ns_uid)
 }
 
-/// [`evaluate`] of a policy's `spec`.
-fn evaluate_spec(spec: &Value, object: &Value, request: &Value, data: &Value, ns_uid: &str) -> Option<String> {
+/// [`evaluate`] with `oldObject` (an UPDATE's object before the write; `Null` for a CREATE).
+pub(super) fn evaluate_update(
+    name: &str,
+    object: &Value,
+    old: &Value,
+    request: &Value,
+    data: &Value,
+    ns_uid: &str,
+) -> Option<String> {
+    evaluate_spec(&shipped_policy(name)["spec"], object, old, request, data, ns_uid)
+}
+
+/// [`evaluate_update`] of a policy's `spec`.
+fn evaluate_spec(
+    spec: &Value,
+    object: &Value,
+    old: &Value,
+    request: &Value,
+    data: &Value,
+    ns_uid: &str,
+) -> Option<String> {
     let mut env = cel::Env::stdlib();
     env.add_extension(cel::extensions::strings).unwrap();
     env.add_member_overload("indexOf", "list_index_of", LIST_TYPE, vec![DYN_TYPE], list_index_of).unwrap();
@@ -68,7 +87,7 @@ fn evaluate_spec(spec: &Value, object: &Value, request: &Value, data: &Value, ns
     let context = |vars: &HashMap<String, cel::Value>| {
         let mut ctx = cel::Context::with_env(env.clone());
         ctx.add_variable_from_value("object", to_cel(object));
-        ctx.add_variable_from_value("oldObject", cel::Value::Null);
+        ctx.add_variable_from_value("oldObject", to_cel(old));
         ctx.add_variable_from_value("request", to_cel(request));
         ctx.add_variable_from_value("namespaceObject", to_cel(&namespace));
         ctx.add_variable_from_value("params", to_cel(&json!({"data": data})));
@@ -395,7 +414,9 @@ fn a_variable_that_fails_fails_what_reads_it() {
     };
     let run = |validation: &str| {
         let spec = spec(validation);
-        std::panic::catch_unwind(|| evaluate_spec(&spec, &json!({"spec": {}}), &json!({}), &json!({}), NS_UID))
+        std::panic::catch_unwind(|| {
+            evaluate_spec(&spec, &json!({"spec": {}}), &Value::Null, &json!({}), &json!({}), NS_UID)
+        })
     };
     let read = run("size(variables.broken) == 0").expect_err("reading the broken variable must fail");
     let why = read.downcast_ref::<String>().cloned().unwrap_or_default();

@@ -45,7 +45,8 @@ pub(crate) const CLAIMS: Checked = Checked {
     version: "v1",
     scope: "Namespaced",
     admits: "every claim",
-    resources: &["resourceclaims", "resourceclaimtemplates"],
+    // `resourceclaims/status`: the scheduler's allocation of a claim made before its namespace joined.
+    resources: &["resourceclaims", "resourceclaimtemplates", "resourceclaims/status"],
     operations: &["CREATE", "UPDATE"],
     loses: "claims of closed classes may be admitted",
     install: "nothing refuses claims of a DeviceClass created between two quota passes",

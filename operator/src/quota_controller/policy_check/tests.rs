@@ -168,6 +168,14 @@ fn each_edit_that_stops_the_policy_enforcing_is_named_by_its_field() {
             "do not cover CREATE of resourceclaimtemplates, UPDATE of resourceclaimtemplates",
         ),
         (
+            "allocations unchecked",
+            |p, _| {
+                p["spec"]["matchConstraints"]["resourceRules"][0]["resources"] =
+                    json!(["resourceclaims", "resourceclaimtemplates"])
+            },
+            "do not cover CREATE of resourceclaims/status, UPDATE of resourceclaims/status",
+        ),
+        (
             "updates dropped",
             |p, _| p["spec"]["matchConstraints"]["resourceRules"][0]["operations"] = json!(["CREATE"]),
             "do not cover UPDATE of resourceclaims, UPDATE of resourceclaimtemplates",
@@ -200,7 +208,7 @@ fn each_edit_that_stops_the_policy_enforcing_is_named_by_its_field() {
             |p, _| {
                 p["spec"]["validations"].as_array_mut().unwrap().pop();
             },
-            "spec.validations[2] is missing",
+            "spec.validations[3] is missing",
         ),
         (
             "variable rewritten",

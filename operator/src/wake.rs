@@ -13,6 +13,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
 use kube::runtime::watcher::Event;
+use tessera_crds::gpunode::ACTIVITY_CURRENT_UNTIL;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tokio::sync::Notify;
 
@@ -72,11 +73,25 @@ pub fn plan_differs(a: &GpuPartitionPlan, b: &GpuPartitionPlan) -> bool {
 
 /// Who holds an agent's Lease, for how long, and whether it was ever renewed (liveness reads a
 /// Lease without a renewal as an agent not responding); a renewal alone is read at the next pass.
+/// The agent's `activity-current-until` annotation is left out: it moves at the first renewal
+/// after each current pass (~every 30 s per node) and only a restarted agent reads it, so with
+/// it a fleet at rest would wake a pass every debounce. `activity-failing-since` still wakes.
 pub fn lease_differs(a: &Lease, b: &Lease) -> bool {
     let holder = |l: &Lease| {
         l.spec.as_ref().map(|s| (s.holder_identity.clone(), s.lease_duration_seconds, s.renew_time.is_some()))
     };
-    metadata_differs(a, b) || holder(a) != holder(b)
+    let read = |l: &Lease| {
+        let mut meta = l.metadata.clone();
+        if let Some(a) = meta.annotations.as_mut() {
+            a.remove(ACTIVITY_CURRENT_UNTIL);
+            if a.is_empty() {
+                meta.annotations = None;
+            }
+        }
+        Lease { metadata: meta, spec: None }
+    };
+    let (a_read, b_read) = (read(a), read(b));
+    metadata_differs(&a_read, &b_read) || holder(a) != holder(b)
 }
 
 /// Automatic plans read a quota's labels and limits, not its usage.
@@ -97,6 +112,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use tessera_crds::gpunode::ACTIVITY_FAILING_SINCE;
 
     fn node(unschedulable: bool, labels: serde_json::Value) -> Node {
         serde_json::from_value(json!({"metadata": {"name": "n1", "resourceVersion": "1", "labels": labels},
@@ -171,6 +187,19 @@ mod tests {
         let mut never = old.clone();
         never.spec.as_mut().unwrap().renew_time = None;
         assert!(lease_differs(&never, &old), "a first renewal: the agent is alive");
+        let annotated = |l: &Lease, key: &str, value: &str| {
+            let mut l = l.clone();
+            l.metadata.annotations.get_or_insert_with(Default::default).insert(key.into(), value.into());
+            l
+        };
+        let current = annotated(&old, ACTIVITY_CURRENT_UNTIL, "2026-01-01T00:00:00Z");
+        assert!(!lease_differs(&old, &current), "the agent's first current-until: the operator never reads it");
+        assert!(
+            !lease_differs(&current, &annotated(&old, ACTIVITY_CURRENT_UNTIL, "2026-01-01T00:00:30Z")),
+            "a renewal after each current pass moves current-until (every ~30 s per node)"
+        );
+        assert!(lease_differs(&current, &annotated(&current, ACTIVITY_FAILING_SINCE, "2026-01-01T00:00:30Z")));
+        assert!(lease_differs(&current, &annotated(&current, "tessera.dev/other", "x")), "other annotations are read");
     }
 
     #[test]

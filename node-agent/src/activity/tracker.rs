@@ -5,6 +5,7 @@
 //! restart neither resets `idleSince` nor forgets the shares.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -233,6 +234,9 @@ pub struct Tracker {
     devices: BTreeMap<DeviceKey, History>,
     /// When the last pass was, by this node's clock: a pass reading earlier saw it step back.
     last_pass: Option<Timestamp>,
+    /// When the last pass was, by the monotonic clock ([`Tracker::observe_at`]): what really
+    /// passed since, which a wall clock stepped back hides.
+    last_mono: Option<Instant>,
 }
 
 impl Tracker {
@@ -247,10 +251,40 @@ impl Tracker {
     /// for up to [`MAX_INTERVAL`] since then, so a passing read failure neither resets an idle
     /// stretch nor costs two writes. Longer, they drop out (the operator counts them unmeasured).
     pub fn observe_unread(&mut self, now: Timestamp, observations: Vec<Observation>, unread: &[DeviceKey]) {
+        self.last_mono = None;
+        self.observe_passed(now, None, observations, unread);
+    }
+
+    /// [`Tracker::observe_unread`] at `mono` by the monotonic clock, as the running agent
+    /// observes: a wall clock stepped back is measured as the monotonic time since the last
+    /// pass less the wall-clock time, so time that really passed during the step still counts
+    /// (an outage as long as the step is still a gap, not hidden by it).
+    pub fn observe_at(&mut self, now: Timestamp, mono: Instant, observations: Vec<Observation>, unread: &[DeviceKey]) {
+        let elapsed = self.last_mono.map(|at| SignedDuration::try_from(mono.saturating_duration_since(at)));
+        self.last_mono = Some(mono);
+        self.observe_passed(now, elapsed.and_then(Result::ok), observations, unread);
+    }
+
+    /// Marks a seeded tracker's pass as at `mono` by the monotonic clock, for the next
+    /// [`Tracker::observe_at`].
+    pub fn passed_at(mut self, mono: Instant) -> Self {
+        self.last_mono = Some(mono);
+        self
+    }
+
+    fn observe_passed(
+        &mut self,
+        now: Timestamp,
+        elapsed: Option<SignedDuration>,
+        observations: Vec<Observation>,
+        unread: &[DeviceKey],
+    ) {
         // A clock stepped back since the last pass moves every history back by the step, those
-        // kept unread too (else their `idleSince` lies in the future, kept for the step).
-        let step = self.last_pass.map_or(SignedDuration::ZERO, |at| at.duration_since(now));
-        if step > SignedDuration::ZERO {
+        // kept unread too (else their `idleSince` lies in the future, kept for the step). Under
+        // a second is drift, not a step: left alone, so `idleSince` does not jitter.
+        let wall = self.last_pass.map_or(SignedDuration::ZERO, |at| now.duration_since(at));
+        let step = elapsed.map_or(-wall, |e| e - wall);
+        if step >= SignedDuration::from_secs(1) || (elapsed.is_none() && step > SignedDuration::ZERO) {
             self.devices.values_mut().for_each(|h| h.rebase(step));
         }
         self.last_pass = Some(now);

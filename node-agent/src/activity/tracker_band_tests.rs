@@ -106,3 +106,28 @@ fn a_device_kept_unread_across_a_clock_step_back_is_moved_back_too() {
     tr.observe_unread(t(-3570 + 601), vec![pm("MIG-a")], &one);
     assert!(tr.summary(t(-2969)).devices.iter().all(|d| d.uuid.as_deref() != Some("MIG-b")));
 }
+
+#[test]
+fn a_clock_step_back_at_least_as_long_as_an_outage_does_not_hide_it() {
+    // Idle since 0, sampled every 30 s to 3600. The clock steps back an hour; nothing is
+    // sampled for 50 min, so the next sample reads 3000 by the new clock.
+    let base = std::time::Instant::now();
+    let mono = |s: u64| base + std::time::Duration::from_secs(s);
+    let sampled = || {
+        let mut tr = Tracker::default();
+        for i in 0..=120 {
+            tr.observe_at(t(i * 30), mono(i as u64 * 30), vec![gpm(0.0)], &[]);
+        }
+        tr
+    };
+    let mut tr = sampled();
+    tr.observe_at(t(3000), mono(3600 + 3000), vec![gpm(0.0)], &[]);
+    assert_eq!(device(&tr, 3000).idle_since, Some(Time(t(3000))), "50 min unobserved: the stretch starts over");
+    // Only 30 s really passed across the same step: the stretch goes on, moved back by the step.
+    let mut tr = sampled();
+    tr.observe_at(t(30), mono(3630), vec![gpm(0.0)], &[]);
+    assert_eq!(device(&tr, 30).idle_since, Some(Time(t(-3600))));
+    // Under a second of drift between the clocks moves nothing.
+    tr.observe_at(t(60), mono(3660) + std::time::Duration::from_millis(400), vec![gpm(0.0)], &[]);
+    assert_eq!(device(&tr, 60).idle_since, Some(Time(t(-3600))));
+}

@@ -174,15 +174,15 @@ impl<B: GpuBackend> Agent<B> {
                 }
             },
         };
-        let now = Timestamp::now();
+        let (now, mono) = (Timestamp::now(), std::time::Instant::now());
         let w = &mut self.activity;
         match prior {
             Some((prior, previous)) => {
                 let current_until = previous.current_until(prior.measured_at.as_ref().map(|t| t.0));
-                w.tracker = Tracker::seed(now, &prior, current_until, observations, &unread);
+                w.tracker = Tracker::seed(now, &prior, current_until, observations, &unread).passed_at(mono);
                 w.seeded = true;
             }
-            None => w.tracker.observe_unread(now, observations, &unread),
+            None => w.tracker.observe_at(now, mono, observations, &unread),
         }
         let summary = super::holders::summary(&w.tracker, now, &w.holders.found);
         *w.metrics.lock().unwrap_or_else(|p| p.into_inner()) =

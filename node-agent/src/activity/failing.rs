@@ -24,9 +24,11 @@ impl Writer {
     /// report clears it.
     pub fn passed(&mut self, now: Timestamp, current: bool) {
         self.failing = if current { None } else { self.failing_rebased(now).or(Some(now)) };
-        if current {
-            self.current_at = Some(now);
-        }
+        // The last current pass moves back by a step too, so the Lease never says the report
+        // was current later than it began to fail.
+        let step = self.step_back(now);
+        self.current_at =
+            if current { Some(now) } else { self.current_at.map(|at| at.checked_sub(step).unwrap_or(at)) };
         self.last_pass = Some(now);
     }
 
@@ -43,8 +45,13 @@ impl Writer {
     /// (`History::rebase`): the step counts as no time, so the failure is announced after the
     /// usual grace, not late by the size of the step, and never lies in the future.
     fn failing_rebased(&self, now: Timestamp) -> Option<Timestamp> {
-        let step = self.last_pass.map_or(SignedDuration::ZERO, |at| at.duration_since(now).max(SignedDuration::ZERO));
+        let step = self.step_back(now);
         self.failing.map(|since| since.checked_sub(step).unwrap_or(since))
+    }
+
+    /// How far the clock stepped back since the last pass (zero when it did not).
+    fn step_back(&self, now: Timestamp) -> SignedDuration {
+        self.last_pass.map_or(SignedDuration::ZERO, |at| at.duration_since(now).max(SignedDuration::ZERO))
     }
 }
 
@@ -104,5 +111,19 @@ mod tests {
         w.passed(t(120 - step), true);
         w.passed(t(150 - 2 * step), true);
         assert_eq!(w.failing_since(t(300 - 2 * step)), None);
+    }
+
+    #[test]
+    fn a_clock_stepped_back_moves_the_last_current_pass_back_with_the_failure() {
+        // Current at 0; the clock steps back an hour, then every pass fails.
+        let step = 3600;
+        let mut w = Writer::default();
+        w.passed(t(0), true);
+        for at in [30, 60, 90] {
+            w.passed(t(at - step), false);
+        }
+        let since = w.failing_since(t(91 - step)).expect("announced");
+        assert_eq!(w.current_until(), Some(t(30 - step)), "moved back by the step (3570 s: the step is no time)");
+        assert!(w.current_until().unwrap() <= since, "current until {:?}, failing since {since}", w.current_until());
     }
 }

@@ -176,17 +176,20 @@ impl History {
         }
     }
 
-    /// Two buckets that make the hour ending at `at` average `p1h` and the day `p24h`: the hour
-    /// at `at`'s minute, the other 23 h one minute before that hour. Each is spread over the time
-    /// it stands for, so it leaves a window gradually, as real history would.
-    fn seed_shares(&mut self, at: Timestamp, p1h: Option<i32>, p24h: Option<i32>) {
+    /// Two buckets that make the hour ending at `at` average `p1h` and the day ending at
+    /// `day_at` (when the shares were measured; at most `at`) `p24h`: the hour at `at`'s minute,
+    /// the other 23 h before the hour ending at `day_at`. Each is spread over the time it stands
+    /// for, so it leaves a window gradually, as real history would: a day's share measured
+    /// hours ago ages from then, not from `at`.
+    fn seed_shares(&mut self, at: Timestamp, day_at: Timestamp, p1h: Option<i32>, p24h: Option<i32>) {
         let end = at.as_second();
         let minute = end.div_euclid(60);
         let hour_active = p1h.map(|p| HOUR as f64 * f64::from(p.clamp(0, 100)) / 100.0);
         if let Some(p) = p24h {
             let rest = (DAY as f64 * f64::from(p.clamp(0, 100)) / 100.0 - hour_active.unwrap_or(0.0)).max(0.0);
             let seconds = (DAY - HOUR) as f64;
-            let (minute, spread) = (minute - HOUR / 60, Some((end - DAY, end - HOUR)));
+            let day_end = day_at.as_second().min(end);
+            let (minute, spread) = (day_end.div_euclid(60) - HOUR / 60, Some((day_end - DAY, day_end - HOUR)));
             self.buckets.push_back(Bucket { minute, seconds, active_seconds: rest.min(seconds), spread });
         }
         if let Some(active) = hour_active {

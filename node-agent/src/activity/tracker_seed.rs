@@ -43,8 +43,12 @@ impl Tracker {
         let back = |t: Timestamp| t.checked_sub(step).unwrap_or(t);
         let current_until = current_until.map(back);
         let measured_at = prior.measured_at.as_ref().map(|t| back(t.0));
+        // The shares are current until `current_until` where known (a `measuredAt` later than it
+        // is a clock stepped back after the write: clamped by it), the day's measured at
+        // `measuredAt`.
         let shares_at =
-            current_until.max(measured_at).filter(|at| *at <= now && now.duration_since(*at).as_secs() < DAY);
+            current_until.or(measured_at).filter(|at| *at <= now && now.duration_since(*at).as_secs() < DAY);
+        let day_at = shares_at.map(|at| measured_at.map_or(at, |m| m.min(at)));
         // After a step nobody knows how long the previous run has been down (the step may hide
         // an outage as long): an unknown gap.
         let continuous =
@@ -56,8 +60,8 @@ impl Tracker {
             if continuous.is_some() && h.last.idle_after(stored.is_some(), h.gpm_failures) != Some(false) {
                 h.idle_since = stored.or(h.idle_since);
             }
-            if let Some(at) = shares_at {
-                h.seed_shares(at, d.active_percent_1h, d.active_percent_24h);
+            if let (Some(at), Some(day_at)) = (shares_at, day_at) {
+                h.seed_shares(at, day_at, d.active_percent_1h, d.active_percent_24h);
             }
         };
         let gpus: BTreeMap<u32, (String, String)> =
@@ -265,6 +269,30 @@ mod tests {
         let now = 3 * 3600 + 60;
         let tr = Tracker::seed(t(now), &prior(), Some(t(now - 60)), vec![obs("MIG-a", ActivitySource::Gpm, 1)], &[]);
         assert_eq!(find(&tr, now, "MIG-a").unwrap().active_percent_1h, Some(40));
+    }
+
+    #[test]
+    fn a_restart_at_rest_ages_the_days_share_from_when_it_was_measured() {
+        // Measured at 0 (50% over the day, idle the last hour), kept current (nothing new to
+        // write) until 20 h. The day's share at the restart is mostly history older than a day
+        // by now: of the stored 23 h only the 3 h after -4 h are still in the window.
+        let mut p = prior();
+        p.devices.iter_mut().for_each(|d| (d.active_percent_1h, d.active_percent_24h) = (Some(0), Some(50)));
+        let now = 20 * 3600 + 60;
+        let tr = Tracker::seed(t(now), &p, Some(t(now - 60)), vec![obs("MIG-a", ActivitySource::Gpm, 1)], &[]);
+        let a = find(&tr, now, "MIG-a").unwrap();
+        assert_eq!(a.active_percent_1h, Some(0), "the hour: current until 20 h");
+        assert_eq!(a.active_percent_24h, Some(39), "not the stored 50% as if measured now");
+    }
+
+    #[test]
+    fn a_restart_keeps_the_shares_written_after_a_clock_step_back_it_was_current_for() {
+        // Written at 3600; the clock stepped back an hour, and the previous run stayed current
+        // until 0 by the new clock. The restart (30 s later, no step now) still carries them.
+        let mut p = prior();
+        p.measured_at = Some(Time(t(3600)));
+        let tr = Tracker::seed(t(30), &p, Some(t(0)), vec![obs("MIG-a", ActivitySource::Gpm, 1)], &[]);
+        assert_eq!(find(&tr, 30, "MIG-a").unwrap().active_percent_1h, Some(40));
     }
 
     #[test]

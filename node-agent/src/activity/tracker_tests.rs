@@ -245,21 +245,23 @@ fn a_restart_is_seeded_from_the_stored_summary_per_case() {
             want_idle_since: Some(45),
         },
         Case {
-            name: "stored more than a day ago, kept current until now (at rest): the stretch and shares kept",
+            name: "stored more than a day ago, kept current until now (at rest): the stretch and hour kept, the \
+                   day's share aged from when it was measured (only the hour is left of it)",
             prior: prior(0, "MIG-a", ActivitySource::Gpm, Some(-600)),
             first: gpm_first.clone(),
             now: 25 * 3600,
             want_1h: Some(40),
-            want_24h: Some(20),
+            want_24h: Some(40),
             want_idle_since: Some(-600),
         },
         Case {
-            name: "stored in the future (clock skew): no shares, no idle since from the future",
+            name: "stored in the future (clock skew), kept current until now: the shares carried as of now, no \
+                   idle since from the future",
             prior: prior(600, "MIG-a", ActivitySource::Gpm, Some(300)),
             first: gpm_first,
             now: 45,
-            want_1h: None,
-            want_24h: None,
+            want_1h: Some(40),
+            want_24h: Some(20),
             want_idle_since: None,
         },
     ];

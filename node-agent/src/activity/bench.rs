@@ -92,7 +92,8 @@ pub fn cost(
             lookup.listed(pids, found, std::time::Duration::from_secs(30));
         }
         tracker.observe(at, obs);
-        let summary = tracker.summary(at);
+        // As the agent writes it: with the holders named, so a holder change counts too.
+        let summary = super::holders::summary(&tracker, at, &lookup.found);
         if should_write(last.as_ref().map(|(t, a)| (*t, a)), &summary, at, write_interval).is_some() {
             count += 1;
             last = Some((at, summary));

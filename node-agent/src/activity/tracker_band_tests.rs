@@ -103,6 +103,8 @@ fn a_device_kept_unread_across_a_clock_step_back_is_moved_back_too() {
     assert!(since <= t(now), "never in the future: {since}");
     assert_eq!(since, t(-3570), "moved back by the step (the 30 s it had kept)");
     // Kept 10 min after its last read (-3570), not for the step too.
+    tr.observe_unread(t(-3570 + 600), vec![pm("MIG-a")], &one);
+    assert!(tr.summary(t(-2970)).devices.iter().any(|d| d.uuid.as_deref() == Some("MIG-b")), "kept at +600 s");
     tr.observe_unread(t(-3570 + 601), vec![pm("MIG-a")], &one);
     assert!(tr.summary(t(-2969)).devices.iter().all(|d| d.uuid.as_deref() != Some("MIG-b")));
 }

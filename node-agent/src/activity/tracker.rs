@@ -27,6 +27,9 @@ pub const MAX_INTERVAL: SignedDuration = SignedDuration::from_mins(10);
 /// its processes alone, like one without GPM: a board whose GPM always fails must not leave a
 /// busy device idle forever. Before that a failed sample with a process is unknown.
 pub const GPM_FAILURES_BEFORE_PROCESSES: u32 = 10;
+/// A backward clock step smaller than this, with the wall clock still moving forward, is not
+/// applied to the histories (drift, a leap second, a VM's time sync): see `observe_passed`.
+const SMALL_STEP: SignedDuration = SignedDuration::from_secs(60);
 const HOUR: i64 = 3600;
 const DAY: i64 = 24 * HOUR;
 
@@ -283,11 +286,14 @@ impl Tracker {
         unread: &[DeviceKey],
     ) {
         // A clock stepped back since the last pass moves every history back by the step, those
-        // kept unread too (else their `idleSince` lies in the future, kept for the step). Under
-        // a second is drift, not a step: left alone, so `idleSince` does not jitter.
+        // kept unread too (else their `idleSince` lies in the future, kept for the step). A step
+        // under a minute with the wall clock still moving forward (drift, a leap second, a VM's
+        // time sync) is left alone: the interval only reads shorter, and moving `idleSince`
+        // would cost a write per node and step.
         let wall = self.last_pass.map_or(SignedDuration::ZERO, |at| now.duration_since(at));
         let step = elapsed.map_or(-wall, |e| e - wall);
-        if step >= SignedDuration::from_secs(1) || (elapsed.is_none() && step > SignedDuration::ZERO) {
+        let backwards = wall < SignedDuration::ZERO;
+        if step > SignedDuration::ZERO && (backwards || step >= SMALL_STEP) {
             self.devices.values_mut().for_each(|h| h.rebase(step));
         }
         self.last_pass = Some(now);

@@ -133,3 +133,23 @@ fn a_clock_step_back_at_least_as_long_as_an_outage_does_not_hide_it() {
     tr.observe_at(t(60), mono(3660) + std::time::Duration::from_millis(400), vec![gpm(0.0)], &[]);
     assert_eq!(device(&tr, 60).idle_since, Some(Time(t(-3600))));
 }
+
+/// Third review: every backward step of a second or more moved `idleSince` (a write per node
+/// and step: a leap second, or a VM's time sync stepping a fast guest back every few minutes).
+/// A small step with the wall clock still moving forward is no step: only the interval reads
+/// shorter; one that leaves a negative interval, or of a minute or more, is still moved back.
+#[test]
+fn a_small_step_back_with_time_still_moving_forward_moves_no_idle_since() {
+    let base = std::time::Instant::now();
+    let mono = |s: u64| base + std::time::Duration::from_secs(s);
+    let mut tr = Tracker::default();
+    for i in 0..=10 {
+        tr.observe_at(t(i * 30), mono(i as u64 * 30), vec![gpm(0.0)], &[]);
+    }
+    // A leap second: 30 s pass by the monotonic clock, 29 s by the wall clock.
+    tr.observe_at(t(329), mono(330), vec![gpm(0.0)], &[]);
+    assert_eq!(device(&tr, 329).idle_since, Some(Time(t(0))), "a 1 s step moves nothing");
+    // 45 s back within a 30 s interval: the wall clock went backwards, so it is moved back.
+    tr.observe_at(t(314), mono(360), vec![gpm(0.0)], &[]);
+    assert_eq!(device(&tr, 314).idle_since, Some(Time(t(-45))), "a negative interval is a step");
+}

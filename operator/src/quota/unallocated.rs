@@ -5,7 +5,9 @@
 //! check, and after the pod it is deallocated and can be used again. So such a claim is counted
 //! from now on, at the most it can take ([`Pending::count`]), against the resources it can reach,
 //! and the quota's `Ready` message names it (delete it; claim through Tessera's classes). Claims
-//! of Tessera's classes need none of this: the ResourceQuota counts them from their creation.
+//! of Tessera's classes are counted by the ResourceQuota only if made after it: one made before
+//! (`<ns>.since` in the params) is not listed here yet, but the claim policy refuses its
+//! allocation, so a pod using it stays pending (issue 24 H1).
 
 use std::collections::BTreeMap;
 

@@ -240,7 +240,12 @@ impl QuotaController {
             .claims
             .get()
             .map_or_else(Vec::new, |c| crate::quota::unallocated::admin_access(c.claims().iter().map(|c| &**c), &view));
-        let dra = Dra { classes: view, drivers: self.drivers.clone(), held, pending, namespace_uids, admin_access };
+        let ours = self
+            .claims
+            .get()
+            .map_or_else(Vec::new, |c| crate::quota::unallocated::ours(c.claims().iter().map(|c| &**c)));
+        let dra =
+            Dra { classes: view, drivers: self.drivers.clone(), held, pending, namespace_uids, admin_access, ours };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.

@@ -379,3 +379,86 @@ async fn allocating_a_claim_made_before_its_namespace_joined_is_refused_and_the_
     assert!(c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none(), "{:?}", c.status);
     assert_eq!(pods.get("q").await.unwrap().spec.and_then(|s| s.node_name), None, "q stays pending");
 }
+
+/// Issue 24 H1: `gpu.tessera.dev` exists (quota `team-x` allocates through claims elsewhere);
+/// `hoard` (that class) and the gated pod `p` using it are made in `team-e` before it joins a
+/// quota. Once `team-e`'s ResourceQuota enforces the class, `team-e.since` is written, a new pod
+/// naming `hoard` is refused at creation (`team-e.claims`), and ungated `p` stays pending: the
+/// scheduler's allocation of `hoard` is refused (made before the ResourceQuota). A claim made
+/// after is allocated as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocating_a_claim_of_tessera_s_class_made_before_its_namespace_joined_is_refused_too() {
+    let (_cp, admin, _op) = setup(&["team-e", "team-x"]).await;
+    create_gpu_nodes(&admin, &[FakeGpuNode::new("node-e", "NVIDIA-H100-80GB-HBM3", 2)]).await.unwrap();
+    let slice: ResourceSlice = serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "node-e-gpu"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-e", "pool": {"name": "node-e", "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}},
+                             {"name": "gpu-1", "attributes": {"type": {"string": "gpu"}}}]}}))
+    .unwrap();
+    Api::<ResourceSlice>::all(admin.clone()).create(&PostParams::default(), &slice).await.unwrap();
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    let other = json!({"namespaces": ["team-x"], "hard": {"nvidia.com/gpu": 1}, "allocation": "ResourceClaims"});
+    quotas.create(&PostParams::default(), &quota("team-x", other)).await.unwrap();
+    let ours = "gpu.tessera.dev";
+    let classes: Api<DeviceClass> = Api::all(admin.clone());
+    wait_for("gpu.tessera.dev made", T, || async { classes.get_opt(ours).await.ok()?.map(|_| ()) }).await.unwrap();
+
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "team-e");
+    wait_for("team-e's default service account", T, || async { sas.get_opt("default").await.ok()?.map(|_| ()) })
+        .await
+        .unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "team-e");
+    claims.create(&PostParams::default(), &claim("hoard", &[ours])).await.unwrap();
+    let mut p = claim_pod("p", "hoard");
+    p.spec.as_mut().unwrap().scheduling_gates =
+        Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate { name: "example.com/later".into() }]);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-e");
+    pods.create(&PostParams::default(), &p).await.unwrap();
+
+    // Share 2: `hoard` (1, counted by the ResourceQuota's usage) and one claim made after.
+    let spec = json!({"namespaces": ["team-e"], "hard": {"nvidia.com/gpu": 2}, "allocation": "ResourceClaims"});
+    quotas.create(&PostParams::default(), &quota("team-e", spec)).await.unwrap();
+    wait_key(&admin, "team-e", "team-e", &format!("{ours}{DEV}"), "2").await;
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "tessera-system");
+    wait_for("team-e open, its since and claims written", T, || async {
+        let data = cms.get("tessera-claim-classes").await.ok()?.data?;
+        let open = data.get("team-e.allowed")? == "_tessera" && data.contains_key("team-e.since");
+        (open && data.get("team-e.claims")? == "hoard:gpu.tessera.dev").then_some(())
+    })
+    .await
+    .unwrap();
+    let msg = pods.create(&PostParams::default(), &claim_pod("p2", "hoard")).await.unwrap_err().to_string();
+    assert!(
+        msg.contains("spec.resourceClaims[0].resourceClaimName: ResourceClaim hoard (class gpu.tessera.dev)"),
+        "{msg}"
+    );
+
+    let ungate = json!({"spec": {"schedulingGates": []}});
+    pods.patch("p", &PatchParams::default(), &Patch::Merge(&ungate)).await.unwrap();
+    let seen = wait_for("the allocation's refusal in p's scheduling status", T, || async {
+        let m = scheduling_messages(&admin, "team-e", "p").await;
+        m.contains("status.allocation: ResourceClaim hoard (class gpu.tessera.dev) of namespace team-e").then_some(m)
+    })
+    .await
+    .unwrap();
+    assert!(
+        seen.contains("the claim was made before the namespace joined it") && seen.contains("delete the claim"),
+        "{seen}"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let c = claims.get("hoard").await.unwrap();
+    assert!(c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none(), "{:?}", c.status);
+    assert_eq!(pods.get("p").await.unwrap().spec.and_then(|s| s.node_name), None, "p stays pending");
+
+    // A claim made after the ResourceQuota: allocated, its pod bound.
+    claims.create(&PostParams::default(), &claim("fresh", &[ours])).await.unwrap();
+    pods.create(&PostParams::default(), &claim_pod("p3", "fresh")).await.unwrap();
+    let bound = wait_for("fresh allocated", T, || async {
+        let c = claims.get("fresh").await.ok()?;
+        c.status?.allocation.map(|_| ())
+    })
+    .await;
+    let last = scheduling_messages(&admin, "team-e", "p3").await;
+    assert!(bound.is_ok(), "fresh not allocated: {last}");
+}

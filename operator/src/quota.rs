@@ -255,6 +255,9 @@ pub struct Dra {
     pub namespace_uids: BTreeMap<String, String>,
     /// Claims asking for admin access to GPU devices, in any namespace ([`unallocated::admin_access`]).
     pub admin_access: Vec<unallocated::AdminAccess>,
+    /// Unallocated claims of Tessera's classes ([`unallocated::ours`]): those made before their
+    /// namespace's ResourceQuota are listed for the pod policy ([`unallocated::early`]).
+    pub ours: Vec<unallocated::Ours>,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -345,7 +348,8 @@ pub fn plan_quotas_dra(
     plan.policy = claims::policy_data(&live, &valid_names, resource_quotas, &plan.apply, &resources, &dra.classes);
     let tenants: Vec<String> =
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
-    plan.policy.extend(unallocated::policy_claims(pending, &dra.admin_access, tenants.iter().map(String::as_str)));
+    let listed = [pending, &unallocated::early(&dra.ours, &plan.policy)[..]].concat();
+    plan.policy.extend(unallocated::policy_claims(&listed, &dra.admin_access, tenants.iter().map(String::as_str)));
     plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
     let names = live.iter().filter_map(|q| q.metadata.name.as_deref()).collect::<Vec<_>>();
     plan.policy.insert(pod_gate::QUOTAS.to_string(), names.join(" "));

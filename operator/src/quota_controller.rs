@@ -240,11 +240,16 @@ impl QuotaController {
             .claims
             .get()
             .map_or_else(Vec::new, |c| crate::quota::unallocated::admin_access(c.claims().iter().map(|c| &**c), &view));
-        let dra = Dra { classes: view, drivers: self.drivers.clone(), held, pending, namespace_uids, admin_access };
+        let ours = self
+            .claims
+            .get()
+            .map_or_else(Vec::new, |c| crate::quota::unallocated::ours(c.claims().iter().map(|c| &**c)));
+        let dra =
+            Dra { classes: view, drivers: self.drivers.clone(), held, pending, namespace_uids, admin_access, ours };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.
-        let shared = self.write_claim_classes(&plan, &classes).await;
+        let (shared, stale_params) = self.write_claim_classes(&plan, &classes).await;
         let binding = self.check_binding().await;
         let mut failed = shared.len();
         // Errors per quota, for its status; namespaces where a ResourceQuota failed to write.
@@ -268,6 +273,13 @@ impl QuotaController {
             }
         }
         for d in &plan.delete {
+            if stale_params {
+                // The params write failed: they may still name the quota of this ResourceQuota
+                // (a namespace moving from A to B, not pending) while B's new one enforces
+                // nothing yet. Deleting it would leave the namespace unlimited; next pass.
+                warn!(namespace = %d.namespace, name = %d.name, "policy params not written: stale ResourceQuota kept");
+                continue;
+            }
             if unwritten.contains(d.namespace.as_str()) {
                 // A write failed in this namespace: a stale ResourceQuota may be the only limit
                 // left there (its replacement, or another quota's share, was not written).
@@ -467,6 +479,8 @@ mod pod_policy_tests;
 
 #[cfg(test)]
 mod claim_policy_tests;
+#[cfg(test)]
+mod stale_params_tests;
 #[cfg(test)]
 mod start_tests;
 #[cfg(test)]

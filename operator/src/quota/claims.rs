@@ -378,9 +378,26 @@ pub fn policy_data(
         data.insert(format!("{ns}.quota"), names);
         data.insert(format!("{ns}.allowed"), allowed);
         data.insert(format!("{ns}.hint"), hint);
+        if let Some(since) = since(qs.as_slice(), ns, rqs) {
+            data.insert(format!("{ns}.since"), since);
+        }
     }
     data.insert(super::pod_gate::PENDING.to_string(), pending.join(" "));
     data
+}
+
+/// `<ns>.since`: when the quota admission began counting `ns`'s claims, the earliest creation of
+/// its only quota's ResourceQuotas there (RFC3339). The claim policy refuses allocating a claim
+/// made no later (or, with no key, any claim) in every class not in `_open`, Tessera's too: the
+/// ResourceQuota counts claims from their creation, so one made before it was never checked.
+/// None for a namespace claimed by more than one quota (every class is closed there anyway).
+fn since(qs: &[&TenantGpuQuota], ns: &str, rqs: &[ResourceQuota]) -> Option<String> {
+    let [q] = qs else { return None };
+    rqs.iter()
+        .filter(|rq| rq.metadata.namespace.as_deref() == Some(ns) && super::owned_by(rq, q))
+        .filter_map(|rq| rq.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .min()
+        .map(|t| t.to_string())
 }
 
 /// Tessera's classes a valid claims quota `q` opens in `ns`: those whose key this pass plans

@@ -5,7 +5,9 @@
 //! check, and after the pod it is deallocated and can be used again. So such a claim is counted
 //! from now on, at the most it can take ([`Pending::count`]), against the resources it can reach,
 //! and the quota's `Ready` message names it (delete it; claim through Tessera's classes). Claims
-//! of Tessera's classes need none of this: the ResourceQuota counts them from their creation.
+//! of Tessera's classes are admitted by the ResourceQuota only if made after it: one made before
+//! (`<ns>.since` in the params) is refused allocation by the claim policy and listed for the pod
+//! policy ([`early`]); the ResourceQuota's `status.used` already counts it (issue 24 H1).
 
 use std::collections::BTreeMap;
 
@@ -226,3 +228,68 @@ pub fn notes<'a>(pending: &[Pending], namespaces: impl IntoIterator<Item = &'a s
 
 #[cfg(test)]
 mod tests;
+
+/// An unallocated claim asking for one of Tessera's classes (not admin access), with its
+/// creation time: listed for the pod policy where it predates `<ns>.since` ([`early`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ours {
+    pub namespace: String,
+    pub name: String,
+    /// Its first request's (or sub-request's) class of Tessera's.
+    pub class: String,
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+/// Every unallocated claim with a request of Tessera's classes (see [`Ours`]).
+pub fn ours<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> Vec<Ours> {
+    let mut out = Vec::new();
+    for c in claims {
+        if c.status.as_ref().is_some_and(|s| s.allocation.is_some()) {
+            continue;
+        }
+        let requests = c.spec.as_ref().and_then(|s| s.devices.as_ref()).and_then(|d| d.requests.as_deref());
+        let class = requests.unwrap_or_default().iter().find_map(|r| match r.exactly.as_ref() {
+            Some(e) => (e.admin_access != Some(true) && resource_of_class(&e.device_class_name).is_some())
+                .then(|| e.device_class_name.clone()),
+            None => r
+                .first_available
+                .iter()
+                .flatten()
+                .map(|s| &s.device_class_name)
+                .find(|c| resource_of_class(c).is_some())
+                .cloned(),
+        });
+        if let Some(class) = class {
+            out.push(Ours {
+                namespace: c.metadata.namespace.clone().unwrap_or_default(),
+                name: c.metadata.name.clone().unwrap_or_default(),
+                class,
+                created: c.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            });
+        }
+    }
+    out
+}
+
+/// Issue 24 H1: claims of Tessera's classes made no later than their namespace's `<ns>.since`
+/// (in the params `policy`): the ResourceQuota never counted them at creation and the claim
+/// policy refuses their allocation, so a pod naming one is refused too (listed in `<ns>.claims`
+/// by [`policy_claims`]). Not counted against the share: the ResourceQuota's `status.used`
+/// already counts every existing claim of its classes. A claim of unknown creation time is listed.
+pub fn early(ours: &[Ours], policy: &BTreeMap<String, String>) -> Vec<Pending> {
+    ours.iter()
+        .filter(|o| {
+            let since = policy
+                .get(&format!("{}.since", o.namespace))
+                .and_then(|s| s.parse::<k8s_openapi::jiff::Timestamp>().ok());
+            since.is_some_and(|s| o.created.is_none_or(|c| c <= s))
+        })
+        .map(|o| Pending {
+            namespace: o.namespace.clone(),
+            name: o.name.clone(),
+            class: o.class.clone(),
+            resource: None,
+            count: 0,
+        })
+        .collect()
+}

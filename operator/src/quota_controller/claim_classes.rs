@@ -26,8 +26,13 @@ const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "tessera");
 impl QuotaController {
     /// Applies the planned classes that differ from the cluster's and the policy params when
     /// they changed; returns what failed (reported on every quota's status: the params serve all
-    /// tenant namespaces).
-    pub(super) async fn write_claim_classes(&self, plan: &QuotaPlan, classes: &[Arc<DeviceClass>]) -> Vec<String> {
+    /// tenant namespaces), and whether the params stayed unwritten (stale: the pass must delete
+    /// no ResourceQuota, the stale params may still describe it as the namespace's limit).
+    pub(super) async fn write_claim_classes(
+        &self,
+        plan: &QuotaPlan,
+        classes: &[Arc<DeviceClass>],
+    ) -> (Vec<String>, bool) {
         let mut failed = Vec::new();
         for c in &plan.device_classes {
             if classes.iter().any(|have| is_current(have, c)) {
@@ -47,12 +52,14 @@ impl QuotaController {
             }
         }
         let have = self.policy_params.state().first().and_then(|cm| cm.data.clone()).unwrap_or_default();
+        let mut stale = false;
         if have != plan.policy
             && let Err(e) = self.write_policy(&plan.policy).await
         {
             failed.push(format!("claim-class policy params ConfigMap {}/{POLICY_PARAMS}: {e}", self.namespace));
+            stale = true;
         }
-        failed
+        (failed, stale)
     }
 
     async fn write_policy(&self, data: &BTreeMap<String, String>) -> Result<(), kube::Error> {

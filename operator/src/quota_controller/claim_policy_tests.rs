@@ -101,10 +101,13 @@ fn admin_access_claims_and_templates_of_gpu_classes_are_refused_in_tenant_namesp
     assert_eq!(run(&claim("gpu.tessera.dev", true), "resourceclaims", "CREATE", "b"), None, "not a tenant's");
 }
 
+/// When [`status_write`]'s claim was made.
+const MADE: &str = "2026-06-01T10:00:00Z";
+
 /// The scheduler's write of `status.allocation` on `requests` (claim `stash`) in namespace `ns`;
 /// `before`/`after`: the claim's status before and after the write.
 fn status_write(requests: Value, before: Value, after: Value, ns: &str, data: &Value) -> Option<String> {
-    let at = |status: Value| json!({"metadata": {"name": "stash"}, "spec": {"devices": {"requests": requests.clone()}}, "status": status});
+    let at = |status: Value| json!({"metadata": {"name": "stash", "creationTimestamp": MADE}, "spec": {"devices": {"requests": requests.clone()}}, "status": status});
     let request = json!({"namespace": ns, "operation": "UPDATE", "subResource": "status",
         "resource": {"resource": "resourceclaims"}});
     super::pod_policy_tests::evaluate_update("tessera-claim-classes", &at(after), &at(before), &request, data, NS_UID)
@@ -119,7 +122,7 @@ fn status_write(requests: Value, before: Value, after: Value, ns: &str, data: &V
 fn allocating_a_claim_of_a_closed_class_is_refused_in_a_tenant_namespace() {
     let data = json!({"a.quota": "team-a", "a.allowed": "_tessera", "_tessera": "gpu.tessera.dev",
         "_open": "nic.example.com", "_reaching": "gpu.nvidia.com gpu.tessera.dev", "a.hint": "use gpu.tessera.dev",
-        "a.uid": NS_UID});
+        "a.uid": NS_UID, "a.since": "2026-06-01T09:00:00Z"});
     let all = |class: &str| json!([{"name": "r", "exactly": {"deviceClassName": class, "allocationMode": "All"}}]);
     let allocated = json!({"allocation": {"devices": {"results": [{"request": "r", "driver": "gpu.nvidia.com",
         "pool": "node-b", "device": "gpu-0"}]}}, "reservedFor": [{"resource": "pods", "name": "p2", "uid": "u"}]});
@@ -168,7 +171,7 @@ fn allocating_a_claim_of_a_closed_class_is_refused_in_a_tenant_namespace() {
         status_write(all("gpu.tessera.dev"), json!({}), allocated.clone(), "a", &recreated).expect("recreated");
     assert!(refused.contains("(class gpu.tessera.dev)") && refused.contains("deleted and created again"), "{refused}");
 
-    // Admitted: Tessera's class, an open class, a namespace not a tenant's, and status writes
+    // Admitted: Tessera's class (the claim made after the ResourceQuota), an open class, a namespace not a tenant's, and status writes
     // that do not allocate (the driver's devices, deallocation, `reservedFor` only).
     assert_eq!(status_write(all("gpu.tessera.dev"), json!({}), allocated.clone(), "a", &data), None, "Tessera's");
     assert_eq!(status_write(all("nic.example.com"), json!({}), allocated.clone(), "a", &data), None, "open");
@@ -179,4 +182,58 @@ fn allocating_a_claim_of_a_closed_class_is_refused_in_a_tenant_namespace() {
     assert_eq!(status_write(all("gpu.nvidia.com"), allocated.clone(), json!({}), "a", &data), None, "deallocated");
     let reserved = json!({"reservedFor": [{"resource": "pods", "name": "p2", "uid": "u"}]});
     assert_eq!(status_write(all("gpu.nvidia.com"), json!({}), reserved, "a", &data), None, "no allocation");
+}
+
+/// Issue 24 H1: a claim of Tessera's class made before its namespace joined a quota (so before
+/// its ResourceQuota, which counts claims from their creation) was allocated later with no limit:
+/// all GPUs of a node for a share of 1. Allocating a claim made no later than `<ns>.since` is
+/// refused in every class not in `_open` (the same second too); with no `.since` (no
+/// ResourceQuota yet) every such allocation waits. Issue 24 L1: a class of Tessera's closed for a
+/// while says so, and that the scheduler retries, with no advice to delete the claim.
+#[test]
+fn allocating_a_claim_made_before_the_namespace_s_resource_quota_is_refused_in_tessera_s_classes_too() {
+    let data = |since: Option<&str>| {
+        let mut d = json!({"a.quota": "team-a", "a.allowed": "_tessera", "_tessera": "gpu.tessera.dev",
+            "_open": "nic.example.com", "_reaching": "gpu.tessera.dev", "a.hint": "use gpu.tessera.dev", "a.uid": NS_UID});
+        if let Some(s) = since {
+            d["a.since"] = json!(s);
+        }
+        d
+    };
+    let all = |class: &str| json!([{"name": "r", "exactly": {"deviceClassName": class, "allocationMode": "All"}}]);
+    let allocated = json!({"allocation": {"devices": {"results": [{"request": "r", "driver": "gpu.tessera.dev",
+        "pool": "node-b", "device": "gpu-0"}]}}});
+    let write = |class: &str, d: &Value| status_write(all(class), json!({}), allocated.clone(), "a", d);
+    let before = "status.allocation: ResourceClaim stash (class gpu.tessera.dev) of namespace a may not be allocated: \
+                  the class is closed in namespaces of TenantGpuQuota team-a (the claim was made before the namespace \
+                  joined it; allocated, it would take GPUs with no quota check); delete the claim and the pods using \
+                  it; claim through Tessera's classes; use gpu.tessera.dev";
+    assert_eq!(write("gpu.tessera.dev", &data(Some("2026-06-01T11:00:00Z"))).as_deref(), Some(before));
+    assert_eq!(write("gpu.tessera.dev", &data(Some(MADE))).as_deref(), Some(before), "the same second");
+    assert_eq!(
+        write("gpu.tessera.dev", &data(None)).as_deref(),
+        Some(
+            "status.allocation: ResourceClaim stash (class gpu.tessera.dev) of namespace a may not be allocated: the \
+             class is closed in namespaces of TenantGpuQuota team-a for now (use gpu.tessera.dev); the scheduler \
+             retries"
+        ),
+        "no ResourceQuota yet"
+    );
+    assert_eq!(write("gpu.tessera.dev", &data(Some("2026-06-01T09:59:59Z"))), None, "made after");
+    assert_eq!(write("nic.example.com", &data(Some("2026-06-01T11:00:00Z"))), None, "open");
+    assert_eq!(write("nic.example.com", &data(None)), None, "open, no ResourceQuota yet");
+    // Tessera's class closed for a while (a lowered limit not yet in force), the claim made after.
+    let mut closed = data(Some("2026-06-01T09:00:00Z"));
+    closed["a.allowed"] = json!("");
+    closed["a.hint"] = json!("the tenant's ResourceQuota is still being written; retry shortly (use gpu.tessera.dev)");
+    let refused = write("gpu.tessera.dev", &closed).expect("closed for now");
+    assert!(
+        refused.ends_with(
+            "TenantGpuQuota team-a for now (the tenant's ResourceQuota is still being written; retry shortly \
+             (use gpu.tessera.dev)); the scheduler retries"
+        ) && !refused.contains("delete"),
+        "{refused}"
+    );
+    // Creating a claim is not what `.since` guards (the ResourceQuota counts it).
+    assert_eq!(admit("gpu.tessera.dev", "a", &data(None)), None, "a new claim");
 }

@@ -660,3 +660,35 @@ fn extended_resources_mode_holds_the_shares_classes_at_0_even_when_they_do_not_e
     assert_eq!(p.apply[0].hard["requests.nvidia.com/mig-1g.10gb"], "3");
     assert_eq!(p.apply[0].hard[&format!("mig-1g.10gb.tessera.dev{DEV}")], "0");
 }
+
+/// Issue 24 H1: a claim of Tessera's class made before its namespace joined a quota was allocated
+/// later with no limit (the ResourceQuota counts claims from their creation only). The params say
+/// since when each namespace's claims are counted: the earliest creation of its quota's
+/// ResourceQuotas there. None with no ResourceQuota yet, or with two quotas claiming it.
+#[test]
+fn the_params_say_since_when_each_namespace_s_claims_are_counted() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let (b, c, e) = (
+        quota("team-b", &["b", "shared"], "ResourceClaims"),
+        quota("team-c", &["shared"], "ExtendedResources"),
+        quota("team-e", &["e"], "ResourceClaims"),
+    );
+    let at = |mut rq: k8s_openapi::api::core::v1::ResourceQuota, name: &str, t: &str| {
+        rq.metadata.name = Some(name.into());
+        rq.metadata.creation_timestamp = Some(Time(t.parse().unwrap()));
+        rq
+    };
+    let rqs = [
+        at(our_rq("team-b", "b", &[], &[]), "new", "2026-06-01T10:00:05Z"),
+        at(our_rq("team-b", "b", &[], &[]), "old", "2026-06-01T09:00:00Z"),
+        // Another quota's, older: not what counts b's claims for team-b.
+        at(our_rq("team-c", "b", &[], &[]), "other", "2026-01-01T00:00:00Z"),
+        at(our_rq("team-b", "shared", &[], &[]), "shared", "2026-06-01T09:00:00Z"),
+    ];
+    let resources: BTreeSet<String> = ["nvidia.com/gpu"].map(String::from).into();
+    let valid: BTreeSet<&str> = ["team-b", "team-c", "team-e"].into();
+    let d = policy_data(&[&b, &c, &e], &valid, &rqs, &[], &resources, &view());
+    assert_eq!(d.get("b.since").map(String::as_str), Some("2026-06-01T09:00:00Z"));
+    assert_eq!(d.get("shared.since"), None, "claimed by two quotas");
+    assert_eq!(d.get("e.since"), None, "no ResourceQuota yet");
+}

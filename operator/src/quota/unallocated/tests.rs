@@ -298,3 +298,39 @@ fn an_admin_access_claim_of_a_gpu_class_is_listed_for_the_pod_policy_and_counts_
     let p = plan(&q, &rqs, &[both]);
     assert_eq!(p.policy.get("x.claims").map(String::as_str), Some("both:gpu.nvidia.com"));
 }
+
+/// Issue 24 H1: claim `hoard` of Tessera's class (`All`) made in `x` before its ResourceQuota
+/// (before `x` joined): the claim policy refuses its allocation, and the params list it in
+/// `x.claims` so a new pod naming it is refused too. One made after the ResourceQuota is
+/// counted by it and not listed; one of another namespace with no `.since` is not listed either.
+#[test]
+fn a_claim_of_tessera_s_class_made_before_the_resource_quota_is_listed_for_the_pod_policy() {
+    let at = |ns: &str, name: &str, t: &str, class: &str| {
+        let mut c = claim(
+            ns,
+            name,
+            json!([{"name": "r", "exactly": {"deviceClassName": class, "allocationMode": "All"}}]),
+            false,
+        );
+        c.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.parse().unwrap()));
+        c
+    };
+    let mut rq = synced("x", &[(GPU_KEY, 1), (GPU_REQ, 1)]);
+    rq.metadata.creation_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T10:00:00Z".parse().unwrap()));
+    let claims = [
+        at("x", "hoard", "2026-06-01T09:00:00Z", "gpu.tessera.dev"),
+        at("x", "same", "2026-06-01T10:00:00Z", "gpu.tessera.dev"),
+        at("x", "later", "2026-06-01T10:00:01Z", "gpu.tessera.dev"),
+        at("y", "other", "2026-06-01T09:00:00Z", "gpu.tessera.dev"),
+    ];
+    let q = quota(json!({"namespaces": ["x", "y"], "hard": {"nvidia.com/gpu": 2}, "allocation": "ResourceClaims"}));
+    let classes = view();
+    let dra = Dra { classes, ours: ours(&claims), ..Default::default() };
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T11:00:00Z".parse().unwrap());
+    let nss: BTreeSet<String> = ["x", "y"].iter().map(|s| s.to_string()).collect();
+    let p = plan_quotas_dra(std::slice::from_ref(&q), &nss, &[rq], &Capacity::default(), &dra, now);
+    assert_eq!(p.policy.get("x.since").map(String::as_str), Some("2026-06-01T10:00:00Z"));
+    assert_eq!(p.policy.get(&claims_key("x")).map(String::as_str), Some("hoard:gpu.tessera.dev same:gpu.tessera.dev"));
+    assert_eq!(p.policy.get(&claims_key("y")), None, "no ResourceQuota in y yet");
+}

@@ -359,6 +359,13 @@ pub fn plan_quotas_dra(
         plan.policy.extend(pod_gate::namespace_keys(ns, &qs, &valid_names, resource_quotas, &plan.apply, uid));
     }
     steps::sweep_stale(resource_quotas, &wanted, &mut plan.delete);
+    // A ResourceQuota no quota wants stays while its namespace's new limits are not in force
+    // (`_pending`): deleted in the pass that writes its replacement, it left the namespace
+    // unlimited until the new one's `status.hard` synced, for any API server whose copy of the
+    // params still showed the old quota. Both limiting meanwhile, the stricter holds per key.
+    let pending: BTreeSet<String> =
+        plan.policy.get(pod_gate::PENDING).map(|p| p.split(' ').map(str::to_string).collect()).unwrap_or_default();
+    plan.delete.retain(|d| !pending.contains(&d.namespace));
     plan
 }
 

@@ -338,12 +338,19 @@ fn a_users_own_resource_quota_named_like_ours_is_left_alone_and_the_share_enforc
     assert_eq!((p.apply, p.delete), (vec![enforce(&fallback)], vec![]));
     assert_eq!(p.statuses["a"].resources[0].used, 1, "usage is read from the ResourceQuota in force");
 
-    // The user removes theirs: the share moves to our own name, and the fallback goes (the
-    // controller applies before it deletes).
-    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[ours_fallback], &[], now());
+    // The user removes theirs: the share moves to our own name; the fallback stays until that
+    // one is in force (third review: deleted in the same pass, nothing limited `x` until the new
+    // one's status synced), then goes.
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), std::slice::from_ref(&ours_fallback), &[], now());
     assert_eq!(p.apply, vec![enforce("tessera-a")]);
-    assert_eq!(p.delete, vec![Delete { namespace: "x".into(), name: fallback.clone(), quota: "a".into() }]);
+    assert_eq!(p.delete, vec![], "x is pending: the fallback still limits it");
     assert!(find(&p.statuses["a"].conditions, STALLED).is_none());
+    let mut in_force = ours("a", "x", "1");
+    in_force.spec = Some(serde_json::from_value(json!({"hard": {"requests.nvidia.com/mig-1g.10gb": "4"}})).unwrap());
+    in_force.status =
+        Some(serde_json::from_value(json!({"hard": {"requests.nvidia.com/mig-1g.10gb": "4"}, "used": {}})).unwrap());
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[ours_fallback, in_force], &[], now());
+    assert_eq!(p.delete, vec![Delete { namespace: "x".into(), name: fallback.clone(), quota: "a".into() }]);
 
     // Both names held by the user's objects: nothing is overwritten, and the gap is reported.
     let both = [theirs("tessera-a", "x", None, None), theirs(&fallback, "x", None, None)];
@@ -376,9 +383,15 @@ fn a_quota_created_again_under_the_same_name_does_not_adopt_the_old_ones_resourc
     let q = quota("a", json!({"namespaces": ["x"], "hard": {"nvidia.com/mig-1g.10gb": 4}}));
     let mut old = ours("a", "x", "0");
     old.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-of-the-deleted-a".into();
-    let p = plan_quotas(&[q], &ns(&["x"]), &[old], &[], now());
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), std::slice::from_ref(&old), &[], now());
     // Applying over it would add a second controller owner reference (refused by the API server).
     assert_eq!(p.apply.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["tessera-a-uida"]);
+    assert_eq!(p.delete, vec![], "kept until the new one is in force (x is pending)");
+    let mut new = ours("a", "x", "0");
+    new.metadata.name = Some("tessera-a-uida".into());
+    new.status =
+        Some(serde_json::from_value(json!({"hard": {"requests.nvidia.com/mig-1g.10gb": "4"}, "used": {}})).unwrap());
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[old, new], &[], now());
     assert_eq!(p.delete, vec![Delete { namespace: "x".into(), name: "tessera-a".into(), quota: "a".into() }]);
 }
 

@@ -62,7 +62,20 @@ fn controller(client: Client) -> QuotaController {
         "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}, "status": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
         .unwrap();
     let ns = |n: &str| -> Namespace { serde_json::from_value(json!({"metadata": {"name": n, "uid": "uid"}})).unwrap() };
-    QuotaController::from_stores(client, store_of(vec![a, b]), store_of(vec![old]), store_of(vec![ns("x"), ns("y")]))
+    // `b`'s own ResourceQuota in `x` is in force: `x` is not pending, so `a`'s may go.
+    let in_force: ResourceQuota =
+        serde_json::from_value(json!({"metadata": {"name": crate::quota::resource_quota_name("b"),
+        "namespace": "x", "labels": {"tessera.dev/quota": crate::quota::quota_label_value("b")},
+        "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": "b",
+                             "uid": "uid-b", "controller": true}]},
+        "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}, "status": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
+        .unwrap();
+    QuotaController::from_stores(
+        client,
+        store_of(vec![a, b]),
+        store_of(vec![old, in_force]),
+        store_of(vec![ns("x"), ns("y")]),
+    )
 }
 
 fn deletes(requests: &Requests) -> Vec<String> {

@@ -412,36 +412,34 @@ fn write_failures_are_reported_on_their_quota_and_cleared_when_writes_succeed() 
 /// What the fake API server was asked: (method, path, body).
 pub(crate) type Requests = std::sync::Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>;
 
-/// A client whose API server refuses every ResourceQuota write in namespace `locked` (as an
-/// admission policy would) and accepts everything else, recording each request.
-pub(crate) fn api_refusing_writes_in_locked() -> (kube::Client, Requests) {
+/// A client whose fake API server records each request and answers it with `answer(method, path,
+/// body)` (`(code, body)`), else by default: a quota status write gets a `TenantGpuQuota` back,
+/// every other request its own body.
+pub(crate) fn recording_api<F>(answer: F) -> (kube::Client, Requests)
+where
+    F: Fn(&str, &str, &serde_json::Value) -> Option<(u16, serde_json::Value)> + Clone + Send + 'static,
+{
     let requests = Requests::default();
     let seen = requests.clone();
     let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let seen = seen.clone();
+        let (seen, answer) = (seen.clone(), answer.clone());
         async move {
             let (parts, body) = req.into_parts();
             let body: serde_json::Value =
                 serde_json::from_slice(&body.collect_bytes().await.unwrap()).unwrap_or_default();
             let (method, path) = (parts.method.to_string(), parts.uri.path().to_string());
             seen.lock().unwrap().push((method.clone(), path.clone(), body.clone()));
-            let (code, answer) = if path.contains("/namespaces/locked/") && method == "PATCH" {
-                (
-                    422,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 422,
-                             "reason": "Invalid", "message": "denied by policy lock-quotas"}),
-                )
-            } else if method == "DELETE" {
-                (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
-            } else if path.ends_with("/status") {
-                (
-                    200,
-                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
-                             "metadata": {"name": "q"}, "spec": {"namespaces": [], "hard": {}}}),
-                )
-            } else {
-                (200, body)
-            };
+            let (code, answer) = answer(&method, &path, &body).unwrap_or_else(|| {
+                if path.ends_with("/status") {
+                    (
+                        200,
+                        json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+                                 "metadata": {"name": "q"}, "spec": {"namespaces": [], "hard": {}}}),
+                    )
+                } else {
+                    (200, body)
+                }
+            });
             let bytes = serde_json::to_vec(&answer).unwrap();
             Ok::<_, std::convert::Infallible>(
                 http::Response::builder().status(code).body(kube::client::Body::from(bytes)).unwrap(),
@@ -449,6 +447,27 @@ pub(crate) fn api_refusing_writes_in_locked() -> (kube::Client, Requests) {
         }
     });
     (kube::Client::new(service, "default"), requests)
+}
+
+/// The answer to a DELETE: success.
+pub(crate) fn deleted() -> (u16, serde_json::Value) {
+    (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
+}
+
+/// A client whose API server refuses every ResourceQuota write in namespace `locked` (as an
+/// admission policy would) and accepts everything else, recording each request.
+pub(crate) fn api_refusing_writes_in_locked() -> (kube::Client, Requests) {
+    recording_api(|method, path, _| {
+        if path.contains("/namespaces/locked/") && method == "PATCH" {
+            Some((
+                422,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 422,
+                         "reason": "Invalid", "message": "denied by policy lock-quotas"}),
+            ))
+        } else {
+            (method == "DELETE").then(deleted)
+        }
+    })
 }
 
 pub(crate) fn store_of<K>(objects: Vec<K>) -> kube::runtime::reflector::Store<K>

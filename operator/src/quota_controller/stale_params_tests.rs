@@ -6,41 +6,31 @@ use serde_json::{Value, json};
 use super::*;
 use crate::quota::tests::{Requests, store_of};
 
-/// A client that records every request, answers the params ConfigMap's apply with `params`
-/// (HTTP code) and accepts every other write.
-fn api(params: u16) -> (Client, Requests) {
-    let requests = Requests::default();
-    let seen = requests.clone();
-    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let seen = seen.clone();
-        async move {
-            let (parts, body) = req.into_parts();
-            let body: Value = serde_json::from_slice(&body.collect_bytes().await.unwrap()).unwrap_or_default();
-            let (method, path) = (parts.method.to_string(), parts.uri.path().to_string());
-            seen.lock().unwrap().push((method.clone(), path.clone(), body.clone()));
-            let params_write = path.ends_with("/configmaps/tessera-claim-classes") && method == "PATCH";
-            let (code, answer) = if params_write && params != 200 {
-                (params, json!({"kind": "Status", "apiVersion": "v1", "code": params}))
-            } else if path == "/api/v1/pods" {
-                (200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []}))
-            } else if path.ends_with("/status") {
-                (
-                    200,
-                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
-                    "metadata": {"name": "b"}, "spec": {"namespaces": [], "hard": {}}}),
-                )
-            } else if method == "DELETE" {
-                (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
-            } else {
-                (200, body)
-            };
-            let bytes = serde_json::to_vec(&answer).unwrap();
-            Ok::<_, std::convert::Infallible>(
-                http::Response::builder().status(code).body(kube::client::Body::from(bytes)).unwrap(),
-            )
+/// A client that records every request, answers the params ConfigMap's apply with a 500 when
+/// `fail_params` and accepts every other write.
+fn api(fail_params: bool) -> (Client, Requests) {
+    crate::quota::tests::recording_api(move |method, path, _| {
+        let params_write = path.ends_with("/configmaps/tessera-claim-classes") && method == "PATCH";
+        if fail_params && params_write {
+            return Some((500, json!({"kind": "Status", "apiVersion": "v1", "code": 500})));
         }
-    });
-    (Client::new(service, "default"), requests)
+        accept(method, path)
+    })
+}
+
+/// Every other request: the pod list empty, quota status writes answered as `b`, deletes done.
+fn accept(method: &str, path: &str) -> Option<(u16, Value)> {
+    if path == "/api/v1/pods" {
+        Some((200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []})))
+    } else if path.ends_with("/status") {
+        Some((
+            200,
+            json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+            "metadata": {"name": "b"}, "spec": {"namespaces": [], "hard": {}}}),
+        ))
+    } else {
+        (method == "DELETE").then(crate::quota::tests::deleted)
+    }
 }
 
 /// Namespace `x` moved from quota `a` (now listing `y`) to quota `b`: `a`'s ResourceQuota in `x`
@@ -89,11 +79,11 @@ fn deletes(requests: &Requests) -> Vec<String> {
 #[tokio::test]
 async fn a_failed_params_write_deletes_no_resource_quota_in_that_pass() {
     let stale = format!("/api/v1/namespaces/x/resourcequotas/{}", crate::quota::resource_quota_name("a"));
-    let (client, requests) = api(200);
+    let (client, requests) = api(false);
     let _ = controller(client).reconcile().await;
     assert_eq!(deletes(&requests), [stale], "params written: the stale ResourceQuota goes");
 
-    let (client, requests) = api(500);
+    let (client, requests) = api(true);
     let _ = controller(client).reconcile().await;
     assert!(
         requests

@@ -10,34 +10,13 @@ use crate::quota::tests::{Requests, store_of};
 /// A client whose API server answers the pod list with `pods` (or a 500 when `None`) and
 /// accepts every write, recording each request.
 fn api(pods: Option<Value>) -> (Client, Requests) {
-    let requests = Requests::default();
-    let seen = requests.clone();
-    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let (seen, pods) = (seen.clone(), pods.clone());
-        async move {
-            let (parts, body) = req.into_parts();
-            let body: Value = serde_json::from_slice(&body.collect_bytes().await.unwrap()).unwrap_or_default();
-            let (method, path) = (parts.method.to_string(), parts.uri.path().to_string());
-            seen.lock().unwrap().push((method.clone(), path.clone(), body.clone()));
-            let (code, answer) = match (method.as_str(), path.as_str(), pods) {
-                ("GET", "/api/v1/pods", Some(items)) => {
-                    (200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}))
-                }
-                ("GET", "/api/v1/pods", None) => (500, json!({"kind": "Status", "apiVersion": "v1", "code": 500})),
-                _ if path.ends_with("/status") => (
-                    200,
-                    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
-                           "metadata": {"name": "q"}, "spec": {"namespaces": [], "hard": {}}}),
-                ),
-                _ => (200, body),
-            };
-            let bytes = serde_json::to_vec(&answer).unwrap();
-            Ok::<_, std::convert::Infallible>(
-                http::Response::builder().status(code).body(kube::client::Body::from(bytes)).unwrap(),
-            )
+    crate::quota::tests::recording_api(move |method, path, _| match (method, path, &pods) {
+        ("GET", "/api/v1/pods", Some(items)) => {
+            Some((200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})))
         }
-    });
-    (Client::new(service, "default"), requests)
+        ("GET", "/api/v1/pods", None) => Some((500, json!({"kind": "Status", "apiVersion": "v1", "code": 500}))),
+        _ => None,
+    })
 }
 
 /// [`controller_before_verdicts`] after the rollout pass published its first verdicts (none dead).

@@ -126,28 +126,12 @@ mod tests {
     use tessera_crds::activity::ActivitySource;
 
     use super::super::ACTIVE_FROM_PERCENT;
+    use super::super::tests::{mig, t};
     use super::*;
 
-    fn t(s: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + s).unwrap()
-    }
-
+    /// A device as the tracker tests sample it, holding 11 MiB and no GPM figure.
     fn obs(uuid: &str, source: ActivitySource, processes: u32) -> Observation {
-        Observation {
-            gpu_index: 0,
-            model_name: "NVIDIA H100 80GB HBM3".into(),
-            gpu_uuid: "GPU-0".into(),
-            uuid: Some(uuid.into()),
-            profile: Some("3g.40gb".into()),
-            start: Some(4),
-            gpu_instance_id: Some(2),
-            source,
-            sm_active_percent: None,
-            gpm_failed: false,
-            memory_used_mib: 11,
-            processes,
-            pids: vec![],
-        }
+        Observation { memory_used_mib: 11, ..mig(uuid, source, None, processes) }
     }
 
     /// Stored at 0: MIG-a and MIG-b, idle since -3600, 40% over the hour.

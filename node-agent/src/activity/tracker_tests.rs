@@ -1,10 +1,10 @@
 use super::*;
 
-fn t(s: i64) -> Timestamp {
+pub(super) fn t(s: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + s).unwrap()
 }
 
-fn mig(uuid: &str, source: ActivitySource, sm: Option<f64>, processes: u32) -> Observation {
+pub(super) fn mig(uuid: &str, source: ActivitySource, sm: Option<f64>, processes: u32) -> Observation {
     Observation {
         gpu_index: 0,
         model_name: "NVIDIA H100 80GB HBM3".into(),

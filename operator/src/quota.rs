@@ -348,8 +348,9 @@ pub fn plan_quotas_dra(
     plan.policy = claims::policy_data(&live, &valid_names, resource_quotas, &plan.apply, &resources, &dra.classes);
     let tenants: Vec<String> =
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
-    let listed = [pending, &unallocated::early(&dra.ours, &plan.policy)[..]].concat();
-    plan.policy.extend(unallocated::policy_claims(&listed, &dra.admin_access, tenants.iter().map(String::as_str)));
+    let early = unallocated::early(&dra.ours, &plan.policy);
+    let tenant_names = tenants.iter().map(String::as_str);
+    plan.policy.extend(unallocated::policy_claims(pending, &dra.admin_access, &early, tenant_names));
     plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
     let names = live.iter().filter_map(|q| q.metadata.name.as_deref()).collect::<Vec<_>>();
     plan.policy.insert(pod_gate::QUOTAS.to_string(), names.join(" "));

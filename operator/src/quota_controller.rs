@@ -480,6 +480,8 @@ mod pod_policy_tests;
 #[cfg(test)]
 mod claim_policy_tests;
 #[cfg(test)]
+mod early_claim_tests;
+#[cfg(test)]
 mod stale_params_tests;
 #[cfg(test)]
 mod start_tests;

@@ -7,7 +7,7 @@
 //! and the quota's `Ready` message names it (delete it; claim through Tessera's classes). Claims
 //! of Tessera's classes are admitted by the ResourceQuota only if made after it: one made before
 //! (`<ns>.since` in the params) is refused allocation by the claim policy and listed for the pod
-//! policy ([`early`]); the ResourceQuota's `status.used` already counts it (issue 24 H1).
+//! policy ([`early`], marked [`EARLY_MARK`]); the ResourceQuota's `status.used` already counts it (issue 24 H1).
 
 use std::collections::BTreeMap;
 
@@ -171,14 +171,25 @@ pub const CLAIMS_BUDGET: usize = 256 * 1024;
 /// namespace's thousands of leftover claims can no longer make every params write fail.
 pub const ALL_CLAIMS: &str = "_all";
 
-/// [`claims_key`] per namespace of `tenants` holding pending or admin-access claims:
+/// The marker after an early claim's class in [`claims_key`] (`<claim>:<class>,early`): a claim
+/// of Tessera's classes made no later than `<ns>.since` ([`early`]), refused with its own cause.
+/// A class name (a DNS subdomain) holds no `,`, so no class reads as a marker.
+pub const EARLY_MARK: &str = ",early";
+
+/// [`claims_key`] per namespace of `tenants` holding pending, admin-access or early claims:
 /// space-separated `<claim>:<class>` (names and classes hold no `:` or space); an admin-access
-/// claim's class is followed by `,adminAccess`, so the policy's refusal names the cause. A claim
-/// that is both is listed once, as pending. Past [`CLAIMS_CAP`] or [`CLAIMS_BUDGET`] the
-/// value is [`ALL_CLAIMS`].
+/// claim's class is followed by `,adminAccess`, an early one's by [`EARLY_MARK`], so the policy's
+/// refusal names the cause. A claim listed twice is listed once: pending first, then admin
+/// access, then early. Pending and admin-access claims must be listed (a pod naming one would
+/// be allocated it with no quota check, or see other tenants' GPUs): past [`CLAIMS_CAP`] or
+/// [`CLAIMS_BUDGET`] the value is [`ALL_CLAIMS`]. Early claims are refused allocation by the
+/// claim policy anyway (their entry only gives the pod a clear refusal at creation), so they take
+/// only the room left after every namespace's other claims, and never make a value [`ALL_CLAIMS`]:
+/// one past the room is left out, and a pod naming it stays pending with the allocation refusal.
 pub fn policy_claims<'a>(
     pending: &[Pending],
     admin: &[AdminAccess],
+    early: &[Pending],
     tenants: impl IntoIterator<Item = &'a str>,
 ) -> BTreeMap<String, String> {
     let mut by_ns: BTreeMap<&str, BTreeMap<&str, String>> = BTreeMap::new();
@@ -192,19 +203,38 @@ pub fn policy_claims<'a>(
     let mut tenants: Vec<&str> = tenants.into_iter().collect();
     tenants.sort_unstable();
     let mut used = 0;
-    tenants
-        .into_iter()
-        .filter_map(|ns| {
-            let claims = by_ns.get(ns)?;
-            let list: Vec<String> = claims.iter().map(|(name, class)| format!("{name}:{class}")).collect();
-            let list = list.join(" ");
-            if list.len() > CLAIMS_CAP || used + list.len() > CLAIMS_BUDGET {
-                return Some((claims_key(ns), ALL_CLAIMS.to_string()));
+    let mut out: BTreeMap<&str, String> = BTreeMap::new();
+    for &ns in &tenants {
+        let Some(claims) = by_ns.get(ns) else { continue };
+        let list: Vec<String> = claims.iter().map(|(name, class)| format!("{name}:{class}")).collect();
+        let list = list.join(" ");
+        if list.len() > CLAIMS_CAP || used + list.len() > CLAIMS_BUDGET {
+            out.insert(ns, ALL_CLAIMS.to_string());
+            continue;
+        }
+        used += list.len();
+        out.insert(ns, list);
+    }
+    let mut early_by_ns: BTreeMap<&str, BTreeMap<&str, &str>> = BTreeMap::new();
+    early.iter().for_each(|e| {
+        early_by_ns.entry(e.namespace.as_str()).or_default().entry(e.name.as_str()).or_insert(e.class.as_str());
+    });
+    for &ns in &tenants {
+        let Some(claims) = early_by_ns.get(ns) else { continue };
+        let listed = by_ns.get(ns);
+        let value = out.entry(ns).or_default();
+        if value == ALL_CLAIMS {
+            continue;
+        }
+        for (name, class) in claims.iter().filter(|(name, _)| !listed.is_some_and(|l| l.contains_key(*name))) {
+            let entry = format!("{}{name}:{class}{EARLY_MARK}", if value.is_empty() { "" } else { " " });
+            if value.len() + entry.len() <= CLAIMS_CAP && used + entry.len() <= CLAIMS_BUDGET {
+                used += entry.len();
+                value.push_str(&entry);
             }
-            used += list.len();
-            Some((claims_key(ns), list))
-        })
-        .collect()
+        }
+    }
+    out.into_iter().filter(|(_, v)| !v.is_empty()).map(|(ns, v)| (claims_key(ns), v)).collect()
 }
 
 /// A note per pending claim in `namespaces`, for `Ready`.
@@ -274,7 +304,8 @@ pub fn ours<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> Vec<Ours
 /// Issue 24 H1: claims of Tessera's classes made no later than their namespace's `<ns>.since`
 /// (in the params `policy`): the ResourceQuota never counted them at creation and the claim
 /// policy refuses their allocation, so a pod naming one is refused too (listed in `<ns>.claims`
-/// by [`policy_claims`]). Not counted against the share: the ResourceQuota's `status.used`
+/// by [`policy_claims`], marked [`EARLY_MARK`]: both refusals say to make it again, not to claim
+/// through Tessera's classes). Not counted against the share: the ResourceQuota's `status.used`
 /// already counts every existing claim of its classes. A claim of unknown creation time is listed.
 pub fn early(ours: &[Ours], policy: &BTreeMap<String, String>) -> Vec<Pending> {
     ours.iter()

@@ -102,11 +102,11 @@ fn admin_access_claims_and_templates_of_gpu_classes_are_refused_in_tenant_namesp
 }
 
 /// When [`status_write`]'s claim was made.
-const MADE: &str = "2026-06-01T10:00:00Z";
+pub(super) const MADE: &str = "2026-06-01T10:00:00Z";
 
 /// The scheduler's write of `status.allocation` on `requests` (claim `stash`) in namespace `ns`;
 /// `before`/`after`: the claim's status before and after the write.
-fn status_write(requests: Value, before: Value, after: Value, ns: &str, data: &Value) -> Option<String> {
+pub(super) fn status_write(requests: Value, before: Value, after: Value, ns: &str, data: &Value) -> Option<String> {
     let at = |status: Value| json!({"metadata": {"name": "stash", "creationTimestamp": MADE}, "spec": {"devices": {"requests": requests.clone()}}, "status": status});
     let request = json!({"namespace": ns, "operation": "UPDATE", "subResource": "status",
         "resource": {"resource": "resourceclaims"}});
@@ -204,12 +204,16 @@ fn allocating_a_claim_made_before_the_namespace_s_resource_quota_is_refused_in_t
     let allocated = json!({"allocation": {"devices": {"results": [{"request": "r", "driver": "gpu.tessera.dev",
         "pool": "node-b", "device": "gpu-0"}]}}});
     let write = |class: &str, d: &Value| status_write(all(class), json!({}), allocated.clone(), "a", d);
-    let before = "status.allocation: ResourceClaim stash (class gpu.tessera.dev) of namespace a may not be allocated: \
-                  the class is closed in namespaces of TenantGpuQuota team-a (the claim was made before the namespace \
-                  joined it; allocated, it would take GPUs with no quota check); delete the claim and the pods using \
-                  it; claim through Tessera's classes; use gpu.tessera.dev";
-    assert_eq!(write("gpu.tessera.dev", &data(Some("2026-06-01T11:00:00Z"))).as_deref(), Some(before));
-    assert_eq!(write("gpu.tessera.dev", &data(Some(MADE))).as_deref(), Some(before), "the same second");
+    let before = |since: &str| {
+        format!(
+            "status.allocation: ResourceClaim stash (class gpu.tessera.dev) of namespace a may not be allocated: it \
+             was made before the namespace's current GPU limits were in force ({since}), so TenantGpuQuota team-a \
+             never counted it against its share; delete the claim and the pods using it and make it again"
+        )
+    };
+    let since = "2026-06-01T11:00:00Z";
+    assert_eq!(write("gpu.tessera.dev", &data(Some(since))), Some(before(since)));
+    assert_eq!(write("gpu.tessera.dev", &data(Some(MADE))), Some(before(MADE)), "the same second");
     assert_eq!(
         write("gpu.tessera.dev", &data(None)).as_deref(),
         Some(

@@ -310,7 +310,7 @@ fn a_pod_naming_an_admin_access_claim_of_a_gpu_class_is_refused() {
     let view = crate::quota::claims::ClassView::default();
     let listed = crate::quota::unallocated::admin_access([&watch], &view);
     let mut data = json!({"x.quota": "team-a", "_pending": ""});
-    for (k, v) in crate::quota::unallocated::policy_claims(&[], &listed, ["x"]) {
+    for (k, v) in crate::quota::unallocated::policy_claims(&[], &listed, &[], ["x"]) {
         data[k] = json!(v);
     }
     let pod = json!({"spec": {"containers": [{"name": "c"}], "resourceClaims": [

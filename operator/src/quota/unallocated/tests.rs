@@ -234,13 +234,13 @@ fn leftover_claims_past_the_cap_are_listed_as_all() {
         (0..5000).map(|i| pending("x", &format!("leftover-{i:05}"), "gpu.nvidia.com", None, 1)).collect();
     let few = [pending("y", "stash", "gpu.nvidia.com", None, 1)];
     let all: Vec<Pending> = many.iter().chain(&few).cloned().collect();
-    let listed = policy_claims(&all, &[], ["x", "y"]);
+    let listed = policy_claims(&all, &[], &[], ["x", "y"]);
     assert_eq!(listed["x.claims"], ALL_CLAIMS);
     assert_eq!(listed["y.claims"], "stash:gpu.nvidia.com");
     let at_cap: Vec<Pending> =
         (0..CLAIMS_CAP / 30).map(|i| pending("x", &format!("c-{i:05}"), "gpu.nvidia.com", None, 1)).collect();
     assert!(
-        policy_claims(&at_cap, &[], ["x"])["x.claims"].starts_with("c-00000:gpu.nvidia.com "),
+        policy_claims(&at_cap, &[], &[], ["x"])["x.claims"].starts_with("c-00000:gpu.nvidia.com "),
         "under the cap: listed"
     );
     // Many namespaces each just under the cap: the total stays within the budget.
@@ -249,7 +249,7 @@ fn leftover_claims_past_the_cap_are_listed_as_all() {
         .iter()
         .flat_map(|ns| (0..30).map(move |i| pending(ns, &format!("c-{i:05}"), "gpu.nvidia.com", None, 1)))
         .collect();
-    let listed = policy_claims(&spread, &[], names.iter().map(String::as_str));
+    let listed = policy_claims(&spread, &[], &[], names.iter().map(String::as_str));
     let total: usize = listed.values().map(String::len).sum();
     assert!(total <= CLAIMS_BUDGET + ALL_CLAIMS.len() * names.len(), "{total}");
     assert_eq!(listed["ns-0999.claims"], ALL_CLAIMS, "past the budget");
@@ -331,6 +331,37 @@ fn a_claim_of_tessera_s_class_made_before_the_resource_quota_is_listed_for_the_p
     let nss: BTreeSet<String> = ["x", "y"].iter().map(|s| s.to_string()).collect();
     let p = plan_quotas_dra(std::slice::from_ref(&q), &nss, &[rq], &Capacity::default(), &dra, now);
     assert_eq!(p.policy.get("x.since").map(String::as_str), Some("2026-06-01T10:00:00Z"));
-    assert_eq!(p.policy.get(&claims_key("x")).map(String::as_str), Some("hoard:gpu.tessera.dev same:gpu.tessera.dev"));
+    assert_eq!(
+        p.policy.get(&claims_key("x")).map(String::as_str),
+        Some("hoard:gpu.tessera.dev,early same:gpu.tessera.dev,early")
+    );
     assert_eq!(p.policy.get(&claims_key("y")), None, "no ResourceQuota in y yet");
+}
+
+/// Third review of issue 24 (3-5): claims of Tessera's classes made before the limits were in
+/// force used up `<ns>.claims` like foreign ones: about 20 turned the namespace to `_all` (every
+/// pod naming any claim refused), and they spent the budget other namespaces needed. The claim
+/// policy refuses their allocation anyway, so their entries only improve a message: they are
+/// listed after the others, with what room is left, and never make a namespace `_all`.
+#[test]
+fn claims_made_before_the_limits_never_turn_a_namespace_to_all() {
+    let early = |ns: &str, i: usize| pending(ns, &format!("early-{i:05}"), "gpu.tessera.dev", None, 0);
+    let many: Vec<Pending> = (0..200).map(|i| early("x", i)).collect();
+    let stash = [pending("x", "stash", "gpu.nvidia.com", None, 1)];
+    let listed = policy_claims(&stash, &[], &many, ["x"]);
+    let x = &listed["x.claims"];
+    assert!(x.starts_with("stash:gpu.nvidia.com early-00000:gpu.tessera.dev,early "), "{x}");
+    assert!(x.len() <= CLAIMS_CAP && x.len() > CLAIMS_CAP - 40, "filled up to the cap: {}", x.len());
+    // A claim both foreign-pending and early is listed once, as pending.
+    let both = policy_claims(&stash, &[], &[pending("x", "stash", "gpu.tessera.dev", None, 0)], ["x"]);
+    assert_eq!(both["x.claims"], "stash:gpu.nvidia.com");
+    // Early claims of earlier namespaces do not take the budget a later one's foreign claims need.
+    let names: Vec<String> = (0..1000).map(|n| format!("ns-{n:04}")).collect();
+    let spread: Vec<Pending> = names.iter().flat_map(|ns| (0..30).map(move |i| early(ns, i))).collect();
+    let last = [pending("ns-0999", "stash", "gpu.nvidia.com", None, 1)];
+    let listed = policy_claims(&last, &[], &spread, names.iter().map(String::as_str));
+    assert!(listed["ns-0999.claims"].starts_with("stash:gpu.nvidia.com"), "{}", listed["ns-0999.claims"]);
+    assert!(listed.values().all(|v| v != ALL_CLAIMS));
+    let total: usize = listed.values().map(String::len).sum();
+    assert!(total <= CLAIMS_BUDGET, "{total}");
 }

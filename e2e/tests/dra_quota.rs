@@ -383,9 +383,10 @@ async fn allocating_a_claim_made_before_its_namespace_joined_is_refused_and_the_
 /// Issue 24 H1: `gpu.tessera.dev` exists (quota `team-x` allocates through claims elsewhere);
 /// `hoard` (that class) and the gated pod `p` using it are made in `team-e` before it joins a
 /// quota. Once `team-e`'s ResourceQuota enforces the class, `team-e.since` is written, a new pod
-/// naming `hoard` is refused at creation (`team-e.claims`), and ungated `p` stays pending: the
-/// scheduler's allocation of `hoard` is refused (made before the ResourceQuota). A claim made
-/// after is allocated as before.
+/// naming `hoard` is refused at creation (`team-e.claims`, marked `,early`), and ungated `p`
+/// stays pending: the scheduler's allocation of `hoard` is refused (made before the
+/// ResourceQuota). Both refusals say so and to make the claim again (third review, 3-5). A claim
+/// made after is allocated as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocating_a_claim_of_tessera_s_class_made_before_its_namespace_joined_is_refused_too() {
     let (_cp, admin, _op) = setup(&["team-e", "team-x"]).await;
@@ -424,13 +425,18 @@ async fn allocating_a_claim_of_tessera_s_class_made_before_its_namespace_joined_
     wait_for("team-e open, its since and claims written", T, || async {
         let data = cms.get("tessera-claim-classes").await.ok()?.data?;
         let open = data.get("team-e.allowed")? == "_tessera" && data.contains_key("team-e.since");
-        (open && data.get("team-e.claims")? == "hoard:gpu.tessera.dev").then_some(())
+        (open && data.get("team-e.claims")? == "hoard:gpu.tessera.dev,early").then_some(())
     })
     .await
     .unwrap();
     let msg = pods.create(&PostParams::default(), &claim_pod("p2", "hoard")).await.unwrap_err().to_string();
     assert!(
-        msg.contains("spec.resourceClaims[0].resourceClaimName: ResourceClaim hoard (class gpu.tessera.dev)"),
+        msg.contains(
+            "spec.resourceClaims[0].resourceClaimName: ResourceClaim hoard (class gpu.tessera.dev) of namespace \
+             team-e was made before the namespace's current GPU limits were in force ("
+        ) && msg.contains(
+            "never counted it against its share and it will not be allocated; delete the claim and make it again"
+        ),
         "{msg}"
     );
 
@@ -443,7 +449,9 @@ async fn allocating_a_claim_of_tessera_s_class_made_before_its_namespace_joined_
     .await
     .unwrap();
     assert!(
-        seen.contains("the claim was made before the namespace joined it") && seen.contains("delete the claim"),
+        seen.contains("it was made before the namespace's current GPU limits were in force (")
+            && seen.contains("delete the claim and the pods using it and make it again")
+            && !seen.contains("claim through Tessera's classes"),
         "{seen}"
     );
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -44,6 +44,10 @@ pub fn enforced(ns: &str, quotas: &[&TenantGpuQuota], rqs: &[ResourceQuota], app
         let Some(hard) = rq.status.as_ref().and_then(|s| s.hard.as_ref()) else {
             return false;
         };
+        // Pending until the stamp is cached, as the classes are closed (`claims::allowed_classes`).
+        if super::stamp::stamp_of(rq).is_none() {
+            return false;
+        }
         let spec = rq.spec.as_ref().and_then(|s| s.hard.as_ref());
         let limited = a.hard.iter().filter(|(k, _)| k.starts_with(GPU_KEY_PREFIX)).all(|(k, want)| {
             let have = super::phases::in_force(spec, Some(hard), k);

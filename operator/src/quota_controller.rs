@@ -503,6 +503,8 @@ mod claim_policy_tests;
 #[cfg(test)]
 mod stale_params_tests;
 #[cfg(test)]
+mod stamp_tests;
+#[cfg(test)]
 mod start_tests;
 #[cfg(test)]
 mod tests;

@@ -304,10 +304,11 @@ pub fn managed_classes(
 ///
 /// A class of Tessera's is allowed in a namespace only where one valid quota alone claims it,
 /// allocates through claims, and its ResourceQuota there as cached (so: written) already limits
-/// that class ([`allowed_classes`]). The params are written before the ResourceQuotas, so they
-/// close at once and open only a pass after the limit is in place: a failed write, or a process
-/// that dies in between, leaves a class closed, never unlimited. An invalid or conflicted quota
-/// closes its namespaces. `quotas` are the live ones; `valid` names those that passed validation.
+/// that class and carries its in-force stamp ([`allowed_classes`], [`super::stamp`]). The params
+/// are written before the ResourceQuotas, so they close at once and open only a pass after the
+/// stamp is written: a failed write, or a process that dies in between, leaves a class closed,
+/// never unlimited. An invalid or conflicted quota closes its namespaces. `quotas` are the live
+/// ones; `valid` names those that passed validation.
 pub fn policy_data(
     quotas: &[&TenantGpuQuota],
     valid: &BTreeSet<&str>,

@@ -4,7 +4,8 @@
 //! unlimited there until the operator writes one and the controller manager syncs its
 //! `status.hard`. The params list the namespace as pending from the pass that first lists it
 //! until that ResourceQuota enforces every planned `requests.nvidia.com/...` key at no more than
-//! planned (the gate the claim classes use, `claims::allowed_classes`), so the window is closed.
+//! planned and carries its in-force stamp (`super::stamp`; the gate the claim classes use,
+//! `claims::allowed_classes`), so the window is closed.
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use tessera_crds::TenantGpuQuota;

@@ -429,6 +429,13 @@ async fn allocating_a_claim_of_tessera_s_class_made_before_its_namespace_joined_
     })
     .await
     .unwrap();
+    // Third review of issue 24, 1: `since` is the ResourceQuota's in-force stamp, not its creation.
+    let data = cms.get("tessera-claim-classes").await.unwrap().data.unwrap();
+    let rq = Api::<ResourceQuota>::namespaced(admin.clone(), "team-e").get("tessera-team-e").await.unwrap();
+    let stamp = rq.metadata.annotations.as_ref().and_then(|a| a.get("tessera.dev/limits-in-force-since"));
+    assert_eq!(stamp, data.get("team-e.since"), "{:?}", rq.metadata);
+    let stamp: k8s_openapi::jiff::Timestamp = stamp.unwrap().parse().unwrap();
+    assert!(stamp >= rq.metadata.creation_timestamp.unwrap().0, "stamped no earlier than created");
     let msg = pods.create(&PostParams::default(), &claim_pod("p2", "hoard")).await.unwrap_err().to_string();
     assert!(
         msg.contains(

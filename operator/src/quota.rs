@@ -213,6 +213,9 @@ pub struct Apply {
     pub name: String,
     /// `requests.<resource>` -> quantity.
     pub hard: BTreeMap<String, String>,
+    /// The [`stamp::IN_FORCE_SINCE`] annotation to carry ([`stamp::planned`]): the cached one
+    /// unchanged, a new one once the limits are in force, none before.
+    pub in_force_since: Option<String>,
 }
 
 /// One ResourceQuota to delete: stale or orphaned, and [`written_by`] Tessera.
@@ -258,6 +261,9 @@ pub struct Dra {
     /// Unallocated claims of Tessera's classes ([`unallocated::ours`]): those made before their
     /// namespace's ResourceQuota are listed for the pod policy ([`unallocated::early`]).
     pub ours: Vec<unallocated::Ours>,
+    /// The params as the cluster stores them (the ConfigMap's data): a ResourceQuota of an
+    /// operator that wrote no stamp takes its `<ns>.since` ([`stamp::planned`]).
+    pub stored_params: BTreeMap<String, String>,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -332,6 +338,7 @@ pub fn plan_quotas_dra(
         pending,
         demand,
         short,
+        stored: &dra.stored_params,
         now,
     };
     let mut wanted = steps::Wanted::new();
@@ -416,6 +423,7 @@ pub mod holdings;
 pub mod phases;
 pub mod pod_gate;
 pub mod quantity;
+pub mod stamp;
 mod steps;
 pub mod unallocated;
 

@@ -28,6 +28,7 @@ use crate::controller::{MANAGER, watch_into_store};
 use crate::dra::GpuDrivers;
 use crate::metrics::Metrics;
 use crate::quota::claims::{CLAIM_POLICY, ClassView};
+use crate::quota::stamp::IN_FORCE_SINCE;
 use crate::quota::{
     Apply, Capacity, Dra, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas_dra, quota_label_value, report_write_failures,
 };
@@ -98,7 +99,16 @@ impl QuotaController {
             quotas: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             // Every ResourceQuota, not only ours: a user's own one with our name must be seen, so
             // it is never adopted by a force-apply.
-            rqs: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
+            // Each keeps its latest `managedFields` time: when its limits came into force.
+            rqs: crate::controller::watch_into_store_waking(
+                Api::<ResourceQuota>::all(client.clone()),
+                d(),
+                vec![crate::wake::Waker::always(changed.clone())],
+                crate::quota::stamp::trim_managed_fields,
+                Default::default(),
+                None,
+            )
+            .0,
             namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             classes: watch_classes(client.clone(), changed.clone()),
             gpunodes,
@@ -244,8 +254,9 @@ impl QuotaController {
             .claims
             .get()
             .map_or_else(Vec::new, |c| crate::quota::unallocated::ours(c.claims().iter().map(|c| &**c)));
-        let dra =
-            Dra { classes: view, drivers: self.drivers.clone(), held, pending, namespace_uids, admin_access, ours };
+        let stored_params = self.policy_params.state().first().and_then(|c| c.data.clone()).unwrap_or_default();
+        let drivers = self.drivers.clone();
+        let dra = Dra { classes: view, drivers, held, pending, namespace_uids, admin_access, ours, stored_params };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.
@@ -392,12 +403,19 @@ impl QuotaController {
     }
 
     /// Server-side-applies one ResourceQuota, owned by and labelled for `owner`.
+    /// The stamp ([`IN_FORCE_SINCE`]) goes with every apply that has one: one without it would
+    /// remove it (server-side apply drops the fields a manager no longer sends).
     async fn apply(&self, owner: &TenantGpuQuota, a: &Apply) -> Result<(), kube::Error> {
+        let mut annotations = serde_json::Map::new();
+        annotations.insert(QUOTA_NAME_ANNOTATION.into(), json!(a.quota));
+        if let Some(t) = &a.in_force_since {
+            annotations.insert(IN_FORCE_SINCE.into(), json!(t));
+        }
         let body = json!({
             "apiVersion": "v1", "kind": "ResourceQuota",
             "metadata": {"name": a.name, "namespace": a.namespace,
                 "labels": {QUOTA_LABEL: quota_label_value(&a.quota), "app.kubernetes.io/managed-by": "tessera"},
-                "annotations": {QUOTA_NAME_ANNOTATION: a.quota},
+                "annotations": annotations,
                 "ownerReferences": [owner.controller_owner_ref(&()).expect("a stored object has a name and uid")]},
             "spec": {"hard": a.hard}
         });
@@ -470,8 +488,11 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     let h = rq.spec.as_ref().and_then(|s| s.hard.as_ref()).unwrap_or(&empty);
     let same = |q: &str, v: &str| q == v || v.parse().is_ok_and(|n| crate::quota::quantity::is_exactly(q, n));
     let hard_ok = h.len() == a.hard.len() && a.hard.iter().all(|(k, v)| h.get(k).is_some_and(|q| same(&q.0, v)));
-    let annotated = rq.metadata.annotations.as_ref().and_then(|m| m.get(QUOTA_NAME_ANNOTATION)) == Some(&a.quota);
-    hard_ok && annotated
+    let annotation = |k: &str| rq.metadata.annotations.as_ref().and_then(|m| m.get(k));
+    let annotated = annotation(QUOTA_NAME_ANNOTATION) == Some(&a.quota);
+    // No stamp planned: none to write (one cached is always carried, so none is to remove).
+    let stamped = a.in_force_since.is_none() || annotation(IN_FORCE_SINCE) == a.in_force_since.as_ref();
+    hard_ok && annotated && stamped
 }
 
 #[cfg(test)]
@@ -483,6 +504,8 @@ mod claim_policy_tests;
 mod early_claim_tests;
 #[cfg(test)]
 mod stale_params_tests;
+#[cfg(test)]
+mod stamp_tests;
 #[cfg(test)]
 mod start_tests;
 #[cfg(test)]

@@ -304,10 +304,11 @@ pub fn managed_classes(
 ///
 /// A class of Tessera's is allowed in a namespace only where one valid quota alone claims it,
 /// allocates through claims, and its ResourceQuota there as cached (so: written) already limits
-/// that class ([`allowed_classes`]). The params are written before the ResourceQuotas, so they
-/// close at once and open only a pass after the limit is in place: a failed write, or a process
-/// that dies in between, leaves a class closed, never unlimited. An invalid or conflicted quota
-/// closes its namespaces. `quotas` are the live ones; `valid` names those that passed validation.
+/// that class and carries its in-force stamp ([`allowed_classes`], [`super::stamp`]). The params
+/// are written before the ResourceQuotas, so they close at once and open only a pass after the
+/// stamp is written: a failed write, or a process that dies in between, leaves a class closed,
+/// never unlimited. An invalid or conflicted quota closes its namespaces. `quotas` are the live
+/// ones; `valid` names those that passed validation.
 pub fn policy_data(
     quotas: &[&TenantGpuQuota],
     valid: &BTreeSet<&str>,
@@ -386,18 +387,20 @@ pub fn policy_data(
     data
 }
 
-/// `<ns>.since`: when the quota admission began counting `ns`'s claims, the earliest creation of
-/// its only quota's ResourceQuotas there (RFC3339). The claim policy refuses allocating a claim
-/// made no later (or, with no key, any claim) in every class not in `_open`, Tessera's too: the
-/// ResourceQuota counts claims from their creation, so one made before it was never checked.
-/// None for a namespace claimed by more than one quota (every class is closed there anyway).
+/// `<ns>.since`: from when the quota admission counts `ns`'s claims, the earliest stamp
+/// ([`super::stamp`]: a time its limits were already in `status.hard`) of its only quota's
+/// ResourceQuotas there (RFC3339). The claim policy refuses allocating a claim made no later
+/// (or, with no key, any claim) in every class not in `_open`, Tessera's too: the ResourceQuota
+/// counts claims from their creation, so one made before its `status.hard` was never checked.
+/// None until a stamp is cached (fails closed), and for a namespace claimed by more than one
+/// quota (every class is closed there anyway).
 fn since(qs: &[&TenantGpuQuota], ns: &str, rqs: &[ResourceQuota]) -> Option<String> {
     let [q] = qs else { return None };
     rqs.iter()
         .filter(|rq| rq.metadata.namespace.as_deref() == Some(ns) && super::owned_by(rq, q))
-        .filter_map(|rq| rq.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .filter_map(|rq| super::stamp::stamp_of(rq).map(|(_, t)| t))
         .min()
-        .map(|t| t.to_string())
+        .map(super::stamp::format)
 }
 
 /// Tessera's classes a valid claims quota `q` opens in `ns`: those whose key this pass plans
@@ -405,6 +408,7 @@ fn since(qs: &[&TenantGpuQuota], ns: &str, rqs: &[ResourceQuota]) -> Option<Stri
 /// server's quota admission enforces `status.hard` (copied from `spec.hard` by the controller
 /// manager later), so a key only in `spec.hard` limits nothing yet. With `unlisted: Unlimited`
 /// the classes of resources its `hard` does not list open too (unlimited by the spec itself).
+/// None before that ResourceQuota carries its stamp as cached ([`super::stamp`]).
 fn allowed_classes(
     q: &TenantGpuQuota,
     ns: &str,
@@ -422,11 +426,16 @@ fn allowed_classes(
                 && super::owned_by(rq, q)
         })
     });
-    let spec = rq.and_then(|rq| rq.spec.as_ref()?.hard.as_ref());
-    let status = rq.and_then(|rq| rq.status.as_ref()?.hard.as_ref());
-    let mut out: BTreeSet<String> = planned
-        .into_iter()
-        .flat_map(|a| a.hard.iter())
+    // Nothing opens before the stamp is cached: a claim admitted through an open class is then
+    // never earlier than `<ns>.since` ([`since`]).
+    let (Some(a), Some(rq)) = (planned, rq.filter(|rq| super::stamp::stamp_of(rq).is_some())) else {
+        return BTreeSet::new();
+    };
+    let spec = rq.spec.as_ref().and_then(|s| s.hard.as_ref());
+    let status = rq.status.as_ref().and_then(|s| s.hard.as_ref());
+    let mut out: BTreeSet<String> = a
+        .hard
+        .iter()
         .filter_map(|(k, want)| {
             let class = class_of_key(k).filter(|c| resource_of_class(c).is_some())?;
             let have = super::phases::in_force(spec, status, k)?;

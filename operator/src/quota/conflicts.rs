@@ -48,14 +48,15 @@ pub(super) fn hold_invalid_at_zero(
             .iter()
             .filter(|rq| rq.metadata.namespace.as_ref() == Some(ns) && owned_by(rq, q))
             .collect();
-        let rq = match owned[..] {
-            [] => rq_name(p, q, &name, ns, &mut taken),
-            [one] if is_closed(one) => one.metadata.name.clone(),
-            _ => None, // a share it enforced while valid: kept as it was (`steps::invalid`)
+        let (rq, cached) = match owned[..] {
+            [] => (rq_name(p, q, &name, ns, &mut taken), None),
+            [one] if is_closed(one) => (one.metadata.name.clone(), Some(one)),
+            _ => (None, None), // a share it enforced while valid: kept as it was (`steps::invalid`)
         };
         let Some(rq) = rq else { continue };
         let hard = closed_hard(&resources, p.classes);
-        plan.apply.push(Apply { namespace: ns.clone(), quota: name.clone(), name: rq.clone(), hard });
+        let in_force_since = super::stamp::planned(cached, &hard, &name, p.stored, &p.now);
+        plan.apply.push(Apply { namespace: ns.clone(), quota: name.clone(), name: rq.clone(), hard, in_force_since });
         wanted.insert((ns.clone(), rq));
         held.push(ns.clone());
     }

@@ -4,7 +4,8 @@
 //! unlimited there until the operator writes one and the controller manager syncs its
 //! `status.hard`. The params list the namespace as pending from the pass that first lists it
 //! until that ResourceQuota enforces every planned `requests.nvidia.com/...` key at no more than
-//! planned (the gate the claim classes use, `claims::allowed_classes`), so the window is closed.
+//! planned and carries its in-force stamp (`super::stamp`; the gate the claim classes use,
+//! `claims::allowed_classes`), so the window is closed.
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use tessera_crds::TenantGpuQuota;
@@ -44,6 +45,10 @@ pub fn enforced(ns: &str, quotas: &[&TenantGpuQuota], rqs: &[ResourceQuota], app
         let Some(hard) = rq.status.as_ref().and_then(|s| s.hard.as_ref()) else {
             return false;
         };
+        // Pending until the stamp is cached, as the classes are closed (`claims::allowed_classes`).
+        if super::stamp::stamp_of(rq).is_none() {
+            return false;
+        }
         let spec = rq.spec.as_ref().and_then(|s| s.hard.as_ref());
         let limited = a.hard.iter().filter(|(k, _)| k.starts_with(GPU_KEY_PREFIX)).all(|(k, want)| {
             let have = super::phases::in_force(spec, Some(hard), k);

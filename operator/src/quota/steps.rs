@@ -33,6 +33,8 @@ pub(super) struct Pass<'p> {
     /// What every quota asks for, and how much of it the fleet does not supply.
     pub demand: BTreeMap<String, i64>,
     pub short: BTreeMap<String, i64>,
+    /// The params as stored ([`super::Dra::stored_params`]).
+    pub stored: &'p BTreeMap<String, String>,
     pub now: Time,
 }
 
@@ -180,16 +182,18 @@ fn enforce(
         reduced.extend(cut.into_iter().map(|c| format!("namespace {ns}: {c}")));
         let used = used_in(p.resource_quotas, &ns, &rq_name);
         planned.push(super::holdings::Planned { ns, share, status, written, hard, used });
-        rq_names.push(rq_name);
+        rq_names.push((rq_name, rq));
     }
     // Across namespaces: what one holds above its share comes off the others' limits.
     reduced.extend(super::holdings::bound(q.spec.allocation, &mut planned, &kept, p.held));
     reduced.extend(super::unallocated::notes(p.pending, planned.iter().map(|pl| pl.ns.as_str())));
     // Across namespaces in time: a raise waits for the lowerings it takes from ([`super::phases`]).
     reduced.extend(super::phases::hold_raises(&mut planned));
-    for (pl, rq_name) in planned.into_iter().zip(rq_names) {
+    for (pl, (rq_name, rq)) in planned.into_iter().zip(rq_names) {
         let ns = pl.ns;
-        plan.apply.push(Apply { namespace: ns.clone(), quota: name.to_string(), name: rq_name.clone(), hard: pl.hard });
+        let in_force_since = super::stamp::planned(rq, &pl.hard, name, p.stored, &p.now);
+        let (quota, hard) = (name.to_string(), pl.hard);
+        plan.apply.push(Apply { namespace: ns.clone(), quota, name: rq_name.clone(), hard, in_force_since });
         wanted.insert((ns.clone(), rq_name));
         for (r, n) in &pl.used {
             *used_total.entry(r.clone()).or_default() += n;

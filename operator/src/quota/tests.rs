@@ -120,6 +120,7 @@ fn resource_quotas_are_planned_per_namespace_with_requests_prefix() {
             ("mig-3g.40gb.tessera.dev.deviceclass.resource.k8s.io/devices".to_string(), "0".to_string()),
         ]
         .into(),
+        in_force_since: None,
     };
     assert_eq!(p.apply, vec![apply("a1"), apply("a2")]);
     assert_eq!(cond(&p.statuses["team-a"], READY).status, "True");
@@ -315,8 +316,13 @@ fn a_users_own_resource_quota_named_like_ours_is_left_alone_and_the_share_enforc
         ("mig-1g.10gb.tessera.dev.deviceclass.resource.k8s.io/devices".into(), "0".into()),
     ]
     .into();
-    let enforce =
-        |name: &str| Apply { namespace: "x".into(), quota: "a".into(), name: name.into(), hard: hard.clone() };
+    let enforce = |name: &str| Apply {
+        namespace: "x".into(),
+        quota: "a".into(),
+        name: name.into(),
+        hard: hard.clone(),
+        in_force_since: None,
+    };
     assert_eq!(p.apply, vec![enforce(&fallback)], "not overwritten, and the tenant's limit is still enforced");
     assert!(p.delete.is_empty(), "not deleted: {:?}", p.delete);
     let st = &p.statuses["a"];
@@ -346,9 +352,13 @@ fn a_users_own_resource_quota_named_like_ours_is_left_alone_and_the_share_enforc
     assert_eq!(p.delete, vec![], "x is pending: the fallback still limits it");
     assert!(find(&p.statuses["a"].conditions, STALLED).is_none());
     let mut in_force = ours("a", "x", "1");
-    in_force.spec = Some(serde_json::from_value(json!({"hard": {"requests.nvidia.com/mig-1g.10gb": "4"}})).unwrap());
-    in_force.status =
-        Some(serde_json::from_value(json!({"hard": {"requests.nvidia.com/mig-1g.10gb": "4"}, "used": {}})).unwrap());
+    in_force.spec = Some(serde_json::from_value(json!({"hard": hard})).unwrap());
+    let used: BTreeMap<&String, &str> = hard.keys().map(|k| (k, "0")).collect();
+    in_force.status = Some(serde_json::from_value(json!({"hard": hard, "used": used})).unwrap());
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[ours_fallback.clone(), in_force.clone()], &[], now());
+    assert_eq!(p.delete, vec![], "in force, not stamped yet (`stamp`): x is still pending");
+    assert_eq!(p.apply[0].in_force_since.as_deref(), Some("2026-06-01T00:00:00Z"), "stamped this pass");
+    let in_force = stamp::stamped(in_force);
     let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[ours_fallback, in_force], &[], now());
     assert_eq!(p.delete, vec![Delete { namespace: "x".into(), name: fallback.clone(), quota: "a".into() }]);
 
@@ -391,7 +401,9 @@ fn a_quota_created_again_under_the_same_name_does_not_adopt_the_old_ones_resourc
     new.metadata.name = Some("tessera-a-uida".into());
     new.status =
         Some(serde_json::from_value(json!({"hard": {"requests.nvidia.com/mig-1g.10gb": "4"}, "used": {}})).unwrap());
-    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[old, new], &[], now());
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[old.clone(), new.clone()], &[], now());
+    assert_eq!(p.delete, vec![], "in force, stamped this pass: x is pending until the stamp is cached");
+    let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[old, stamp::stamped(new)], &[], now());
     assert_eq!(p.delete, vec![Delete { namespace: "x".into(), name: "tessera-a".into(), quota: "a".into() }]);
 }
 

@@ -52,7 +52,7 @@ fn controller(client: Client) -> QuotaController {
         "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}, "status": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
         .unwrap();
     let ns = |n: &str| -> Namespace { serde_json::from_value(json!({"metadata": {"name": n, "uid": "uid"}})).unwrap() };
-    // `b`'s own ResourceQuota in `x` is in force: `x` is not pending, so `a`'s may go.
+    // `b`'s own ResourceQuota in `x` is in force and stamped: `x` is not pending, so `a`'s may go.
     let in_force: ResourceQuota =
         serde_json::from_value(json!({"metadata": {"name": crate::quota::resource_quota_name("b"),
         "namespace": "x", "labels": {"tessera.dev/quota": crate::quota::quota_label_value("b")},
@@ -60,6 +60,7 @@ fn controller(client: Client) -> QuotaController {
                              "uid": "uid-b", "controller": true}]},
         "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}, "status": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
         .unwrap();
+    let in_force = crate::quota::stamp::stamped(in_force);
     QuotaController::from_stores(
         client,
         store_of(vec![a, b]),

@@ -250,6 +250,7 @@ fn the_policy_params_list_what_each_tenant_namespace_may_use() {
         quota: "team-b".into(),
         name: crate::quota::resource_quota_name("team-b"),
         hard: [(format!("mig-1g.10gb.tessera.dev{DEV}"), "3".to_string())].into(),
+        in_force_since: None,
     };
     let d = policy_data(&[&a, &b, &c], &valid, &[written], &[planned], &resources, &view());
     assert_eq!(d["_open"], "fpga fpga-ext");
@@ -370,12 +371,13 @@ fn our_rq(
     let mut used_all = m(&hard.iter().map(|(k, _)| (*k, "0")).collect::<Vec<_>>());
     used_all.extend(m(used));
     let used = serde_json::Value::Object(used_all);
-    serde_json::from_value(json!({"metadata": {"name": resource_quota_name(q), "namespace": ns,
+    let rq = serde_json::from_value(json!({"metadata": {"name": resource_quota_name(q), "namespace": ns,
         "labels": {"tessera.dev/quota": quota_label_value(q)},
         "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": q,
                              "uid": format!("uid-{q}"), "controller": true}]},
         "spec": {"hard": m(hard)}, "status": {"hard": m(hard), "used": used}}))
-    .unwrap()
+    .unwrap();
+    crate::quota::stamp::stamped(rq) // synced: a pass stamped it
 }
 
 fn plan_of(
@@ -397,9 +399,14 @@ fn plan_of(
 fn the_policy_opens_a_class_only_where_a_written_resource_quota_limits_it() {
     let mig = format!("mig-1g.10gb.tessera.dev{DEV}");
     let mut b = quota("team-b", &["b"], "ResourceClaims");
-    // With `unlisted: Unlimited` the classes of unlisted resources are open (no limit by the
-    // spec itself), but never the class of a limited resource before its key is written.
+    // Nothing opens before the quota's ResourceQuota there carries its stamp (`quota::stamp`),
+    // not even the classes `unlisted: Unlimited` leaves unlimited: claims made before `since`.
     let p = plan_of(std::slice::from_ref(&b), &["b"], &[]);
+    assert_eq!(p.policy["b.allowed"], "");
+    // Stamped: the classes of unlisted resources are open (no limit by the spec itself), but
+    // never the class of a limited resource before its key is written.
+    let stamped = our_rq("team-b", "b", &[("requests.nvidia.com/mig-1g.10gb", "3")], &[]);
+    let p = plan_of(std::slice::from_ref(&b), &["b"], &[stamped]);
     let open: Vec<&str> = p.policy["b.allowed"].split(' ').collect();
     assert!(open.contains(&"gpu.tessera.dev") && !open.contains(&"mig-1g.10gb.tessera.dev"), "{open:?}");
     assert!(p.policy["b.hint"].contains("still being written"), "{:?}", p.policy["b.hint"]);
@@ -663,8 +670,10 @@ fn extended_resources_mode_holds_the_shares_classes_at_0_even_when_they_do_not_e
 
 /// Issue 24 H1: a claim of Tessera's class made before its namespace joined a quota was allocated
 /// later with no limit (the ResourceQuota counts claims from their creation only). The params say
-/// since when each namespace's claims are counted: the earliest creation of its quota's
-/// ResourceQuotas there. None with no ResourceQuota yet, or with two quotas claiming it.
+/// since when each namespace's claims are counted: the earliest stamp ([`crate::quota::stamp`]:
+/// its limits seen in force) of its quota's ResourceQuotas there, not their creation (third
+/// review of issue 24, 1: `status.hard` syncs after it). None with no ResourceQuota stamped yet,
+/// or with two quotas claiming it.
 #[test]
 fn the_params_say_since_when_each_namespace_s_claims_are_counted() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -673,22 +682,31 @@ fn the_params_say_since_when_each_namespace_s_claims_are_counted() {
         quota("team-c", &["shared"], "ExtendedResources"),
         quota("team-e", &["e"], "ResourceClaims"),
     );
-    let at = |mut rq: k8s_openapi::api::core::v1::ResourceQuota, name: &str, t: &str| {
+    let stamp = crate::quota::stamp::IN_FORCE_SINCE;
+    let at = |mut rq: k8s_openapi::api::core::v1::ResourceQuota, name: &str, created: &str, stamped: Option<&str>| {
         rq.metadata.name = Some(name.into());
-        rq.metadata.creation_timestamp = Some(Time(t.parse().unwrap()));
+        rq.metadata.creation_timestamp = Some(Time(created.parse().unwrap()));
+        let annotations = rq.metadata.annotations.get_or_insert_default();
+        annotations.remove(stamp);
+        if let Some(t) = stamped {
+            annotations.insert(stamp.into(), t.into());
+        }
         rq
     };
     let rqs = [
-        at(our_rq("team-b", "b", &[], &[]), "new", "2026-06-01T10:00:05Z"),
-        at(our_rq("team-b", "b", &[], &[]), "old", "2026-06-01T09:00:00Z"),
+        at(our_rq("team-b", "b", &[], &[]), "new", "2026-06-01T10:00:05Z", Some("2026-06-01T10:00:07Z")),
+        at(our_rq("team-b", "b", &[], &[]), "old", "2026-06-01T09:00:00Z", Some("2026-06-01T09:00:02Z")),
+        // Not stamped (its limits not seen in force yet): counts for nothing, however old.
+        at(our_rq("team-b", "b", &[], &[]), "unsynced", "2026-06-01T08:00:00Z", None),
         // Another quota's, older: not what counts b's claims for team-b.
-        at(our_rq("team-c", "b", &[], &[]), "other", "2026-01-01T00:00:00Z"),
-        at(our_rq("team-b", "shared", &[], &[]), "shared", "2026-06-01T09:00:00Z"),
+        at(our_rq("team-c", "b", &[], &[]), "other", "2026-01-01T00:00:00Z", Some("2026-01-01T00:00:00Z")),
+        at(our_rq("team-b", "shared", &[], &[]), "shared", "2026-06-01T09:00:00Z", Some("2026-06-01T09:00:00Z")),
+        at(our_rq("team-e", "e", &[], &[]), "e", "2026-06-01T09:00:00Z", None),
     ];
     let resources: BTreeSet<String> = ["nvidia.com/gpu"].map(String::from).into();
     let valid: BTreeSet<&str> = ["team-b", "team-c", "team-e"].into();
     let d = policy_data(&[&b, &c, &e], &valid, &rqs, &[], &resources, &view());
-    assert_eq!(d.get("b.since").map(String::as_str), Some("2026-06-01T09:00:00Z"));
+    assert_eq!(d.get("b.since").map(String::as_str), Some("2026-06-01T09:00:02Z"));
     assert_eq!(d.get("shared.since"), None, "claimed by two quotas");
-    assert_eq!(d.get("e.since"), None, "no ResourceQuota yet");
+    assert_eq!(d.get("e.since"), None, "no ResourceQuota stamped yet");
 }

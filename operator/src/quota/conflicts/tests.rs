@@ -23,6 +23,7 @@ fn ours(quota: &str, ns: &str, hard: &[(&str, &str)]) -> ResourceQuota {
         "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": quota,
                              "uid": format!("uid-{quota}"), "controller": true}]},
         "spec": {"hard": hard}, "status": {"hard": hard, "used": used}}))
+    .map(crate::quota::stamp::stamped) // synced: a pass stamped it
     .unwrap()
 }
 
@@ -132,7 +133,9 @@ fn an_invalid_quotas_zeros_are_kept_and_replaced_by_the_share_once_fixed() {
     let written = [ours("a", "y", &zeros)];
     let again = plan(std::slice::from_ref(&bad), &["y"], &written);
     assert!(again.delete.is_empty(), "{:?}", again.delete);
-    assert_eq!(again.apply, first.apply, "the same 0s (the controller skips a current one)");
+    assert_eq!(first.apply[0].in_force_since, None, "nothing written: nothing in force");
+    assert_eq!(again.apply[0].hard, first.apply[0].hard, "the same 0s (the controller skips a current one)");
+    assert_eq!(again.apply[0].in_force_since.as_deref(), Some("2026-05-01T00:00:00Z"), "its stamp carried");
     let stalled = find(&again.statuses["a"].conditions, STALLED).unwrap();
     assert!(stalled.message.contains("held at 0 in namespace(s) y"), "still said: {}", stalled.message);
     // A GPU-reaching class made since gets its 0 in the placeholder.

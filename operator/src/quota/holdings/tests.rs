@@ -104,12 +104,13 @@ pub(in crate::quota) fn synced(q: &str, ns: &str, hard: &[(&str, i64)], used: &[
     let m = |p: &[(&str, i64)]| {
         p.iter().map(|(k, v)| (k.to_string(), json!(v.to_string()))).collect::<serde_json::Map<_, _>>()
     };
-    serde_json::from_value(json!({"metadata": {"name": resource_quota_name(q), "namespace": ns,
+    let rq = serde_json::from_value(json!({"metadata": {"name": resource_quota_name(q), "namespace": ns,
         "labels": {"tessera.dev/quota": quota_label_value(q)},
         "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": q,
                              "uid": format!("uid-{q}"), "controller": true}]},
         "spec": {"hard": m(hard)}, "status": {"hard": m(hard), "used": m(used)}}))
-    .unwrap()
+    .unwrap();
+    crate::quota::stamp::stamped(rq) // synced: a pass stamped it
 }
 
 fn class(name: &str, expr: &str) -> DeviceClass {

@@ -22,10 +22,10 @@ fn ours(q: &str, ns: &str, hard: i64, status: Option<i64>) -> ResourceQuota {
         "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": q,
                              "uid": format!("uid-{q}"), "controller": true}]},
         "spec": {"hard": {GPU: hard.to_string()}}});
-    if let Some(s) = status {
-        rq["status"] = json!({"hard": {GPU: s.to_string()}, "used": {GPU: "0"}});
-    }
-    serde_json::from_value(rq).unwrap()
+    let Some(s) = status else { return serde_json::from_value(rq).unwrap() };
+    rq["status"] = json!({"hard": {GPU: s.to_string()}, "used": {GPU: "0"}});
+    // Synced: a pass stamped it (`quota::stamp`).
+    crate::quota::stamp::stamped(serde_json::from_value(rq).unwrap())
 }
 
 fn pending(q: &TenantGpuQuota, nss: &[&str], rqs: &[ResourceQuota]) -> String {
@@ -235,7 +235,7 @@ fn a_resource_quota_older_than_its_namespace_is_not_enforced() {
     let (_, created) = super::namespace_facts(&nss);
     let at = |mut rq: ResourceQuota, t: &str| {
         rq.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.parse().unwrap()));
-        rq
+        crate::quota::stamp::stamped(rq) // stamped again, at its creation
     };
     let stale = at(ours("team-a", "a", 2, Some(2)), "2026-06-01T00:00:09Z");
     let b = at(ours("team-a", "b", 2, Some(2)), "2026-01-01T00:00:00Z");

@@ -116,12 +116,14 @@ fn quota(spec: serde_json::Value) -> TenantGpuQuota {
 fn synced(ns: &str, keys: &[(&str, i64)]) -> ResourceQuota {
     let hard: serde_json::Map<_, _> = keys.iter().map(|(k, v)| (k.to_string(), json!(v.to_string()))).collect();
     let used: serde_json::Map<_, _> = keys.iter().map(|(k, _)| (k.to_string(), json!("0"))).collect();
-    serde_json::from_value(json!({"metadata": {"name": resource_quota_name("team-a"), "namespace": ns,
-        "labels": {"tessera.dev/quota": quota_label_value("team-a")},
-        "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": "team-a",
-                             "uid": "uid-team-a", "controller": true}]},
-        "spec": {"hard": hard}, "status": {"hard": hard, "used": used}}))
-    .unwrap()
+    crate::quota::stamp::stamped(
+        serde_json::from_value(json!({"metadata": {"name": resource_quota_name("team-a"), "namespace": ns,
+            "labels": {"tessera.dev/quota": quota_label_value("team-a")},
+            "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": "team-a",
+                                 "uid": "uid-team-a", "controller": true}]},
+            "spec": {"hard": hard}, "status": {"hard": hard, "used": used}}))
+        .unwrap(),
+    )
 }
 
 fn plan(q: &TenantGpuQuota, rqs: &[ResourceQuota], claims: &[ResourceClaim]) -> QuotaPlan {
@@ -317,7 +319,10 @@ fn a_claim_of_tessera_s_class_made_before_the_resource_quota_is_listed_for_the_p
     };
     let mut rq = synced("x", &[(GPU_KEY, 1), (GPU_REQ, 1)]);
     rq.metadata.creation_timestamp =
-        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T10:00:00Z".parse().unwrap()));
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T09:59:58Z".parse().unwrap()));
+    // Its limits seen in force at 10:00:00 (`quota::stamp`): `since`.
+    let stamp = crate::quota::stamp::IN_FORCE_SINCE.to_string();
+    rq.metadata.annotations.get_or_insert_default().insert(stamp, "2026-06-01T10:00:00Z".into());
     let claims = [
         at("x", "hoard", "2026-06-01T09:00:00Z", "gpu.tessera.dev"),
         at("x", "same", "2026-06-01T10:00:00Z", "gpu.tessera.dev"),

@@ -209,7 +209,7 @@ fn since_is_the_stamp_and_classes_open_only_once_it_is_cached() {
     // the stamp: counted by quota admission, not listed.
     let claims = [claim("window", "2026-06-01T10:00:01Z"), claim("later", "2026-06-01T10:00:03Z")];
     let p = pass(std::slice::from_ref(&stamped), BTreeMap::new(), &claims);
-    assert_eq!(p.policy.get("x.claims").map(String::as_str), Some("window:gpu.tessera.dev"));
+    assert_eq!(p.policy.get("x.claims").map(String::as_str), Some("window:gpu.tessera.dev,early"));
 }
 
 /// (e) A stamp, once cached, goes with every later apply unchanged (server-side apply would drop

@@ -494,6 +494,8 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
 mod pod_policy_tests;
 
 #[cfg(test)]
+mod binding_policy_tests;
+#[cfg(test)]
 mod claim_policy_tests;
 #[cfg(test)]
 mod stale_params_tests;

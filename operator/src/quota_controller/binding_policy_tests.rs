@@ -54,6 +54,21 @@ fn unlisted_pods_and_namespaces_without_listed_pods_are_bound() {
     assert!(bind("hoard", "x", &params()).is_some());
 }
 
+/// The same write through the `bindings` resource (`POST /api/v1/namespaces/<ns>/bindings`): the
+/// request names the pod as the Binding does.
+#[test]
+fn a_binding_through_the_bindings_resource_is_refused_too() {
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "hoard", "namespace": "x"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}});
+    let request = json!({"namespace": "x", "name": "hoard", "operation": "CREATE",
+        "resource": {"group": "", "version": "v1", "resource": "bindings"}});
+    let got = evaluate("tessera-gpu-bindings", &binding, &request, &params(), NS_UID).unwrap_or_default();
+    assert!(got.starts_with("pod hoard of namespace x (TenantGpuQuota team-a) may not be bound"), "{got}");
+    let covered = |r: &Value| r["resources"].as_array().unwrap().iter().any(|x| x == "bindings");
+    let shipped = shipped("ValidatingAdmissionPolicy");
+    assert!(shipped["spec"]["matchConstraints"]["resourceRules"].as_array().unwrap().iter().any(covered));
+}
+
 #[test]
 fn past_the_cap_every_binding_of_the_namespace_is_refused() {
     assert_eq!(
@@ -93,7 +108,7 @@ fn the_binding_policy_is_checked_like_the_pod_policy() {
     let chart_policy: Value = serde_saphyr::from_str(doc.expect("the chart ships tessera-gpu-bindings")).unwrap();
     assert_eq!(chart_policy, p, "the chart's binding policy is the kustomize one");
     let mut pods_only = p.clone();
-    pods_only["spec"]["matchConstraints"]["resourceRules"][0]["resources"] = json!(["pods"]);
+    pods_only["spec"]["matchConstraints"]["resourceRules"][0]["resources"] = json!(["pods", "bindings"]);
     let found = problems(&BINDINGS, Some(&policy(pods_only)), &binding);
     assert!(
         found.iter().any(|f| f.contains(
@@ -101,6 +116,10 @@ fn the_binding_policy_is_checked_like_the_pod_policy() {
         )),
         "{found:?}"
     );
+    let mut subresource_only = p.clone();
+    subresource_only["spec"]["matchConstraints"]["resourceRules"][0]["resources"] = json!(["pods/binding"]);
+    let found = problems(&BINDINGS, Some(&policy(subresource_only)), &binding);
+    assert!(found.iter().any(|f| f.contains("do not cover CREATE of bindings (v1)")), "{found:?}");
     let mut ignoring = p;
     ignoring["spec"]["failurePolicy"] = json!("Ignore");
     let found = problems(&BINDINGS, Some(&policy(ignoring)), &binding);

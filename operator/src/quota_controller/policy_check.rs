@@ -92,7 +92,7 @@ pub(crate) const BINDINGS: Checked = Checked {
     version: "v1",
     scope: "Namespaced",
     admits: "every binding",
-    resources: &["pods/binding"],
+    resources: &["pods/binding", "bindings"],
     operations: &["CREATE"],
     loses: "GPU pods made before their namespace joined a quota may be scheduled past its share",
     install: "nothing refuses scheduling GPU pods made before their namespace joined a quota (gated or \

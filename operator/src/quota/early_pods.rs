@@ -36,21 +36,14 @@ pub struct PendingPod {
     pub created: Option<Timestamp>,
 }
 
-/// Whether `name` is a GPU extended resource, as the pod policy's
-/// `^nvidia[.]com/(gpu$|gpu[.-]|mig-)` says (not `nvidia.com/hostdev` or RDMA pools).
-pub fn is_gpu_resource(name: &str) -> bool {
-    name.strip_prefix("nvidia.com/")
-        .is_some_and(|r| r == "gpu" || r.starts_with("gpu.") || r.starts_with("gpu-") || r.starts_with("mig-"))
-}
-
 /// Whether any container or init container of `pod` asks for a GPU extended resource
-/// (requests or limits).
+/// ([`super::is_gpu_resource`], the pod policy's rule; requests or limits).
 pub fn asks_for_gpu(pod: &Pod) -> bool {
     let Some(spec) = pod.spec.as_ref() else { return false };
     spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| {
         let r = c.resources.as_ref();
         let keys = r.and_then(|r| r.requests.as_ref()).into_iter().chain(r.and_then(|r| r.limits.as_ref()));
-        keys.flat_map(|m| m.keys()).any(|k| is_gpu_resource(k))
+        keys.flat_map(|m| m.keys()).any(|k| super::is_gpu_resource(k))
     })
 }
 

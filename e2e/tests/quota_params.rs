@@ -4,20 +4,23 @@
 //! operator is down (`<ns>.uid`), a quota deleted and created again under its name meanwhile
 //! (`_quotas`, policy `tessera-quota-names`), two quotas claiming one namespace, one
 //! `unlisted: Zero` (`<ns>.limited`), both ResourceQuota names taken (`<ns>.pending`), more
-//! leftover claims than the params list (`<ns>.claims: _all`); and the policies type-check there
-//! without warnings.
+//! leftover claims than the params list (`<ns>.claims: _all`), a gated GPU pod made before its
+//! namespace joined (`<ns>.pods`, policy `tessera-gpu-bindings`, with the real scheduler); and
+//! the policies type-check there without warnings.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, PodSchedulingGate, ResourceQuota, ServiceAccount};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
-use tessera_e2e::fixtures::{apply_file, create_namespace, install_crds, spawn_operator, wait_for};
+use tessera_e2e::fixtures::{
+    FakeGpuNode, apply_file, create_gpu_nodes, create_namespace, install_crds, spawn_operator, wait_for,
+};
 use tessera_e2e::process::Component;
 use tessera_e2e::{ControlPlane, Identity};
 
@@ -254,7 +257,7 @@ async fn the_shipped_policies_type_check_on_the_api_server_without_warnings() {
     install_crds(&admin).await.unwrap();
     apply_file(&admin, "config/rbac/claim-classes.yaml").await.unwrap();
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
-    for name in ["tessera-claim-classes", "tessera-gpu-pods", "tessera-quota-names"] {
+    for name in ["tessera-claim-classes", "tessera-gpu-pods", "tessera-gpu-bindings", "tessera-quota-names"] {
         let checked = wait_for(&format!("{name} type-checked"), T, || async {
             let p = policies.get(name).await.ok()?;
             let st = p.status?;
@@ -361,4 +364,74 @@ async fn past_the_claims_cap_every_pod_naming_an_existing_claim_is_refused() {
                  "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "any"}]}}))
     .unwrap();
     pods.create(&PostParams::default(), &templated).await.unwrap();
+}
+
+/// The pod's `PodScheduled` condition message and its events' messages, joined.
+async fn scheduling_messages(admin: &Client, ns: &str, pod: &str) -> String {
+    let mut out = Vec::new();
+    if let Ok(p) = Api::<Pod>::namespaced(admin.clone(), ns).get(pod).await {
+        let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
+        out.extend(conditions.into_iter().filter(|c| c.type_ == "PodScheduled").filter_map(|c| c.message));
+    }
+    let events: Api<Event> = Api::namespaced(admin.clone(), ns);
+    let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
+    if let Ok(list) = events.list(&lp).await {
+        out.extend(list.items.into_iter().filter_map(|e| e.message));
+    }
+    out.join("\n")
+}
+
+/// Issue 24: the gated GPU pod `early` was made in `g` before `g` joined a quota (its
+/// ResourceQuota never counted it at creation). Once the operator has listed it in `g.pods` and
+/// the gate is removed, the real scheduler finds node-g's MIG slices but the binding policy
+/// refuses the binding, naming the pod, quota, time, cause and fix: it stays unbound. The pod
+/// `later`, made after the ResourceQuota (counted), is bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_gpu_pod_made_before_its_namespace_joined_a_quota_is_not_bound() {
+    const MIG: &str = "nvidia.com/mig-1g.10gb";
+    let (_cp, admin, _op) = setup(&["g"]).await;
+    let node = FakeGpuNode::new("node-g", "NVIDIA-H100-80GB-HBM3", 1).resource(MIG, 7);
+    create_gpu_nodes(&admin, &[node]).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "g");
+    let mut early = gpu_pod("early", MIG);
+    early.spec.as_mut().unwrap().scheduling_gates = Some(vec![PodSchedulingGate { name: "example.com/later".into() }]);
+    pods.create(&PostParams::default(), &early).await.unwrap();
+
+    let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
+    quotas
+        .create(&PostParams::default(), &quota("team-g", json!({"namespaces": ["g"], "hard": {MIG: 4}})))
+        .await
+        .unwrap();
+    wait_enforced(&admin, "g", "team-g", &format!("requests.{MIG}"), "4").await;
+    let listed = |d: &BTreeMap<String, String>| {
+        d.get("g.pods").map(String::as_str) == Some("early") && d.contains_key("g.since") && !pending(d, "g")
+    };
+    let data = wait_params(&admin, "g.pods lists early", listed).await;
+    let since = data["g.since"].clone();
+
+    pods.patch("early", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"schedulingGates": []}})))
+        .await
+        .unwrap();
+    let want = format!(
+        "pod early of namespace g (TenantGpuQuota team-g) may not be bound: it asks for GPU extended resources and \
+         was made no later than {since}, when its ResourceQuota began counting pods (before the namespace's GPU \
+         limits were in force); bound, it would take GPUs the quota never counted; delete the pod and create it \
+         again (it will be counted)"
+    );
+    wait_for("the binding's refusal in early's scheduling status", T, || async {
+        scheduling_messages(&admin, "g", "early").await.contains(&want).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // `.since` has second granularity: a pod made in its second is listed too.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    pods.create(&PostParams::default(), &gpu_pod("later", MIG)).await.unwrap();
+    wait_for("later bound to node-g", T, || async {
+        (pods.get("later").await.ok()?.spec?.node_name.as_deref() == Some("node-g")).then_some(())
+    })
+    .await
+    .unwrap();
+    let early = pods.get("early").await.unwrap();
+    assert_eq!(early.spec.and_then(|s| s.node_name), None, "early stays unbound");
 }

@@ -264,6 +264,9 @@ pub struct Dra {
     /// The params as the cluster stores them (the ConfigMap's data): a ResourceQuota of an
     /// operator that wrote no stamp takes its `<ns>.since` ([`stamp::planned`]).
     pub stored_params: BTreeMap<String, String>,
+    /// Unbound pods asking for GPU extended resources ([`early_pods::unbound_gpu_pod`]): those
+    /// made before their namespace's ResourceQuota are listed for the binding policy.
+    pub pods: Vec<early_pods::PendingPod>,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -356,8 +359,11 @@ pub fn plan_quotas_dra(
     let tenants: Vec<String> =
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
     let early = unallocated::early(&dra.ours, &plan.policy);
-    let tenant_names = tenants.iter().map(String::as_str);
-    plan.policy.extend(unallocated::policy_claims(pending, &dra.admin_access, &early, tenant_names));
+    let claims = unallocated::policy_claims(pending, &dra.admin_access, &early, tenants.iter().map(String::as_str));
+    // `<ns>.pods` share the claims' budget: the ConfigMap's bound stays what it was.
+    let budget = unallocated::CLAIMS_BUDGET.saturating_sub(claims.values().map(String::len).sum());
+    plan.policy.extend(claims);
+    plan.policy.extend(early_pods::policy_pods(&dra.pods, &plan.policy, budget));
     plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
     let names = live.iter().filter_map(|q| q.metadata.name.as_deref()).collect::<Vec<_>>();
     plan.policy.insert(pod_gate::QUOTAS.to_string(), names.join(" "));
@@ -419,6 +425,7 @@ fn used_raw(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64
 
 pub mod claims;
 mod conflicts;
+pub mod early_pods;
 pub mod holdings;
 pub mod phases;
 pub mod pod_gate;

@@ -34,6 +34,7 @@ use crate::quota::{
 };
 
 mod claim_classes;
+mod pending_pods;
 mod policy_check;
 
 pub struct QuotaController {
@@ -73,6 +74,9 @@ pub struct QuotaController {
     idle_failed: std::sync::Mutex<Option<std::time::Instant>>,
     /// The claim-class binding's or policy's problem last seen (logged when it changes).
     binding_problem: std::sync::Mutex<Option<String>>,
+    /// Unbound pods asking for GPU extended resources (`pending_pods`): those made before
+    /// their namespace's ResourceQuota are listed for the binding policy.
+    pods: Store<Pod>,
 }
 
 /// How often the idle report lists every pod: the agents' activity summaries change every few
@@ -111,6 +115,7 @@ impl QuotaController {
             .0,
             namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             classes: watch_classes(client.clone(), changed.clone()),
+            pods: pending_pods::watch(client.clone(), changed.clone()),
             gpunodes,
             drivers,
             policy_params: watch_into_store(
@@ -164,6 +169,7 @@ impl QuotaController {
             idle: Default::default(),
             idle_failed: Default::default(),
             binding_problem: Default::default(),
+            pods: kube::runtime::reflector::store().0,
         }
     }
 
@@ -197,9 +203,18 @@ impl QuotaController {
         }
     }
 
+    /// Until the unbound pods are listed: a pass blind to them would drop `<ns>.pods` from the
+    /// params, and the binding policy would let early GPU pods be scheduled. Warns every 30 s.
+    async fn wait_pods(&self) {
+        while tokio::time::timeout(Duration::from_secs(30), self.pods.wait_until_ready()).await.is_err() {
+            warn!("unbound pods not listed yet (RBAC: watch pods?): no quota pass runs until they are");
+        }
+    }
+
     pub async fn run(self: Arc<Self>) {
         self.wait_ready().await;
         self.wait_classes().await;
+        self.wait_pods().await;
         loop {
             if let Err(e) = self.reconcile().await {
                 if !matches!(e, Error::PartialPass(_)) {
@@ -255,8 +270,9 @@ impl QuotaController {
             .get()
             .map_or_else(Vec::new, |c| crate::quota::unallocated::ours(c.claims().iter().map(|c| &**c)));
         let stored_params = self.policy_params.state().first().and_then(|c| c.data.clone()).unwrap_or_default();
+        let pods = pending_pods::pending(&self.pods);
         let drivers = self.drivers.clone();
-        let dra = Dra { classes: view, drivers, held, pending, namespace_uids, admin_access, ours, stored_params };
+        let dra = Dra { classes: view, drivers, held, pending, namespace_uids, admin_access, ours, stored_params, pods };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.
@@ -498,6 +514,8 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
 #[cfg(test)]
 mod pod_policy_tests;
 
+#[cfg(test)]
+mod binding_policy_tests;
 #[cfg(test)]
 mod claim_policy_tests;
 #[cfg(test)]

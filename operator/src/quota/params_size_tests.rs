@@ -11,8 +11,8 @@ use super::unallocated::{CLAIMS_BUDGET, Pending};
 use super::{Capacity, Dra, fallback_resource_quota_name, plan_quotas_dra, resource_quota_name};
 
 /// How many tenant namespaces the worst case below fits (README, "Tenant GPU quotas"): about
-/// 1.7 KiB each beside the 256 KiB of claims.
-const WORST_CASE_NAMESPACES: usize = 450;
+/// 1.7 KiB each beside the 256 KiB of claims and early pods (`<ns>.pods` shares the budget).
+const WORST_CASE_NAMESPACES: usize = 440;
 
 /// How many the usual case fits (about 460 bytes each beside the claims): 20-character names,
 /// one quota per namespace, nothing taken, every namespace pending (its hint at its longest).
@@ -35,7 +35,7 @@ fn foreign(name: String, ns: &str) -> ResourceQuota {
 /// quotas of 63-character names (a conflict, one `unlisted: Zero`: `<ns>.quota` holds both,
 /// `<ns>.limited` is written) whose ResourceQuota names are all taken (`<ns>.pending` holds both
 /// reasons, every namespace is in `_pending`), with a UID and leftover claims filling
-/// `<ns>.claims` up to its cap until the budget is spent.
+/// `<ns>.claims` up to its cap until the budget is spent, and an early pod (`<ns>.pods`).
 /// With `worst` false: names of 20 characters, one `Zero` quota per namespace, no name taken
 /// (every namespace still pending, with its UID and claims).
 fn params(n: usize, worst: bool) -> BTreeMap<String, String> {
@@ -73,7 +73,12 @@ fn params(n: usize, worst: bool) -> BTreeMap<String, String> {
         .collect();
     let namespace_uids =
         nss.iter().map(|ns| (ns.clone(), "0b6f3b1e-6f0e-4c4e-9d2a-6f1c2b3a4d5e".to_string())).collect();
-    let dra = Dra { pending, namespace_uids, ..Default::default() };
+    // And a pod made before each namespace joined, unbound: `<ns>.pods` (the budget is shared).
+    let pods = nss
+        .iter()
+        .map(|ns| super::early_pods::PendingPod { namespace: ns.clone(), name: format!("p{:062}", 0), created: None })
+        .collect();
+    let dra = Dra { pending, namespace_uids, pods, ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let existing: BTreeSet<String> = nss.iter().cloned().collect();
     plan_quotas_dra(&quotas, &existing, &rqs, &Capacity::default(), &dra, now).policy
@@ -88,13 +93,16 @@ fn the_params_fit_a_config_map_with_every_key_at_its_worst() {
     let p = params(WORST_CASE_NAMESPACES, true);
     let ns = format!("t{:062}", 0);
     // Every per-namespace key is there, at its worst.
-    for key in ["quota", "allowed", "hint", "uid", "pending", "limited", "claims"] {
+    for key in ["quota", "allowed", "hint", "uid", "pending", "limited", "claims", "pods"] {
         assert!(p.contains_key(&format!("{ns}.{key}")), "no {ns}.{key} in the worst case");
     }
     assert!(p[&format!("{ns}.pending")].contains("; "), "both quotas' reasons");
     assert_eq!(p["_pending"].split(' ').count(), WORST_CASE_NAMESPACES);
-    let claims: usize = p.iter().filter(|(k, _)| k.ends_with(".claims")).map(|(_, v)| v.len()).sum();
-    assert!(claims <= CLAIMS_BUDGET + 4 * WORST_CASE_NAMESPACES, "{claims}");
+    let claims: usize =
+        p.iter().filter(|(k, _)| k.ends_with(".claims") || k.ends_with(".pods")).map(|(_, v)| v.len()).sum();
+    assert!(claims <= CLAIMS_BUDGET + 2 * 4 * WORST_CASE_NAMESPACES, "{claims}");
+    let last = format!("t{:062}", WORST_CASE_NAMESPACES - 1);
+    assert_eq!(p[&format!("{last}.pods")], "_all", "the claims spent the shared budget");
     assert!(p.values().any(|v| v == "_all"), "the claims budget is spent");
     let total = size(&p);
     assert!(total < 1024 * 1024, "{total} bytes for {WORST_CASE_NAMESPACES} namespaces");

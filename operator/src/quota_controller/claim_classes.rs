@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use super::QuotaController;
 use super::policy_check::{
-    Checked, NOT_ENFORCING, PODS, QUOTA_NAMES, params_binding_problem, policy_problems, problems,
+    BINDINGS, Checked, NOT_ENFORCING, PODS, QUOTA_NAMES, params_binding_problem, policy_problems, problems,
 };
 use crate::controller::MANAGER;
 use crate::quota::QuotaPlan;
@@ -129,11 +129,11 @@ impl QuotaController {
 }
 
 impl QuotaController {
-    /// What keeps the pod policy or the quota-name policy from enforcing, joined; `None` when
-    /// both enforce or cannot be read (not checked).
+    /// What keeps the pod, binding or quota-name policy from enforcing, joined; `None` when
+    /// each enforces or cannot be read (not checked).
     async fn check_pod_policy(&self) -> Option<String> {
         let mut found = Vec::new();
-        for c in [&PODS, &QUOTA_NAMES] {
+        for c in [&PODS, &BINDINGS, &QUOTA_NAMES] {
             found.extend(self.check_params_policy(c).await);
         }
         (!found.is_empty()).then(|| found.join("; "))

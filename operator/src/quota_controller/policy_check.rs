@@ -5,7 +5,8 @@
 //! The parts that decide enforcement are compared with the manifest compiled in
 //! (`config/rbac/claim-classes.yaml`; the chart ships the same policy). The pod policy
 //! (`tessera-gpu-pods`, same params) is checked the same way ([`PODS`]), and so is the quota-name
-//! policy (`tessera-quota-names`, [`QUOTA_NAMES`]).
+//! policy (`tessera-quota-names`, [`QUOTA_NAMES`]), and the binding policy
+//! (`tessera-gpu-bindings`, [`BINDINGS`]).
 
 use std::sync::LazyLock;
 
@@ -81,6 +82,21 @@ pub(crate) const QUOTA_NAMES: Checked = Checked {
             are still described as enforced",
     install: "nothing refuses creating a quota under the name of one deleted while the operator is down (its \
               namespaces still described as enforced)",
+};
+
+/// The binding policy: GPU pods made before their namespace's ResourceQuota (`<ns>.pods`) are
+/// not bound.
+pub(crate) const BINDINGS: Checked = Checked {
+    name: "tessera-gpu-bindings",
+    group: "",
+    version: "v1",
+    scope: "Namespaced",
+    admits: "every binding",
+    resources: &["pods/binding", "bindings"],
+    operations: &["CREATE"],
+    loses: "GPU pods made before their namespace joined a quota may be scheduled past its share",
+    install: "nothing refuses scheduling GPU pods made before their namespace joined a quota (gated or \
+              unschedulable until then): they take GPUs the quota never counted",
 };
 
 /// The shipped manifest's policies; empty only if it cannot be read (a test proves it can).

@@ -244,8 +244,11 @@ impl QuotaController {
             .claims
             .get()
             .map_or_else(Vec::new, |c| crate::quota::unallocated::ours(c.claims().iter().map(|c| &**c)));
-        let dra =
-            Dra { classes: view, drivers: self.drivers.clone(), held, pending, namespace_uids, admin_access, ours };
+        let params = self.policy_params.state().first().and_then(|cm| cm.data.clone()).unwrap_or_default();
+        let params_uids =
+            params.into_iter().filter_map(|(k, v)| Some((k.strip_suffix(".uid")?.to_string(), v))).collect();
+        let drivers = self.drivers.clone();
+        let dra = Dra { classes: view, drivers, held, pending, namespace_uids, params_uids, admin_access, ours };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.

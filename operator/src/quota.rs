@@ -256,6 +256,9 @@ pub struct Dra {
     /// Each existing namespace's UID (terminating ones included: [`pod_gate::namespace_facts`]),
     /// for the params' `<ns>.uid` ([`pod_gate::uid_key`]).
     pub namespace_uids: BTreeMap<String, String>,
+    /// Each tenant namespace's `<ns>.uid` in the params as last written (the ConfigMap cache),
+    /// by namespace: kept for one the namespace cache no longer shows ([`pod_gate::tombstone`]).
+    pub params_uids: BTreeMap<String, String>,
     /// Claims asking for admin access to GPU devices, in any namespace ([`unallocated::admin_access`]).
     pub admin_access: Vec<unallocated::AdminAccess>,
     /// Unallocated claims of Tessera's classes ([`unallocated::ours`]): those made before their
@@ -354,8 +357,11 @@ pub fn plan_quotas_dra(
     for q in &valid {
         steps::plan_quota(&pass, q, &mut plan, &mut wanted);
     }
-    // After the shares: a class opens only where its planned limit is already enforced.
-    plan.policy = claims::policy_data(&live, &valid_names, resource_quotas, &plan.apply, &resources, &dra.classes);
+    // After the shares: a class opens only where its planned limit is already enforced, by a
+    // ResourceQuota of a namespace the cache shows (terminating included), with no scope.
+    let known = |ns: &str| existing_namespaces.contains(ns) || dra.namespace_uids.contains_key(ns);
+    let enforcing = pod_gate::enforcing(resource_quotas, known);
+    plan.policy = claims::policy_data(&live, &valid_names, &enforcing, &plan.apply, &resources, &dra.classes);
     let tenants: Vec<String> =
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
     let early = unallocated::early(&dra.ours, &plan.policy);
@@ -369,8 +375,12 @@ pub fn plan_quotas_dra(
     plan.policy.insert(pod_gate::QUOTAS.to_string(), names.join(" "));
     for ns in &tenants {
         let qs: Vec<&TenantGpuQuota> = live.iter().copied().filter(|q| q.spec.namespaces.contains(ns)).collect();
-        let uid = dra.namespace_uids.get(ns).map(String::as_str);
-        plan.policy.extend(pod_gate::namespace_keys(ns, &qs, &valid_names, resource_quotas, &plan.apply, uid));
+        let uid = match dra.namespace_uids.get(ns) {
+            Some(uid) => Some(uid.as_str()),
+            None if known(ns) => None,
+            None => pod_gate::tombstone(ns, dra.params_uids.get(ns).map(String::as_str), resource_quotas),
+        };
+        plan.policy.extend(pod_gate::namespace_keys(ns, &qs, &valid_names, &enforcing, &plan.apply, uid));
     }
     steps::sweep_stale(resource_quotas, &wanted, &mut plan.delete);
     // A ResourceQuota no quota wants stays while its namespace's new limits are not in force

@@ -270,9 +270,22 @@ impl QuotaController {
             .get()
             .map_or_else(Vec::new, |c| crate::quota::unallocated::ours(c.claims().iter().map(|c| &**c)));
         let stored_params = self.policy_params.state().first().and_then(|c| c.data.clone()).unwrap_or_default();
+        let params_uids =
+            stored_params.iter().filter_map(|(k, v)| Some((k.strip_suffix(".uid")?.to_string(), v.clone()))).collect();
         let pods = pending_pods::pending(&self.pods);
         let drivers = self.drivers.clone();
-        let dra = Dra { classes: view, drivers, held, pending, namespace_uids, admin_access, ours, stored_params, pods };
+        let dra = Dra {
+            classes: view,
+            drivers,
+            held,
+            pending,
+            namespace_uids,
+            params_uids,
+            admin_access,
+            ours,
+            stored_params,
+            pods,
+        };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.

@@ -92,7 +92,8 @@ pub fn namespace_facts<'a>(
 /// before the re-creation) still shows them; taken as enforced they would keep the new namespace
 /// out of [`PENDING`], open its classes and skip the write. Timestamps have second granularity:
 /// one created in the namespace's second is kept (a re-creation within the second of the old
-/// ResourceQuota's creation is not told apart). A namespace not in `created` keeps its own.
+/// ResourceQuota's creation is not told apart). A namespace not in `created` keeps its own here;
+/// the plan counts none of them as enforcing ([`enforcing`]).
 pub fn of_current_namespaces(
     rqs: Vec<ResourceQuota>,
     created: &std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
@@ -107,6 +108,46 @@ pub fn of_current_namespaces(
             }
         })
         .collect()
+}
+
+/// `<ns>.uid` of a tenant namespace the namespace cache does not show (deleted, or not seen yet):
+/// the UID the params last held for it (`last`), or [`ABSENT`] where a ResourceQuota is still
+/// cached there (a lagging ResourceQuota watch: the namespace existed). Either mismatches any
+/// namespace created under that name later, which both policies refuse until a pass has run
+/// (the operator may stop first). None for one never seen: it has no ResourceQuota and is pending.
+pub fn tombstone<'a>(ns: &str, last: Option<&'a str>, rqs: &[ResourceQuota]) -> Option<&'a str> {
+    last.or_else(|| rqs.iter().any(|rq| rq.metadata.namespace.as_deref() == Some(ns)).then_some(ABSENT))
+}
+
+/// The `<ns>.uid` of a namespace gone from the cache with no UID known: no UID equals it.
+pub const ABSENT: &str = "absent";
+
+/// The ResourceQuotas that may count as enforcing (`_pending`, the classes a namespace opens):
+/// `rqs` less those in a namespace the namespace cache does not show (`known`: deleted, its
+/// ResourceQuota watch lagging; a namespace created again under its name has none of them), and
+/// less Tessera's with a `spec.scopes` or `spec.scopeSelector` ([`scoped`]). Borrowed when none
+/// is dropped (the usual pass copies nothing).
+pub fn enforcing<'a>(rqs: &'a [ResourceQuota], known: impl Fn(&str) -> bool) -> std::borrow::Cow<'a, [ResourceQuota]> {
+    let counts = |rq: &ResourceQuota| {
+        rq.metadata.namespace.as_deref().is_some_and(&known)
+            && !(super::written_by(rq).is_some() && scoped(rq).is_some())
+    };
+    if rqs.iter().all(counts) {
+        return std::borrow::Cow::Borrowed(rqs);
+    }
+    std::borrow::Cow::Owned(rqs.iter().filter(|rq| counts(rq)).cloned().collect())
+}
+
+/// The scope field set on a ResourceQuota (`spec.scopes` or `spec.scopeSelector`), if any. Tessera
+/// applies only `spec.hard`; a webhook or another field manager may add a scope, and then the
+/// ResourceQuota counts only pods in that scope and no ResourceClaim: its limits do not hold.
+pub fn scoped(rq: &ResourceQuota) -> Option<&'static str> {
+    let spec = rq.spec.as_ref()?;
+    if spec.scopes.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Some("spec.scopes");
+    }
+    // Any selector, even one with no expression: failing closed costs only a pending namespace.
+    spec.scope_selector.is_some().then_some("spec.scopeSelector")
 }
 
 /// The params key listing the GPU resources the ResourceQuotas of an `unlisted: Zero` quota

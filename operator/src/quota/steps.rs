@@ -117,11 +117,14 @@ pub(super) fn plan_quota(p: &Pass<'_>, q: &TenantGpuQuota, plan: &mut QuotaPlan,
     let mut notes = notes(p, q, &missing, &used_total);
     notes.extend(reduced);
     let over_physical = notes.iter().any(|n| n.contains("over the physical limit"));
-    let ready = conflicts.is_empty() && taken.is_empty() && missing.is_empty() && !over_physical;
+    let scoped = scoped(p, q, &name, &plan.apply);
+    let ready = conflicts.is_empty() && taken.is_empty() && scoped.is_empty() && missing.is_empty() && !over_physical;
     let (reason, msg) = if !conflicts.is_empty() {
         ("Conflict", "see the Conflict condition".to_string())
     } else if !taken.is_empty() {
         ("ResourceQuotaNameTaken", taken.join("; "))
+    } else if !scoped.is_empty() {
+        ("ResourceQuotaScoped", scoped.join("; "))
     } else if over_physical {
         ("OverPhysicalLimit", notes.join("; "))
     } else if !missing.is_empty() {
@@ -131,6 +134,28 @@ pub(super) fn plan_quota(p: &Pass<'_>, q: &TenantGpuQuota, plan: &mut QuotaPlan,
     };
     set_condition(&mut st.conditions, READY, ready, reason, msg, g, p.now.clone());
     plan.statuses.insert(name, st);
+}
+
+/// Where this quota's planned ResourceQuota carries a scope ([`super::pod_gate::scoped`]): it
+/// limits only pods in that scope and no claim, so the namespace stays pending, its classes
+/// closed ([`super::pod_gate::enforcing`]); the status names the object and the field.
+fn scoped(p: &Pass<'_>, q: &TenantGpuQuota, name: &str, applies: &[Apply]) -> Vec<String> {
+    let mine = applies.iter().filter(|a| a.quota == name);
+    mine.filter_map(|a| {
+        let rq = p.resource_quotas.iter().find(|rq| {
+            rq.metadata.namespace.as_deref() == Some(a.namespace.as_str())
+                && rq.metadata.name.as_deref() == Some(a.name.as_str())
+                && owned_by(rq, q)
+        })?;
+        let field = super::pod_gate::scoped(rq)?;
+        Some(format!(
+            "namespace {}: ResourceQuota {} has {field} set (not by Tessera): it counts only pods in its scope and \
+             no ResourceClaim, so its limits are not in force; GPU pods and Tessera's classes stay refused there until \
+             {field} is removed",
+            a.namespace, a.name
+        ))
+    })
+    .collect()
 }
 
 /// The quota's namespaces that another quota claims too, each with who else claims it.

@@ -236,6 +236,10 @@ fn a_namespace_created_again_while_the_operator_is_down_refuses_gpu_pods() {
             && refused.contains("retry once the operator has run"),
         "{refused}"
     );
+    // The tombstone of a namespace gone from the operator's cache (`pod_gate::tombstone`).
+    let gone = json!({"a.quota": "team-a", "_pending": "", "a.uid": crate::quota::pod_gate::ABSENT});
+    let refused = admit(&pod(&["nvidia.com/gpu"]), "a", &gone).expect("created under a tombstone: pending");
+    assert!(refused.contains("the namespace was deleted and created again"), "{refused}");
     let current = json!({"a.quota": "team-a", "_pending": "", "a.uid": NS_UID});
     assert_eq!(admit(&pod(&["nvidia.com/gpu"]), "a", &current), None, "the same namespace");
     assert_eq!(admit(&pod(&["nvidia.com/gpu"]), "a", &json!({"a.quota": "team-a", "_pending": ""})), None, "no key");

@@ -1,4 +1,5 @@
-//! Issue 24 M2: a pass whose policy-params write fails deletes no ResourceQuota.
+//! The params as last written and a pass: one whose params write fails deletes no ResourceQuota
+//! (issue 24 M2); one keeps the `<ns>.uid` of a namespace gone from the cache (fresh review, 1).
 
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
@@ -95,4 +96,33 @@ async fn a_failed_params_write_deletes_no_resource_quota_in_that_pass() {
         "the params write was tried"
     );
     assert_eq!(deletes(&requests), Vec::<String>::new(), "params not written: nothing deleted");
+}
+
+/// Fresh review, finding 1: `t` gone from the namespace cache (deleted; its ResourceQuota watch
+/// may have caught up already). The pass keeps the `t.uid` the params held (read from the
+/// params ConfigMap's cache) instead of dropping it, so a namespace created under that name
+/// while the operator is down is refused until a pass sees it.
+#[tokio::test]
+async fn a_pass_keeps_the_params_uid_of_a_namespace_gone_from_the_cache() {
+    let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "b", "uid": "uid-b", "generation": 1},
+        "spec": {"namespaces": ["x", "t"], "hard": {"nvidia.com/gpu": 2}}}))
+    .unwrap();
+    let x: Namespace = serde_json::from_value(json!({"metadata": {"name": "x", "uid": "uid-x"}})).unwrap();
+    let params: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "tessera-claim-classes",
+        "namespace": "tessera-system"}, "data": {"t.quota": "b", "t.uid": "old-t", "x.quota": "b", "x.uid": "uid-x"}}))
+    .unwrap();
+    let (client, requests) = api(false);
+    let c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![x]))
+        .with_dra(store_of(vec![]), store_of(vec![params]));
+    let _ = c.reconcile().await;
+    let requests = requests.lock().unwrap();
+    let written = requests
+        .iter()
+        .find(|(m, p, _)| m == "PATCH" && p.ends_with("/configmaps/tessera-claim-classes"))
+        .map(|(_, _, body)| body["data"].clone())
+        .expect("the params written");
+    assert_eq!(written["t.uid"], "old-t", "{written}");
+    assert_eq!(written["x.uid"], "uid-x", "{written}");
+    assert!(written["_pending"].as_str().unwrap().split(' ').any(|n| n == "t"), "{written}");
 }

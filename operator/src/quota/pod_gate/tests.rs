@@ -249,3 +249,145 @@ fn a_resource_quota_older_than_its_namespace_is_not_enforced() {
     // Unknown namespace (not cached yet): nothing to compare, kept.
     assert_eq!(super::of_current_namespaces(vec![same_second], &Default::default()).len(), 1);
 }
+
+/// Fresh review, finding 1: `t` deleted; the Namespace watch delivers the deletion before the
+/// ResourceQuota watch. That pass wrote no `t.uid` and counted the cached ResourceQuota as
+/// enforcing (`t` not pending); the operator stopped, `t` was created again and GPU pods were
+/// admitted with no ResourceQuota. Now a ResourceQuota of a namespace the cache does not show
+/// enforces nothing, and `t.uid` stays a tombstone no new namespace matches, until a pass sees
+/// the namespace (then its real UID).
+#[test]
+fn a_namespace_gone_from_the_cache_is_pending_and_keeps_a_tombstone_uid() {
+    let q = quota("team-a", json!({"namespaces": ["a", "t"], "hard": {"nvidia.com/gpu": 4}}));
+    let (a, t) = (ours("team-a", "a", 2, Some(2)), ours("team-a", "t", 2, Some(2)));
+    let map = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    // (what, namespaces in the cache with their UIDs, params' last `<ns>.uid`, cached RQs, t.uid, _pending)
+    type Row<'a> =
+        (&'a str, Vec<(&'a str, &'a str)>, Vec<(&'a str, &'a str)>, Vec<ResourceQuota>, Option<&'a str>, &'a str);
+    let rows: Vec<Row> = vec![
+        (
+            "gone, its RQ cached, uid in the params",
+            vec![("a", "uid-a")],
+            vec![("t", "old")],
+            vec![a.clone(), t.clone()],
+            Some("old"),
+            "t",
+        ),
+        (
+            "gone, its RQ cached, params of an older operator",
+            vec![("a", "uid-a")],
+            vec![],
+            vec![a.clone(), t.clone()],
+            Some("absent"),
+            "t",
+        ),
+        (
+            "gone, RQ watch caught up: the tombstone stays",
+            vec![("a", "uid-a")],
+            vec![("t", "old")],
+            vec![a.clone()],
+            Some("old"),
+            "t",
+        ),
+        ("never seen", vec![("a", "uid-a")], vec![], vec![a.clone()], None, "t"),
+        (
+            "created again, seen by a pass",
+            vec![("a", "uid-a"), ("t", "new")],
+            vec![("t", "old")],
+            vec![a.clone()],
+            Some("new"),
+            "t",
+        ),
+        (
+            "terminating, still cached",
+            vec![("a", "uid-a"), ("t", "old")],
+            vec![("t", "old")],
+            vec![a.clone(), t.clone()],
+            Some("old"),
+            "",
+        ),
+    ];
+    for (what, cache, params, rqs, uid, pending) in rows {
+        let dra = Dra { namespace_uids: map(&cache), params_uids: map(&params), ..Default::default() };
+        // The plan's existing namespaces: the cached ones not terminating (`t` in the last row).
+        let existing: Vec<&str> =
+            cache.iter().map(|(n, _)| *n).filter(|n| !(what.starts_with("terminating") && *n == "t")).collect();
+        let plan = plan_with(std::slice::from_ref(&q), &existing, &rqs, &dra);
+        assert_eq!(plan.policy.get("t.uid").map(String::as_str), uid, "{what}: {:?}", plan.policy);
+        assert_eq!(plan.policy[PENDING], pending, "{what}");
+        assert_eq!(plan.policy.get("a.uid").map(String::as_str), Some("uid-a"), "{what}");
+    }
+}
+
+/// A quota that plans nothing in `t` (invalid) kept `t` open on a cached ResourceQuota alone:
+/// one in a namespace gone from the cache no longer counts.
+#[test]
+fn an_invalid_quota_does_not_count_a_resource_quota_of_a_namespace_gone_from_the_cache() {
+    let bad = quota("team-a", json!({"namespaces": ["a", "t"], "hard": {"nvidia.com/gpu": -1}}));
+    let rqs = [ours("team-a", "a", 2, Some(2)), ours("team-a", "t", 2, Some(2))];
+    let dra = Dra { namespace_uids: [("a".to_string(), "uid-a".to_string())].into(), ..Default::default() };
+    let plan = plan_with(&[bad], &["a"], &rqs, &dra);
+    assert_eq!(plan.policy[PENDING], "t");
+    assert_eq!(plan.policy.get("t.uid").map(String::as_str), Some("absent"));
+}
+
+/// Fresh review, finding 2: Tessera applies only `spec.hard`; a webhook or another field manager
+/// adding `spec.scopes` or `spec.scopeSelector` makes the ResourceQuota count only pods in the
+/// scope and no claim, yet the namespace was called enforced. Such a ResourceQuota of Tessera's
+/// enforces nothing (pending, classes closed) and `Ready` names it and the field.
+#[test]
+fn a_scoped_resource_quota_of_tesseras_does_not_enforce_and_the_status_says_so() {
+    // `Zero`: every class's key planned, so a scoped ResourceQuota leaves none open.
+    let q = quota(
+        "team-a",
+        json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 2},
+        "allocation": "ResourceClaims", "unlisted": "Zero"}),
+    );
+    let with = |spec: serde_json::Value| {
+        let mut rq = serde_json::to_value(ours("team-a", "a", 2, Some(2))).unwrap();
+        for (k, v) in spec.as_object().unwrap() {
+            rq["spec"][k] = v.clone();
+        }
+        let mut rq: ResourceQuota = serde_json::from_value(rq).unwrap();
+        // Every planned key in force: the claim keys too, so only the scope can hold it back.
+        let plan = plan_with(std::slice::from_ref(&q), &["a"], &[], &Dra::default());
+        let hard: std::collections::BTreeMap<_, _> = plan.apply[0]
+            .hard
+            .iter()
+            .map(|(k, v)| (k.clone(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone())))
+            .collect();
+        rq.spec.as_mut().unwrap().hard = Some(hard.clone());
+        rq.status.as_mut().unwrap().hard = Some(hard);
+        rq
+    };
+    let selector = json!({"scopeSelector": {"matchExpressions": [{"operator": "In", "scopeName": "PriorityClass",
+        "values": ["high"]}]}});
+    let rows = [
+        ("no scope", json!({}), None),
+        ("empty scopes", json!({"scopes": []}), None),
+        ("scopes", json!({"scopes": ["BestEffort"]}), Some("spec.scopes")),
+        ("scopeSelector", selector, Some("spec.scopeSelector")),
+    ];
+    for (what, spec, field) in rows {
+        let plan = plan_with(std::slice::from_ref(&q), &["a"], &[with(spec)], &Dra::default());
+        let ready = plan.statuses["team-a"].conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        let Some(field) = field else {
+            assert_eq!(plan.policy[PENDING], "", "{what}");
+            assert_eq!(plan.policy["a.allowed"], "_tessera", "{what}");
+            assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Enforced"), "{what}");
+            continue;
+        };
+        assert_eq!(plan.policy[PENDING], "a", "{what}");
+        assert_eq!(plan.policy["a.allowed"], "", "{what}");
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "ResourceQuotaScoped"), "{what}");
+        assert_eq!(
+            ready.message,
+            format!(
+                "namespace a: ResourceQuota tessera-team-a has {field} set (not by Tessera): it counts only pods \
+                 in its scope and no ResourceClaim, so its limits are not in force; GPU pods and Tessera's classes \
+                 stay refused there until {field} is removed"
+            ),
+            "{what}"
+        );
+    }
+}

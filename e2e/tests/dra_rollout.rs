@@ -310,11 +310,17 @@ async fn automatic_layouts_keep_a_node_whose_pod_holds_a_gpu_claim_busy() {
     let patch = json!({"spec": {"hard": {MIG1G: null, MIG3G: 2}}});
     quotas.patch("team", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
     let p = decided(MIG3G, 2).await;
-    let st = p.status.unwrap();
-    let d = st.layout_decision.unwrap();
+    let d = p.status.unwrap().layout_decision.unwrap();
     assert_eq!(d.kept_busy, vec!["gpu-0".to_string()], "{d:?}");
     assert!(d.targets.iter().all(|t| t.node != "gpu-0"), "{d:?}");
-    assert!(find(&st.conditions, DEMAND_MET).is_some_and(|c| c.status == "False"), "{:?}", st.conditions);
+    // The decision is written first (its own field manager), the conditions at the end of the
+    // same pass: wait for them rather than read them in between.
+    wait_for("DemandMet=False after the decision", T, || async {
+        let st = plans.get("auto").await.ok()?.status?;
+        find(&st.conditions, DEMAND_MET).is_some_and(|c| c.status == "False").then_some(())
+    })
+    .await
+    .unwrap();
     assert!(!cordoned.lock().unwrap().contains("gpu-0"), "the busy node was cordoned");
     let gn = Api::<GpuNode>::all(admin.clone()).get("gpu-0").await.unwrap();
     assert_eq!(gn.metadata.generation, generation, "the busy node's intent changed");

@@ -77,6 +77,8 @@ pub struct QuotaController {
     /// Unbound pods asking for GPU extended resources (`pending_pods`): those made before
     /// their namespace's ResourceQuota are listed for the binding policy.
     pods: Store<Pod>,
+    /// Whether the last pass found `pods` not listed (to log the change only).
+    pods_unlisted: std::sync::atomic::AtomicBool,
 }
 
 /// How often the idle report lists every pod: the agents' activity summaries change every few
@@ -116,6 +118,7 @@ impl QuotaController {
             namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             classes: watch_classes(client.clone(), changed.clone()),
             pods: pending_pods::watch(client.clone(), changed.clone()),
+            pods_unlisted: Default::default(),
             gpunodes,
             drivers,
             policy_params: watch_into_store(
@@ -169,7 +172,13 @@ impl QuotaController {
             idle: Default::default(),
             idle_failed: Default::default(),
             binding_problem: Default::default(),
-            pods: kube::runtime::reflector::store().0,
+            pods: {
+                // Listed and empty: tests that want it unlisted replace it.
+                let (pods, mut writer) = kube::runtime::reflector::store();
+                writer.apply_watcher_event(&watcher::Event::InitDone);
+                pods
+            },
+            pods_unlisted: Default::default(),
         }
     }
 
@@ -203,11 +212,13 @@ impl QuotaController {
         }
     }
 
-    /// Until the unbound pods are listed: a pass blind to them would drop `<ns>.pods` from the
-    /// params, and the binding policy would let early GPU pods be scheduled. Warns every 30 s.
+    /// A while for the unbound pods to be listed before the first pass, no longer: the passes
+    /// do not wait for them (a ClusterRole without `watch pods`, after an upgrade, held every
+    /// quota pass forever); until they are, `<ns>.pods` are carried (`early_pods::carried`)
+    /// and each quota's status says so ([`pending_pods::report_pod_watch`]).
     async fn wait_pods(&self) {
-        while tokio::time::timeout(Duration::from_secs(30), self.pods.wait_until_ready()).await.is_err() {
-            warn!("unbound pods not listed yet (RBAC: watch pods?): no quota pass runs until they are");
+        if tokio::time::timeout(Duration::from_secs(30), self.pods.wait_until_ready()).await.is_err() {
+            warn!("unbound pods not listed (RBAC: watch pods?): quota passes go on with the stored <ns>.pods");
         }
     }
 
@@ -273,6 +284,14 @@ impl QuotaController {
         let params_uids =
             stored_params.iter().filter_map(|(k, v)| Some((k.strip_suffix(".uid")?.to_string(), v.clone()))).collect();
         let pods = pending_pods::pending(&self.pods);
+        let pods_listed = pending_pods::listed(&self.pods);
+        // Logged when it changes; each quota's status says it on every pass.
+        if self.pods_unlisted.swap(!pods_listed, std::sync::atomic::Ordering::Relaxed) == pods_listed {
+            match pods_listed {
+                true => info!("unbound pods listed: <ns>.pods are computed again"),
+                false => warn!("unbound pods not listed (RBAC: watch pods?): the stored <ns>.pods are carried"),
+            }
+        }
         let drivers = self.drivers.clone();
         let dra = Dra {
             classes: view,
@@ -285,6 +304,7 @@ impl QuotaController {
             ours,
             stored_params,
             pods,
+            pods_unknown: !pods_listed,
         };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
@@ -350,6 +370,7 @@ impl QuotaController {
             errors.extend(shared.iter().cloned());
             report_write_failures(&mut status, &errors, q.metadata.generation, &now);
             report_binding(&mut status, binding.as_ref(), q.metadata.generation, &now);
+            pending_pods::report_pod_watch(&mut status, pods_listed, q.metadata.generation, &now);
             if q.status.as_ref() == Some(&status) {
                 continue;
             }
@@ -526,6 +547,8 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
 
 #[cfg(test)]
 mod pod_policy_tests;
+#[cfg(test)]
+mod pod_watch_tests;
 
 #[cfg(test)]
 mod binding_policy_tests;

@@ -100,5 +100,7 @@ pub fn policy_pods(pods: &[PendingPod], policy: &BTreeMap<String, String>, budge
         .collect()
 }
 
+pub mod carried;
+
 #[cfg(test)]
 mod tests;

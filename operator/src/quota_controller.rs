@@ -34,6 +34,7 @@ use crate::quota::{
 };
 
 mod claim_classes;
+mod deleted;
 mod pending_pods;
 mod policy_check;
 
@@ -79,6 +80,8 @@ pub struct QuotaController {
     pods: Store<Pod>,
     /// Whether the last pass found `pods` not listed (to log the change only).
     pods_unlisted: std::sync::atomic::AtomicBool,
+    /// ResourceQuotas deleted here that `rqs` may still show ([`deleted`]).
+    deleted: deleted::Deleted,
 }
 
 /// How often the idle report lists every pod: the agents' activity summaries change every few
@@ -108,7 +111,9 @@ impl QuotaController {
             // Each keeps its latest `managedFields` time: when its limits came into force.
             rqs: crate::controller::watch_into_store_waking(
                 Api::<ResourceQuota>::all(client.clone()),
-                d(),
+                // A quorum read (kube's default, said here): a restart forgets what `deleted`
+                // hid, so its list must not come from a watch cache that still shows them.
+                d().list_semantic(watcher::ListSemantic::MostRecent),
                 vec![crate::wake::Waker::always(changed.clone())],
                 crate::quota::stamp::trim_managed_fields,
                 Default::default(),
@@ -119,6 +124,7 @@ impl QuotaController {
             classes: watch_classes(client.clone(), changed.clone()),
             pods: pending_pods::watch(client.clone(), changed.clone()),
             pods_unlisted: Default::default(),
+            deleted: Default::default(),
             gpunodes,
             drivers,
             policy_params: watch_into_store(
@@ -179,6 +185,7 @@ impl QuotaController {
                 pods
             },
             pods_unlisted: Default::default(),
+            deleted: Default::default(),
         }
     }
 
@@ -247,6 +254,8 @@ impl QuotaController {
         let (namespace_uids, created) = crate::quota::pod_gate::namespace_facts(all_namespaces.iter().map(|n| &**n));
         // A lagging ResourceQuota watch may still show a previous namespace's of the same name.
         let rqs: Vec<ResourceQuota> = self.rqs.state().iter().map(|q| (**q).clone()).collect();
+        // Nor may it show one this controller deleted as still there.
+        let rqs = self.deleted.hide(rqs);
         let rqs = crate::quota::pod_gate::of_current_namespaces(rqs, &created);
         let namespaces: BTreeSet<String> =
             all_namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).map(|n| n.name_any()).collect();
@@ -347,9 +356,11 @@ impl QuotaController {
             }
             info!(namespace = %d.namespace, name = %d.name, "deleting stale ResourceQuota");
             let api = Api::<ResourceQuota>::namespaced(self.client.clone(), &d.namespace);
+            let cached =
+                rqs.iter().find(|r| r.metadata.namespace.as_ref() == Some(&d.namespace) && r.name_any() == d.name);
             match api.delete(&d.name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Ok(_) => cached.into_iter().for_each(|r| self.deleted.remember(r)),
+                Err(kube::Error::Api(s)) if s.code == 404 => cached.into_iter().for_each(|r| self.deleted.remember(r)),
                 Err(e) => {
                     self.metrics.error("kube");
                     warn!(namespace = %d.namespace, name = %d.name, error = %e, "could not delete a stale ResourceQuota");
@@ -554,6 +565,8 @@ mod pod_watch_tests;
 mod binding_policy_tests;
 #[cfg(test)]
 mod claim_policy_tests;
+#[cfg(test)]
+mod deleted_tests;
 #[cfg(test)]
 mod early_claim_tests;
 #[cfg(test)]

@@ -560,6 +560,8 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
 mod pod_policy_tests;
 #[cfg(test)]
 mod pod_watch_tests;
+#[cfg(test)]
+mod policy_match;
 
 #[cfg(test)]
 mod binding_policy_tests;

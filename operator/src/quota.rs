@@ -270,6 +270,9 @@ pub struct Dra {
     /// Unbound pods asking for GPU extended resources ([`early_pods::unbound_gpu_pod`]): those
     /// made before their namespace's ResourceQuota are listed for the binding policy.
     pub pods: Vec<early_pods::PendingPod>,
+    /// The pod cache is not listed (`watch pods` denied): `pods` says nothing, and `<ns>.pods`
+    /// are the stored params' ([`early_pods::carried`]).
+    pub pods_unknown: bool,
 }
 
 /// The quotas (by name) that claim each namespace. A namespace claimed by two or more is a
@@ -369,7 +372,11 @@ pub fn plan_quotas_dra(
     // `<ns>.pods` share the claims' budget: the ConfigMap's bound stays what it was.
     let budget = unallocated::CLAIMS_BUDGET.saturating_sub(claims.values().map(String::len).sum());
     plan.policy.extend(claims);
-    plan.policy.extend(early_pods::policy_pods(&dra.pods, &plan.policy, budget));
+    let pods = match dra.pods_unknown {
+        true => early_pods::carried::carried(&dra.stored_params, &plan.policy, budget),
+        false => early_pods::policy_pods(&dra.pods, &plan.policy, budget),
+    };
+    plan.policy.extend(pods);
     plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
     let names = live.iter().filter_map(|q| q.metadata.name.as_deref()).collect::<Vec<_>>();
     plan.policy.insert(pod_gate::QUOTAS.to_string(), names.join(" "));

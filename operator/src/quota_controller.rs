@@ -34,6 +34,7 @@ use crate::quota::{
 };
 
 mod claim_classes;
+mod deleted;
 mod pending_pods;
 mod policy_check;
 
@@ -77,6 +78,10 @@ pub struct QuotaController {
     /// Unbound pods asking for GPU extended resources (`pending_pods`): those made before
     /// their namespace's ResourceQuota are listed for the binding policy.
     pods: Store<Pod>,
+    /// Whether the last pass found `pods` not listed (to log the change only).
+    pods_unlisted: std::sync::atomic::AtomicBool,
+    /// ResourceQuotas deleted here that `rqs` may still show ([`deleted`]).
+    deleted: deleted::Deleted,
 }
 
 /// How often the idle report lists every pod: the agents' activity summaries change every few
@@ -106,7 +111,9 @@ impl QuotaController {
             // Each keeps its latest `managedFields` time: when its limits came into force.
             rqs: crate::controller::watch_into_store_waking(
                 Api::<ResourceQuota>::all(client.clone()),
-                d(),
+                // A quorum read (kube's default, said here): a restart forgets what `deleted`
+                // hid, so its list must not come from a watch cache that still shows them.
+                d().list_semantic(watcher::ListSemantic::MostRecent),
                 vec![crate::wake::Waker::always(changed.clone())],
                 crate::quota::stamp::trim_managed_fields,
                 Default::default(),
@@ -116,6 +123,8 @@ impl QuotaController {
             namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
             classes: watch_classes(client.clone(), changed.clone()),
             pods: pending_pods::watch(client.clone(), changed.clone()),
+            pods_unlisted: Default::default(),
+            deleted: Default::default(),
             gpunodes,
             drivers,
             policy_params: watch_into_store(
@@ -169,7 +178,14 @@ impl QuotaController {
             idle: Default::default(),
             idle_failed: Default::default(),
             binding_problem: Default::default(),
-            pods: kube::runtime::reflector::store().0,
+            pods: {
+                // Listed and empty: tests that want it unlisted replace it.
+                let (pods, mut writer) = kube::runtime::reflector::store();
+                writer.apply_watcher_event(&watcher::Event::InitDone);
+                pods
+            },
+            pods_unlisted: Default::default(),
+            deleted: Default::default(),
         }
     }
 
@@ -203,11 +219,13 @@ impl QuotaController {
         }
     }
 
-    /// Until the unbound pods are listed: a pass blind to them would drop `<ns>.pods` from the
-    /// params, and the binding policy would let early GPU pods be scheduled. Warns every 30 s.
+    /// A while for the unbound pods to be listed before the first pass, no longer: the passes
+    /// do not wait for them (a ClusterRole without `watch pods`, after an upgrade, held every
+    /// quota pass forever); until they are, `<ns>.pods` are carried (`early_pods::carried`)
+    /// and each quota's status says so ([`pending_pods::report_pod_watch`]).
     async fn wait_pods(&self) {
-        while tokio::time::timeout(Duration::from_secs(30), self.pods.wait_until_ready()).await.is_err() {
-            warn!("unbound pods not listed yet (RBAC: watch pods?): no quota pass runs until they are");
+        if tokio::time::timeout(Duration::from_secs(30), self.pods.wait_until_ready()).await.is_err() {
+            warn!("unbound pods not listed (RBAC: watch pods?): quota passes go on with the stored <ns>.pods");
         }
     }
 
@@ -236,6 +254,8 @@ impl QuotaController {
         let (namespace_uids, created) = crate::quota::pod_gate::namespace_facts(all_namespaces.iter().map(|n| &**n));
         // A lagging ResourceQuota watch may still show a previous namespace's of the same name.
         let rqs: Vec<ResourceQuota> = self.rqs.state().iter().map(|q| (**q).clone()).collect();
+        // Nor may it show one this controller deleted as still there.
+        let rqs = self.deleted.hide(rqs);
         let rqs = crate::quota::pod_gate::of_current_namespaces(rqs, &created);
         let namespaces: BTreeSet<String> =
             all_namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).map(|n| n.name_any()).collect();
@@ -273,6 +293,14 @@ impl QuotaController {
         let params_uids =
             stored_params.iter().filter_map(|(k, v)| Some((k.strip_suffix(".uid")?.to_string(), v.clone()))).collect();
         let pods = pending_pods::pending(&self.pods);
+        let pods_listed = pending_pods::listed(&self.pods);
+        // Logged when it changes; each quota's status says it on every pass.
+        if self.pods_unlisted.swap(!pods_listed, std::sync::atomic::Ordering::Relaxed) == pods_listed {
+            match pods_listed {
+                true => info!("unbound pods listed: <ns>.pods are computed again"),
+                false => warn!("unbound pods not listed (RBAC: watch pods?): the stored <ns>.pods are carried"),
+            }
+        }
         let drivers = self.drivers.clone();
         let dra = Dra {
             classes: view,
@@ -285,6 +313,7 @@ impl QuotaController {
             ours,
             stored_params,
             pods,
+            pods_unknown: !pods_listed,
         };
         let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
         self.metrics.set_quota_shortfall(&plan.shortfall);
@@ -327,9 +356,11 @@ impl QuotaController {
             }
             info!(namespace = %d.namespace, name = %d.name, "deleting stale ResourceQuota");
             let api = Api::<ResourceQuota>::namespaced(self.client.clone(), &d.namespace);
+            let cached =
+                rqs.iter().find(|r| r.metadata.namespace.as_ref() == Some(&d.namespace) && r.name_any() == d.name);
             match api.delete(&d.name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Ok(_) => cached.into_iter().for_each(|r| self.deleted.remember(r)),
+                Err(kube::Error::Api(s)) if s.code == 404 => cached.into_iter().for_each(|r| self.deleted.remember(r)),
                 Err(e) => {
                     self.metrics.error("kube");
                     warn!(namespace = %d.namespace, name = %d.name, error = %e, "could not delete a stale ResourceQuota");
@@ -350,6 +381,7 @@ impl QuotaController {
             errors.extend(shared.iter().cloned());
             report_write_failures(&mut status, &errors, q.metadata.generation, &now);
             report_binding(&mut status, binding.as_ref(), q.metadata.generation, &now);
+            pending_pods::report_pod_watch(&mut status, pods_listed, q.metadata.generation, &now);
             if q.status.as_ref() == Some(&status) {
                 continue;
             }
@@ -526,11 +558,17 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
 
 #[cfg(test)]
 mod pod_policy_tests;
+#[cfg(test)]
+mod pod_watch_tests;
+#[cfg(test)]
+mod policy_match;
 
 #[cfg(test)]
 mod binding_policy_tests;
 #[cfg(test)]
 mod claim_policy_tests;
+#[cfg(test)]
+mod deleted_tests;
 #[cfg(test)]
 mod early_claim_tests;
 #[cfg(test)]

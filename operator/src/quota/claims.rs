@@ -392,15 +392,18 @@ pub fn policy_data(
 /// ResourceQuotas there (RFC3339). The claim policy refuses allocating a claim made no later
 /// (or, with no key, any claim) in every class not in `_open`, Tessera's too: the ResourceQuota
 /// counts claims from their creation, so one made before its `status.hard` was never checked.
-/// None until a stamp is cached (fails closed), and for a namespace claimed by more than one
-/// quota (every class is closed there anyway).
+/// None until a stamp is cached (fails closed). Claimed by more than one quota (every class is
+/// closed there anyway): the latest of each one's earliest stamp, once each has one, so
+/// `<ns>.pods` lists what was made before all of them counted it (none, pods went unlisted).
 fn since(qs: &[&TenantGpuQuota], ns: &str, rqs: &[ResourceQuota]) -> Option<String> {
-    let [q] = qs else { return None };
-    rqs.iter()
-        .filter(|rq| rq.metadata.namespace.as_deref() == Some(ns) && super::owned_by(rq, q))
-        .filter_map(|rq| super::stamp::stamp_of(rq).map(|(_, t)| t))
-        .min()
-        .map(super::stamp::format)
+    let earliest = |q: &TenantGpuQuota| {
+        rqs.iter()
+            .filter(|rq| rq.metadata.namespace.as_deref() == Some(ns) && super::owned_by(rq, q))
+            .filter_map(|rq| super::stamp::stamp_of(rq).map(|(_, t)| t))
+            .min()
+    };
+    let each: Option<Vec<_>> = qs.iter().map(|q| earliest(q)).collect();
+    each?.into_iter().max().map(super::stamp::format)
 }
 
 /// Tessera's classes a valid claims quota `q` opens in `ns`: those whose key this pass plans

@@ -67,7 +67,7 @@ pub fn unbound_gpu_pod(pod: &Pod) -> Option<PendingPod> {
 /// counts as early). With no `.since` (no ResourceQuota of its one quota yet): early while the
 /// namespace is pending (`_pending`; no key counts as pending, as the pod policy reads it),
 /// where no GPU pod can be created, so every unbound one predates it. A conflicted namespace
-/// (no `.since`, its limits in force) lists none: its pods were counted when made.
+/// has a `.since` once every claiming quota's ResourceQuota is stamped (`claims::since`).
 fn early(ns: &str, created: Option<Timestamp>, policy: &BTreeMap<String, String>) -> bool {
     match policy.get(&format!("{ns}.since")) {
         Some(s) => s.parse::<Timestamp>().ok().is_some_and(|s| created.is_none_or(|c| c <= s)),
@@ -99,6 +99,8 @@ pub fn policy_pods(pods: &[PendingPod], policy: &BTreeMap<String, String>, budge
         })
         .collect()
 }
+
+pub mod carried;
 
 #[cfg(test)]
 mod tests;

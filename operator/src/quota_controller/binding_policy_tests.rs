@@ -69,6 +69,36 @@ fn a_binding_through_the_bindings_resource_is_refused_too() {
     assert!(shipped["spec"]["matchConstraints"]["resourceRules"].as_array().unwrap().iter().any(covered));
 }
 
+/// Review finding 4: the harness ignored `matchConstraints`, so the test above passed for any
+/// resource. As on the API server, a request the policy's `resourceRules` do not select is not
+/// evaluated: here, the same Binding of a listed pod is admitted.
+#[test]
+fn a_request_for_a_resource_the_policy_does_not_match_is_not_evaluated() {
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "hoard", "namespace": "x"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}});
+    let run = |group: &str, resource: &str, sub: Option<&str>, operation: &str| {
+        let mut request = json!({"namespace": "x", "name": "hoard", "operation": operation,
+            "resource": {"group": group, "version": "v1", "resource": resource}});
+        if let Some(s) = sub {
+            request["subResource"] = json!(s);
+        }
+        evaluate("tessera-gpu-bindings", &binding, &request, &params(), NS_UID)
+    };
+    for (group, resource, sub, operation) in [
+        ("", "pods", None, "CREATE"),
+        ("", "pods", Some("status"), "UPDATE"),
+        ("", "pods", Some("eviction"), "CREATE"),
+        ("", "pods", Some("binding"), "DELETE"),
+        ("", "bindings", None, "UPDATE"),
+        ("", "services", None, "CREATE"),
+        ("apps", "bindings", None, "CREATE"),
+    ] {
+        assert_eq!(run(group, resource, sub, operation), None, "{group}/{resource} {sub:?} {operation}");
+    }
+    assert!(run("", "pods", Some("binding"), "CREATE").is_some());
+    assert!(run("", "bindings", None, "CREATE").is_some());
+}
+
 #[test]
 fn past_the_cap_every_binding_of_the_namespace_is_refused() {
     assert_eq!(

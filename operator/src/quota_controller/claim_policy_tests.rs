@@ -10,7 +10,7 @@ fn claim(class: &str) -> Value {
 }
 
 fn admit(class: &str, ns: &str, data: &Value) -> Option<String> {
-    let request = json!({"namespace": ns, "operation": "CREATE", "resource": {"resource": "resourceclaims"}});
+    let request = json!({"namespace": ns, "operation": "CREATE", "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"}});
     evaluate("tessera-claim-classes", &claim(class), &request, data, NS_UID)
 }
 
@@ -46,7 +46,14 @@ fn a_namespace_created_again_while_the_operator_is_down_closes_its_gpu_classes()
 fn a_quota_created_again_before_the_operator_saw_its_deletion_is_refused() {
     let create = |name: &str, data: &Value| {
         let quota = json!({"metadata": {"name": name}, "spec": {"namespaces": ["a"], "hard": {}}});
-        evaluate("tessera-quota-names", &quota, &json!({"operation": "CREATE"}), data, NS_UID)
+        evaluate(
+            "tessera-quota-names",
+            &quota,
+            &json!({"operation": "CREATE",
+            "resource": {"group": "tessera.dev", "version": "v1alpha1", "resource": "tenantgpuquotas"}}),
+            data,
+            NS_UID,
+        )
     };
     let data = json!({"_quotas": "team-a team-b", "a.quota": "team-a"});
     let refused = create("team-a", &data).expect("team-a is still listed");
@@ -77,7 +84,7 @@ fn admin_access_claims_and_templates_of_gpu_classes_are_refused_in_tenant_namesp
         |class: &str, admin: bool| json!({"metadata": {"name": "watch"}, "spec": {"devices": devices(class, admin)}});
     let template = |class: &str, admin: bool| json!({"metadata": {"name": "watchers"}, "spec": {"spec": {"devices": devices(class, admin)}}});
     let run = |object: &Value, resource: &str, operation: &str, ns: &str| {
-        let request = json!({"namespace": ns, "operation": operation, "resource": {"resource": resource}});
+        let request = json!({"namespace": ns, "operation": operation, "resource": {"group": "resource.k8s.io", "version": "v1", "resource": resource}});
         evaluate("tessera-claim-classes", object, &request, &data, NS_UID)
     };
     let refused = run(&claim("gpu.tessera.dev", true), "resourceclaims", "CREATE", "a").expect("claim refused");
@@ -111,7 +118,7 @@ pub(super) const MADE: &str = "2026-06-01T10:00:00Z";
 pub(super) fn status_write(requests: Value, before: Value, after: Value, ns: &str, data: &Value) -> Option<String> {
     let at = |status: Value| json!({"metadata": {"name": "stash", "creationTimestamp": MADE}, "spec": {"devices": {"requests": requests.clone()}}, "status": status});
     let request = json!({"namespace": ns, "operation": "UPDATE", "subResource": "status",
-        "resource": {"resource": "resourceclaims"}});
+        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"}});
     super::pod_policy_tests::evaluate_update("tessera-claim-classes", &at(after), &at(before), &request, data, NS_UID)
 }
 
@@ -142,7 +149,7 @@ fn allocating_a_claim_of_a_closed_class_is_refused_in_a_tenant_namespace() {
             "tessera-claim-classes",
             &json!({"metadata": {"name": "stash"}, "spec": {"devices": {"requests": all("gpu.nvidia.com")}}, "status": allocated}),
             &json!({"metadata": {"name": "stash"}, "spec": {"devices": {"requests": all("gpu.nvidia.com")}}}),
-            &json!({"namespace": "a", "operation": "UPDATE", "subResource": "status", "resource": {"resource": "resourceclaims"}}),
+            &json!({"namespace": "a", "operation": "UPDATE", "subResource": "status", "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"}}),
             &data,
             NS_UID,
         )

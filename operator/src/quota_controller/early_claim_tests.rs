@@ -17,7 +17,7 @@ fn early(ns: &str, name: &str, class: &str) -> Pending {
 fn admit_pod(claim: &str, data: &Value) -> Option<String> {
     let pod = json!({"spec": {"containers": [{"name": "c"}], "resourceClaims": [
         {"name": "t", "resourceClaimTemplateName": "tpl"}, {"name": "g", "resourceClaimName": claim}]}});
-    evaluate("tessera-gpu-pods", &pod, &json!({"namespace": "x", "operation": "CREATE"}), data, NS_UID)
+    evaluate("tessera-gpu-pods", &pod, &super::pod_policy_tests::pod_create("x"), data, NS_UID)
 }
 
 /// Was: a pod naming `hoard` (class `gpu.tessera.dev`, made before `x`'s ResourceQuota) was

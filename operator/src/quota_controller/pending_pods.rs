@@ -70,6 +70,40 @@ pub(super) fn pending(store: &Store<Pod>) -> Vec<PendingPod> {
         .collect()
 }
 
+/// Whether the cache is listed: not while `watch pods` is denied (an upgrade that replaced the
+/// image but not the ClusterRole), nor once its writer is gone (nothing fills it).
+pub(super) fn listed(store: &Store<Pod>) -> bool {
+    use futures::FutureExt;
+    store.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok())
+}
+
+/// The reason on `Ready` while the cache is not listed.
+pub(super) const POD_WATCH_FAILING: &str = "PodWatchFailing";
+
+/// What `Ready` says while the cache is not listed.
+pub(super) const POD_WATCH_MESSAGE: &str = "unbound pods are not listed: the operator's ClusterRole lacks `watch pods` (apply the ClusterRole of this release); `<ns>.pods` keeps the pods listed before, GPU pods made before a namespace joined since are not refused binding";
+
+/// While the cache is not listed (`listed` false): `Ready=False`, reason [`POD_WATCH_FAILING`],
+/// or, where `Ready` is already `False` for another reason, that reason kept and
+/// [`POD_WATCH_MESSAGE`] added to its message. The passes go on meanwhile (see
+/// `quota::early_pods::carried`): only this status says the params lag.
+pub(super) fn report_pod_watch(
+    st: &mut tessera_crds::quota::TenantGpuQuotaStatus,
+    listed: bool,
+    generation: Option<i64>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) {
+    use tessera_crds::conditions::{READY, find, set_condition};
+    if listed {
+        return;
+    }
+    let (reason, message) = match find(&st.conditions, READY).filter(|c| c.status == "False") {
+        Some(c) => (c.reason.clone(), format!("{}; {POD_WATCH_MESSAGE}", c.message)),
+        None => (POD_WATCH_FAILING.to_string(), POD_WATCH_MESSAGE.to_string()),
+    };
+    set_condition(&mut st.conditions, READY, false, &reason, message, generation, now.clone());
+}
+
 /// Watches unbound pods into a cache, waking `changed` as [`sift`] says.
 pub(super) fn watch(client: Client, changed: Arc<Notify>) -> Store<Pod> {
     let (store, mut writer) = reflector::store();

@@ -1,6 +1,6 @@
-//! The shipped pod policy `tessera-gpu-pods`, evaluated with a CEL interpreter: match conditions,
-//! variables in order, then each validation and its message. The real API server runs it in
-//! `e2e/tests/quota.rs`.
+//! The shipped pod policy `tessera-gpu-pods`, evaluated with a CEL interpreter: match constraints
+//! (resource rules) and conditions, variables in order, then each validation and its message.
+//! The real API server runs it in `e2e/tests/quota.rs`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,6 +8,8 @@ use std::sync::Arc;
 use cel::common::types::{CelInt, DYN_TYPE, LIST_TYPE};
 use cel::common::value::CowVal;
 use serde_json::{Value, json};
+
+use super::policy_match::constrained_to;
 
 fn to_cel(v: &Value) -> cel::Value {
     match v {
@@ -49,7 +51,12 @@ pub(super) const NS_UID: &str = "uid-now";
 
 /// `None`: admitted (not matched, or every validation holds); `Some(message)`: refused.
 fn admit(pod: &Value, ns: &str, data: &Value) -> Option<String> {
-    evaluate("tessera-gpu-pods", pod, &json!({"namespace": ns, "operation": "CREATE"}), data, NS_UID)
+    evaluate("tessera-gpu-pods", pod, &pod_create(ns), data, NS_UID)
+}
+
+/// The API server's request to create a pod in `ns`.
+pub(super) fn pod_create(ns: &str) -> Value {
+    json!({"namespace": ns, "operation": "CREATE", "resource": {"group": "", "version": "v1", "resource": "pods"}})
 }
 
 /// Runs policy `name` on `object` as the API server would for `request` in a namespace whose
@@ -94,6 +101,9 @@ fn evaluate_spec(
         ctx.add_variable_from_value("variables", cel::Value::from(vars.clone()));
         ctx
     };
+    if !constrained_to(spec, request) {
+        return None;
+    }
     let mut vars: HashMap<String, cel::Value> = HashMap::new();
     for c in spec["matchConditions"].as_array().into_iter().flatten() {
         let expr = c["expression"].as_str().unwrap();

@@ -10,7 +10,7 @@ use crate::quota::tests::{Requests, store_of};
 const PATH: &str = "/api/v1/namespaces/x/resourcequotas/tessera-team-a";
 const SYNCED: &str = "2026-06-01T10:00:02Z";
 
-fn team_a(gpus: i64) -> TenantGpuQuota {
+pub(super) fn team_a(gpus: i64) -> TenantGpuQuota {
     serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
         "metadata": {"name": "team-a", "uid": "uid-team-a", "generation": 1},
         "spec": {"namespaces": ["x"], "hard": {"nvidia.com/gpu": gpus}}}))
@@ -19,7 +19,7 @@ fn team_a(gpus: i64) -> TenantGpuQuota {
 
 /// `team-a`'s ResourceQuota in `x` with its planned limits (1 GPU) in spec and status, synced by
 /// the controller manager at [`SYNCED`], carrying `stamp` where given.
-fn in_force(stamp: Option<&str>) -> ResourceQuota {
+pub(super) fn in_force(stamp: Option<&str>) -> ResourceQuota {
     let nss: BTreeSet<String> = ["x".to_string()].into();
     let now = Time("2026-06-01T11:00:00Z".parse().unwrap());
     let hard = crate::quota::plan_quotas(&[team_a(1)], &nss, &[], &[], now).apply[0].hard.clone();

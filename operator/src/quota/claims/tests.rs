@@ -239,8 +239,8 @@ fn quota(name: &str, nss: &[&str], allocation: &str) -> TenantGpuQuota {
 fn the_policy_params_list_what_each_tenant_namespace_may_use() {
     let (a, b, c) = (
         quota("team-a", &["a"], "ExtendedResources"),
-        quota("team-b", &["b", "shared"], "ResourceClaims"),
-        quota("team-c", &["shared"], "ExtendedResources"),
+        quota("team-b", &["b", "shared", "both"], "ResourceClaims"),
+        quota("team-c", &["shared", "both"], "ExtendedResources"),
     );
     let resources: BTreeSet<String> = ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"].map(String::from).into();
     let valid: BTreeSet<&str> = ["team-a", "team-b", "team-c"].into();
@@ -672,14 +672,15 @@ fn extended_resources_mode_holds_the_shares_classes_at_0_even_when_they_do_not_e
 /// later with no limit (the ResourceQuota counts claims from their creation only). The params say
 /// since when each namespace's claims are counted: the earliest stamp ([`crate::quota::stamp`]:
 /// its limits seen in force) of its quota's ResourceQuotas there, not their creation (third
-/// review of issue 24, 1: `status.hard` syncs after it). None with no ResourceQuota stamped yet,
-/// or with two quotas claiming it.
+/// review of issue 24, 1: `status.hard` syncs after it). None with no ResourceQuota stamped yet.
+/// Claimed by two quotas: the later of their earliest stamps, none while one has none (review
+/// finding 3: none at all left hoarded pods made before the namespace joined unlisted).
 #[test]
 fn the_params_say_since_when_each_namespace_s_claims_are_counted() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     let (b, c, e) = (
-        quota("team-b", &["b", "shared"], "ResourceClaims"),
-        quota("team-c", &["shared"], "ExtendedResources"),
+        quota("team-b", &["b", "shared", "both"], "ResourceClaims"),
+        quota("team-c", &["shared", "both"], "ExtendedResources"),
         quota("team-e", &["e"], "ResourceClaims"),
     );
     let stamp = crate::quota::stamp::IN_FORCE_SINCE;
@@ -702,11 +703,15 @@ fn the_params_say_since_when_each_namespace_s_claims_are_counted() {
         at(our_rq("team-c", "b", &[], &[]), "other", "2026-01-01T00:00:00Z", Some("2026-01-01T00:00:00Z")),
         at(our_rq("team-b", "shared", &[], &[]), "shared", "2026-06-01T09:00:00Z", Some("2026-06-01T09:00:00Z")),
         at(our_rq("team-e", "e", &[], &[]), "e", "2026-06-01T09:00:00Z", None),
+        at(our_rq("team-b", "both", &[], &[]), "b1", "2026-06-01T09:00:00Z", Some("2026-06-01T09:00:00Z")),
+        at(our_rq("team-b", "both", &[], &[]), "b2", "2026-06-01T09:30:00Z", Some("2026-06-01T09:30:00Z")),
+        at(our_rq("team-c", "both", &[], &[]), "c1", "2026-06-01T09:10:00Z", Some("2026-06-01T09:10:00Z")),
     ];
     let resources: BTreeSet<String> = ["nvidia.com/gpu"].map(String::from).into();
     let valid: BTreeSet<&str> = ["team-b", "team-c", "team-e"].into();
     let d = policy_data(&[&b, &c, &e], &valid, &rqs, &[], &resources, &view());
     assert_eq!(d.get("b.since").map(String::as_str), Some("2026-06-01T09:00:02Z"));
-    assert_eq!(d.get("shared.since"), None, "claimed by two quotas");
+    assert_eq!(d.get("shared.since"), None, "claimed by two quotas, one with no ResourceQuota there");
+    assert_eq!(d.get("both.since").map(String::as_str), Some("2026-06-01T09:10:00Z"), "the later quota's earliest");
     assert_eq!(d.get("e.since"), None, "no ResourceQuota stamped yet");
 }

@@ -23,9 +23,10 @@ fn gpu() -> Value {
 }
 
 /// Params of tenant `x` (quota `a`, ResourceQuota since [`SINCE`], enforced) and `p` (pending,
-/// no `.since` yet); `c` is conflicted (no `.since`, enforced); `other` is no tenant.
+/// no `.since` yet); `c` is conflicted (enforced; `.since` the later quota's stamp); `other`
+/// is no tenant.
 fn policy() -> BTreeMap<String, String> {
-    [("x.quota", "a"), ("x.since", SINCE), ("p.quota", "b"), ("c.quota", "a b"), ("_pending", "p")]
+    [("x.quota", "a"), ("x.since", SINCE), ("p.quota", "b"), ("c.quota", "a b"), ("c.since", SINCE), ("_pending", "p")]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
@@ -62,7 +63,8 @@ fn only_unbound_unfinished_gpu_pods_made_by_since_in_tenant_namespaces_are_liste
         (pod("x", "done", before, gpu(), json!({"phase": "Succeeded"})), false),
         (pod("other", "not-a-tenant", before, gpu(), none.clone()), false),
         (pod("p", "pending-ns", after, gpu(), none.clone()), true),
-        (pod("c", "conflicted", before, gpu(), none.clone()), false),
+        (pod("c", "conflicted", before, gpu(), none.clone()), true),
+        (pod("c", "conflicted-after", after, gpu(), none.clone()), false),
     ] {
         let name = p.metadata.name.clone().unwrap();
         let ns = p.metadata.namespace.clone().unwrap();

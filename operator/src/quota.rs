@@ -216,6 +216,8 @@ pub struct Apply {
     /// The [`stamp::IN_FORCE_SINCE`] annotation to carry ([`stamp::planned`]): the cached one
     /// unchanged, a new one once the limits are in force, none before.
     pub in_force_since: Option<String>,
+    /// The [`stamp::keys::IN_FORCE_KEYS`] annotation to carry ([`stamp::keys::planned`]).
+    pub in_force_keys: Option<String>,
 }
 
 /// One ResourceQuota to delete: stale or orphaned, and [`written_by`] Tessera.
@@ -367,6 +369,10 @@ pub fn plan_quotas_dra(
     plan.policy = claims::policy_data(&live, &valid_names, &enforcing, &plan.apply, &resources, &dra.classes);
     let tenants: Vec<String> =
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
+    // Keys that came into force after `<ns>.since` (a resource that was unlimited): claims and
+    // pods made before their own stamp are early too ([`stamp::keys`]).
+    let later = stamp::keys::later_keys(&plan.policy, &live, &enforcing);
+    plan.policy.extend(stamp::keys::class_since(&later));
     let early = unallocated::early(&dra.ours, &plan.policy);
     let claims = unallocated::policy_claims(pending, &dra.admin_access, &early, tenants.iter().map(String::as_str));
     // `<ns>.pods` share the claims' budget: the ConfigMap's bound stays what it was.
@@ -374,7 +380,7 @@ pub fn plan_quotas_dra(
     plan.policy.extend(claims);
     let pods = match dra.pods_unknown {
         true => early_pods::carried::carried(&dra.stored_params, &plan.policy, budget),
-        false => early_pods::policy_pods(&dra.pods, &plan.policy, budget),
+        false => early_pods::policy_pods(&dra.pods, &plan.policy, &later, budget),
     };
     plan.policy.extend(pods);
     plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));

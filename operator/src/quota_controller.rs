@@ -29,6 +29,7 @@ use crate::dra::GpuDrivers;
 use crate::metrics::Metrics;
 use crate::quota::claims::{CLAIM_POLICY, ClassView};
 use crate::quota::stamp::IN_FORCE_SINCE;
+use crate::quota::stamp::keys::IN_FORCE_KEYS;
 use crate::quota::{
     Apply, Capacity, Dra, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas_dra, quota_label_value, report_write_failures,
 };
@@ -464,13 +465,16 @@ impl QuotaController {
     }
 
     /// Server-side-applies one ResourceQuota, owned by and labelled for `owner`.
-    /// The stamp ([`IN_FORCE_SINCE`]) goes with every apply that has one: one without it would
+    /// The stamps ([`IN_FORCE_SINCE`], [`IN_FORCE_KEYS`]) go with every apply that has them: one without it would
     /// remove it (server-side apply drops the fields a manager no longer sends).
     async fn apply(&self, owner: &TenantGpuQuota, a: &Apply) -> Result<(), kube::Error> {
         let mut annotations = serde_json::Map::new();
         annotations.insert(QUOTA_NAME_ANNOTATION.into(), json!(a.quota));
         if let Some(t) = &a.in_force_since {
             annotations.insert(IN_FORCE_SINCE.into(), json!(t));
+        }
+        if let Some(k) = &a.in_force_keys {
+            annotations.insert(IN_FORCE_KEYS.into(), json!(k));
         }
         let body = json!({
             "apiVersion": "v1", "kind": "ResourceQuota",
@@ -553,7 +557,8 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     let annotated = annotation(QUOTA_NAME_ANNOTATION) == Some(&a.quota);
     // No stamp planned: none to write (one cached is always carried, so none is to remove).
     let stamped = a.in_force_since.is_none() || annotation(IN_FORCE_SINCE) == a.in_force_since.as_ref();
-    hard_ok && annotated && stamped
+    let keyed = a.in_force_keys.is_none() || annotation(IN_FORCE_KEYS) == a.in_force_keys.as_ref();
+    hard_ok && annotated && stamped && keyed
 }
 
 #[cfg(test)]

@@ -441,6 +441,9 @@ fn allowed_classes(
         .iter()
         .filter_map(|(k, want)| {
             let class = class_of_key(k).filter(|c| resource_of_class(c).is_some())?;
+            // Its own stamp cached: a claim admitted through it is never earlier than its
+            // `<ns>.since.<class>` ([`super::stamp::keys`]).
+            super::stamp::keys::key_stamp(rq, k)?;
             let have = super::phases::in_force(spec, status, k)?;
             (have <= super::quantity::count(want)?).then(|| class.to_string())
         })

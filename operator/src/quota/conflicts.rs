@@ -55,8 +55,9 @@ pub(super) fn hold_invalid_at_zero(
         };
         let Some(rq) = rq else { continue };
         let hard = closed_hard(&resources, p.classes);
-        let in_force_since = super::stamp::planned(cached, &hard, &name, p.stored, &p.now);
-        plan.apply.push(Apply { namespace: ns.clone(), quota: name.clone(), name: rq.clone(), hard, in_force_since });
+        let (in_force_since, in_force_keys) = super::stamp::planned_both(cached, &hard, &name, p.stored, &p.now);
+        let (namespace, quota) = (ns.clone(), name.clone());
+        plan.apply.push(Apply { namespace, quota, name: rq.clone(), hard, in_force_since, in_force_keys });
         wanted.insert((ns.clone(), rq));
         held.push(ns.clone());
     }

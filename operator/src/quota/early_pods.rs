@@ -12,6 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
+/// Per namespace, the GPU keys stamped after its `<ns>.since` ([`super::stamp::keys::later_keys`]).
+pub type Later = BTreeMap<String, BTreeMap<String, Timestamp>>;
+
 /// The params key listing `ns`'s early pods (only where there are some).
 pub fn pods_key(ns: &str) -> String {
     format!("{ns}.pods")
@@ -34,17 +37,32 @@ pub struct PendingPod {
     pub namespace: String,
     pub name: String,
     pub created: Option<Timestamp>,
+    /// The GPU extended resources it asks for: each has its own time where its key came into
+    /// force after `<ns>.since` (`super::stamp::keys::later_keys`).
+    pub resources: BTreeSet<String>,
 }
 
 /// Whether any container or init container of `pod` asks for a GPU extended resource
 /// ([`super::is_gpu_resource`], the pod policy's rule; requests or limits).
 pub fn asks_for_gpu(pod: &Pod) -> bool {
-    let Some(spec) = pod.spec.as_ref() else { return false };
-    spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(|c| {
-        let r = c.resources.as_ref();
-        let keys = r.and_then(|r| r.requests.as_ref()).into_iter().chain(r.and_then(|r| r.limits.as_ref()));
-        keys.flat_map(|m| m.keys()).any(|k| super::is_gpu_resource(k))
-    })
+    !gpu_resources(pod).is_empty()
+}
+
+/// The GPU extended resources ([`super::is_gpu_resource`]) any container or init container of
+/// `pod` asks for (requests or limits).
+pub fn gpu_resources(pod: &Pod) -> BTreeSet<String> {
+    let Some(spec) = pod.spec.as_ref() else { return BTreeSet::new() };
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| {
+            let r = c.resources.as_ref();
+            r.and_then(|r| r.requests.as_ref()).into_iter().chain(r.and_then(|r| r.limits.as_ref()))
+        })
+        .flat_map(|m| m.keys())
+        .filter(|k| super::is_gpu_resource(k))
+        .cloned()
+        .collect()
 }
 
 /// `pod` as the planner reads it, where it asks for GPU extended resources, is not bound
@@ -52,13 +70,15 @@ pub fn asks_for_gpu(pod: &Pod) -> bool {
 pub fn unbound_gpu_pod(pod: &Pod) -> Option<PendingPod> {
     let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if bound || matches!(phase, Some("Succeeded" | "Failed")) || !asks_for_gpu(pod) {
+    let resources = gpu_resources(pod);
+    if bound || matches!(phase, Some("Succeeded" | "Failed")) || resources.is_empty() {
         return None;
     }
     Some(PendingPod {
         namespace: pod.metadata.namespace.clone().unwrap_or_default(),
         name: pod.metadata.name.clone().unwrap_or_default(),
         created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        resources,
     })
 }
 
@@ -67,10 +87,17 @@ pub fn unbound_gpu_pod(pod: &Pod) -> Option<PendingPod> {
 /// counts as early). With no `.since` (no ResourceQuota of its one quota yet): early while the
 /// namespace is pending (`_pending`; no key counts as pending, as the pod policy reads it),
 /// where no GPU pod can be created, so every unbound one predates it. A conflicted namespace
-/// has a `.since` once every claiming quota's ResourceQuota is stamped (`claims::since`).
-fn early(ns: &str, created: Option<Timestamp>, policy: &BTreeMap<String, String>) -> bool {
+/// has a `.since` once every claiming quota's ResourceQuota is stamped (`claims::since`). A
+/// resource whose key came into force later (`later`: `requests.<resource>` by namespace) counts
+/// from then.
+fn early(p: &PendingPod, policy: &BTreeMap<String, String>, later: &Later) -> bool {
+    let (ns, created) = (p.namespace.as_str(), p.created);
+    let before = |s: Timestamp| created.is_none_or(|c| c <= s);
     match policy.get(&format!("{ns}.since")) {
-        Some(s) => s.parse::<Timestamp>().ok().is_some_and(|s| created.is_none_or(|c| c <= s)),
+        Some(s) => s.parse::<Timestamp>().ok().is_some_and(|s| {
+            let keys = later.get(ns);
+            before(s) || p.resources.iter().filter_map(|r| keys?.get(&format!("requests.{r}")).copied()).any(before)
+        }),
         None => policy.get(super::pod_gate::PENDING).is_none_or(|p| p.split(' ').any(|n| n == ns)),
     }
 }
@@ -78,11 +105,16 @@ fn early(ns: &str, created: Option<Timestamp>, policy: &BTreeMap<String, String>
 /// [`pods_key`] per tenant namespace (`<ns>.quota` in `policy`) holding early pods: their names,
 /// sorted, space-separated. Past [`PODS_CAP`], or past `budget` characters for all namespaces
 /// together (in name order), the value is [`ALL_PODS`].
-pub fn policy_pods(pods: &[PendingPod], policy: &BTreeMap<String, String>, budget: usize) -> BTreeMap<String, String> {
+pub fn policy_pods(
+    pods: &[PendingPod],
+    policy: &BTreeMap<String, String>,
+    later: &Later,
+    budget: usize,
+) -> BTreeMap<String, String> {
     let mut by_ns: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for p in pods {
         let tenant = policy.contains_key(&format!("{}.quota", p.namespace));
-        if tenant && early(&p.namespace, p.created, policy) {
+        if tenant && early(p, policy, later) {
             by_ns.entry(p.namespace.as_str()).or_default().insert(p.name.as_str());
         }
     }

@@ -76,7 +76,12 @@ fn params(n: usize, worst: bool) -> BTreeMap<String, String> {
     // And a pod made before each namespace joined, unbound: `<ns>.pods` (the budget is shared).
     let pods = nss
         .iter()
-        .map(|ns| super::early_pods::PendingPod { namespace: ns.clone(), name: format!("p{:062}", 0), created: None })
+        .map(|ns| super::early_pods::PendingPod {
+            namespace: ns.clone(),
+            name: format!("p{:062}", 0),
+            created: None,
+            resources: Default::default(),
+        })
         .collect();
     let dra = Dra { pending, namespace_uids, pods, ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());

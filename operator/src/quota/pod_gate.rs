@@ -51,6 +51,10 @@ pub fn enforced(ns: &str, quotas: &[&TenantGpuQuota], rqs: &[ResourceQuota], app
         }
         let spec = rq.spec.as_ref().and_then(|s| s.hard.as_ref());
         let limited = a.hard.iter().filter(|(k, _)| k.starts_with(GPU_KEY_PREFIX)).all(|(k, want)| {
+            // Each key's own stamp cached (`super::stamp::keys`), as for the classes.
+            if super::stamp::keys::key_stamp(rq, k).is_none() {
+                return false;
+            }
             let have = super::phases::in_force(spec, Some(hard), k);
             have.zip(count(want)).is_some_and(|(h, w)| h <= w)
         });

@@ -80,6 +80,26 @@ pub fn planned(
     Some(format(created.map_or(t, |c| t.max(c))))
 }
 
+/// [`planned`] and the per-key record ([`keys::planned`]) a planned apply carries. A key newly in
+/// force takes the new single stamp where this pass sets one (the same time, the upgrade's
+/// included), else the latest write (or `now`), never before the creation.
+pub fn planned_both(
+    rq: Option<&ResourceQuota>,
+    hard: &BTreeMap<String, String>,
+    quota: &str,
+    stored: &BTreeMap<String, String>,
+    now: &Time,
+) -> (Option<String>, Option<String>) {
+    let since = planned(rq, hard, quota, stored, now);
+    let Some(rq) = rq else { return (since, None) };
+    let new_since = since.as_deref().filter(|_| stamp_of(rq).is_none()).and_then(|s| s.parse::<Timestamp>().ok());
+    let fresh = new_since.unwrap_or_else(|| {
+        let t = latest_write(rq).unwrap_or(now.0);
+        rq.metadata.creation_timestamp.as_ref().map_or(t, |c| t.max(c.0))
+    });
+    (since, keys::planned(rq, hard, fresh))
+}
+
 /// The latest `managedFields[].time` of `rq`: when the API server last recorded a write to it.
 pub fn latest_write(rq: &ResourceQuota) -> Option<Timestamp> {
     rq.metadata.managed_fields.iter().flatten().filter_map(|m| m.time.as_ref().map(|t| t.0)).max()
@@ -103,5 +123,9 @@ pub(crate) fn stamped(mut rq: ResourceQuota) -> ResourceQuota {
     rq
 }
 
+pub mod keys;
+
+#[cfg(test)]
+mod keys_tests;
 #[cfg(test)]
 mod tests;

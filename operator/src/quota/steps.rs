@@ -216,9 +216,10 @@ fn enforce(
     reduced.extend(super::phases::hold_raises(&mut planned));
     for (pl, (rq_name, rq)) in planned.into_iter().zip(rq_names) {
         let ns = pl.ns;
-        let in_force_since = super::stamp::planned(rq, &pl.hard, name, p.stored, &p.now);
+        let (in_force_since, in_force_keys) = super::stamp::planned_both(rq, &pl.hard, name, p.stored, &p.now);
         let (quota, hard) = (name.to_string(), pl.hard);
-        plan.apply.push(Apply { namespace: ns.clone(), quota, name: rq_name.clone(), hard, in_force_since });
+        let (namespace, rq) = (ns.clone(), rq_name.clone());
+        plan.apply.push(Apply { namespace, quota, name: rq, hard, in_force_since, in_force_keys });
         wanted.insert((ns.clone(), rq_name));
         for (r, n) in &pl.used {
             *used_total.entry(r.clone()).or_default() += n;

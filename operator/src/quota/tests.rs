@@ -121,6 +121,7 @@ fn resource_quotas_are_planned_per_namespace_with_requests_prefix() {
         ]
         .into(),
         in_force_since: None,
+        in_force_keys: None,
     };
     assert_eq!(p.apply, vec![apply("a1"), apply("a2")]);
     assert_eq!(cond(&p.statuses["team-a"], READY).status, "True");
@@ -322,6 +323,7 @@ fn a_users_own_resource_quota_named_like_ours_is_left_alone_and_the_share_enforc
         name: name.into(),
         hard: hard.clone(),
         in_force_since: None,
+        in_force_keys: None,
     };
     assert_eq!(p.apply, vec![enforce(&fallback)], "not overwritten, and the tenant's limit is still enforced");
     assert!(p.delete.is_empty(), "not deleted: {:?}", p.delete);

@@ -9,7 +9,7 @@
 //! (`<ns>.since` in the params) is refused allocation by the claim policy and listed for the pod
 //! policy ([`early`], marked [`EARLY_MARK`]); the ResourceQuota's `status.used` already counts it (issue 24 H1).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use tessera_crds::validate::GPU_RESOURCE;
@@ -267,6 +267,9 @@ pub struct Ours {
     pub name: String,
     /// Its first request's (or sub-request's) class of Tessera's.
     pub class: String,
+    /// Every class of Tessera's its requests and sub-requests name (each has its own
+    /// `<ns>.since.<class>` where its key came into force later).
+    pub classes: BTreeSet<String>,
     pub created: Option<k8s_openapi::jiff::Timestamp>,
 }
 
@@ -289,8 +292,18 @@ pub fn ours<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> Vec<Ours
                 .find(|c| resource_of_class(c).is_some())
                 .cloned(),
         });
+        let classes = requests
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|r| {
+                let exactly = r.exactly.as_ref().map(|e| e.device_class_name.clone());
+                exactly.into_iter().chain(r.first_available.iter().flatten().map(|s| s.device_class_name.clone()))
+            })
+            .filter(|c| resource_of_class(c).is_some())
+            .collect();
         if let Some(class) = class {
             out.push(Ours {
+                classes,
                 namespace: c.metadata.namespace.clone().unwrap_or_default(),
                 name: c.metadata.name.clone().unwrap_or_default(),
                 class,
@@ -310,10 +323,12 @@ pub fn ours<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> Vec<Ours
 pub fn early(ours: &[Ours], policy: &BTreeMap<String, String>) -> Vec<Pending> {
     ours.iter()
         .filter(|o| {
-            let since = policy
-                .get(&format!("{}.since", o.namespace))
-                .and_then(|s| s.parse::<k8s_openapi::jiff::Timestamp>().ok());
-            since.is_some_and(|s| o.created.is_none_or(|c| c <= s))
+            let at = |key: String| policy.get(&key).and_then(|s| s.parse::<k8s_openapi::jiff::Timestamp>().ok());
+            let before = |s: k8s_openapi::jiff::Timestamp| o.created.is_none_or(|c| c <= s);
+            // Per class: `<ns>.since.<class>` where its key came into force later (`stamp::keys`).
+            at(format!("{}.since", o.namespace)).is_some_and(|s| {
+                before(s) || o.classes.iter().filter_map(|c| at(format!("{}.since.{c}", o.namespace))).any(before)
+            })
         })
         .map(|o| Pending {
             namespace: o.namespace.clone(),

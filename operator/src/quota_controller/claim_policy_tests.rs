@@ -250,3 +250,38 @@ fn allocating_a_claim_made_before_the_namespace_s_resource_quota_is_refused_in_t
     // Creating a claim is not what `.since` guards (the ResourceQuota counts it).
     assert_eq!(admit("gpu.tessera.dev", "a", &data(None)), None, "a new claim");
 }
+
+/// Review (medium): a claim made while its resource was unlimited (`unlisted: Unlimited`, the
+/// key not in `hard`) escaped once the key came into force: `<ns>.since` is older than the claim.
+/// Now `<ns>.since.<class>` (the key's own stamp, written only where later than `<ns>.since`)
+/// refuses the allocation of a claim made no later than it that names the class, exactly or as
+/// any `firstAvailable` alternative, and the refusal names that time; a claim of another class
+/// made at the same time is allocated.
+#[test]
+fn allocating_a_claim_made_before_its_class_s_own_stamp_is_refused() {
+    let later = "2026-06-01T10:45:00Z";
+    let data = json!({"a.quota": "team-a", "a.allowed": "_tessera",
+        "_tessera": "gpu.tessera.dev mig-1g.10gb.tessera.dev", "_open": "", "_reaching": "",
+        "a.hint": "use gpu.tessera.dev or mig-1g.10gb.tessera.dev", "a.uid": NS_UID,
+        "a.since": "2026-06-01T09:00:00Z", "a.since.gpu.tessera.dev": later});
+    let exactly = |class: &str| json!([{"name": "r", "exactly": {"deviceClassName": class, "allocationMode": "All"}}]);
+    let first = json!([{"name": "r", "firstAvailable": [{"name": "mig", "deviceClassName": "mig-1g.10gb.tessera.dev"},
+        {"name": "gpu", "deviceClassName": "gpu.tessera.dev"}]}]);
+    let allocated = json!({"allocation": {"devices": {"results": [{"request": "r", "driver": "gpu.tessera.dev",
+        "pool": "node-b", "device": "gpu-0"}]}}});
+    let write = |requests: Value, d: &Value| status_write(requests, json!({}), allocated.clone(), "a", d);
+    let refused = |class: &str| {
+        format!(
+            "status.allocation: ResourceClaim stash (class {class}) of namespace a may not be allocated: it was \
+             made before the namespace's current GPU limits were in force ({later}), so TenantGpuQuota team-a \
+             never counted it against its share; delete the claim and the pods using it and make it again"
+        )
+    };
+    assert_eq!(write(exactly("gpu.tessera.dev"), &data), Some(refused("gpu.tessera.dev")));
+    assert_eq!(write(exactly("mig-1g.10gb.tessera.dev"), &data), None, "another class, made at the same time");
+    assert_eq!(write(first.clone(), &data), Some(refused("mig-1g.10gb.tessera.dev")), "one alternative's class");
+    let mut made_after = data.clone();
+    made_after["a.since.gpu.tessera.dev"] = json!("2026-06-01T09:59:59Z");
+    assert_eq!(write(exactly("gpu.tessera.dev"), &made_after), None, "made after the class's stamp");
+    assert_eq!(write(first, &made_after), None);
+}

@@ -18,13 +18,19 @@ use tracing::warn;
 
 use crate::quota::early_pods::{PendingPod, unbound_gpu_pod};
 
-/// The pod as cached: name, namespace and creation time.
+/// Where the cached pod keeps the GPU resources it asks for (space-separated): the cache holds
+/// no spec.
+const RESOURCES: &str = "tessera.dev/gpu-resources";
+
+/// The pod as cached: name, namespace, creation time and its GPU resources ([`RESOURCES`]).
 fn bare(p: &PendingPod) -> Pod {
+    let resources = p.resources.iter().cloned().collect::<Vec<_>>().join(" ");
     let created = p.created.map(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time);
     let metadata = ObjectMeta {
         name: Some(p.name.clone()),
         namespace: Some(p.namespace.clone()),
         creation_timestamp: created,
+        annotations: Some([(RESOURCES.to_string(), resources)].into()),
         ..Default::default()
     };
     Pod { metadata, ..Default::default() }
@@ -66,6 +72,14 @@ pub(super) fn pending(store: &Store<Pod>) -> Vec<PendingPod> {
             namespace: p.metadata.namespace.clone().unwrap_or_default(),
             name: p.metadata.name.clone().unwrap_or_default(),
             created: p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            resources: p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(RESOURCES))
+                .map_or_else(Default::default, |r| {
+                    r.split(' ').filter(|r| !r.is_empty()).map(str::to_string).collect()
+                }),
         })
         .collect()
 }

@@ -9,6 +9,9 @@ use crate::quota::tests::{Requests, store_of};
 
 const PATH: &str = "/api/v1/namespaces/x/resourcequotas/tessera-team-a";
 const SYNCED: &str = "2026-06-01T10:00:02Z";
+/// The per-key record of [`in_force`]'s limits, each stamped at [`SYNCED`].
+const KEYS: &str = "gpu.tessera.dev.deviceclass.resource.k8s.io/devices=2026-06-01T10:00:02Z \
+                    requests.nvidia.com/gpu=2026-06-01T10:00:02Z";
 
 pub(super) fn team_a(gpus: i64) -> TenantGpuQuota {
     serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
@@ -20,6 +23,11 @@ pub(super) fn team_a(gpus: i64) -> TenantGpuQuota {
 /// `team-a`'s ResourceQuota in `x` with its planned limits (1 GPU) in spec and status, synced by
 /// the controller manager at [`SYNCED`], carrying `stamp` where given.
 pub(super) fn in_force(stamp: Option<&str>) -> ResourceQuota {
+    in_force_keyed(stamp, None)
+}
+
+/// [`in_force`] with the per-key record `keys` where given.
+fn in_force_keyed(stamp: Option<&str>, keys: Option<&str>) -> ResourceQuota {
     let nss: BTreeSet<String> = ["x".to_string()].into();
     let now = Time("2026-06-01T11:00:00Z".parse().unwrap());
     let hard = crate::quota::plan_quotas(&[team_a(1)], &nss, &[], &[], now).apply[0].hard.clone();
@@ -27,6 +35,9 @@ pub(super) fn in_force(stamp: Option<&str>) -> ResourceQuota {
     let mut annotations = json!({QUOTA_NAME_ANNOTATION: "team-a"});
     if let Some(s) = stamp {
         annotations[IN_FORCE_SINCE] = json!(s);
+    }
+    if let Some(k) = keys {
+        annotations[IN_FORCE_KEYS] = json!(k);
     }
     let mut rq: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": "tessera-team-a",
         "namespace": "x", "creationTimestamp": "2026-06-01T10:00:00Z", "annotations": annotations,
@@ -63,16 +74,25 @@ async fn the_stamp_is_written_once_and_carried_by_every_later_apply() {
     let written = applies(&requests);
     assert_eq!(written.len(), 1, "the stamp is written: {written:?}");
     assert_eq!(written[0]["metadata"]["annotations"][IN_FORCE_SINCE], json!(SYNCED));
+    assert_eq!(written[0]["metadata"]["annotations"][IN_FORCE_KEYS], json!(KEYS), "each key stamped too");
 
+    // Upgrade: the single stamp cached, no per-key record: each key in force takes the stamp.
     let (client, requests) = crate::quota::tests::recording_api(|_, _, _| None);
     let _ = controller(client, team_a(1), in_force(Some(SYNCED))).reconcile().await;
-    assert_eq!(applies(&requests), Vec::<Value>::new(), "current, stamp and all: nothing written");
+    let written = applies(&requests);
+    assert_eq!(written.len(), 1, "the record is written: {written:?}");
+    assert_eq!(written[0]["metadata"]["annotations"][IN_FORCE_KEYS], json!(KEYS));
 
     let (client, requests) = crate::quota::tests::recording_api(|_, _, _| None);
-    let _ = controller(client, team_a(2), in_force(Some(SYNCED))).reconcile().await;
+    let _ = controller(client, team_a(1), in_force_keyed(Some(SYNCED), Some(KEYS))).reconcile().await;
+    assert_eq!(applies(&requests), Vec::<Value>::new(), "current, stamps and all: nothing written");
+
+    let (client, requests) = crate::quota::tests::recording_api(|_, _, _| None);
+    let _ = controller(client, team_a(2), in_force_keyed(Some(SYNCED), Some(KEYS))).reconcile().await;
     let written = applies(&requests);
     assert_eq!(written.len(), 1, "the raise is written: {written:?}");
     assert_eq!(written[0]["metadata"]["annotations"][IN_FORCE_SINCE], json!(SYNCED), "carried unchanged");
+    assert_eq!(written[0]["metadata"]["annotations"][IN_FORCE_KEYS], json!(KEYS), "carried unchanged");
     assert_eq!(written[0]["metadata"]["annotations"][QUOTA_NAME_ANNOTATION], json!("team-a"));
 }
 

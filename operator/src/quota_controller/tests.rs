@@ -279,6 +279,7 @@ fn a_resource_quota_in_canonical_form_is_current() {
         name: "tessera-q".into(),
         hard: [("requests.nvidia.com/gpu".to_string(), "1000".to_string())].into(),
         in_force_since: None,
+        in_force_keys: None,
     };
     assert!(is_current(&rq, &a));
     let b = Apply { hard: [("requests.nvidia.com/gpu".to_string(), "999".to_string())].into(), ..a };

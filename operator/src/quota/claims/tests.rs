@@ -251,6 +251,7 @@ fn the_policy_params_list_what_each_tenant_namespace_may_use() {
         name: crate::quota::resource_quota_name("team-b"),
         hard: [(format!("mig-1g.10gb.tessera.dev{DEV}"), "3".to_string())].into(),
         in_force_since: None,
+        in_force_keys: None,
     };
     let d = policy_data(&[&a, &b, &c], &valid, &[written], &[planned], &resources, &view());
     assert_eq!(d["_open"], "fpga fpga-ext");

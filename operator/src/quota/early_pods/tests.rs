@@ -34,7 +34,7 @@ fn policy() -> BTreeMap<String, String> {
 
 fn planned(pods: &[Pod]) -> BTreeMap<String, String> {
     let pending: Vec<PendingPod> = pods.iter().filter_map(unbound_gpu_pod).collect();
-    policy_pods(&pending, &policy(), usize::MAX)
+    policy_pods(&pending, &policy(), &Later::new(), usize::MAX)
 }
 
 #[test]
@@ -98,15 +98,22 @@ fn names_are_sorted_and_joined_per_namespace() {
 #[test]
 fn past_the_cap_or_the_budget_a_namespace_says_all() {
     let early = |ns: &str, n: usize, len: usize| -> Vec<PendingPod> {
-        (0..n).map(|i| PendingPod { namespace: ns.into(), name: format!("{i:0len$}"), created: None }).collect()
+        (0..n)
+            .map(|i| PendingPod {
+                namespace: ns.into(),
+                name: format!("{i:0len$}"),
+                created: None,
+                resources: Default::default(),
+            })
+            .collect()
     };
     // 4096 characters fit the cap exactly (64 names of 63 characters, 63 spaces: 4095); 65 do not.
-    let fits = policy_pods(&early("x", 64, 63), &policy(), usize::MAX);
+    let fits = policy_pods(&early("x", 64, 63), &policy(), &Later::new(), usize::MAX);
     assert_eq!(fits["x.pods"].len(), 64 * 64 - 1);
-    assert_eq!(policy_pods(&early("x", 65, 63), &policy(), usize::MAX)["x.pods"], ALL_PODS);
+    assert_eq!(policy_pods(&early("x", 65, 63), &policy(), &Later::new(), usize::MAX)["x.pods"], ALL_PODS);
     // The budget is spent in name order: `p` (10 characters) fits 10, `x` does not.
     let both = [early("p", 1, 10), early("x", 1, 10)].concat();
-    let got = policy_pods(&both, &policy(), 10);
+    let got = policy_pods(&both, &policy(), &Later::new(), 10);
     assert_eq!(got["p.pods"], "0000000000");
     assert_eq!(got["x.pods"], ALL_PODS);
 }

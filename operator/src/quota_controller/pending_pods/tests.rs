@@ -23,6 +23,7 @@ fn only_unbound_gpu_pods_are_cached_and_only_their_changes_wake_a_pass() {
             name: Some("g".into()),
             namespace: Some("x".into()),
             creation_timestamp: gpu().metadata.creation_timestamp,
+            annotations: Some([("tessera.dev/gpu-resources".to_string(), "nvidia.com/mig-1g.10gb".to_string())].into()),
             ..Default::default()
         },
         ..Default::default()
@@ -48,5 +49,13 @@ fn the_planner_reads_the_cached_pods() {
     let (ev, _) = sift(Event::Apply(gpu()), |_| false).unwrap();
     writer.apply_watcher_event(&ev);
     let created = gpu().metadata.creation_timestamp.map(|t| t.0);
-    assert_eq!(pending(&store), vec![PendingPod { namespace: "x".into(), name: "g".into(), created }]);
+    assert_eq!(
+        pending(&store),
+        vec![PendingPod {
+            namespace: "x".into(),
+            name: "g".into(),
+            created,
+            resources: ["nvidia.com/mig-1g.10gb".to_string()].into()
+        }]
+    );
 }

@@ -212,8 +212,8 @@ fn each_edit_that_stops_the_policy_enforcing_is_named_by_its_field() {
         ),
         (
             "variable rewritten",
-            |p, _| p["spec"]["variables"][6]["expression"] = json!("['mig.nvidia.com']"),
-            "spec.variables[6] (allowed) differs",
+            |p, _| p["spec"]["variables"][8]["expression"] = json!("['mig.nvidia.com']"),
+            "spec.variables[8] (allowed) differs",
         ),
         (
             "condition added",

@@ -428,6 +428,14 @@ async fn claims_from_templates_are_held_to_the_quota_and_a_closed_class_template
     })
     .await
     .unwrap();
+    // Tessera's class opens in team-q a pass after its ResourceQuota is stamped in force.
+    wait_for("Tessera's class open in team-q", T, || async {
+        let data = cms.get("tessera-claim-classes").await.ok()?.data?;
+        let allowed = data.get("team-q.allowed")?;
+        (allowed == "_tessera" || allowed.split(' ').any(|c| c == ours)).then_some(())
+    })
+    .await
+    .unwrap();
 
     // Four pods, each with its own claim of Tessera's class: two claims are made, no more.
     let template = dra::claim_template("team-q", "one-1g", ours, None, 1);

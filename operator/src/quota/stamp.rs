@@ -82,7 +82,8 @@ pub fn planned(
 
 /// [`planned`] and the per-key record ([`keys::planned`]) a planned apply carries. A key newly in
 /// force takes the new single stamp where this pass sets one (the same time, the upgrade's
-/// included), else the latest write (or `now`), never before the creation.
+/// included), else the latest write (or `now`), never before the creation. Whenever the single
+/// stamp is planned the record is too (`""` with no GPU key in force).
 pub fn planned_both(
     rq: Option<&ResourceQuota>,
     hard: &BTreeMap<String, String>,
@@ -97,7 +98,11 @@ pub fn planned_both(
         let t = latest_write(rq).unwrap_or(now.0);
         rq.metadata.creation_timestamp.as_ref().map_or(t, |c| t.max(c.0))
     });
-    (since, keys::planned(rq, hard, fresh))
+    // The record goes with the single stamp, empty where no GPU key is in force: an absent one
+    // then means only an operator before per-key stamps (the upgrade path), never a key added
+    // to a quota that had none.
+    let keys = keys::planned(rq, hard, fresh).or_else(|| since.as_ref().map(|_| String::new()));
+    (since, keys)
 }
 
 /// The latest `managedFields[].time` of `rq`: when the API server last recorded a write to it.

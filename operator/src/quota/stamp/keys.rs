@@ -19,7 +19,9 @@ pub const IN_FORCE_KEYS: &str = "tessera.dev/limits-in-force-keys";
 /// The record on a ResourceQuota.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
-    /// No annotation (a ResourceQuota of an operator before per-key stamps, or none yet).
+    /// No annotation: a ResourceQuota of an operator before per-key stamps, or none yet (the
+    /// record is written with the single stamp, `""` when empty). Removed by hand, it is read as
+    /// such an upgrade: every key in force takes the single stamp.
     Absent,
     /// Present but not what the operator writes: counts as no key recorded.
     Unreadable,

@@ -207,3 +207,53 @@ fn an_upgraded_resource_quota_stamps_each_key_with_the_single_stamp() {
     assert!(opens(&p, "gpu.tessera.dev") && opens(&p, "mig-1g.10gb.tessera.dev"), "{:?}", p.policy);
     assert!(!p.policy.keys().any(|k| k.starts_with("x.since.")), "{:?}", p.policy);
 }
+
+/// `team-a` in `x` with `hard` as given (JSON), `unlisted: Unlimited`.
+fn team_a_hard(allocation: &str, hard: serde_json::Value) -> TenantGpuQuota {
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+        "metadata": {"name": "team-a", "generation": 1, "uid": "uid-team-a"},
+        "spec": {"namespaces": ["x"], "hard": hard, "allocation": allocation, "unlisted": "Unlimited"}}))
+    .unwrap()
+}
+
+/// Review (high): a quota planning no GPU key (`hard: {}`, `unlisted: Unlimited`) got the single
+/// stamp but no record, so a key listed later took the single stamp (the upgrade path) and the
+/// pods made while it was unlimited were not early. The record is written with the single stamp,
+/// empty where no GPU key is planned; a key added later is stamped at its own time.
+#[test]
+fn a_quota_with_no_gpu_key_gets_an_empty_record_and_a_key_added_later_is_stamped_then() {
+    for allocation in ["ExtendedResources", "ResourceClaims"] {
+        let q = |hard| team_a_hard(allocation, hard);
+        let none = pass(q(json!({})), &[], &[], vec![]).apply[0].hard.clone();
+        assert!(!none.keys().any(|k| keys::is_gpu_key(k)), "{none:?}");
+        let fresh = rq(&none, &[CREATED, SYNCED], &[]);
+        let p = pass(q(json!({})), std::slice::from_ref(&fresh), &[], vec![]);
+        assert!(p.apply[0].in_force_since.is_some(), "{allocation}");
+        assert_eq!(p.apply[0].in_force_keys.as_deref(), Some(""), "{allocation}: written with the single stamp");
+        let since = p.apply[0].in_force_since.clone().unwrap();
+
+        let added = pass(q(json!({"nvidia.com/gpu": 1})), &[], &[], vec![]).apply[0].hard.clone();
+        let synced = rq(&added, &[CREATED, SYNCED, ADDED], &[(IN_FORCE_SINCE, &since), (IN_FORCE_KEYS, "")]);
+        let p = pass(q(json!({"nvidia.com/gpu": 1})), std::slice::from_ref(&synced), &[], vec![]);
+        let rec = p.apply[0].in_force_keys.clone().unwrap();
+        let Record::Keys(stamps) = record(&rq(&added, &[CREATED], &[(IN_FORCE_KEYS, &rec)])) else { panic!("{rec}") };
+        let at: Timestamp = ADDED.parse().unwrap();
+        assert!(!stamps.is_empty() && stamps.values().all(|t| *t >= at), "{allocation}: {rec}");
+
+        let cached = rq(&added, &[CREATED, SYNCED, ADDED], &[(IN_FORCE_SINCE, &since), (IN_FORCE_KEYS, &rec)]);
+        let pod = PendingPod {
+            namespace: "x".into(),
+            name: "gated-gpu".into(),
+            created: Some("2026-06-01T10:30:00Z".parse().unwrap()),
+            resources: ["nvidia.com/gpu".to_string()].into(),
+        };
+        let claims = [claim("unlimited-then", "gpu.tessera.dev", "2026-06-01T10:30:00Z")];
+        let p = pass(q(json!({"nvidia.com/gpu": 1})), &[cached], &claims, vec![pod]);
+        if allocation == "ExtendedResources" {
+            assert_eq!(p.policy.get("x.pods").map(String::as_str), Some("gated-gpu"), "{:?}", p.policy);
+        } else {
+            let early = "unlimited-then:gpu.tessera.dev,early";
+            assert_eq!(p.policy.get("x.claims").map(String::as_str), Some(early), "{:?}", p.policy);
+        }
+    }
+}

@@ -555,9 +555,10 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     let hard_ok = h.len() == a.hard.len() && a.hard.iter().all(|(k, v)| h.get(k).is_some_and(|q| same(&q.0, v)));
     let annotation = |k: &str| rq.metadata.annotations.as_ref().and_then(|m| m.get(k));
     let annotated = annotation(QUOTA_NAME_ANNOTATION) == Some(&a.quota);
-    // No stamp planned: none to write (one cached is always carried, so none is to remove).
-    let stamped = a.in_force_since.is_none() || annotation(IN_FORCE_SINCE) == a.in_force_since.as_ref();
-    let keyed = a.in_force_keys.is_none() || annotation(IN_FORCE_KEYS) == a.in_force_keys.as_ref();
+    // Exactly as planned: a valid cached stamp is always carried, so one planned away (a scoped
+    // ResourceQuota, `stamp::planned_both`) or not the operator's is to remove.
+    let stamped = annotation(IN_FORCE_SINCE) == a.in_force_since.as_ref();
+    let keyed = annotation(IN_FORCE_KEYS) == a.in_force_keys.as_ref();
     hard_ok && annotated && stamped && keyed
 }
 

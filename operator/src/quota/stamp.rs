@@ -83,7 +83,8 @@ pub fn planned(
 /// [`planned`] and the per-key record ([`keys::planned`]) a planned apply carries. A key newly in
 /// force takes the new single stamp where this pass sets one (the same time, the upgrade's
 /// included), else the latest write (or `now`), never before the creation. Whenever the single
-/// stamp is planned the record is too (`""` with no GPU key in force).
+/// stamp is planned the record is too (`""` with no GPU key in force). None of either while `rq`
+/// is scoped.
 pub fn planned_both(
     rq: Option<&ResourceQuota>,
     hard: &BTreeMap<String, String>,
@@ -91,6 +92,12 @@ pub fn planned_both(
     stored: &BTreeMap<String, String>,
     now: &Time,
 ) -> (Option<String>, Option<String>) {
+    // Scoped (someone added `spec.scopes`/`scopeSelector`): it enforces nothing, so no stamp is
+    // carried (the apply removes both) and it is stamped anew once the scope goes; claims and
+    // pods made meanwhile are then early.
+    if rq.is_some_and(|rq| super::pod_gate::scoped(rq).is_some()) {
+        return (None, None);
+    }
     let since = planned(rq, hard, quota, stored, now);
     let Some(rq) = rq else { return (since, None) };
     let new_since = since.as_deref().filter(|_| stamp_of(rq).is_none()).and_then(|s| s.parse::<Timestamp>().ok());

@@ -242,3 +242,34 @@ fn an_upgraded_resource_quota_is_stamped_with_the_stored_since() {
     let p = pass(std::slice::from_ref(&old), other, &[]);
     assert_eq!(p.apply[0].in_force_since.as_deref(), Some("2026-06-01T10:30:00Z"));
 }
+
+/// Review (low): a scoped ResourceQuota of Tessera's (a scope added by someone else) enforces
+/// nothing, yet both stamps were carried, so claims and pods made while it was scoped were not
+/// early once the scope went. While scoped no stamp is planned (the apply removes both); once
+/// unscoped it is stamped anew, at a write after the scope went.
+#[test]
+fn a_scoped_resource_quota_carries_no_stamp_and_is_stamped_anew_once_unscoped() {
+    let want = hard(&[(GPU_KEY, 1), (GPU_REQ, 0)]);
+    let unscoped_at = "2026-06-01T10:40:00Z";
+    let mut scoped = with_stamp(rq(&want, Some(&want), &[CREATED, SYNCED]), SYNCED);
+    let record = format!("{GPU_KEY}={SYNCED} {GPU_REQ}={SYNCED}");
+    scoped.metadata.annotations.get_or_insert_default().insert(keys::IN_FORCE_KEYS.into(), record);
+    let now = t("2026-06-01T11:00:00Z");
+    let none = BTreeMap::new();
+    assert_eq!(planned_both(Some(&scoped), &want, "team-a", &none, &now).0.as_deref(), Some(SYNCED));
+    for field in ["scopes", "scopeSelector"] {
+        let mut s = scoped.clone();
+        let spec = s.spec.get_or_insert_default();
+        if field == "scopes" {
+            spec.scopes = Some(vec!["BestEffort".into()]);
+        } else {
+            spec.scope_selector = Some(Default::default());
+        }
+        assert_eq!(planned_both(Some(&s), &want, "team-a", &none, &now), (None, None), "{field}");
+    }
+    // The scope gone (the apply removed both stamps): stamped anew at the latest write.
+    let unscoped = rq(&want, Some(&want), &[CREATED, SYNCED, unscoped_at]);
+    let (since, keys) = planned_both(Some(&unscoped), &want, "team-a", &none, &now);
+    assert_eq!(since.as_deref(), Some(unscoped_at));
+    assert_eq!(keys, Some(format!("{GPU_KEY}={unscoped_at} {GPU_REQ}={unscoped_at}")));
+}

@@ -89,8 +89,8 @@ pub fn planned(rq: &ResourceQuota, hard: &BTreeMap<String, String>, fresh: Times
     (cached != Record::Absent || !keys.is_empty()).then(|| render(&keys))
 }
 
-/// Per tenant namespace with a `<ns>.since` in `policy` (one valid quota), the GPU keys of its
-/// quota's ResourceQuotas there (`rqs`) stamped later than that: the latest stamp per key. A key
+/// Per tenant namespace with a `<ns>.since` in `policy`, the GPU keys of the ResourceQuotas there
+/// (`rqs`) of each quota claiming it (`<ns>.quota`, two names in a conflict) stamped later than that: the latest stamp per key. A key
 /// not recorded is not listed (its class is closed, its pods' namespace pending).
 pub fn later_keys(
     policy: &BTreeMap<String, String>,
@@ -101,10 +101,12 @@ pub fn later_keys(
     for (key, since) in policy {
         let Some(ns) = key.strip_suffix(".since").filter(|ns| !ns.contains('.')) else { continue };
         let Ok(since) = since.parse::<Timestamp>() else { continue };
-        let Some(name) = policy.get(&format!("{ns}.quota")) else { continue };
-        let Some(q) = quotas.iter().find(|q| q.metadata.name.as_ref() == Some(name)) else { continue };
-        for rq in rqs.iter().filter(|rq| rq.metadata.namespace.as_deref() == Some(ns) && super::super::owned_by(rq, q))
-        {
+        // Claimed by two quotas it holds both names ("A B"): each one's ResourceQuotas count.
+        let Some(names) = policy.get(&format!("{ns}.quota")) else { continue };
+        let claiming: Vec<_> =
+            names.split(' ').filter_map(|n| quotas.iter().find(|q| q.metadata.name.as_deref() == Some(n))).collect();
+        let owned = |rq: &&ResourceQuota| claiming.iter().any(|q| super::super::owned_by(rq, q));
+        for rq in rqs.iter().filter(|rq| rq.metadata.namespace.as_deref() == Some(ns)).filter(owned) {
             let Record::Keys(keys) = record(rq) else { continue };
             for (k, t) in keys.into_iter().filter(|(_, t)| *t > since) {
                 let e = out.entry(ns.to_string()).or_default().entry(k).or_insert(t);

@@ -257,3 +257,25 @@ fn a_quota_with_no_gpu_key_gets_an_empty_record_and_a_key_added_later_is_stamped
         }
     }
 }
+
+/// Review (low): in a namespace claimed by two quotas `<ns>.quota` holds both names, and the
+/// per-key stamps were ignored there. Each claiming quota's ResourceQuotas count against the
+/// namespace's `since`.
+#[test]
+fn later_keys_count_every_quota_claiming_the_namespace() {
+    let a = team_a("ExtendedResources", Some(1));
+    let mut b = team_a("ExtendedResources", None);
+    b.metadata.name = Some("team-b".into());
+    b.metadata.uid = Some("uid-team-b".into());
+    let hard = pass(a.clone(), &[], &[], vec![]).apply[0].hard.clone();
+    let rec = record_of(&[(GPU_REQ, ADDED), (MIG_REQ, SYNCED)]);
+    let ours = rq(&hard, &[CREATED, SYNCED, ADDED], &[(IN_FORCE_SINCE, SYNCED), (IN_FORCE_KEYS, &rec)]);
+    let want: BTreeMap<String, BTreeMap<String, Timestamp>> =
+        [("x".to_string(), [(GPU_REQ.to_string(), ADDED.parse().unwrap())].into())].into();
+    for names in ["team-a", "team-a team-b", "team-b team-a"] {
+        let policy: BTreeMap<String, String> =
+            [("x.since".to_string(), SYNCED.to_string()), ("x.quota".to_string(), names.to_string())].into();
+        let later = keys::later_keys(&policy, &[&a, &b], std::slice::from_ref(&ours));
+        assert_eq!(later, want, "{names}");
+    }
+}

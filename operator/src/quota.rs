@@ -365,7 +365,8 @@ pub fn plan_quotas_dra(
     // After the shares: a class opens only where its planned limit is already enforced, by a
     // ResourceQuota of a namespace the cache shows (terminating included), with no scope.
     let known = |ns: &str| existing_namespaces.contains(ns) || dra.namespace_uids.contains_key(ns);
-    let enforcing = pod_gate::enforcing(resource_quotas, known);
+    // A stamp not yet reached (`stamp::MARGIN_SECS`) gates as none yet.
+    let enforcing = stamp::due(pod_gate::enforcing(resource_quotas, known), pass.now.0);
     plan.policy = claims::policy_data(&live, &valid_names, &enforcing, &plan.apply, &resources, &dra.classes);
     let tenants: Vec<String> =
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();

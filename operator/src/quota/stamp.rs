@@ -50,8 +50,8 @@ pub fn enforces(rq: &ResourceQuota, hard: &BTreeMap<String, String>) -> bool {
 
 /// The stamp a planned apply of `hard` carries onto `rq` (as cached) for `quota`: the stamp `rq`
 /// has, unchanged; none while `rq` is not written or does not enforce `hard` yet; else a new one.
-/// A new one is the latest `managedFields` time ([`latest_write`]), or `now` without any; never
-/// before the creation. Upgrade: a ResourceQuota of an operator that wrote no stamp takes the
+/// A new one is the latest `managedFields` time ([`latest_write`]), or `now` without any, plus
+/// [`MARGIN_SECS`]; never before the creation. Upgrade: a ResourceQuota of an operator that wrote no stamp takes the
 /// stored params' `<ns>.since` (`stored`: that operator wrote its creation time there) where they
 /// name this quota and that time is not before its creation, so claims it admitted then are not
 /// refused at allocation now.
@@ -76,13 +76,58 @@ pub fn planned(
         .filter(|_| stored.get(&format!("{ns}.quota")).map(String::as_str) == Some(quota))
         .and_then(|s| s.parse::<Timestamp>().ok())
         .filter(|s| created.is_some_and(|c| *s >= c));
-    let t = upgrade.or_else(|| latest_write(rq)).unwrap_or(now.0);
+    let t = upgrade.unwrap_or_else(|| taken(rq, now));
     Some(format(created.map_or(t, |c| t.max(c))))
+}
+
+/// Added to a newly taken stamp: an API server whose ResourceQuota informer lags up to this
+/// long behind the status sync (shows the object without `status.hard`) admits a claim or pod
+/// uncounted; made before the stamp, it is early. The stamp is in force (classes open, the
+/// namespace leaves `_pending`) only once the operator's clock reaches it ([`due`]); the quota
+/// loop runs at least every 5 s, so that costs at most one more pass. A longer lag is a known gap.
+pub const MARGIN_SECS: i64 = 5;
+
+/// A new stamp (single or per key): the latest write (or `now` without any) plus [`MARGIN_SECS`].
+fn taken(rq: &ResourceQuota, now: &Time) -> Timestamp {
+    let t = latest_write(rq).unwrap_or(now.0);
+    t.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(MARGIN_SECS)).unwrap_or(t)
+}
+
+/// `rqs` as the params read them at `now`: a stamp (single or per key) later than `now` is left
+/// out, so nothing it gates opens before it ([`MARGIN_SECS`]). Borrowed when none is.
+pub fn due(rqs: std::borrow::Cow<'_, [ResourceQuota]>, now: Timestamp) -> std::borrow::Cow<'_, [ResourceQuota]> {
+    let future_keys = |rq: &ResourceQuota| match keys::record(rq) {
+        keys::Record::Keys(k) => k.values().any(|t| *t > now),
+        _ => false,
+    };
+    let early = |rq: &ResourceQuota| stamp_of(rq).is_some_and(|(_, t)| t > now) || future_keys(rq);
+    if !rqs.iter().any(early) {
+        return rqs;
+    }
+    let mut out = rqs.into_owned();
+    for rq in out.iter_mut() {
+        let single = stamp_of(rq).is_some_and(|(_, t)| t > now);
+        let record = match keys::record(rq) {
+            keys::Record::Keys(mut k) if k.values().any(|t| *t > now) => {
+                k.retain(|_, t| *t <= now);
+                Some(keys::render(&k))
+            }
+            _ => None,
+        };
+        let Some(a) = rq.metadata.annotations.as_mut() else { continue };
+        if single {
+            a.remove(IN_FORCE_SINCE);
+        }
+        if let Some(r) = record {
+            a.insert(keys::IN_FORCE_KEYS.into(), r);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// [`planned`] and the per-key record ([`keys::planned`]) a planned apply carries. A key newly in
 /// force takes the new single stamp where this pass sets one (the same time, the upgrade's
-/// included), else the latest write (or `now`), never before the creation. Whenever the single
+/// included), else the latest write (or `now`) plus [`MARGIN_SECS`], never before the creation. Whenever the single
 /// stamp is planned the record is too (`""` with no GPU key in force). None of either while `rq`
 /// is scoped.
 pub fn planned_both(
@@ -102,7 +147,7 @@ pub fn planned_both(
     let Some(rq) = rq else { return (since, None) };
     let new_since = since.as_deref().filter(|_| stamp_of(rq).is_none()).and_then(|s| s.parse::<Timestamp>().ok());
     let fresh = new_since.unwrap_or_else(|| {
-        let t = latest_write(rq).unwrap_or(now.0);
+        let t = taken(rq, now);
         rq.metadata.creation_timestamp.as_ref().map_or(t, |c| t.max(c.0))
     });
     // The record goes with the single stamp, empty where no GPU key is in force: an absent one

@@ -359,7 +359,11 @@ fn a_users_own_resource_quota_named_like_ours_is_left_alone_and_the_share_enforc
     in_force.status = Some(serde_json::from_value(json!({"hard": hard, "used": used})).unwrap());
     let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[ours_fallback.clone(), in_force.clone()], &[], now());
     assert_eq!(p.delete, vec![], "in force, not stamped yet (`stamp`): x is still pending");
-    assert_eq!(p.apply[0].in_force_since.as_deref(), Some("2026-06-01T00:00:00Z"), "stamped this pass");
+    assert_eq!(
+        p.apply[0].in_force_since.as_deref(),
+        Some("2026-06-01T00:00:05Z"),
+        "stamped this pass (now plus the margin)"
+    );
     let in_force = stamp::stamped(in_force);
     let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), &[ours_fallback, in_force], &[], now());
     assert_eq!(p.delete, vec![Delete { namespace: "x".into(), name: fallback.clone(), quota: "a".into() }]);

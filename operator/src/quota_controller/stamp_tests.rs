@@ -73,8 +73,14 @@ async fn the_stamp_is_written_once_and_carried_by_every_later_apply() {
     let _ = controller(client, team_a(1), in_force(None)).reconcile().await;
     let written = applies(&requests);
     assert_eq!(written.len(), 1, "the stamp is written: {written:?}");
-    assert_eq!(written[0]["metadata"]["annotations"][IN_FORCE_SINCE], json!(SYNCED));
-    assert_eq!(written[0]["metadata"]["annotations"][IN_FORCE_KEYS], json!(KEYS), "each key stamped too");
+    // The sync plus the margin (`stamp::MARGIN_SECS`).
+    let stamped = "2026-06-01T10:00:07Z";
+    assert_eq!(written[0]["metadata"]["annotations"][IN_FORCE_SINCE], json!(stamped));
+    assert_eq!(
+        written[0]["metadata"]["annotations"][IN_FORCE_KEYS],
+        json!(KEYS.replace(SYNCED, stamped)),
+        "each key stamped too"
+    );
 
     // Upgrade: the single stamp cached, no per-key record: each key in force takes the stamp.
     let (client, requests) = crate::quota::tests::recording_api(|_, _, _| None);

@@ -29,7 +29,7 @@ fn ours(q: &str, ns: &str, hard: i64, status: Option<i64>) -> ResourceQuota {
 }
 
 fn pending(q: &TenantGpuQuota, nss: &[&str], rqs: &[ResourceQuota]) -> String {
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:01:00Z".parse().unwrap());
     let nss: BTreeSet<String> = nss.iter().map(|s| s.to_string()).collect();
     let plan = plan_quotas_dra(std::slice::from_ref(q), &nss, rqs, &Capacity::default(), &Dra::default(), now);
     plan.policy.get(PENDING).cloned().unwrap_or_else(|| panic!("no {PENDING} in {:?}", plan.policy))

@@ -16,6 +16,8 @@ const CREATED: &str = "2026-06-01T10:00:00Z";
 const SYNCED: &str = "2026-06-01T10:00:02Z";
 /// When the admin's added `nvidia.com/gpu` key was synced into `status.hard`.
 const ADDED: &str = "2026-06-01T10:45:00Z";
+/// The key's stamp taken from the write at [`ADDED`]: plus the margin ([`MARGIN_SECS`]).
+const ADDED_STAMP: &str = "2026-06-01T10:45:05Z";
 const MIG_DEV: &str = "mig-1g.10gb.tessera.dev.deviceclass.resource.k8s.io/devices";
 const MIG_REQ: &str = "requests.nvidia.com/mig-1g.10gb";
 const GPU_DEV: &str = "gpu.tessera.dev.deviceclass.resource.k8s.io/devices";
@@ -95,7 +97,7 @@ fn a_claim_made_while_its_resource_was_unlimited_is_early_once_the_key_is_in_for
     assert!(added.contains_key(GPU_DEV), "{added:?}");
     let synced = rq(&added, &[CREATED, SYNCED, ADDED], &[(IN_FORCE_SINCE, SYNCED), (IN_FORCE_KEYS, &mig)]);
     let p = pass(claims_quota(Some(1)), std::slice::from_ref(&synced), &[], vec![]);
-    let both = record_of(&[(GPU_DEV, ADDED), (GPU_REQ, ADDED), (MIG_DEV, SYNCED), (MIG_REQ, SYNCED)]);
+    let both = record_of(&[(GPU_DEV, ADDED_STAMP), (GPU_REQ, ADDED_STAMP), (MIG_DEV, SYNCED), (MIG_REQ, SYNCED)]);
     assert_eq!(p.apply[0].in_force_keys, Some(both.clone()));
     assert_eq!(p.apply[0].in_force_since.as_deref(), Some(SYNCED), "the single stamp does not move");
     assert!(!opens(&p, "gpu.tessera.dev") && opens(&p, "mig-1g.10gb.tessera.dev"), "{:?}", p.policy);
@@ -105,13 +107,13 @@ fn a_claim_made_while_its_resource_was_unlimited_is_early_once_the_key_is_in_for
     let cached = rq(&added, &[CREATED, SYNCED, ADDED], &[(IN_FORCE_SINCE, SYNCED), (IN_FORCE_KEYS, &both)]);
     let claims = [
         claim("unlimited-then", "gpu.tessera.dev", "2026-06-01T10:30:00Z"),
-        claim("after", "gpu.tessera.dev", "2026-06-01T10:45:01Z"),
+        claim("after", "gpu.tessera.dev", "2026-06-01T10:45:06Z"),
         claim("mig", "mig-1g.10gb.tessera.dev", "2026-06-01T10:30:00Z"),
     ];
     let p = pass(claims_quota(Some(1)), std::slice::from_ref(&cached), &claims, vec![]);
     assert!(opens(&p, "gpu.tessera.dev"), "{:?}", p.policy);
     assert_eq!(p.policy.get("x.since").map(String::as_str), Some(SYNCED));
-    assert_eq!(p.policy.get("x.since.gpu.tessera.dev").map(String::as_str), Some(ADDED));
+    assert_eq!(p.policy.get("x.since.gpu.tessera.dev").map(String::as_str), Some(ADDED_STAMP));
     assert_eq!(p.policy.get("x.since.mig-1g.10gb.tessera.dev"), None, "not later than x.since: no key");
     assert_eq!(p.policy.get("x.claims").map(String::as_str), Some("unlimited-then:gpu.tessera.dev,early"));
 }
@@ -126,7 +128,7 @@ fn a_pod_made_while_its_resource_was_unlimited_is_early_once_the_key_is_in_force
     before.retain(|k, _| !k.contains("gpu"));
     let mig = pass(q(None), &[rq(&before, &[CREATED, SYNCED], &[(IN_FORCE_SINCE, SYNCED)])], &[], vec![]);
     let mig = mig.apply[0].in_force_keys.clone().unwrap();
-    let both = record_of(&[(GPU_DEV, ADDED), (GPU_REQ, ADDED), (MIG_DEV, SYNCED), (MIG_REQ, SYNCED)]);
+    let both = record_of(&[(GPU_DEV, ADDED_STAMP), (GPU_REQ, ADDED_STAMP), (MIG_DEV, SYNCED), (MIG_REQ, SYNCED)]);
     let synced = rq(&added, &[CREATED, SYNCED, ADDED], &[(IN_FORCE_SINCE, SYNCED), (IN_FORCE_KEYS, &mig)]);
     assert_eq!(pass(q(Some(1)), &[synced], &[], vec![]).apply[0].in_force_keys, Some(both.clone()));
     let cached = rq(&added, &[CREATED, SYNCED, ADDED], &[(IN_FORCE_SINCE, SYNCED), (IN_FORCE_KEYS, &both)]);
@@ -147,7 +149,7 @@ fn a_pod_made_while_its_resource_was_unlimited_is_early_once_the_key_is_in_force
 fn key_stamps_are_kept_across_limit_changes_and_renewed_after_a_removal() {
     let q = |g| team_a("ResourceClaims", g);
     let one = pass(q(Some(1)), &[], &[], vec![]).apply[0].hard.clone();
-    let both = record_of(&[(GPU_DEV, ADDED), (GPU_REQ, ADDED), (MIG_DEV, SYNCED), (MIG_REQ, SYNCED)]);
+    let both = record_of(&[(GPU_DEV, ADDED_STAMP), (GPU_REQ, ADDED_STAMP), (MIG_DEV, SYNCED), (MIG_REQ, SYNCED)]);
     let later = "2026-06-01T10:50:00Z";
     let cached = rq(&one, &[CREATED, SYNCED, ADDED, later], &[(IN_FORCE_SINCE, SYNCED), (IN_FORCE_KEYS, &both)]);
     for (what, gpus) in [("unchanged", Some(1)), ("raised", Some(3)), ("lowered, not in force", Some(0))] {
@@ -158,10 +160,15 @@ fn key_stamps_are_kept_across_limit_changes_and_renewed_after_a_removal() {
     let p = pass(q(None), std::slice::from_ref(&cached), &[], vec![]);
     let mig = record_of(&[(MIG_DEV, SYNCED), (MIG_REQ, SYNCED)]);
     assert_eq!(p.apply[0].in_force_keys.as_deref(), Some(mig.as_str()));
-    // Listed again and in force: stamped at the latest write, not at its old stamp.
+    // Listed again and in force: stamped at the latest write (plus the margin), not at its old stamp.
     let again = rq(&one, &[CREATED, SYNCED, ADDED, later], &[(IN_FORCE_SINCE, SYNCED), (IN_FORCE_KEYS, &mig)]);
     let p = pass(q(Some(1)), &[again], &[], vec![]);
-    let renewed = record_of(&[(GPU_DEV, later), (GPU_REQ, later), (MIG_DEV, SYNCED), (MIG_REQ, SYNCED)]);
+    let renewed = record_of(&[
+        (GPU_DEV, "2026-06-01T10:50:05Z"),
+        (GPU_REQ, "2026-06-01T10:50:05Z"),
+        (MIG_DEV, SYNCED),
+        (MIG_REQ, SYNCED),
+    ]);
     assert_eq!(p.apply[0].in_force_keys, Some(renewed));
 }
 
@@ -181,7 +188,8 @@ fn an_unreadable_record_closes_and_restamps_every_key() {
         format!("{ok} count/pods={SYNCED}"),
         format!("{ok} {ok}"),
     ];
-    let restamped = record_of(&[(GPU_DEV, ADDED), (GPU_REQ, ADDED), (MIG_DEV, ADDED), (MIG_REQ, ADDED)]);
+    let restamped =
+        record_of(&[(GPU_DEV, ADDED_STAMP), (GPU_REQ, ADDED_STAMP), (MIG_DEV, ADDED_STAMP), (MIG_REQ, ADDED_STAMP)]);
     for raw in &bad {
         let cached = rq(&hard, &[CREATED, SYNCED, ADDED], &[(IN_FORCE_SINCE, SYNCED), (IN_FORCE_KEYS, raw)]);
         assert_eq!(record(&cached), Record::Unreadable, "{raw}");
@@ -278,4 +286,31 @@ fn later_keys_count_every_quota_claiming_the_namespace() {
         let later = keys::later_keys(&policy, &[&a, &b], std::slice::from_ref(&ours));
         assert_eq!(later, want, "{names}");
     }
+}
+
+/// A key's stamp (the write plus the margin) opens its class only once the operator's clock
+/// reaches it; the keys stamped before stay open.
+#[test]
+fn a_key_s_class_opens_only_once_the_clock_reaches_its_stamp() {
+    let q = team_a("ResourceClaims", Some(1));
+    let added = pass(q.clone(), &[], &[], vec![]).apply[0].hard.clone();
+    let both = record_of(&[(GPU_DEV, ADDED_STAMP), (GPU_REQ, ADDED_STAMP), (MIG_DEV, SYNCED), (MIG_REQ, SYNCED)]);
+    let cached = rq(&added, &[CREATED, SYNCED, ADDED], &[(IN_FORCE_SINCE, SYNCED), (IN_FORCE_KEYS, &both)]);
+    let nss: BTreeSet<String> = ["x".to_string()].into();
+    let at = |now: &str| {
+        let now = Time(now.parse().unwrap());
+        plan_quotas_dra(
+            std::slice::from_ref(&q),
+            &nss,
+            std::slice::from_ref(&cached),
+            &Capacity::default(),
+            &Dra::default(),
+            now,
+        )
+    };
+    let before = at("2026-06-01T10:45:04Z");
+    assert!(!opens(&before, "gpu.tessera.dev") && opens(&before, "mig-1g.10gb.tessera.dev"), "{:?}", before.policy);
+    assert_eq!(before.apply[0].in_force_keys.as_deref(), Some(both.as_str()), "carried meanwhile");
+    let then = at(ADDED_STAMP);
+    assert!(opens(&then, "gpu.tessera.dev") && opens(&then, "mig-1g.10gb.tessera.dev"), "{:?}", then.policy);
 }

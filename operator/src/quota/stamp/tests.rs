@@ -12,6 +12,8 @@ const GPU_REQ: &str = "requests.nvidia.com/gpu";
 /// When the test ResourceQuotas are created; the controller manager's status write comes later.
 const CREATED: &str = "2026-06-01T10:00:00Z";
 const SYNCED: &str = "2026-06-01T10:00:02Z";
+/// A stamp taken from the write at [`SYNCED`]: plus the margin ([`MARGIN_SECS`]).
+const STAMPED: &str = "2026-06-01T10:00:07Z";
 
 fn t(s: &str) -> Time {
     Time(s.parse().unwrap())
@@ -64,12 +66,12 @@ fn the_planned_stamp_is_carried_withheld_or_taken_from_the_latest_write() {
         ("written, status not synced", Some(rq(&want, None, &writes)), &none, None),
         ("status enforces more than planned (a lowering)", Some(rq(&want, Some(&above), &writes)), &none, None),
         ("a planned key not in status yet", Some(rq(&want, Some(&hard(&[(GPU_REQ, 0)])), &writes)), &none, None),
-        ("in force: the latest write", Some(synced.clone()), &none, Some(SYNCED)),
+        ("in force: the latest write plus the margin", Some(synced.clone()), &none, Some(STAMPED)),
         (
-            "in force, no managedFields: now, to the second",
+            "in force, no managedFields: now plus the margin, to the second",
             Some(rq(&want, Some(&want), &[])),
             &none,
-            Some("2026-06-01T11:00:00Z"),
+            Some("2026-06-01T11:00:05Z"),
         ),
         (
             "stamped: carried unchanged, in force or not",
@@ -77,19 +79,19 @@ fn the_planned_stamp_is_carried_withheld_or_taken_from_the_latest_write() {
             &none,
             Some("2026-06-01T10:00:05Z"),
         ),
-        ("not RFC3339: stamped again", Some(with_stamp(synced.clone(), "yesterday")), &none, Some(SYNCED)),
+        ("not RFC3339: stamped again", Some(with_stamp(synced.clone(), "yesterday")), &none, Some(STAMPED)),
         (
             "another offset: stamped again",
             Some(with_stamp(synced.clone(), "2026-06-01T10:00:05+00:00")),
             &none,
-            Some(SYNCED),
+            Some(STAMPED),
         ),
-        ("fractions: stamped again", Some(with_stamp(synced.clone(), "2026-06-01T10:00:05.5Z")), &none, Some(SYNCED)),
+        ("fractions: stamped again", Some(with_stamp(synced.clone(), "2026-06-01T10:00:05.5Z")), &none, Some(STAMPED)),
         (
             "before its creation: stamped again",
             Some(with_stamp(synced.clone(), "2026-06-01T09:00:00Z")),
             &none,
-            Some(SYNCED),
+            Some(STAMPED),
         ),
         ("upgrade: the stored since, the old operator's creation time", Some(synced.clone()), &upgrade, Some(CREATED)),
     ];
@@ -106,12 +108,12 @@ fn a_stored_since_is_taken_only_for_this_quota_and_not_before_the_creation() {
     let synced = rq(&want, Some(&want), &[SYNCED]);
     let now = t("2026-06-01T11:00:00Z");
     let rows = [
-        ("another quota's", stored(&[("x.quota", "team-b"), ("x.since", CREATED)]), SYNCED),
-        ("claimed by two", stored(&[("x.quota", "team-a team-b"), ("x.since", CREATED)]), SYNCED),
-        ("no quota key", stored(&[("x.since", CREATED)]), SYNCED),
-        ("an older ResourceQuota's", stored(&[("x.quota", "team-a"), ("x.since", "2026-06-01T09:59:59Z")]), SYNCED),
-        ("unreadable", stored(&[("x.quota", "team-a"), ("x.since", "soon")]), SYNCED),
-        ("another namespace's", stored(&[("y.quota", "team-a"), ("y.since", CREATED)]), SYNCED),
+        ("another quota's", stored(&[("x.quota", "team-b"), ("x.since", CREATED)]), STAMPED),
+        ("claimed by two", stored(&[("x.quota", "team-a team-b"), ("x.since", CREATED)]), STAMPED),
+        ("no quota key", stored(&[("x.since", CREATED)]), STAMPED),
+        ("an older ResourceQuota's", stored(&[("x.quota", "team-a"), ("x.since", "2026-06-01T09:59:59Z")]), STAMPED),
+        ("unreadable", stored(&[("x.quota", "team-a"), ("x.since", "soon")]), STAMPED),
+        ("another namespace's", stored(&[("y.quota", "team-a"), ("y.since", CREATED)]), STAMPED),
         ("a later one", stored(&[("x.quota", "team-a"), ("x.since", "2026-06-01T10:00:01Z")]), "2026-06-01T10:00:01Z"),
     ];
     for (what, params, want_stamp) in rows {
@@ -196,7 +198,7 @@ fn since_is_the_stamp_and_classes_open_only_once_it_is_cached() {
     // (b) Synced by the controller manager at SYNCED: this pass stamps it, nothing opens yet.
     let synced = rq(&planned, Some(&planned), &[CREATED, SYNCED]);
     let p = pass(std::slice::from_ref(&synced), BTreeMap::new(), &[]);
-    assert_eq!(p.apply[0].in_force_since.as_deref(), Some(SYNCED));
+    assert_eq!(p.apply[0].in_force_since.as_deref(), Some(STAMPED));
     assert_eq!(params(&p), (None, "", true), "still no since, closed, pending");
 
     // (c) The stamp as cached: since, open, not pending; the apply carries it.
@@ -240,7 +242,7 @@ fn an_upgraded_resource_quota_is_stamped_with_the_stored_since() {
     assert_eq!(params(&p), (None, "", true), "closed for the one pass until the stamp is cached");
     let other = stored(&[("x.quota", "team-b"), ("x.since", CREATED)]);
     let p = pass(std::slice::from_ref(&old), other, &[]);
-    assert_eq!(p.apply[0].in_force_since.as_deref(), Some("2026-06-01T10:30:00Z"));
+    assert_eq!(p.apply[0].in_force_since.as_deref(), Some("2026-06-01T10:30:05Z"), "the latest write plus the margin");
 }
 
 /// Review (low): a scoped ResourceQuota of Tessera's (a scope added by someone else) enforces
@@ -270,6 +272,40 @@ fn a_scoped_resource_quota_carries_no_stamp_and_is_stamped_anew_once_unscoped() 
     // The scope gone (the apply removed both stamps): stamped anew at the latest write.
     let unscoped = rq(&want, Some(&want), &[CREATED, SYNCED, unscoped_at]);
     let (since, keys) = planned_both(Some(&unscoped), &want, "team-a", &none, &now);
-    assert_eq!(since.as_deref(), Some(unscoped_at));
-    assert_eq!(keys, Some(format!("{GPU_KEY}={unscoped_at} {GPU_REQ}={unscoped_at}")));
+    let anew = "2026-06-01T10:40:05Z"; // plus the margin
+    assert_eq!(since.as_deref(), Some(anew));
+    assert_eq!(keys, Some(format!("{GPU_KEY}={anew} {GPU_REQ}={anew}")));
+}
+
+/// Review (medium): an API server whose ResourceQuota informer lags the status sync admits a claim
+/// made a moment after it uncounted. The stamp is the latest write plus [`MARGIN_SECS`], and
+/// nothing it gates opens (`since`, the classes, `_pending`) before the operator's clock reaches it.
+#[test]
+fn a_stamp_gates_nothing_open_before_the_operators_clock_reaches_it() {
+    let planned = pass(&[], BTreeMap::new(), &[]).apply[0].hard.clone();
+    let synced = rq(&planned, Some(&planned), &[CREATED, SYNCED]);
+    assert_eq!(
+        pass(std::slice::from_ref(&synced), BTreeMap::new(), &[]).apply[0].in_force_since.as_deref(),
+        Some(STAMPED)
+    );
+    let stamped = with_stamp(synced, STAMPED);
+    let nss: BTreeSet<String> = ["x".to_string()].into();
+    let at = |now: &str| {
+        let p = plan_quotas_dra(
+            &[team_a()],
+            &nss,
+            std::slice::from_ref(&stamped),
+            &Capacity::default(),
+            &Dra::default(),
+            t(now),
+        );
+        assert_eq!(p.apply[0].in_force_since.as_deref(), Some(STAMPED), "carried at {now}");
+        let (since, allowed, pending) = params(&p);
+        (since.map(str::to_string), allowed.to_string(), pending)
+    };
+    assert_eq!(at("2026-06-01T10:00:06Z"), (None, String::new(), true), "before the stamp: closed, pending");
+    assert_eq!(at("2026-06-01T10:00:06.999Z"), (None, String::new(), true), "still before it");
+    let open = (Some(STAMPED.to_string()), "_tessera".to_string(), false);
+    assert_eq!(at(STAMPED), open, "at the stamp: open");
+    assert_eq!(at("2026-06-01T10:00:30Z"), open, "after it");
 }

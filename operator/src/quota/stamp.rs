@@ -93,23 +93,27 @@ fn taken(rq: &ResourceQuota, now: &Time) -> Timestamp {
     t.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(MARGIN_SECS)).unwrap_or(t)
 }
 
-/// `rqs` as the params read them at `now`: a stamp (single or per key) later than `now` is left
-/// out, so nothing it gates opens before it ([`MARGIN_SECS`]). Borrowed when none is.
+/// `rqs` as the params read them at `now`: a stamp (single or per key) not yet past is left out,
+/// so nothing it gates opens before it ([`MARGIN_SECS`]). Due only from the second after it:
+/// creation times count to the second and the stamp's own second is early (`<=`), so a class
+/// opened inside it would refuse the claims made through it. Borrowed when none is left out.
 pub fn due(rqs: std::borrow::Cow<'_, [ResourceQuota]>, now: Timestamp) -> std::borrow::Cow<'_, [ResourceQuota]> {
+    // Whole seconds: not due while `now` is within the stamp's second or before it.
+    let late = |t: &Timestamp| now.as_second() <= t.as_second();
     let future_keys = |rq: &ResourceQuota| match keys::record(rq) {
-        keys::Record::Keys(k) => k.values().any(|t| *t > now),
+        keys::Record::Keys(k) => k.values().any(late),
         _ => false,
     };
-    let early = |rq: &ResourceQuota| stamp_of(rq).is_some_and(|(_, t)| t > now) || future_keys(rq);
+    let early = |rq: &ResourceQuota| stamp_of(rq).is_some_and(|(_, t)| late(&t)) || future_keys(rq);
     if !rqs.iter().any(early) {
         return rqs;
     }
     let mut out = rqs.into_owned();
     for rq in out.iter_mut() {
-        let single = stamp_of(rq).is_some_and(|(_, t)| t > now);
+        let single = stamp_of(rq).is_some_and(|(_, t)| late(&t));
         let record = match keys::record(rq) {
-            keys::Record::Keys(mut k) if k.values().any(|t| *t > now) => {
-                k.retain(|_, t| *t <= now);
+            keys::Record::Keys(mut k) if k.values().any(late) => {
+                k.retain(|_, t| !late(t));
                 Some(keys::render(&k))
             }
             _ => None,

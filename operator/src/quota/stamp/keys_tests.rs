@@ -288,8 +288,8 @@ fn later_keys_count_every_quota_claiming_the_namespace() {
     }
 }
 
-/// A key's stamp (the write plus the margin) opens its class only once the operator's clock
-/// reaches it; the keys stamped before stay open.
+/// A key's stamp (the write plus the margin) opens its class only from the second after it on the
+/// operator's clock; the keys stamped before stay open.
 #[test]
 fn a_key_s_class_opens_only_once_the_clock_reaches_its_stamp() {
     let q = team_a("ResourceClaims", Some(1));
@@ -311,6 +311,9 @@ fn a_key_s_class_opens_only_once_the_clock_reaches_its_stamp() {
     let before = at("2026-06-01T10:45:04Z");
     assert!(!opens(&before, "gpu.tessera.dev") && opens(&before, "mig-1g.10gb.tessera.dev"), "{:?}", before.policy);
     assert_eq!(before.apply[0].in_force_keys.as_deref(), Some(both.as_str()), "carried meanwhile");
-    let then = at(ADDED_STAMP);
+    // Within the stamp's own second (a claim made then reads as early): still closed.
+    let within = at(ADDED_STAMP);
+    assert!(!opens(&within, "gpu.tessera.dev"), "{:?}", within.policy);
+    let then = at("2026-06-01T10:45:06Z");
     assert!(opens(&then, "gpu.tessera.dev") && opens(&then, "mig-1g.10gb.tessera.dev"), "{:?}", then.policy);
 }

@@ -305,7 +305,11 @@ fn a_stamp_gates_nothing_open_before_the_operators_clock_reaches_it() {
     };
     assert_eq!(at("2026-06-01T10:00:06Z"), (None, String::new(), true), "before the stamp: closed, pending");
     assert_eq!(at("2026-06-01T10:00:06.999Z"), (None, String::new(), true), "still before it");
+    // Within the stamp's own second a claim made now would read as early (creation times count
+    // to the second, `<=`): still closed; open from the next second.
+    assert_eq!(at(STAMPED), (None, String::new(), true), "at the stamp: closed");
+    assert_eq!(at("2026-06-01T10:00:07.999Z"), (None, String::new(), true), "within its second: closed");
     let open = (Some(STAMPED.to_string()), "_tessera".to_string(), false);
-    assert_eq!(at(STAMPED), open, "at the stamp: open");
+    assert_eq!(at("2026-06-01T10:00:08Z"), open, "the second after it: open");
     assert_eq!(at("2026-06-01T10:00:30Z"), open, "after it");
 }

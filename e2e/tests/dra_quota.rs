@@ -8,12 +8,13 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, ResourceQuota, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota, ServiceAccount};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
+use tessera_e2e::dra::scheduling_messages;
 use tessera_e2e::fixtures::{
     FakeGpuNode, apply_file, create_gpu_nodes, create_namespace, install_crds, spawn_operator, wait_for,
 };
@@ -281,21 +282,6 @@ async fn a_pod_naming_a_claim_made_before_its_namespace_joined_is_refused_by_the
         "{msg}"
     );
     pods.create(&PostParams::default(), &claim_pod("p3", "fpga")).await.unwrap();
-}
-
-/// The pod's `PodScheduled` condition message and its `FailedScheduling` events, joined.
-async fn scheduling_messages(admin: &Client, ns: &str, pod: &str) -> String {
-    let mut out = Vec::new();
-    if let Ok(p) = Api::<Pod>::namespaced(admin.clone(), ns).get(pod).await {
-        let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
-        out.extend(conditions.into_iter().filter(|c| c.type_ == "PodScheduled").filter_map(|c| c.message));
-    }
-    let events: Api<Event> = Api::namespaced(admin.clone(), ns);
-    let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
-    if let Ok(list) = events.list(&lp).await {
-        out.extend(list.items.into_iter().filter_map(|e| e.message));
-    }
-    out.join("\n")
 }
 
 /// Issue 24: `stash` (NVIDIA's whole-GPU class) and the gated pod `p` using it, and the gated pod

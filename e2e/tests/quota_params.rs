@@ -12,12 +12,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, PodSchedulingGate, ResourceQuota, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, PodSchedulingGate, ResourceQuota, ServiceAccount};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
+use tessera_e2e::dra::scheduling_messages;
 use tessera_e2e::fixtures::{
     FakeGpuNode, apply_file, create_gpu_nodes, create_namespace, install_crds, spawn_operator, wait_for,
 };
@@ -414,21 +415,6 @@ async fn past_the_claims_cap_every_pod_naming_an_existing_claim_is_refused() {
                  "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "any"}]}}))
     .unwrap();
     pods.create(&PostParams::default(), &templated).await.unwrap();
-}
-
-/// The pod's `PodScheduled` condition message and its events' messages, joined.
-async fn scheduling_messages(admin: &Client, ns: &str, pod: &str) -> String {
-    let mut out = Vec::new();
-    if let Ok(p) = Api::<Pod>::namespaced(admin.clone(), ns).get(pod).await {
-        let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
-        out.extend(conditions.into_iter().filter(|c| c.type_ == "PodScheduled").filter_map(|c| c.message));
-    }
-    let events: Api<Event> = Api::namespaced(admin.clone(), ns);
-    let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
-    if let Ok(list) = events.list(&lp).await {
-        out.extend(list.items.into_iter().filter_map(|e| e.message));
-    }
-    out.join("\n")
 }
 
 /// Issue 24: the gated GPU pod `early` was made in `g` before `g` joined a quota (its

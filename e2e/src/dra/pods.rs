@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::{device_classes, slice_name};
@@ -166,4 +166,20 @@ pub fn replica_set(ns: &str, name: &str, replicas: i32, pod: &Pod) -> k8s_openap
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
                  "template": {"metadata": {"labels": labels}, "spec": pod.spec}}}))
     .expect("a valid ReplicaSet")
+}
+
+/// The pod's `PodScheduled` condition message and its events' messages (the scheduler's
+/// refusals: `FailedScheduling`, a refused binding), joined; empty where none can be read.
+pub async fn scheduling_messages(admin: &Client, ns: &str, pod: &str) -> String {
+    let mut out = Vec::new();
+    if let Ok(p) = Api::<Pod>::namespaced(admin.clone(), ns).get(pod).await {
+        let conditions = p.status.and_then(|s| s.conditions).unwrap_or_default();
+        out.extend(conditions.into_iter().filter(|c| c.type_ == "PodScheduled").filter_map(|c| c.message));
+    }
+    let events: Api<Event> = Api::namespaced(admin.clone(), ns);
+    let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
+    if let Ok(list) = events.list(&lp).await {
+        out.extend(list.items.into_iter().filter_map(|e| e.message));
+    }
+    out.join("\n")
 }

@@ -8,8 +8,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+pub use crate::catalog::GpuProfileInfo;
 use crate::conditions::conditions_schema;
-use crate::plan::{MAX_GPUS_PER_NODE, MAX_PROFILES_PER_GPU, PROFILE_MAP_RULE};
+
+/// CEL rule shared by every profile-count map: names of the form `<G>g.<M>gb` with an optional
+/// NVML suffix (`+me`, `+me.all`, `+gfx`, `-me`: [`crate::catalog::PROFILE_SUFFIXES`]), counts >= 0.
+pub const PROFILE_MAP_RULE: &str =
+    r"self.all(k, k.matches('^[0-9]+g\\.[0-9]+gb(\\+me|\\+me\\.all|\\+gfx|-me)?$') && self[k] >= 0)";
+/// Bounds that keep the CEL rules within the API server's cost budget: no board has more than
+/// nine profiles, and no node more than 16 GPUs.
+pub const MAX_PROFILES_PER_GPU: usize = 12;
+pub const MAX_GPUS_PER_NODE: usize = 16;
 
 /// The MIG layout one node's GPUs should have.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -118,22 +127,6 @@ impl GpuState {
     pub fn holds(&self, want: &GpuIntent) -> bool {
         self.mig_enabled == want.mig_enabled && (!want.mig_enabled || self.profile_counts() == want.profile_counts())
     }
-}
-
-/// One GPU-instance profile of a GPU, as its driver reports it.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct GpuProfileInfo {
-    pub name: String,
-    #[serde(default)]
-    pub id: u32,
-    pub compute_slices: u8,
-    pub memory_slices: u8,
-    pub max_count: u8,
-    /// Valid start slots on the memory axis.
-    #[serde(default)]
-    #[schemars(extend("maxItems" = 16))]
-    pub starts: Vec<u8>,
 }
 
 /// One MIG device: a GPU instance and its full-size compute instance.

@@ -10,14 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::conditions::conditions_schema;
 
-/// CEL rule shared by every profile-count map: names of the form `<G>g.<M>gb` with an optional
-/// NVML suffix (`+me`, `+me.all`, `+gfx`, `-me`: [`crate::catalog::PROFILE_SUFFIXES`]), counts >= 0.
-pub const PROFILE_MAP_RULE: &str =
-    r"self.all(k, k.matches('^[0-9]+g\\.[0-9]+gb(\\+me|\\+me\\.all|\\+gfx|-me)?$') && self[k] >= 0)";
-/// Bounds that keep the CEL rules within the API server's cost budget: no board has more than
-/// nine profiles, and no node more than 16 GPUs.
-pub const MAX_PROFILES_PER_GPU: usize = 12;
-pub const MAX_GPUS_PER_NODE: usize = 16;
+pub use crate::gpunode::{MAX_GPUS_PER_NODE, MAX_PROFILES_PER_GPU, PROFILE_MAP_RULE};
 
 const PROFILE_MAP_MESSAGE: &str =
     "profile names must look like 3g.40gb, 1g.10gb+me or 1g.24gb+gfx, and counts must be >= 0";

@@ -211,7 +211,7 @@ async fn wait_keys(admin: &Client, ns: &str, quota: &str, keys: &[(String, &str)
 /// The ResourceQuota part of [`wait_keys`].
 async fn wait_keys_synced(admin: &Client, ns: &str, quota: &str, keys: &[(String, &str)]) {
     let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), ns);
-    let name = tessera_operator::quota::resource_quota_name(quota);
+    let name = tessera_planner::quota::resource_quota_name(quota);
     wait_for(&format!("{ns}/{name} {keys:?}"), T, || async {
         let rq = rqs.get(&name).await.ok()?;
         let (spec, status) = (rq.spec?.hard?, rq.status?.hard?);

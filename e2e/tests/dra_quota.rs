@@ -93,7 +93,7 @@ async fn wait_policy(admin: &Client, ns: &str, class: &str) {
 /// Waits until our ResourceQuota in `ns` holds `key` at `hard`, in spec and status.
 async fn wait_key(admin: &Client, ns: &str, quota: &str, key: &str, hard: &str) {
     let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), ns);
-    let name = tessera_operator::quota::resource_quota_name(quota);
+    let name = tessera_planner::quota::resource_quota_name(quota);
     wait_for(&format!("{ns}/{name} {key}={hard}"), T, || async {
         let rq = rqs.get(&name).await.ok()?;
         let spec_ok = rq.spec.as_ref()?.hard.as_ref()?.get(key).map(|q| q.0.as_str()) == Some(hard);

@@ -377,7 +377,7 @@ async fn the_plugin_names_the_claim_holding_a_device_exactly_and_preview_lists_t
 /// Waits until our ResourceQuota in `ns` holds `key` at `hard` in its status (admission enforces it).
 async fn wait_quota_key(admin: &Client, ns: &str, quota: &str, key: &str, hard: &str) {
     let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), ns);
-    let name = tessera_operator::quota::resource_quota_name(quota);
+    let name = tessera_planner::quota::resource_quota_name(quota);
     wait_for(&format!("{ns}/{name} {key}={hard}"), T, || async {
         let rq = rqs.get(&name).await.ok()?;
         (rq.status?.hard?.get(key).map(|q| q.0.as_str()) == Some(hard)).then_some(())

@@ -3,7 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
-use tessera_operator::rollout::PlanReport;
+use tessera_planner::rollout::PlanReport;
 
 fn now() -> Time {
     Time("2026-06-01T00:00:00Z".parse().unwrap())
@@ -51,7 +51,7 @@ fn flux(obj: &Value) -> &'static str {
 }
 
 fn plan_obj(report: PlanReport, generation: i64, observed: i64, paused: bool) -> Value {
-    let status = tessera_operator::status::plan_status(&[], &report, Some(observed), paused, now());
+    let status = tessera_planner::status::plan_status(&[], &report, Some(observed), paused, now());
     json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
            "metadata": {"name": "p", "generation": generation}, "spec": {"paused": paused}, "status": status})
 }
@@ -97,7 +97,7 @@ fn quota_status(spec: Value, fleet_slices: usize) -> Value {
         "migEnabled": true, "instances": inst}]}}))
     .unwrap();
     let ns = ["a".to_string()].into_iter().collect();
-    let plan = tessera_operator::quota::plan_quotas(std::slice::from_ref(&q), &ns, &[], &[gn], now());
+    let plan = tessera_planner::quota::plan_quotas(std::slice::from_ref(&q), &ns, &[], &[gn], now());
     let mut obj = serde_json::to_value(&q).unwrap();
     obj["status"] = serde_json::to_value(&plan.statuses["q"]).unwrap();
     obj

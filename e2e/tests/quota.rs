@@ -46,7 +46,7 @@ fn mig_pod(name: &str) -> Pod {
 /// Waits until our ResourceQuota exists in `ns` with the given hard limit and the controller-manager
 /// has filled in its status (admission needs both).
 async fn wait_enforced(admin: &Client, ns: &str, quota: &str, resource: &str, hard: &str) {
-    wait_enforced_as(admin, ns, &tessera_operator::quota::resource_quota_name(quota), resource, hard).await
+    wait_enforced_as(admin, ns, &tessera_planner::quota::resource_quota_name(quota), resource, hard).await
 }
 
 /// [`wait_enforced`] for the ResourceQuota named `name`.
@@ -291,12 +291,12 @@ async fn a_quota_with_a_253_character_name_is_enforced_and_does_not_hold_up_the_
     }
     wait_enforced(&admin, "team-a", "team-a", MIG, "2").await;
     wait_enforced(&admin, "team-b", &long, MIG, "2").await;
-    let name = tessera_operator::quota::resource_quota_name(&long);
+    let name = tessera_planner::quota::resource_quota_name(&long);
     let rq = Api::<ResourceQuota>::namespaced(admin.clone(), "team-b").get(&name).await.unwrap();
     let uid = quotas.get(&long).await.unwrap().metadata.uid.unwrap();
     assert!(name.len() <= 253 && name.starts_with("tessera-llll"), "{name}");
-    assert!(rq.metadata.labels.unwrap()[tessera_operator::quota::QUOTA_LABEL].len() <= 63);
-    assert_eq!(rq.metadata.annotations.unwrap()[tessera_operator::quota::QUOTA_NAME_ANNOTATION], long);
+    assert!(rq.metadata.labels.unwrap()[tessera_planner::quota::QUOTA_LABEL].len() <= 63);
+    assert_eq!(rq.metadata.annotations.unwrap()[tessera_planner::quota::QUOTA_NAME_ANNOTATION], long);
     assert_eq!(rq.metadata.owner_references.unwrap()[0].uid, uid);
     let ready = wait_condition(&quotas, &long, READY, "Enforced").await;
     assert_eq!(ready.message, "ResourceQuotas are in place");
@@ -326,7 +326,7 @@ async fn a_users_own_resource_quota_named_like_ours_is_neither_adopted_nor_delet
     let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
     let spec = json!({"namespaces": ["team-m"], "hard": {"nvidia.com/mig-1g.10gb": 2}});
     let uid = quotas.create(&PostParams::default(), &quota("mine", spec)).await.unwrap().metadata.uid.unwrap();
-    let fallback = tessera_operator::quota::fallback_resource_quota_name("mine", &uid);
+    let fallback = tessera_planner::quota::fallback_resource_quota_name("mine", &uid);
     // The status is written at the end of the pass that saw the quota: by then it has acted.
     wait_for("mine: status written", T, || async { quotas.get("mine").await.ok()?.status.map(|_| ()) }).await.unwrap();
     let theirs = rqs.get("tessera-mine").await.unwrap();

@@ -72,7 +72,7 @@ fn gpu_pod(name: &str, resource: &str) -> Pod {
 /// the API server's quota admission reads the status).
 async fn wait_enforced(admin: &Client, ns: &str, quota: &str, key: &str, hard: &str) {
     let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), ns);
-    let name = tessera_operator::quota::resource_quota_name(quota);
+    let name = tessera_planner::quota::resource_quota_name(quota);
     wait_for(&format!("{ns}/{name} enforced"), T, || async {
         let rq = rqs.get(&name).await.ok()?;
         let spec_ok = rq.spec.as_ref()?.hard.as_ref()?.get(key).map(|q| q.0.as_str()) == Some(hard);
@@ -330,7 +330,7 @@ async fn both_resource_quota_names_taken_refuses_gpu_pods_naming_the_cause() {
     let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
     let spec = json!({"namespaces": ["b"], "hard": {"nvidia.com/gpu": 2}});
     let uid = quotas.create(&PostParams::default(), &quota("team-a", spec)).await.unwrap().metadata.uid.unwrap();
-    let fallback = tessera_operator::quota::fallback_resource_quota_name("team-a", &uid);
+    let fallback = tessera_planner::quota::fallback_resource_quota_name("team-a", &uid);
     let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), "a");
     for name in ["tessera-team-a", fallback.as_str()] {
         let rq: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": name},

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tessera_operator::cli::validate::{Report, validate_text};
+use tessera_cli::validate::{Report, validate_text};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {

@@ -21,6 +21,8 @@ use tessera_crds::gpunode::{ACTIVITY_CURRENT_UNTIL, ACTIVITY_FAILING_SINCE, AGEN
 use tessera_crds::solver::ProfileCounts;
 use tracing::{info, warn};
 
+mod activity_pass;
+
 use crate::Error;
 use crate::backend::{GpuBackend, ModeChange, model_from_hardware};
 use crate::gpu_clients::{self, pause};

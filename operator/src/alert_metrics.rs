@@ -9,7 +9,7 @@ use tessera_crds::conditions::STALLED;
 use tessera_crds::plan::{GpuPartitionPlanSpec, RolloutPolicy};
 
 use crate::metrics::{CordonedNode, StalledPlan};
-use crate::rollout::{DRA_WAIT_SECS, DraSlices, NodeInput};
+use tessera_planner::rollout::{DRA_WAIT_SECS, DraSlices, NodeInput};
 
 /// Each plan whose `Stalled` condition is true (from the status about to be written, or the
 /// stored one), with the condition's lastTransitionTime in Unix seconds.
@@ -68,7 +68,7 @@ mod tests {
     use tessera_crds::GpuNode;
 
     use super::*;
-    use crate::liveness::AgentHealth;
+    use tessera_planner::liveness::AgentHealth;
 
     static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 

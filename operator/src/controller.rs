@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+pub use tessera_planner::rollout::node_of;
+pub use tessera_planner::slim::{trim_metadata, trim_node};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -41,13 +43,13 @@ mod slots;
 use slots::{Dirty, Slots};
 
 use crate::Error;
-use crate::events::NodeEvent;
 use crate::expectations::{Expectations, Written};
-use crate::liveness::Liveness;
 use crate::metrics::Metrics;
-use crate::rollout::{self, Action};
-use crate::slim::{SlimGpuNode, SlimNode};
 use crate::wake::{self, Waker};
+use tessera_planner::events::NodeEvent;
+use tessera_planner::liveness::Liveness;
+use tessera_planner::rollout::{self, Action};
+use tessera_planner::slim::{SlimGpuNode, SlimNode};
 
 /// Field manager of everything the operator writes.
 pub const MANAGER: &str = "tessera-operator";
@@ -72,22 +74,6 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// 1,000 nodes, 64 took 34 s against 40 s with 32 (and 40 s with 128).
 const NODES_IN_PARALLEL: usize = 64;
 
-pub fn node_of(action: &Action) -> &str {
-    match action {
-        Action::Rollout { node, .. }
-        | Action::Cordon { node }
-        | Action::Uncordon { node }
-        | Action::Evict { node, .. }
-        | Action::ForceDelete { node, .. }
-        | Action::Intent { node, .. }
-        | Action::ClearIntent { node }
-        | Action::Event { node, .. }
-        | Action::Completed { node, .. }
-        | Action::Blockers { node, .. }
-        | Action::AgentDown { node, .. } => node,
-    }
-}
-
 /// Whether a node's rollout record keeps a deleted plan's finalizer: the plan has the node mid-
 /// change or holds its cordon. A record at rest (`Idle`, `Pending`, `Failed` and uncordoned)
 /// holds nothing: a node now waiting under another plan keeps the old plan's name in its record
@@ -111,7 +97,7 @@ pub struct Context {
     pub nodes: Store<Node>,
     pub leases: Store<Lease>,
     /// Whether the lease watch is caught up (no agent is judged dead through one that is not).
-    lease_watch: Arc<std::sync::Mutex<crate::liveness::LeaseWatch>>,
+    lease_watch: Arc<std::sync::Mutex<tessera_planner::liveness::LeaseWatch>>,
     /// The quotas automatic plans serve (and `fragmentedSlices` is measured against).
     pub quotas: Store<TenantGpuQuota>,
     /// ResourceClaims: which pods use a GPU through DRA (the drain scope, the busy check).
@@ -119,13 +105,13 @@ pub struct Context {
     /// Agents' heartbeats as observed pass after pass.
     pub liveness: std::sync::Mutex<Liveness>,
     /// The agents each pass judged not responding, for the idle report (`idle::stale`).
-    pub not_reporting: crate::idle::gate::Verdicts,
+    pub not_reporting: tessera_planner::idle::gate::Verdicts,
     /// Each node's verdict of the last pass, reused while its inputs stay the same.
     carry: std::sync::Mutex<rollout::Carry>,
     /// Per draining node, the evictions of pods that came back to it (in memory only).
-    returns: std::sync::Mutex<crate::drain::Returns>,
+    returns: std::sync::Mutex<tessera_planner::drain::Returns>,
     /// Pods whose eviction the server asked to retry later (Retry-After; in memory only).
-    not_before: std::sync::Mutex<crate::drain::NotBefore>,
+    not_before: std::sync::Mutex<tessera_planner::drain::NotBefore>,
     /// The fleet as the last pass read it, and the nodes the watches saw change since.
     slots: std::sync::Mutex<Slots>,
     dirty: Arc<Dirty>,
@@ -142,7 +128,7 @@ pub struct Context {
     /// Automatic plans: since when their demand and fleet have held still.
     stability: std::sync::Mutex<layouts::Stability>,
     /// Decision writes the plan cache has not shown yet.
-    decision_writes: std::sync::Mutex<crate::auto::written::DecisionWrites>,
+    decision_writes: std::sync::Mutex<tessera_planner::auto::written::DecisionWrites>,
     /// Stranded slices per (board, layout, demanded profiles), and per GpuNode version.
     stranded_memo: std::sync::Mutex<layouts::StrandedMemo>,
     /// The GPU DRA drivers' ResourceSlices (`run` sets it; none: no node refused, nothing counted).
@@ -158,7 +144,7 @@ pub async fn start(
     metrics: Arc<Metrics>,
     instance: String,
     fleet_changed: Arc<Notify>,
-    gpu_drivers: crate::dra::GpuDrivers,
+    gpu_drivers: tessera_planner::dra::GpuDrivers,
 ) -> (Arc<Context>, Arc<Notify>) {
     let changed = Arc::new(Notify::new());
     // Nodes, GpuNodes and Leases are named alike: their changes name the node to read again.
@@ -241,27 +227,6 @@ pub async fn start(
         dra: Default::default(),
     };
     (Arc::new(ctx), changed)
-}
-
-/// kubectl's copy of the last applied object: as large as the object, and read by nobody here.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// Drops what no controller here reads but every cached object carries: `managedFields` (often
-/// the larger part of an object written by several managers) and kubectl's last-applied copy.
-pub fn trim_metadata<K: Resource>(obj: &mut K) {
-    let meta = obj.meta_mut();
-    meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
-    }
-}
-
-/// A Node as the rollout reads it: name, labels, annotations and `spec.unschedulable`, and the
-/// `nvidia.com/` resources it advertises (the quotas: `slim::advertised_only`). The rest of its
-/// status (conditions, capacity, addresses, images) is most of its size and is never read.
-pub fn trim_node(node: &mut Node) {
-    trim_metadata(node);
-    node.status = crate::slim::advertised_only(node.status.take().and_then(|s| s.allocatable));
 }
 
 /// A cache of `api` kept current by a watch (with backoff) in the background; every change wakes
@@ -449,7 +414,7 @@ impl Context {
         for e in reached.iter().filter(|e| e.warning) {
             self.event_on_node(&e.node, e.reason, &e.message, true).await;
         }
-        for e in crate::events::aggregate(reached) {
+        for e in tessera_planner::events::aggregate(reached) {
             if let Some(p) = plans.iter().find(|p| p.metadata.name.as_deref() == Some(e.plan.as_str())) {
                 self.publish_new(&p.object_ref(&()), e.reason, &e.note, e.warning).await;
             }
@@ -467,7 +432,7 @@ impl Context {
         let event = K8sEvent {
             action: Some("Rollout".into()),
             reason: Some(reason.into()),
-            note: Some(note.chars().take(crate::events::NOTE_LIMIT).collect()),
+            note: Some(note.chars().take(tessera_planner::events::NOTE_LIMIT).collect()),
             event_time: Some(MicroTime(now)),
             regarding: Some(reference.clone()),
             metadata: kube::api::ObjectMeta {
@@ -500,7 +465,7 @@ impl Context {
         };
         let mut existing = std::collections::BTreeSet::new();
         let wanted: std::collections::BTreeSet<(String, String)> =
-            pods.iter().filter_map(crate::drain::daemonset_of).collect();
+            pods.iter().filter_map(tessera_planner::drain::daemonset_of).collect();
         for (ns, name) in wanted {
             match Api::<DaemonSet>::namespaced(self.client.clone(), &ns).get_opt(&name).await {
                 Ok(None) => {}
@@ -634,7 +599,7 @@ impl Context {
             cached.as_ref().and_then(|g| g.status.as_ref()?.rollout.clone())
         };
         let mut errors = Vec::new();
-        for (node, r) in crate::drain::records(found, refused, current) {
+        for (node, r) in tessera_planner::drain::records(found, refused, current) {
             if !r.message.is_empty() {
                 self.event_on_node(&node, "EvictionBlocked", &r.message, true).await;
                 if let Some(plan) =

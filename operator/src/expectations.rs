@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kube::Resource;
 use kube::runtime::watcher;
 
-use crate::FastMap;
+use tessera_planner::FastMap;
 
 /// Follows one watch, after its reflector, into `seen`: the highest resourceVersion the store
 /// holds or has seen deleted. A re-list's objects count at its end (the reflector swaps the
@@ -66,11 +66,7 @@ pub struct Expectations {
     pending: FastMap<String, Expected>,
 }
 
-/// An etcd revision, the form every resourceVersion takes with the API server's storage. One in
-/// another form cannot be compared, so it is never waited for.
-pub fn revision(rv: Option<&str>) -> Option<u64> {
-    rv?.parse().ok()
-}
+pub use tessera_planner::resource_version::revision;
 
 impl Expectations {
     /// A write to `node`'s object succeeded and returned `resource_version` (or, after a write

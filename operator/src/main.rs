@@ -2,9 +2,9 @@
 
 use clap::{Parser, Subcommand};
 use std::io::Write as _;
-use tessera_operator::cli::commands::{DraArgs, MigCommand, PreviewArgs, runtime};
-use tessera_operator::cli::connect::ClusterArgs;
-use tessera_operator::cli::{self, Format};
+use tessera_cli::commands::{DraArgs, MigCommand, PreviewArgs, runtime};
+use tessera_cli::connect::ClusterArgs;
+use tessera_cli::{self as cli, Format};
 
 #[derive(Parser)]
 #[command(name = "tessera-operator", version, about = "Declarative MIG partitioning and GPU quotas for Kubernetes")]
@@ -39,7 +39,7 @@ enum Command {
         identity: String,
         /// DRA drivers whose devices are GPUs: pods holding ResourceClaims allocated from them
         /// are GPU pods (drained, counted, held to quota).
-        #[arg(long, value_delimiter = ',', default_value = tessera_operator::dra::NVIDIA_GPU_DRIVER)]
+        #[arg(long, value_delimiter = ',', default_value = tessera_planner::dra::NVIDIA_GPU_DRIVER)]
         gpu_dra_drivers: Vec<String>,
     },
     /// Plans against the live cluster (KUBECONFIG), changing nothing.
@@ -110,7 +110,7 @@ fn main() {
             leader_elect,
             lease_namespace,
             identity,
-            gpu_drivers: tessera_operator::dra::GpuDrivers::new(gpu_dra_drivers),
+            gpu_drivers: tessera_planner::dra::GpuDrivers::new(gpu_dra_drivers),
         };
         if let Err(e) = rt.block_on(tessera_operator::run::run(opts)) {
             let _ = writeln!(std::io::stderr(), "error: {e:#}");

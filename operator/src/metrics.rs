@@ -285,7 +285,7 @@ impl Metrics {
     /// Per tenant: devices by state (`idle`: past its quota's `idleAfter`), and since when its
     /// longest-idle device has been idle, apart for certain and guessed holders (no series while
     /// none is idle).
-    pub fn set_tenant_activity(&self, report: &crate::idle::IdleReport) {
+    pub fn set_tenant_activity(&self, report: &tessera_planner::idle::IdleReport) {
         let mut slices = BTreeMap::new();
         for (tenant, u) in &report.tenants {
             for (state, n) in
@@ -444,13 +444,13 @@ mod tests {
     }
 
     /// Tenant `ml` holds two devices, one idle since 1000 s after the epoch.
-    fn idle_report() -> crate::idle::IdleReport {
-        let mut r = crate::idle::IdleReport::default();
+    fn idle_report() -> tessera_planner::idle::IdleReport {
+        let mut r = tessera_planner::idle::IdleReport::default();
         r.tenants.insert(
             "ml".into(),
-            crate::idle::TenantUse { allocated: 2, active: 1, idle: 1, unmeasured: 0, ..Default::default() },
+            tessera_planner::idle::TenantUse { allocated: 2, active: 1, idle: 1, unmeasured: 0, ..Default::default() },
         );
-        r.idle.push(crate::idle::IdleHolder {
+        r.idle.push(tessera_planner::idle::IdleHolder {
             pod: "ml/a".into(),
             tenant: Some("ml".into()),
             virtual_pod: None,

@@ -25,12 +25,12 @@ use tracing::{info, warn};
 
 use crate::Error;
 use crate::controller::{MANAGER, watch_into_store};
-use crate::dra::GpuDrivers;
 use crate::metrics::Metrics;
-use crate::quota::claims::{CLAIM_POLICY, ClassView};
-use crate::quota::stamp::IN_FORCE_SINCE;
-use crate::quota::stamp::keys::IN_FORCE_KEYS;
-use crate::quota::{
+use tessera_planner::dra::GpuDrivers;
+use tessera_planner::quota::claims::{CLAIM_POLICY, ClassView};
+use tessera_planner::quota::stamp::IN_FORCE_SINCE;
+use tessera_planner::quota::stamp::keys::IN_FORCE_KEYS;
+use tessera_planner::quota::{
     Apply, Capacity, Dra, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas_dra, quota_label_value, report_write_failures,
 };
 
@@ -69,9 +69,9 @@ pub struct QuotaController {
     pub(crate) claims: std::sync::OnceLock<crate::controller::claims::ClaimCache>,
     /// The agents the rollout controller judges not responding (`run` sets it): their nodes'
     /// activity summaries are set aside (`idle::stale`); no report before it publishes any.
-    pub not_reporting: std::sync::OnceLock<crate::idle::gate::Verdicts>,
+    pub not_reporting: std::sync::OnceLock<tessera_planner::idle::gate::Verdicts>,
     /// The last idle report and when its pods were listed (see `idle_report`).
-    idle: std::sync::Mutex<Option<(std::time::Instant, crate::idle::IdleReport)>>,
+    idle: std::sync::Mutex<Option<(std::time::Instant, tessera_planner::idle::IdleReport)>>,
     /// When listing pods for the idle report last failed: the next try waits `IDLE_REFRESH`.
     idle_failed: std::sync::Mutex<Option<std::time::Instant>>,
     /// The claim-class binding's or policy's problem last seen (logged when it changes).
@@ -116,7 +116,7 @@ impl QuotaController {
                 // hid, so its list must not come from a watch cache that still shows them.
                 d().list_semantic(watcher::ListSemantic::MostRecent),
                 vec![crate::wake::Waker::always(changed.clone())],
-                crate::quota::stamp::trim_managed_fields,
+                tessera_planner::quota::stamp::trim_managed_fields,
                 Default::default(),
                 None,
             )
@@ -130,7 +130,7 @@ impl QuotaController {
             drivers,
             policy_params: watch_into_store(
                 Api::namespaced(client.clone(), &namespace),
-                d().fields(&format!("metadata.name={}", crate::quota::claims::POLICY_PARAMS)),
+                d().fields(&format!("metadata.name={}", tessera_planner::quota::claims::POLICY_PARAMS)),
                 changed.clone(),
             ),
             namespace,
@@ -252,25 +252,26 @@ impl QuotaController {
     pub async fn reconcile(&self) -> Result<(), Error> {
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
         let all_namespaces = self.namespaces.state();
-        let (namespace_uids, created) = crate::quota::pod_gate::namespace_facts(all_namespaces.iter().map(|n| &**n));
+        let (namespace_uids, created) =
+            tessera_planner::quota::pod_gate::namespace_facts(all_namespaces.iter().map(|n| &**n));
         // A lagging ResourceQuota watch may still show a previous namespace's of the same name.
         let rqs: Vec<ResourceQuota> = self.rqs.state().iter().map(|q| (**q).clone()).collect();
         // Nor may it show one this controller deleted as still there.
         let rqs = self.deleted.hide(rqs);
-        let rqs = crate::quota::pod_gate::of_current_namespaces(rqs, &created);
+        let rqs = tessera_planner::quota::pod_gate::of_current_namespaces(rqs, &created);
         let namespaces: BTreeSet<String> =
             all_namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).map(|n| n.name_any()).collect();
         let stand_ins = crate::controller::dra::supply_nodes(self.dra.get(), &self.gpunodes);
         let mut capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g).chain(&stand_ins));
         if let Some(nodes) = self.nodes.get() {
-            capacity.advertised = crate::quota::advertised(nodes.state().iter().map(|n| &**n));
+            capacity.advertised = tessera_planner::quota::advertised(nodes.state().iter().map(|n| &**n));
         }
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let classes = self.classes.state();
         // Devices held through classes other than Tessera's: none known without the claim cache.
         let held = self.claims.get().map_or_else(Default::default, |c| {
             let slices = self.dra.get().map(|d| d.slices()).unwrap_or_default();
-            crate::quota::holdings::held_elsewhere(
+            tessera_planner::quota::holdings::held_elsewhere(
                 c.claims().iter().map(|c| &**c),
                 slices.iter().map(|s| &**s),
                 &self.drivers,
@@ -278,18 +279,16 @@ impl QuotaController {
         });
         let view = ClassView::of(classes.iter().map(|c| &**c), &self.drivers);
         // Claims not allocated yet, counted at their most: none known without the claim cache.
-        let pending = self
-            .claims
-            .get()
-            .map_or_else(Vec::new, |c| crate::quota::unallocated::unallocated(c.claims().iter().map(|c| &**c), &view));
-        let admin_access = self
-            .claims
-            .get()
-            .map_or_else(Vec::new, |c| crate::quota::unallocated::admin_access(c.claims().iter().map(|c| &**c), &view));
+        let pending = self.claims.get().map_or_else(Vec::new, |c| {
+            tessera_planner::quota::unallocated::unallocated(c.claims().iter().map(|c| &**c), &view)
+        });
+        let admin_access = self.claims.get().map_or_else(Vec::new, |c| {
+            tessera_planner::quota::unallocated::admin_access(c.claims().iter().map(|c| &**c), &view)
+        });
         let ours = self
             .claims
             .get()
-            .map_or_else(Vec::new, |c| crate::quota::unallocated::ours(c.claims().iter().map(|c| &**c)));
+            .map_or_else(Vec::new, |c| tessera_planner::quota::unallocated::ours(c.claims().iter().map(|c| &**c)));
         let stored_params = self.policy_params.state().first().and_then(|c| c.data.clone()).unwrap_or_default();
         let params_uids =
             stored_params.iter().filter_map(|(k, v)| Some((k.strip_suffix(".uid")?.to_string(), v.clone()))).collect();
@@ -372,12 +371,12 @@ impl QuotaController {
         }
         failed += failures.values().map(Vec::len).sum::<usize>();
         let idle = self.idle_report(&quotas).await;
-        let thresholds = crate::idle::idle_thresholds(&quotas);
+        let thresholds = tessera_planner::idle::idle_thresholds(&quotas);
         for q in &quotas {
             let Some(planned) = plan.statuses.get(&q.name_any()) else { continue };
             let mut status = planned.clone();
             let previous = q.status.as_ref().and_then(|s| s.activity.as_ref());
-            status.activity = crate::idle::status_activity(&idle, previous, &q.name_any(), &thresholds);
+            status.activity = tessera_planner::idle::status_activity(&idle, previous, &q.name_any(), &thresholds);
             let mut errors = failures.get(&q.name_any()).cloned().unwrap_or_default();
             errors.extend(shared.iter().cloned());
             report_write_failures(&mut status, &errors, q.metadata.generation, &now);
@@ -406,13 +405,13 @@ impl QuotaController {
     /// the GpuNodes as `kubectl tessera status` places them, joined with their activity. See
     /// `idle::gate` for when it keeps the last figures (a failed pod list, no verdicts yet) or
     /// clears them (no quota, nothing measured).
-    async fn idle_report(&self, quotas: &[TenantGpuQuota]) -> crate::idle::Outcome {
-        use crate::idle::{Outcome, gate::Gate};
+    async fn idle_report(&self, quotas: &[TenantGpuQuota]) -> tessera_planner::idle::Outcome {
+        use tessera_planner::idle::{Outcome, gate::Gate};
         let fresh = |at: &std::time::Instant| at.elapsed() < IDLE_REFRESH;
         let measured = self.gpunodes.state().iter().any(|g| g.status.as_ref().is_some_and(|s| s.activity.is_some()));
         let verdicts = self.not_reporting.get().and_then(|v| v.get(k8s_openapi::jiff::Timestamp::now()));
         let failed = self.idle_failed.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|at| fresh(&at));
-        match crate::idle::gate::gate(quotas.len(), verdicts.is_some(), measured, failed) {
+        match tessera_planner::idle::gate::gate(quotas.len(), verdicts.is_some(), measured, failed) {
             Gate::Clear => {
                 self.metrics.set_tenant_activity(&Default::default());
                 *self.idle.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -443,25 +442,25 @@ impl QuotaController {
                     self.metrics.error("kube");
                     warn!(error = %e, "could not list pods for the idle report; keeping the last figures");
                     *self.idle_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
-                    return crate::idle::Outcome::Keep;
+                    return tessera_planner::idle::Outcome::Keep;
                 }
             }
         }
         let gpunodes: Vec<GpuNode> = self.gpunodes.state().iter().map(|g| (**g).clone()).collect();
-        let dra = crate::cli::status::Dra {
-            claims: self.claims.get().map(|c| c.index()).unwrap_or_else(crate::gpu_use::ClaimIndex::empty),
-            slices: crate::cli::status::SliceIndex::new(
+        let dra = tessera_planner::fleet_status::Dra {
+            claims: self.claims.get().map(|c| c.index()).unwrap_or_else(tessera_planner::gpu_use::ClaimIndex::empty),
+            slices: tessera_planner::fleet_status::SliceIndex::new(
                 self.dra.get().map(|d| d.slices()).unwrap_or_default().iter().map(|s| &**s),
             ),
         };
-        let status = crate::cli::status::fleet_status_with(&gpunodes, &[], quotas, &pods, &dra);
-        let thresholds = crate::idle::idle_thresholds(quotas);
+        let status = tessera_planner::fleet_status::fleet_status_with(&gpunodes, &[], quotas, &pods, &dra);
+        let thresholds = tessera_planner::idle::idle_thresholds(quotas);
         let now = k8s_openapi::jiff::Timestamp::now();
-        let report = crate::idle::idle_report(&status, &gpunodes, &pods, &thresholds, &not_reporting, now);
+        let report = tessera_planner::idle::idle_report(&status, &gpunodes, &pods, &thresholds, &not_reporting, now);
         self.metrics.set_tenant_activity(&report);
         self.metrics.idle_reported(now.as_second());
         *self.idle.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), report.clone()));
-        crate::idle::Outcome::Report(report)
+        tessera_planner::idle::Outcome::Report(report)
     }
 
     /// Server-side-applies one ResourceQuota, owned by and labelled for `owner`.
@@ -551,7 +550,7 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     // An empty `hard` may come back omitted; quantities come back canonical (`1000` as `1k`).
     let empty = BTreeMap::new();
     let h = rq.spec.as_ref().and_then(|s| s.hard.as_ref()).unwrap_or(&empty);
-    let same = |q: &str, v: &str| q == v || v.parse().is_ok_and(|n| crate::quota::quantity::is_exactly(q, n));
+    let same = |q: &str, v: &str| q == v || v.parse().is_ok_and(|n| tessera_planner::quota::quantity::is_exactly(q, n));
     let hard_ok = h.len() == a.hard.len() && a.hard.iter().all(|(k, v)| h.get(k).is_some_and(|q| same(&q.0, v)));
     let annotation = |k: &str| rq.metadata.annotations.as_ref().and_then(|m| m.get(k));
     let annotated = annotation(QUOTA_NAME_ANNOTATION) == Some(&a.quota);
@@ -584,4 +583,8 @@ mod stamp_tests;
 #[cfg(test)]
 mod start_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod writer_tests;

@@ -21,7 +21,7 @@ pub struct RunOptions {
     pub lease_namespace: String,
     pub identity: String,
     /// `--gpu-dra-drivers`: whose ResourceClaim allocations are GPUs.
-    pub gpu_drivers: crate::dra::GpuDrivers,
+    pub gpu_drivers: tessera_planner::dra::GpuDrivers,
 }
 
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {

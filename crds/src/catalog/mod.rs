@@ -11,6 +11,9 @@ use std::fmt;
 
 pub use tables::MODELS;
 
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
 /// One GPU-instance profile of one board, e.g. `3g.40gb` on H100-80GB.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProfileSpec {
@@ -101,10 +104,26 @@ static NORMALIZED_NAMES: std::sync::LazyLock<Vec<(String, Vec<String>)>> = std::
         .collect()
 });
 
+/// One GPU-instance profile of a GPU, as its driver reports it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuProfileInfo {
+    pub name: String,
+    #[serde(default)]
+    pub id: u32,
+    pub compute_slices: u8,
+    pub memory_slices: u8,
+    pub max_count: u8,
+    /// Valid start slots on the memory axis.
+    #[serde(default)]
+    #[schemars(extend("maxItems" = 16))]
+    pub starts: Vec<u8>,
+}
+
 /// Whether a reported profile table describes a geometry the solver can work with: 1 to 8
 /// memory and compute slices per profile, every placement inside an 8-slot axis. Anything else
 /// (a buggy or hostile report) is treated as an unknown board.
-pub fn valid_table(table: &[crate::gpunode::GpuProfileInfo]) -> bool {
+pub fn valid_table(table: &[GpuProfileInfo]) -> bool {
     !table.is_empty()
         && table.iter().all(|p| {
             (1..=8).contains(&p.memory_slices)
@@ -119,7 +138,7 @@ pub fn valid_table(table: &[crate::gpunode::GpuProfileInfo]) -> bool {
 /// or by the operator from an agent's report, for boards the catalog lacks), named as the
 /// catalog names the board when it knows it. Leaked once per distinct table: a fleet has a
 /// handful of GPU models.
-pub fn model_from_table(product: &str, table: &[crate::gpunode::GpuProfileInfo]) -> &'static GpuModel {
+pub fn model_from_table(product: &str, table: &[GpuProfileInfo]) -> &'static GpuModel {
     use std::collections::HashMap;
     use std::sync::Mutex;
     static CACHE: Mutex<Option<HashMap<String, &'static GpuModel>>> = Mutex::new(None);

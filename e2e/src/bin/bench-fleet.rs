@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use tessera_crds::{catalog, solver};
-use tessera_operator::fleet::{GpuSlot, solve};
+use tessera_planner::fleet::{GpuSlot, solve};
 
 /// A small deterministic generator (no dependency, the same fleet every run).
 struct Lcg(u64);

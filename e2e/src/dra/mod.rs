@@ -18,7 +18,7 @@ pub use pods::*;
 pub use slice::{SliceAction, node_slice, plan, slice_name};
 
 /// NVIDIA's driver name, which is also the domain of its device attributes.
-pub const DRIVER: &str = tessera_operator::dra::NVIDIA_GPU_DRIVER;
+pub const DRIVER: &str = tessera_planner::dra::NVIDIA_GPU_DRIVER;
 /// NVIDIA's DeviceClass of whole GPUs.
 pub const GPU_CLASS: &str = "gpu.nvidia.com";
 /// NVIDIA's DeviceClass of MIG devices.

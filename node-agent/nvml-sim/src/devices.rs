@@ -9,17 +9,11 @@ use tessera_node_agent::backend::sim::model;
 
 use crate::exports::{mig_devices, nvml_fn};
 use crate::profiles;
-use crate::session::{Code, Ctx, Dev, gpu_handle, inout, mig_handle, out};
+use crate::session::{Code, Ctx, Dev, bus_ids, gpu_handle, inout, mig_handle, out};
 
 const INVALID: Code = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
 const NOT_FOUND: Code = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
 const NOT_SUPPORTED: Code = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
-
-/// GPU `g`'s PCI bus id as `nvmlPciInfo_t::busId` and `busIdLegacy` spell it.
-pub fn bus_ids(g: u32) -> (String, String) {
-    let bus = 0x1b + g;
-    (format!("00000000:{bus:02X}:00.0"), format!("0000:{bus:02X}:00.0"))
-}
 
 /// Parses a bus id in the forms nvml.h accepts (hex): `domain:bus:device.function`,
 /// `domain:bus:device`, `bus:device.function`. Returns (domain, bus, device, function).

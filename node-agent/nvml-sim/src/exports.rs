@@ -131,7 +131,7 @@ nvml_fn!(nvmlDeviceGetPciInfo_v3(cx, device: nvmlDevice_t, pci: *mut nvmlPciInfo
     let id = tessera_crds::catalog::lookup(&product).and_then(|m| m.pci_device_ids.first().copied()).unwrap_or(0);
     let p = unsafe { inout(pci)? };
     let bus = 0x1b + g;
-    let (bus_id, legacy) = crate::devices::bus_ids(g);
+    let (bus_id, legacy) = crate::session::bus_ids(g);
     session::fill_name(&mut p.busIdLegacy, &legacy);
     session::fill_name(&mut p.busId, &bus_id);
     (p.domain, p.bus, p.device) = (0, bus, 0);

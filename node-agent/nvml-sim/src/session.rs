@@ -352,3 +352,9 @@ pub fn fill_name(dst: &mut [c_char], s: &str) {
     }
     dst[n] = 0;
 }
+
+/// GPU `g`'s PCI bus id as `nvmlPciInfo_t::busId` and `busIdLegacy` spell it.
+pub fn bus_ids(g: u32) -> (String, String) {
+    let bus = 0x1b + g;
+    (format!("00000000:{bus:02X}:00.0"), format!("0000:{bus:02X}:00.0"))
+}

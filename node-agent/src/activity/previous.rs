@@ -9,13 +9,7 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
-use tessera_crds::gpunode::{ACTIVITY_CURRENT_UNTIL, ACTIVITY_FAILING_SINCE, AGENT_LEASE_NAMESPACE};
-use tracing::{info, warn};
-
-use crate::Error;
-use crate::agent::Agent;
-use crate::backend::GpuBackend;
+use tessera_crds::gpunode::{ACTIVITY_CURRENT_UNTIL, ACTIVITY_FAILING_SINCE};
 
 /// The previous run's report, as its Lease announced it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,31 +80,6 @@ impl PreviousRun {
             Failing::Since(since) => Some(since),
             Failing::Unreadable => self.renewed,
         }
-    }
-}
-
-impl<B: GpuBackend> Agent<B> {
-    /// The previous run, read from the Lease once per run (by the first renewal or the first
-    /// activity pass, whichever comes first); a stale report it announced becomes this run's
-    /// failure, so the next renewal keeps announcing it. A failed read fails the caller (tried
-    /// again): renewing unread would erase both.
-    pub async fn previous_run(&mut self) -> Result<PreviousRun, Error> {
-        if let Some(p) = self.activity.previous {
-            return Ok(p);
-        }
-        let api: Api<Lease> = Api::namespaced(self.client.clone(), AGENT_LEASE_NAMESPACE);
-        let lease = api.get_opt(&self.node).await.inspect_err(
-            |e| warn!(error = %e, "could not read this agent's heartbeat Lease to resume from; retrying"),
-        )?;
-        let p = PreviousRun::from_lease(lease.as_ref());
-        // A time in the future (the clock stepped back since) would never be announced: capped.
-        if let Some(since) = p.failing_since().map(|s| s.min(Timestamp::now())) {
-            info!(%since, "the previous run announced its activity report stale; announcing it until current");
-            let failing = &mut self.activity.failing;
-            *failing = Some(failing.map_or(since, |f| f.min(since)));
-        }
-        self.activity.previous = Some(p);
-        Ok(p)
     }
 }
 

@@ -11,8 +11,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tracing::{info, warn};
 
-use crate::dra::GpuDrivers;
-use crate::gpu_use::ClaimIndex;
+use tessera_planner::dra::GpuDrivers;
+use tessera_planner::gpu_use::ClaimIndex;
 
 /// The claim cache and the drivers whose devices are GPUs.
 #[derive(Clone)]
@@ -155,7 +155,7 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::InitDone);
         tokio::time::timeout(std::time::Duration::from_secs(5), cache.wait_ready()).await.expect("ready once listed");
         let index = cache.index();
-        assert!(crate::gpu_use::gpu_use(&bound_pod(), &index).devices.len() == 1, "{index:?}");
+        assert!(tessera_planner::gpu_use::gpu_use(&bound_pod(), &index).devices.len() == 1, "{index:?}");
     }
 
     /// An API server: discovery of `resource.k8s.io/v1` answers `discovery` (404: not served),
@@ -176,7 +176,7 @@ mod tests {
         let within = |s: u64| std::time::Duration::from_millis(s);
         let cache = ClaimCache::start(api(200, 200), GpuDrivers::default());
         tokio::time::timeout(within(5000), cache.wait_ready()).await.expect("ready once listed");
-        assert_eq!(crate::gpu_use::gpu_use(&bound_pod(), &cache.index()).devices.len(), 1);
+        assert_eq!(tessera_planner::gpu_use::gpu_use(&bound_pod(), &cache.index()).devices.len(), 1);
         // Served but not listable (the RBAC rule missing): no pass may run blind to claims.
         let forbidden = ClaimCache::start(api(200, 403), GpuDrivers::default());
         assert!(tokio::time::timeout(within(300), forbidden.wait_ready()).await.is_err());
@@ -205,7 +205,7 @@ mod tests {
         let status = c.status.as_ref().unwrap();
         assert!(status.devices.is_none() && status.reserved_for.is_none() && c.metadata.managed_fields.is_none());
         let index = ClaimIndex::new([&c], &GpuDrivers::default());
-        assert_eq!(crate::gpu_use::gpu_use(&bound_pod(), &index).devices.len(), 1);
+        assert_eq!(tessera_planner::gpu_use::gpu_use(&bound_pod(), &index).devices.len(), 1);
     }
 
     /// The quotas count an unallocated claim at its most (`quota::unallocated`): the cache keeps

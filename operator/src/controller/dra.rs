@@ -21,9 +21,9 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::slots::Slots;
-use crate::dra::GpuDrivers;
-use crate::dra_slices::{self, DRA_IN_SYNC, NodeCondition};
-use crate::rollout::{DraSlices, NodeInput, PlanReport};
+use tessera_planner::dra::GpuDrivers;
+use tessera_planner::dra_slices::{self, DRA_IN_SYNC, NodeCondition};
+use tessera_planner::rollout::{DraSlices, NodeInput, PlanReport};
 
 /// Field manager of the `DraInSync` conditions on GpuNodes.
 pub const DRA_MANAGER: &str = "tessera-operator-dra";

@@ -13,7 +13,7 @@ use kube::{Client, Resource};
 use serde_json::json;
 
 use crate::Error;
-use crate::drain::{NotBefore, eviction_refused, retry_after};
+use tessera_planner::drain::{NotBefore, eviction_refused, retry_after};
 
 /// What came of asking to evict a pod.
 #[derive(Debug, PartialEq)]

@@ -20,12 +20,12 @@ use tracing::{info, warn};
 
 use super::Context;
 use crate::Error;
-use crate::auto::{self, Next};
-use crate::fleet;
-use crate::gpu_use::{ClaimIndex, uses_gpu};
-use crate::liveness::AgentHealth;
-use crate::quota::Capacity;
-use crate::rollout::{NodeInput, contenders};
+use tessera_planner::auto::{self, Next};
+use tessera_planner::fleet;
+use tessera_planner::gpu_use::{ClaimIndex, uses_gpu};
+use tessera_planner::liveness::AgentHealth;
+use tessera_planner::quota::Capacity;
+use tessera_planner::rollout::{NodeInput, contenders};
 
 /// Field manager of `status.layoutDecision`: separate from the rest of the status, so the
 /// per-pass status write never removes a decision.
@@ -251,11 +251,11 @@ impl Context {
     pub(super) fn fragmented_slices(
         &self,
         plans: &[GpuPartitionPlan],
-        reports: &BTreeMap<String, crate::rollout::PlanReport>,
+        reports: &BTreeMap<String, tessera_planner::rollout::PlanReport>,
         nodes: &[NodeInput<'_>],
     ) -> BTreeMap<String, i64> {
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
-        let everyone = crate::coverage::Demand::every(&quotas).total();
+        let everyone = tessera_planner::coverage::Demand::every(&quotas).total();
         let mut memo = self.stranded_memo.lock().unwrap_or_else(|p| p.into_inner());
         let StrandedMemo { by_gpu, by_node } = &mut *memo;
         if by_gpu.len() > 10_000 {
@@ -308,7 +308,7 @@ impl Context {
 /// one write of one object: a node that took over a position is never mistaken for another.
 #[derive(Default)]
 pub(super) struct StrandedMemo {
-    by_gpu: crate::FastMap<(u64, u64), u32>,
+    by_gpu: tessera_planner::FastMap<(u64, u64), u32>,
     by_node: Vec<Option<(u64, u64, i64)>>,
 }
 
@@ -361,7 +361,7 @@ fn in_flight(gn: &GpuNode) -> bool {
 fn blocked_targets(plan: &GpuPartitionPlan, nodes: &[NodeInput<'_>]) -> usize {
     let Some(d) = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref()) else { return 0 };
     let name = plan.name_any();
-    let by_name: crate::FastMap<&str, &NodeInput<'_>> = nodes.iter().map(|n| (n.name, n)).collect();
+    let by_name: tessera_planner::FastMap<&str, &NodeInput<'_>> = nodes.iter().map(|n| (n.name, n)).collect();
     d.targets
         .iter()
         .filter_map(|t| by_name.get(t.node.as_str()).map(|n| (t, *n)))
@@ -409,7 +409,7 @@ mod tests {
         };
         let claims = ClaimIndex::new(
             &[claim("mig", "gpu.nvidia.com"), claim("nic", "nic.example.com")],
-            &crate::dra::GpuDrivers::default(),
+            &tessera_planner::dra::GpuDrivers::default(),
         );
         let owned: BTreeSet<String> = ["a", "b", "c", "d"].map(String::from).into();
         let pods = [

@@ -15,8 +15,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tracing::warn;
 
 use super::Dirty;
-use crate::liveness::LeaseWatch;
 use crate::wake::Waker;
+use tessera_planner::liveness::{LeaseWatch, WatchEvent};
 
 /// Items of the stream `make` returns, until one fails: the next item comes from a new stream
 /// (for a watcher: a fresh list). The caller's backoff spaces the attempts.
@@ -50,7 +50,7 @@ pub fn watch_leases(api: Api<Lease>, wake: Waker<Lease>, dirty: Arc<Dirty>) -> (
             match item {
                 Ok((event, to_wake)) => {
                     dirty.mark(&event);
-                    *watch = watch.after_event(&event, Timestamp::now());
+                    *watch = watch.after_event(lease_watch_event(&event), Timestamp::now());
                     drop(watch);
                     if to_wake & 1 != 0 {
                         wake.notify.notify_one();
@@ -64,6 +64,15 @@ pub fn watch_leases(api: Api<Lease>, wake: Waker<Lease>, dirty: Arc<Dirty>) -> (
         }
     });
     (store, state)
+}
+
+/// A watcher event as liveness reads it ([`WatchEvent`]).
+fn lease_watch_event<K>(event: &watcher::Event<K>) -> WatchEvent {
+    match event {
+        watcher::Event::Init => WatchEvent::RelistStarted,
+        watcher::Event::InitDone => WatchEvent::RelistDone,
+        watcher::Event::InitApply(_) | watcher::Event::Apply(_) | watcher::Event::Delete(_) => WatchEvent::Changed,
+    }
 }
 
 #[cfg(test)]

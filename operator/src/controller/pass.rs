@@ -19,11 +19,11 @@ use tracing::warn;
 use super::slots::Slots;
 use super::{Context, EVICTION_TIMED_OUT, MANAGER, NODES_IN_PARALLEL, node_of};
 use crate::Error;
-use crate::events::NodeEvent;
 use crate::expectations::Progress;
-use crate::liveness::AgentHealth;
-use crate::rollout::{self, Action, NodeInput, PlanReport};
-use crate::status::plan_status;
+use tessera_planner::events::NodeEvent;
+use tessera_planner::liveness::AgentHealth;
+use tessera_planner::rollout::{self, Action, NodeInput, PlanReport};
+use tessera_planner::status::plan_status;
 
 /// What one node's actions of a pass came to.
 struct GroupResult {

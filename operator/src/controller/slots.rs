@@ -16,8 +16,8 @@ use kube::{Resource, ResourceExt};
 use tessera_crds::GpuNode;
 use tessera_crds::gpunode::{AGENT_LEASE_NAMESPACE, NodePhase};
 
-use crate::liveness::{AgentHealth, LeaseWatch, Liveness};
-use crate::rollout::{self, Versions};
+use tessera_planner::liveness::{AgentHealth, LeaseWatch, Liveness};
+use tessera_planner::rollout::{self, Versions};
 
 /// Names of nodes whose Node, `GpuNode` or Lease changed since the last pass took them.
 #[derive(Debug)]
@@ -25,7 +25,7 @@ pub struct Dirty(Mutex<Changed>);
 
 #[derive(Debug, Default, PartialEq)]
 pub struct Changed {
-    pub names: crate::FastSet<String>,
+    pub names: tessera_planner::FastSet<String>,
     /// Everything may have changed: a watch re-listed (and may have missed deletions).
     pub all: bool,
 }
@@ -117,7 +117,7 @@ pub enum Refreshed {
 #[derive(Debug, Default)]
 pub struct Slots {
     pub slots: Vec<Slot>,
-    index: crate::FastMap<String, usize>,
+    index: tessera_planner::FastMap<String, usize>,
 }
 
 impl Slots {

@@ -18,8 +18,8 @@ use super::policy_check::{
     BINDINGS, Checked, NOT_ENFORCING, PODS, QUOTA_NAMES, params_binding_problem, policy_problems, problems,
 };
 use crate::controller::MANAGER;
-use crate::quota::QuotaPlan;
-use crate::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem, spec_matches};
+use tessera_planner::quota::QuotaPlan;
+use tessera_planner::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem, spec_matches};
 
 const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "tessera");
 

@@ -31,7 +31,7 @@ fn a_namespace_created_again_while_the_operator_is_down_closes_its_gpu_classes()
         "{refused}"
     );
     assert_eq!(admit("nic.example.com", "a", &data("uid-before")), None, "proven off GPUs");
-    let tombstone = admit("gpu.tessera.dev", "a", &data(crate::quota::pod_gate::ABSENT));
+    let tombstone = admit("gpu.tessera.dev", "a", &data(tessera_planner::quota::pod_gate::ABSENT));
     assert!(tombstone.is_some_and(|r| r.contains("the namespace was deleted and created again")), "a tombstone");
     assert_eq!(admit("gpu.tessera.dev", "a", &data(NS_UID)), None, "the same namespace");
     let mut older = data("x");

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::stamp_tests::{in_force, team_a};
 use super::*;
-use crate::quota::tests::store_of;
+use crate::quota_controller::test_support::store_of;
 
 const PATH: &str = "/api/v1/namespaces/x/resourcequotas/tessera-team-a";
 
@@ -22,7 +22,7 @@ async fn a_resource_quota_deleted_here_counts_as_absent_until_the_cache_drops_it
         .iter()
         .map(|n| serde_json::from_value(json!({"metadata": {"name": n, "uid": format!("uid-{n}")}})).unwrap())
         .collect();
-    let (client, requests) = crate::quota::tests::api_refusing_writes_in_locked();
+    let (client, requests) = crate::quota_controller::test_support::api_refusing_writes_in_locked();
     let mut c =
         QuotaController::from_stores(client, store_of(vec![elsewhere]), store_of(vec![r]), store_of(namespaces));
     let asked = |method: &str| requests.lock().unwrap().iter().any(|(m, p, _)| m == method && p == PATH);

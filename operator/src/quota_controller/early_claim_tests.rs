@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::claim_policy_tests::{MADE, status_write};
 use super::pod_policy_tests::{NS_UID, evaluate};
-use crate::quota::unallocated::{Pending, policy_claims};
+use tessera_planner::quota::unallocated::{Pending, policy_claims};
 
 const SINCE: &str = "2026-06-01T11:00:00Z";
 

@@ -16,7 +16,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::Notify;
 use tracing::warn;
 
-use crate::quota::early_pods::{PendingPod, unbound_gpu_pod};
+use tessera_planner::quota::early_pods::{PendingPod, unbound_gpu_pod};
 
 /// Where the cached pod keeps the GPU resources it asks for (space-separated): the cache holds
 /// no spec.

@@ -162,7 +162,7 @@ fn pod(resources: &[&str]) -> Value {
 fn the_pod_policy_gates_gpu_resources_only() {
     let pending = json!({"a.quota": "team-a", "_pending": "a"});
     for r in ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/gpu-mps", "nvidia.com/mig-1g.10gb"] {
-        assert!(crate::quota::is_gpu_resource(r), "{r}");
+        assert!(tessera_planner::quota::is_gpu_resource(r), "{r}");
         let refused = admit(&pod(&[r]), "a", &pending).unwrap_or_else(|| panic!("{r} admitted while pending"));
         let want = format!(
             "spec.containers[0].resources.requests[{r}]: namespace a of TenantGpuQuota team-a: its GPU limits \
@@ -171,7 +171,7 @@ fn the_pod_policy_gates_gpu_resources_only() {
         assert_eq!(refused, want);
     }
     for r in ["nvidia.com/hostdev", "nvidia.com/rdma_shared_device_a", "nvidia.com/gpus", "example.com/gpu"] {
-        assert!(!crate::quota::is_gpu_resource(r), "{r}");
+        assert!(!tessera_planner::quota::is_gpu_resource(r), "{r}");
         assert_eq!(admit(&pod(&[r]), "a", &pending), None, "{r} is no GPU resource");
     }
     assert_eq!(admit(&pod(&["nvidia.com/gpu"]), "a", &json!({"a.quota": "team-a", "_pending": ""})), None);
@@ -247,7 +247,7 @@ fn a_namespace_created_again_while_the_operator_is_down_refuses_gpu_pods() {
         "{refused}"
     );
     // The tombstone of a namespace gone from the operator's cache (`pod_gate::tombstone`).
-    let gone = json!({"a.quota": "team-a", "_pending": "", "a.uid": crate::quota::pod_gate::ABSENT});
+    let gone = json!({"a.quota": "team-a", "_pending": "", "a.uid": tessera_planner::quota::pod_gate::ABSENT});
     let refused = admit(&pod(&["nvidia.com/gpu"]), "a", &gone).expect("created under a tombstone: pending");
     assert!(refused.contains("the namespace was deleted and created again"), "{refused}");
     let current = json!({"a.quota": "team-a", "_pending": "", "a.uid": NS_UID});
@@ -321,10 +321,10 @@ fn a_pod_naming_an_admin_access_claim_of_a_gpu_class_is_refused() {
         "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "mig.nvidia.com",
                                                                     "adminAccess": true}}]}}}))
     .unwrap();
-    let view = crate::quota::claims::ClassView::default();
-    let listed = crate::quota::unallocated::admin_access([&watch], &view);
+    let view = tessera_planner::quota::claims::ClassView::default();
+    let listed = tessera_planner::quota::unallocated::admin_access([&watch], &view);
     let mut data = json!({"x.quota": "team-a", "_pending": ""});
-    for (k, v) in crate::quota::unallocated::policy_claims(&[], &listed, &[], ["x"]) {
+    for (k, v) in tessera_planner::quota::unallocated::policy_claims(&[], &listed, &[], ["x"]) {
         data[k] = json!(v);
     }
     let pod = json!({"spec": {"containers": [{"name": "c"}], "resourceClaims": [

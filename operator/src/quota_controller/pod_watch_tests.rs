@@ -11,7 +11,7 @@ use tessera_crds::conditions::{READY, find};
 
 use super::pending_pods::{POD_WATCH_FAILING, POD_WATCH_MESSAGE};
 use super::*;
-use crate::quota::tests::{Requests, store_of};
+use crate::quota_controller::test_support::{Requests, store_of};
 
 /// The last body written to `path` with PATCH.
 fn patched(requests: &Requests, path: &str) -> Value {
@@ -42,7 +42,7 @@ async fn passes_go_on_while_pods_are_not_listed_carrying_the_stored_pods_and_say
     let early: Pod = serde_json::from_value(json!({"metadata": {"name": "made-later", "namespace": "x",
         "creationTimestamp": "2026-01-01T00:00:00Z"}}))
     .unwrap();
-    let (client, requests) = crate::quota::tests::recording_api(|_, _, _| None);
+    let (client, requests) = crate::quota_controller::test_support::recording_api(|_, _, _| None);
     let mut c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![x]))
         .with_dra(store_of(vec![]), store_of(vec![stored]));
     let (pods, mut writer) = kube::runtime::reflector::store::<Pod>();

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::quota::claims::POLICY_PARAMS;
+use tessera_planner::quota::claims::POLICY_PARAMS;
 
 /// The condition reason for a policy or binding that would not refuse a closed class.
 pub(crate) const NOT_ENFORCING: &str = "PolicyNotEnforcing";

@@ -5,12 +5,12 @@ use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::quota::tests::{Requests, store_of};
+use crate::quota_controller::test_support::{Requests, store_of};
 
 /// A client that records every request, answers the params ConfigMap's apply with a 500 when
 /// `fail_params` and accepts every other write.
 fn api(fail_params: bool) -> (Client, Requests) {
-    crate::quota::tests::recording_api(move |method, path, _| {
+    crate::quota_controller::test_support::recording_api(move |method, path, _| {
         let params_write = path.ends_with("/configmaps/tessera-claim-classes") && method == "PATCH";
         if fail_params && params_write {
             return Some((500, json!({"kind": "Status", "apiVersion": "v1", "code": 500})));
@@ -30,7 +30,7 @@ fn accept(method: &str, path: &str) -> Option<(u16, Value)> {
             "metadata": {"name": "b"}, "spec": {"namespaces": [], "hard": {}}}),
         ))
     } else {
-        (method == "DELETE").then(crate::quota::tests::deleted)
+        (method == "DELETE").then(crate::quota_controller::test_support::deleted)
     }
 }
 
@@ -46,8 +46,8 @@ fn controller(client: Client) -> QuotaController {
         "spec": {"namespaces": ["y"], "hard": {"nvidia.com/gpu": 1}}}))
     .unwrap();
     let old: ResourceQuota =
-        serde_json::from_value(json!({"metadata": {"name": crate::quota::resource_quota_name("a"),
-        "namespace": "x", "labels": {"tessera.dev/quota": crate::quota::quota_label_value("a")},
+        serde_json::from_value(json!({"metadata": {"name": tessera_planner::quota::resource_quota_name("a"),
+        "namespace": "x", "labels": {"tessera.dev/quota": tessera_planner::quota::quota_label_value("a")},
         "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": "a",
                              "uid": "uid-a", "controller": true}]},
         "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}, "status": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
@@ -55,13 +55,13 @@ fn controller(client: Client) -> QuotaController {
     let ns = |n: &str| -> Namespace { serde_json::from_value(json!({"metadata": {"name": n, "uid": "uid"}})).unwrap() };
     // `b`'s own ResourceQuota in `x` is in force and stamped: `x` is not pending, so `a`'s may go.
     let in_force: ResourceQuota =
-        serde_json::from_value(json!({"metadata": {"name": crate::quota::resource_quota_name("b"),
-        "namespace": "x", "labels": {"tessera.dev/quota": crate::quota::quota_label_value("b")},
+        serde_json::from_value(json!({"metadata": {"name": tessera_planner::quota::resource_quota_name("b"),
+        "namespace": "x", "labels": {"tessera.dev/quota": tessera_planner::quota::quota_label_value("b")},
         "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": "b",
                              "uid": "uid-b", "controller": true}]},
         "spec": {"hard": {"requests.nvidia.com/gpu": "1"}}, "status": {"hard": {"requests.nvidia.com/gpu": "1"}}}))
         .unwrap();
-    let in_force = crate::quota::stamp::stamped(in_force);
+    let in_force = crate::quota_controller::test_support::stamped(in_force);
     QuotaController::from_stores(
         client,
         store_of(vec![a, b]),
@@ -80,7 +80,7 @@ fn deletes(requests: &Requests) -> Vec<String> {
 /// unlimited until `b`'s status synced. The stale one is kept until the params are written.
 #[tokio::test]
 async fn a_failed_params_write_deletes_no_resource_quota_in_that_pass() {
-    let stale = format!("/api/v1/namespaces/x/resourcequotas/{}", crate::quota::resource_quota_name("a"));
+    let stale = format!("/api/v1/namespaces/x/resourcequotas/{}", tessera_planner::quota::resource_quota_name("a"));
     let (client, requests) = api(false);
     let _ = controller(client).reconcile().await;
     assert_eq!(deletes(&requests), [stale], "params written: the stale ResourceQuota goes");

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::quota::tests::{Requests, store_of};
+use crate::quota_controller::test_support::{Requests, store_of};
 
 const PATH: &str = "/api/v1/namespaces/x/resourcequotas/tessera-team-a";
 const SYNCED: &str = "2026-06-01T10:00:02Z";
@@ -30,7 +30,7 @@ pub(super) fn in_force(stamp: Option<&str>) -> ResourceQuota {
 fn in_force_keyed(stamp: Option<&str>, keys: Option<&str>) -> ResourceQuota {
     let nss: BTreeSet<String> = ["x".to_string()].into();
     let now = Time("2026-06-01T11:00:00Z".parse().unwrap());
-    let hard = crate::quota::plan_quotas(&[team_a(1)], &nss, &[], &[], now).apply[0].hard.clone();
+    let hard = tessera_planner::quota::plan_quotas(&[team_a(1)], &nss, &[], &[], now).apply[0].hard.clone();
     let used: BTreeMap<&String, &str> = hard.keys().map(|k| (k, "0")).collect();
     let mut annotations = json!({QUOTA_NAME_ANNOTATION: "team-a"});
     if let Some(s) = stamp {
@@ -48,7 +48,7 @@ fn in_force_keyed(stamp: Option<&str>, keys: Option<&str>) -> ResourceQuota {
                           {"manager": "kube-controller-manager", "operation": "Update", "time": SYNCED}]},
         "spec": {"hard": hard}, "status": {"hard": hard, "used": used}}))
     .unwrap();
-    crate::quota::stamp::trim_managed_fields(&mut rq); // as the cache holds it
+    tessera_planner::quota::stamp::trim_managed_fields(&mut rq); // as the cache holds it
     rq
 }
 
@@ -69,7 +69,7 @@ fn applies(requests: &Requests) -> Vec<Value> {
 /// (server-side apply would otherwise drop the annotation).
 #[tokio::test]
 async fn the_stamp_is_written_once_and_carried_by_every_later_apply() {
-    let (client, requests) = crate::quota::tests::recording_api(|_, _, _| None);
+    let (client, requests) = crate::quota_controller::test_support::recording_api(|_, _, _| None);
     let _ = controller(client, team_a(1), in_force(None)).reconcile().await;
     let written = applies(&requests);
     assert_eq!(written.len(), 1, "the stamp is written: {written:?}");
@@ -83,17 +83,17 @@ async fn the_stamp_is_written_once_and_carried_by_every_later_apply() {
     );
 
     // Upgrade: the single stamp cached, no per-key record: each key in force takes the stamp.
-    let (client, requests) = crate::quota::tests::recording_api(|_, _, _| None);
+    let (client, requests) = crate::quota_controller::test_support::recording_api(|_, _, _| None);
     let _ = controller(client, team_a(1), in_force(Some(SYNCED))).reconcile().await;
     let written = applies(&requests);
     assert_eq!(written.len(), 1, "the record is written: {written:?}");
     assert_eq!(written[0]["metadata"]["annotations"][IN_FORCE_KEYS], json!(KEYS));
 
-    let (client, requests) = crate::quota::tests::recording_api(|_, _, _| None);
+    let (client, requests) = crate::quota_controller::test_support::recording_api(|_, _, _| None);
     let _ = controller(client, team_a(1), in_force_keyed(Some(SYNCED), Some(KEYS))).reconcile().await;
     assert_eq!(applies(&requests), Vec::<Value>::new(), "current, stamps and all: nothing written");
 
-    let (client, requests) = crate::quota::tests::recording_api(|_, _, _| None);
+    let (client, requests) = crate::quota_controller::test_support::recording_api(|_, _, _| None);
     let _ = controller(client, team_a(2), in_force_keyed(Some(SYNCED), Some(KEYS))).reconcile().await;
     let written = applies(&requests);
     assert_eq!(written.len(), 1, "the raise is written: {written:?}");
@@ -106,7 +106,7 @@ async fn the_stamp_is_written_once_and_carried_by_every_later_apply() {
 /// ResourceQuota's creation; the pass stamps that, not the later status sync.
 #[tokio::test]
 async fn an_upgrade_stamps_the_stored_since() {
-    let (client, requests) = crate::quota::tests::recording_api(|_, _, _| None);
+    let (client, requests) = crate::quota_controller::test_support::recording_api(|_, _, _| None);
     let params: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "tessera-claim-classes",
         "namespace": "tessera-system"}, "data": {"x.quota": "team-a", "x.since": "2026-06-01T10:00:00Z"}}))
     .unwrap();

@@ -8,7 +8,7 @@ use kube::Client;
 use serde_json::json;
 
 use super::*;
-use crate::quota::tests::store_of;
+use crate::quota_controller::test_support::store_of;
 
 /// An API server whose `resource.k8s.io/v1` discovery answers `discovery` (404: not served)
 /// and whose DeviceClass list answers `list`; a watch never answers.
@@ -58,7 +58,7 @@ async fn a_failed_params_write_is_reported_on_the_quota_status() {
         "spec": {"namespaces": ["b"], "hard": {"nvidia.com/mig-1g.10gb": 3}, "allocation": "ResourceClaims"}}))
     .unwrap();
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "b"}})).unwrap();
-    let (client, requests) = crate::quota::tests::api_refusing_writes_in_locked();
+    let (client, requests) = crate::quota_controller::test_support::api_refusing_writes_in_locked();
     let mut c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![ns]));
     c.namespace = "locked".into(); // the params' namespace refuses writes
     assert!(matches!(c.reconcile().await, Err(crate::Error::PartialPass(_))));
@@ -85,7 +85,7 @@ async fn the_params_carry_each_live_tenant_namespaces_uid() {
         json!({"metadata": {"name": "gone", "uid": "uid-gone", "deletionTimestamp": "2026-01-01T00:00:00Z"}}),
     )
     .unwrap();
-    let (client, requests) = crate::quota::tests::api_refusing_writes_in_locked();
+    let (client, requests) = crate::quota_controller::test_support::api_refusing_writes_in_locked();
     let c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![b, gone]))
         .with_dra(store_of(vec![]), store_of(Vec::<ConfigMap>::new()));
     let _ = c.reconcile().await;

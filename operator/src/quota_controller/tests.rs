@@ -5,12 +5,12 @@ use serde_json::{Value, json};
 use tessera_crds::quota::TenantGpuQuotaStatus;
 
 use super::*;
-use crate::quota::tests::{Requests, store_of};
+use crate::quota_controller::test_support::{Requests, store_of};
 
 /// A client whose API server answers the pod list with `pods` (or a 500 when `None`) and
 /// accepts every write, recording each request.
 fn api(pods: Option<Value>) -> (Client, Requests) {
-    crate::quota::tests::recording_api(move |method, path, _| match (method, path, &pods) {
+    crate::quota_controller::test_support::recording_api(move |method, path, _| match (method, path, &pods) {
         ("GET", "/api/v1/pods", Some(items)) => {
             Some((200, json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})))
         }
@@ -22,15 +22,15 @@ fn api(pods: Option<Value>) -> (Client, Requests) {
 /// [`controller_before_verdicts`] after the rollout pass published its first verdicts (none dead).
 fn controller(client: Client, previous: Option<Value>) -> QuotaController {
     let c = controller_before_verdicts(client, previous);
-    let verdicts = crate::idle::gate::Verdicts::default();
+    let verdicts = tessera_planner::idle::gate::Verdicts::default();
     verdicts.publish(std::iter::empty(), k8s_openapi::jiff::Timestamp::now(), up());
     let _ = c.not_reporting.set(verdicts);
     c
 }
 
 /// A lease watch caught up long ago.
-fn up() -> crate::liveness::LeaseWatch {
-    crate::liveness::LeaseWatch::CaughtUp("2026-01-01T00:00:00Z".parse().unwrap())
+fn up() -> tessera_planner::liveness::LeaseWatch {
+    tessera_planner::liveness::LeaseWatch::CaughtUp("2026-01-01T00:00:00Z".parse().unwrap())
 }
 
 fn controller_before_verdicts(client: Client, previous: Option<Value>) -> QuotaController {
@@ -85,8 +85,8 @@ async fn a_node_whose_agent_the_rollout_judged_dead_is_named_and_its_device_unme
     let (client, requests) = api(Some(json!([pod])));
     let c = controller_before_verdicts(client, None);
     let since: k8s_openapi::jiff::Timestamp = "2026-06-01T11:00:00Z".parse().unwrap();
-    let verdicts = crate::idle::gate::Verdicts::default();
-    let dead = crate::liveness::AgentHealth::NotResponding { since: Some(since) };
+    let verdicts = tessera_planner::idle::gate::Verdicts::default();
+    let dead = tessera_planner::liveness::AgentHealth::NotResponding { since: Some(since) };
     verdicts.publish([("n1", &dead, None)].into_iter(), k8s_openapi::jiff::Timestamp::now(), up());
     let _ = c.not_reporting.set(verdicts);
     c.reconcile().await.unwrap();
@@ -151,11 +151,12 @@ async fn no_idle_report_before_the_rollout_pass_publishes_its_verdicts() {
 async fn old_verdicts_or_a_lease_watch_down_make_no_report_and_leave_the_timestamp_alone() {
     let previous = json!({"idleAfter": "30m", "allocated": 1, "active": 0, "idle": 0, "unmeasured": 1});
     let now = k8s_openapi::jiff::Timestamp::now();
-    let old = now.checked_sub(crate::idle::gate::VERDICTS_MAX_AGE + k8s_openapi::jiff::SignedDuration::from_secs(1));
-    for (at, watch) in [(old.unwrap(), up()), (now, crate::liveness::LeaseWatch::Down)] {
+    let old = now
+        .checked_sub(tessera_planner::idle::gate::VERDICTS_MAX_AGE + k8s_openapi::jiff::SignedDuration::from_secs(1));
+    for (at, watch) in [(old.unwrap(), up()), (now, tessera_planner::liveness::LeaseWatch::Down)] {
         let (client, requests) = api(Some(json!([idle_pod()])));
         let c = controller_before_verdicts(client, Some(previous.clone()));
-        let verdicts = crate::idle::gate::Verdicts::default();
+        let verdicts = tessera_planner::idle::gate::Verdicts::default();
         verdicts.publish(std::iter::empty(), at, watch);
         let _ = c.not_reporting.set(verdicts);
         let _ = c.reconcile().await;
@@ -287,11 +288,11 @@ fn a_resource_quota_in_canonical_form_is_current() {
     // Stamps cached but planned away (a scoped ResourceQuota): applied, so they are removed.
     let mut stamped = rq.clone();
     let annotations = stamped.metadata.annotations.get_or_insert_default();
-    annotations.insert(crate::quota::stamp::IN_FORCE_SINCE.into(), "2026-06-01T10:00:02Z".into());
+    annotations.insert(tessera_planner::quota::stamp::IN_FORCE_SINCE.into(), "2026-06-01T10:00:02Z".into());
     assert!(!is_current(&stamped, &a), "a stamp planned away is removed");
     let mut keyed = rq.clone();
     let annotations = keyed.metadata.annotations.get_or_insert_default();
-    annotations.insert(crate::quota::stamp::keys::IN_FORCE_KEYS.into(), String::new());
+    annotations.insert(tessera_planner::quota::stamp::keys::IN_FORCE_KEYS.into(), String::new());
     assert!(!is_current(&keyed, &a), "a record planned away is removed");
 }
 

@@ -2,8 +2,8 @@ use serde_json::{Value, json};
 use tessera_crds::TenantGpuQuota;
 use tessera_crds::conditions::find;
 
-use crate::quota::tests::{Requests, store_of};
 use crate::quota_controller::QuotaController;
+use crate::quota_controller::test_support::{Requests, store_of};
 
 /// The shipped claim-class manifest's documents, by kind.
 fn shipped(kind: &str) -> Value {

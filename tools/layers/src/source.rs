@@ -1,0 +1,44 @@
+//! Which files of a crate are product code, and their text without test code.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Whether `path` holds only tests: a `tests.rs`, a `*_tests.rs`, or a file under a `tests/`
+/// folder of `src/` (the crate's own `tests/` folder is not under `src/`).
+pub fn is_test_file(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    name == "tests.rs" || name.ends_with("_tests.rs") || path.components().any(|c| c.as_os_str() == "tests")
+}
+
+/// The text of `path` up to its inline test module (`#[cfg(test)]` then `mod tests {`), which by
+/// the workspace's convention closes a file.
+pub fn product_text(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let lines: Vec<&str> = text.lines().collect();
+    let end = lines
+        .windows(2)
+        .position(|w| w[0].trim_start().starts_with("#[cfg(test)]") && w[1].starts_with("mod tests {"))
+        .unwrap_or(lines.len());
+    lines[..end].join("\n")
+}
+
+/// Every `.rs` file under `dir`, sorted.
+pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else { return out };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The product files (not tests) of the crate whose sources are in `src`.
+pub fn product_files(src: &Path) -> Vec<PathBuf> {
+    rust_files(src).into_iter().filter(|p| !is_test_file(p.strip_prefix(src).unwrap_or(p))).collect()
+}

@@ -112,8 +112,22 @@ fn blockers(p: &Preview) -> usize {
     p.changes.iter().map(|c| c.refused.len() + c.budget_blocked.len()).sum()
 }
 
+/// One plan's section: warnings, the capacity table, then (with `details`) the node tables.
 fn plan(out: &mut String, p: &Preview, details: bool) {
     let _ = writeln!(out, "\n#### Plan {}\n", cell(&p.plan));
+    warnings(out, p);
+    capacity_table(out, p);
+    if !details {
+        return;
+    }
+    changes_table(out, p);
+    quotas_table(out, p);
+    skipped_table(out, p);
+    unchanged_list(out, p);
+}
+
+/// What a reviewer must not miss: pods that block the drain, quotas the plan leaves short.
+fn warnings(out: &mut String, p: &Preview) {
     if blockers(p) > 0 {
         let _ = writeln!(
             out,
@@ -131,6 +145,10 @@ fn plan(out: &mut String, p: &Preview, details: bool) {
             list(&names, MAX_PODS)
         );
     }
+}
+
+/// Capacity per resource, before and after, with the signed change; never folded.
+fn capacity_table(out: &mut String, p: &Preview) {
     let _ = writeln!(out, "| Resource | Before | After | Change |\n|---|---:|---:|---:|");
     let rows = p.capacity_rows();
     if rows.is_empty() {
@@ -144,59 +162,70 @@ fn plan(out: &mut String, p: &Preview, details: bool) {
         };
         let _ = writeln!(out, "| {} | {b} | {a} | {delta} |", cell(r));
     }
-    if !details {
+}
+
+/// The nodes that change: new layout, pods evicted, what blocks the drain.
+fn changes_table(out: &mut String, p: &Preview) {
+    if p.changes.is_empty() {
         return;
     }
-    if !p.changes.is_empty() {
-        let rows: Vec<String> = p
-            .changes
-            .iter()
-            .map(|c| {
+    let rows: Vec<String> = p
+        .changes
+        .iter()
+        .map(|c| {
+            format!(
+                "| {} | {} | {} | {} |",
+                cell(&c.node),
+                cell(&layout_summary(&c.gpus)),
+                list(&c.evict, MAX_PODS),
+                list(&c.blockers(), 3)
+            )
+        })
+        .collect();
+    table(out, "Nodes that change", "| Node | New layout | Pods evicted | Drain blockers |\n|---|---|---|---|", &rows);
+}
+
+/// One row per quota and resource the fleet would no longer supply.
+fn quotas_table(out: &mut String, p: &Preview) {
+    if p.quotas_short.is_empty() {
+        return;
+    }
+    let rows: Vec<String> = p
+        .quotas_short
+        .iter()
+        .flat_map(|q| {
+            q.resources.iter().map(|r| {
                 format!(
-                    "| {} | {} | {} | {} |",
-                    cell(&c.node),
-                    cell(&layout_summary(&c.gpus)),
-                    list(&c.evict, MAX_PODS),
-                    list(&c.blockers(), 3)
+                    "| {} | {} | {} | {} -> {} | {} |",
+                    cell(&q.quota),
+                    cell(&r.resource),
+                    r.quotas,
+                    r.fleet_before,
+                    r.fleet_after,
+                    r.short
                 )
             })
-            .collect();
-        table(
-            out,
-            "Nodes that change",
-            "| Node | New layout | Pods evicted | Drain blockers |\n|---|---|---|---|",
-            &rows,
-        );
+        })
+        .collect();
+    table(
+        out,
+        "Quota shortfalls",
+        "| Quota | Resource | Quotas ask | Fleet (before -> after) | Short |\n|---|---|---:|---:|---:|",
+        &rows,
+    );
+}
+
+/// The matched nodes the plan leaves alone, and why.
+fn skipped_table(out: &mut String, p: &Preview) {
+    if p.skipped.is_empty() {
+        return;
     }
-    if !p.quotas_short.is_empty() {
-        let rows: Vec<String> = p
-            .quotas_short
-            .iter()
-            .flat_map(|q| {
-                q.resources.iter().map(|r| {
-                    format!(
-                        "| {} | {} | {} | {} -> {} | {} |",
-                        cell(&q.quota),
-                        cell(&r.resource),
-                        r.quotas,
-                        r.fleet_before,
-                        r.fleet_after,
-                        r.short
-                    )
-                })
-            })
-            .collect();
-        table(
-            out,
-            "Quota shortfalls",
-            "| Quota | Resource | Quotas ask | Fleet (before -> after) | Short |\n|---|---|---:|---:|---:|",
-            &rows,
-        );
-    }
-    if !p.skipped.is_empty() {
-        let rows: Vec<String> = p.skipped.iter().map(|(n, why)| format!("| {} | {} |", cell(n), cell(why))).collect();
-        table(out, "Skipped nodes", "| Node | Why |\n|---|---|", &rows);
-    }
+    let rows: Vec<String> = p.skipped.iter().map(|(n, why)| format!("| {} | {} |", cell(n), cell(why))).collect();
+    table(out, "Skipped nodes", "| Node | Why |\n|---|---|", &rows);
+}
+
+/// The nodes already in the plan's layout: names only, always folded.
+fn unchanged_list(out: &mut String, p: &Preview) {
     if !p.unchanged.is_empty() {
         let _ = writeln!(
             out,

@@ -6,6 +6,7 @@
 mod budgets;
 mod quotas;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -113,40 +114,50 @@ fn supply_after(gpus: &[GpuState], intent: &[GpuIntent], out: &mut BTreeMap<Stri
 /// Pure: the preview of `plan` against `fleet`.
 pub fn preview(plan: &GpuPartitionPlan, fleet: &Fleet) -> Preview {
     let mut p = Preview { plan: plan.name_any(), ..Default::default() };
-    // Without the DaemonSets read, their pods count as managed, as they usually are.
-    let seen: BTreeSet<(String, String)>;
-    let daemonsets = match fleet.daemonsets {
-        Some(d) => d,
-        None => {
-            seen = fleet.pods.iter().filter_map(tessera_planner::drain::daemonset_of).collect();
-            &seen
-        }
-    };
+    let daemonsets = known_daemonsets(fleet);
+    let pass = Pass { plan, fleet, daemonsets: &daemonsets };
     let mut evicted: Vec<(String, Vec<&Pod>)> = Vec::new();
     for (node, gn) in fleet.nodes {
+        if matches(&plan.spec.node_selector, node.labels()) {
+            pass.node(&mut p, &mut evicted, node, gn.as_ref());
+        }
+    }
+    pass.budget_blocks(&mut p, &evicted);
+    p.quotas_short = quotas_left_short(&p, fleet);
+    p
+}
+
+/// The DaemonSets that exist. Without them read, those the pods name: their pods then count as
+/// managed, as they usually are.
+fn known_daemonsets<'a>(fleet: &Fleet<'a>) -> Cow<'a, BTreeSet<(String, String)>> {
+    match fleet.daemonsets {
+        Some(d) => Cow::Borrowed(d),
+        None => Cow::Owned(fleet.pods.iter().filter_map(tessera_planner::drain::daemonset_of).collect()),
+    }
+}
+
+/// One plan's preview over the fleet: what every node's step reads.
+struct Pass<'p, 'a> {
+    plan: &'p GpuPartitionPlan,
+    fleet: &'p Fleet<'a>,
+    daemonsets: &'p BTreeSet<(String, String)>,
+}
+
+impl<'a> Pass<'_, 'a> {
+    /// One node the plan selects: skipped (with why), unchanged, or a change with the pods its
+    /// drain would evict (also pushed to `evicted`, for the budgets).
+    fn node(&self, p: &mut Preview, evicted: &mut Vec<(String, Vec<&'a Pod>)>, node: &Node, gn: Option<&GpuNode>) {
         let name = node.name_any();
-        if !matches(&plan.spec.node_selector, node.labels()) {
-            continue;
+        if let Some(why) = self.owned_elsewhere(node) {
+            p.skipped.insert(name, why);
+            return;
         }
-        let rival = fleet
-            .plans
-            .iter()
-            .filter(|o| o.name_any() != plan.name_any() && matches(&o.spec.node_selector, node.labels()));
-        if let Some(o) = rival.clone().find(|o| o.spec.priority > plan.spec.priority) {
-            p.skipped.insert(name, format!("owned by plan {} (priority {})", o.name_any(), o.spec.priority));
-            continue;
-        }
-        if let Some(o) = rival.clone().find(|o| o.spec.priority == plan.spec.priority) {
-            p.skipped.insert(name, format!("conflict with plan {} (same priority {})", o.name_any(), o.spec.priority));
-            continue;
-        }
-        let Some(gpus) = gn.as_ref().and_then(|g| g.status.as_ref()).map(|s| s.gpus.clone()).filter(|g| !g.is_empty())
-        else {
+        let Some(gpus) = gn.and_then(|g| g.status.as_ref()).map(|s| s.gpus.clone()).filter(|g| !g.is_empty()) else {
             p.skipped.insert(name, "no GPU inventory reported by a node agent".into());
-            continue;
+            return;
         };
         gpus.iter().for_each(|g| gpu_supply(g, &mut p.capacity_before));
-        if plan.spec.layouts_from.is_some() {
+        if self.plan.spec.layouts_from.is_some() {
             p.skipped.insert(
                 name,
                 "automatic plan: the operator decides its layouts from the quotas at run time; \
@@ -154,47 +165,79 @@ pub fn preview(plan: &GpuPartitionPlan, fleet: &Fleet) -> Preview {
                     .into(),
             );
             gpus.iter().for_each(|g| gpu_supply(g, &mut p.capacity_after));
-            continue;
+            return;
         }
-        match desired_intent(&plan.spec, &gpus) {
+        match desired_intent(&self.plan.spec, &gpus) {
             Err(reason) => {
                 p.skipped.insert(name, reason);
                 gpus.iter().for_each(|g| gpu_supply(g, &mut p.capacity_after));
             }
             Ok(intent) => {
                 supply_after(&gpus, &intent, &mut p.capacity_after);
-                let current = gn.as_ref().map(|g| g.spec.gpus.clone()).unwrap_or_default();
+                let current = gn.map(|g| g.spec.gpus.clone()).unwrap_or_default();
                 if current == intent {
                     p.unchanged.push(name);
-                    continue;
+                    return;
                 }
-                let (mut evict, mut refused, mut pods) = (Vec::new(), Vec::new(), Vec::new());
-                for pod in fleet
-                    .pods
-                    .iter()
-                    .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
-                {
-                    match drain_verdict(pod, &plan.spec.rollout, daemonsets, fleet.claims) {
-                        PodVerdict::Evict => {
-                            evict.push(format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()));
-                            pods.push(pod);
-                        }
-                        PodVerdict::Refuse(why) => refused.push(why),
-                        PodVerdict::Wait | PodVerdict::Skip(_) => {}
-                    }
-                }
+                let (evict, refused, pods) = self.drain(&name);
                 evicted.push((name.clone(), pods));
                 p.changes.push(NodeChange { node: name, gpus: intent, evict, refused, budget_blocked: Vec::new() });
             }
         }
     }
-    // The rollout's own slot count: `maxUnavailable` of the nodes it owns.
-    let owned = p.changes.len() + p.unchanged.len();
-    let wave = max_unavailable(&plan.spec.rollout.max_unavailable, owned).unwrap_or(1);
-    let mut blocked = budgets::blocks(&evicted, fleet.budgets, wave);
-    for c in &mut p.changes {
-        c.budget_blocked = blocked.remove(&c.node).unwrap_or_default();
+
+    /// Why another plan selecting `node` keeps it from this one: a higher priority owns it, the
+    /// same priority is a conflict.
+    fn owned_elsewhere(&self, node: &Node) -> Option<String> {
+        let plan = self.plan;
+        let rival = self
+            .fleet
+            .plans
+            .iter()
+            .filter(|o| o.name_any() != plan.name_any() && matches(&o.spec.node_selector, node.labels()));
+        if let Some(o) = rival.clone().find(|o| o.spec.priority > plan.spec.priority) {
+            return Some(format!("owned by plan {} (priority {})", o.name_any(), o.spec.priority));
+        }
+        rival
+            .clone()
+            .find(|o| o.spec.priority == plan.spec.priority)
+            .map(|o| format!("conflict with plan {} (same priority {})", o.name_any(), o.spec.priority))
     }
+
+    /// The drain of the pods on `node`: those evicted (as `namespace/name`, and the pods
+    /// themselves) and why the others are refused.
+    fn drain(&self, node: &str) -> (Vec<String>, Vec<String>, Vec<&'a Pod>) {
+        let (mut evict, mut refused, mut pods) = (Vec::new(), Vec::new(), Vec::new());
+        for pod in
+            self.fleet.pods.iter().filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        {
+            match drain_verdict(pod, &self.plan.spec.rollout, self.daemonsets, self.fleet.claims) {
+                PodVerdict::Evict => {
+                    evict.push(format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()));
+                    pods.push(pod);
+                }
+                PodVerdict::Refuse(why) => refused.push(why),
+                PodVerdict::Wait | PodVerdict::Skip(_) => {}
+            }
+        }
+        (evict, refused, pods)
+    }
+
+    /// Sets each change's budget refusals, counted against the rollout's own slot count:
+    /// `maxUnavailable` of the nodes it owns.
+    fn budget_blocks(&self, p: &mut Preview, evicted: &[(String, Vec<&Pod>)]) {
+        let owned = p.changes.len() + p.unchanged.len();
+        let wave = max_unavailable(&self.plan.spec.rollout.max_unavailable, owned).unwrap_or(1);
+        let mut blocked = budgets::blocks(evicted, self.fleet.budgets, wave);
+        for c in &mut p.changes {
+            c.budget_blocked = blocked.remove(&c.node).unwrap_or_default();
+        }
+    }
+}
+
+/// The tenant quotas left short once the plan's nodes supply `capacity_after` instead of
+/// `capacity_before`, the rest of the fleet unchanged.
+fn quotas_left_short(p: &Preview, fleet: &Fleet) -> Vec<QuotaShort> {
     let mut after = fleet.capacity.clone();
     for (r, n) in &p.capacity_before {
         *after.supply.entry(r.clone()).or_default() -= n;
@@ -202,8 +245,7 @@ pub fn preview(plan: &GpuPartitionPlan, fleet: &Fleet) -> Preview {
     for (r, n) in &p.capacity_after {
         *after.supply.entry(r.clone()).or_default() += n;
     }
-    p.quotas_short = quotas::short(fleet.quotas, fleet.capacity, &after);
-    p
+    quotas::short(fleet.quotas, fleet.capacity, &after)
 }
 
 /// The plans of one file, each checked as `validate` checks it; `Ok(false)` when one is

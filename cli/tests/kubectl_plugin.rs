@@ -220,7 +220,7 @@ fn status_into_a_pipe_closed_early_exits_0_without_a_panic() {
     assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
 }
 
-/// Issue 24: a pod holding a GPU through a ResourceClaim is shown as its exact holder, by the
+/// A pod holding a GPU through a ResourceClaim is shown as its exact holder, by the
 /// ResourceSlice's `uuid`, for the drivers `--gpu-dra-drivers` names (and only those).
 #[test]
 fn status_from_files_shows_the_exact_holder_of_a_device_allocated_through_a_claim() {

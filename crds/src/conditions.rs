@@ -17,6 +17,64 @@ pub const CAPACITY_AVAILABLE: &str = "CapacityAvailable";
 /// `DemandMet` (automatic plans): the decided layouts supply the selected quotas' demand.
 pub const DEMAND_MET: &str = "DemandMet";
 
+/// Reasons of a `GpuPartitionPlan`'s conditions. Alerts, dashboards and tests match on them, so
+/// they are API: rename none.
+pub mod plan_reasons {
+    // Stalled (and Ready=False while stalled), most fundamental first.
+    /// The plan's spec is invalid; it acts on no node until fixed.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// Plans of equal priority match the same node(s); neither acts there.
+    pub const CONFLICT: &str = "Conflict";
+    /// A desired layout cannot be placed on a matched node's GPUs.
+    pub const INVALID_LAYOUT: &str = "InvalidLayout";
+    /// A matched node's agent stopped reporting.
+    pub const AGENT_NOT_RESPONDING: &str = "AgentNotResponding";
+    /// A node needs a GPU reset or reboot to take its layout; it stays cordoned until then.
+    pub const RESET_REQUIRED: &str = "ResetRequired";
+    /// A node's agent did not report success in time; the node stays cordoned.
+    pub const APPLY_TIMEOUT: &str = "ApplyTimeout";
+    /// A node's drain did not finish in time.
+    pub const DRAIN_TIMEOUT: &str = "DrainTimeout";
+    /// A node failed to apply its layout, or failed nodes halt the rollout.
+    pub const NODE_FAILED: &str = "NodeFailed";
+
+    // Conflict.
+    /// Another plan of the same priority matches some of this plan's nodes.
+    pub const EQUAL_PRIORITY: &str = "EqualPriority";
+
+    // Reconciling, and Ready=False while work is in progress.
+    /// Nodes are being (or wait to be) changed to the plan's layout.
+    pub const ROLLING_OUT: &str = "RollingOut";
+    /// The plan is paused: no new node starts.
+    pub const PAUSED: &str = "Paused";
+    /// An automatic plan waits for the quotas' demand to hold still before it decides.
+    pub const STABILIZING: &str = "Stabilizing";
+
+    // Ready.
+    /// Every matched node has the plan's (or the decided) layout.
+    pub const APPLIED: &str = "Applied";
+    /// No GPU node matches the plan; there is nothing to do.
+    pub const NO_NODES: &str = "NoNodes";
+    /// Matched nodes have no node agent report yet, and nothing else is in progress.
+    pub const WAITING_FOR_AGENTS: &str = "WaitingForAgents";
+
+    // DemandMet (automatic plans).
+    /// The decided layouts supply the selected quotas' demand, and every node holds them.
+    pub const DEMAND_MET: &str = "DemandMet";
+    /// The decided layouts fall short of the selected quotas' demand.
+    pub const DEMAND_NOT_MET: &str = "DemandNotMet";
+    /// No layout decision yet: the layouts are being worked out from the quotas.
+    pub const DECIDING: &str = "Deciding";
+    /// The decision covers the demand once applied, but some nodes are not done (or failed).
+    pub const NOT_YET_APPLIED: &str = "NotYetApplied";
+
+    // DraInSync.
+    /// A matched node's DRA driver lists devices other than the agent reports.
+    pub const SLICES_STALE: &str = "SlicesStale";
+    /// A matched node's GPU DRA driver manages MIG itself (DynamicMIG), so Tessera leaves it alone.
+    pub const DYNAMIC_MIG_REFUSED: &str = "DynamicMigRefused";
+}
+
 /// Schema for `conditions`: a list-map keyed by `type`, so two writers (operator and node agent,
 /// each with its own server-side-apply field manager) can own different conditions of one object.
 pub fn conditions_schema(_: &mut SchemaGenerator) -> Schema {

@@ -66,8 +66,8 @@ fn known_formats_only(schema: &mut JSONSchemaProps) {
 mod tests {
     use super::*;
 
-    /// Every `format:` in the generated CRDs is one the API server knows (issue 28: the demo's
-    /// apply warned `unrecognized format "uint8"`). Formats the API server validates or accepts:
+    /// Every `format:` in the generated CRDs is one the API server knows, so applying them warns
+    /// of no `unrecognized format` (such as `"uint8"`). Formats the API server validates or accepts:
     /// k8s.io/kube-openapi `strfmt` and the integer/number formats of OpenAPI.
     #[test]
     fn every_format_in_the_crds_is_one_the_api_server_knows() {

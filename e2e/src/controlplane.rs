@@ -44,55 +44,70 @@ impl ControlPlane {
     /// of nodes lengthen them, so heartbeats do not swamp the API server of a small machine.
     pub async fn start_with_node_leases(seconds: u32) -> Result<Self, Error> {
         if let Ok(path) = std::env::var("TESSERA_E2E_KUBECONFIG") {
-            let kubeconfigs = Identity::ALL.iter().map(|&i| (i, PathBuf::from(&path))).collect();
-            return Ok(Self {
-                dir: PathBuf::from(path),
-                kubeconfigs,
-                components: vec![],
-                external: true,
-                keep_logs: true,
-                apiserver: None,
-            });
+            return Ok(Self::external(path));
         }
         let bin = binaries()?;
         let dir = std::env::temp_dir().join(format!("tessera-e2e-{}-{}", std::process::id(), unique()));
-        let logs = dir.join("logs");
-        std::fs::create_dir_all(&logs).map_err(|e| Error::io("temp dir", e))?;
+        std::fs::create_dir_all(dir.join("logs")).map_err(|e| Error::io("temp dir", e))?;
         write_pki(&dir)?;
         let tokens = write_tokens(&dir)?;
-        let [etcd_port, etcd_peer, api_port, kcm_port, sched_port, kwok_port] = free_ports()?;
-        let api = format!("https://127.0.0.1:{api_port}");
-        let kubeconfigs = write_kubeconfigs(&dir, &api, &tokens)?;
-        let mut cp = Self {
-            dir: dir.clone(),
+        let [etcd, etcd_peer, api, kcm, sched, kwok] = free_ports()?;
+        let ports = Ports { etcd, etcd_peer, api, kcm, sched, kwok };
+        let server = format!("https://127.0.0.1:{}", ports.api);
+        let kubeconfigs = write_kubeconfigs(&dir, &server, &tokens)?;
+        let mut cp = Self { dir, kubeconfigs, components: vec![], external: false, keep_logs: false, apiserver: None };
+        // In dependency order; `Drop` stops them in reverse.
+        cp.start_etcd(&bin, &ports)?;
+        cp.start_apiserver(&bin, &ports, &server).await?;
+        cp.start_controller_manager(&bin, &ports, seconds)?;
+        cp.start_scheduler(&bin, &ports)?;
+        cp.start_kwok(&bin, &ports, seconds)?;
+        Ok(cp)
+    }
+
+    /// The cluster of the kubeconfig at `path`, used for every identity (impersonated).
+    fn external(path: String) -> Self {
+        let kubeconfigs = Identity::ALL.iter().map(|&i| (i, PathBuf::from(&path))).collect();
+        Self {
+            dir: PathBuf::from(path),
             kubeconfigs,
             components: vec![],
-            external: false,
-            keep_logs: false,
+            external: true,
+            keep_logs: true,
             apiserver: None,
-        };
-        let p = |f: &str| dir.join(f).display().to_string();
+        }
+    }
 
-        cp.spawn(
-            &bin,
-            "etcd",
-            &logs,
-            vec![
-                format!("--data-dir={}", p("etcd")),
-                format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
-                format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"),
-                "--unsafe-no-fsync=true".into(),
-                "--log-level=warn".into(),
-            ],
-        )?;
-        let apiserver_args: Vec<String> = vec![
-            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+    /// The path of `file` in the control plane's folder, as a flag value.
+    fn path(&self, file: &str) -> String {
+        self.dir.join(file).display().to_string()
+    }
+
+    /// etcd on loopback, without fsync: the tests' data need not survive a crash.
+    fn start_etcd(&mut self, bin: &Path, ports: &Ports) -> Result<(), Error> {
+        let Ports { etcd: client, etcd_peer: peer, .. } = *ports;
+        let args = vec![
+            format!("--data-dir={}", self.path("etcd")),
+            format!("--listen-client-urls=http://127.0.0.1:{client}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+            format!("--initial-cluster=default=http://127.0.0.1:{peer}"),
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ];
+        self.spawn(bin, "etcd", args)
+    }
+
+    /// kube-apiserver at `server` (RBAC, static tokens), its flags kept for
+    /// `restart_apiserver`; returns once it is ready.
+    async fn start_apiserver(&mut self, bin: &Path, ports: &Ports, server: &str) -> Result<(), Error> {
+        let p = |f: &str| self.path(f);
+        let args: Vec<String> = vec![
+            format!("--etcd-servers=http://127.0.0.1:{}", ports.etcd),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
-            format!("--secure-port={api_port}"),
+            format!("--secure-port={}", ports.api),
             format!("--cert-dir={}", p("certs")),
             format!("--tls-cert-file={}", p("apiserver.crt")),
             format!("--tls-private-key-file={}", p("apiserver.key")),
@@ -102,7 +117,7 @@ impl ControlPlane {
             // the controller-manager made the namespace's default ServiceAccount.
             "--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ResourceQuota,ValidatingAdmissionPolicy,MutatingAdmissionWebhook,ValidatingAdmissionWebhook".into(),
             "--disable-admission-plugins=ServiceAccount".into(),
-            format!("--service-account-issuer={api}"),
+            format!("--service-account-issuer={server}"),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
@@ -116,16 +131,21 @@ impl ControlPlane {
             "--max-mutating-requests-inflight=800".into(),
             "--v=1".into(),
         ];
-        cp.spawn(&bin, "kube-apiserver", &logs, apiserver_args.clone())?;
-        cp.apiserver = Some((bin.clone(), apiserver_args));
-        cp.wait_for_apiserver(Duration::from_secs(90)).await?;
-        let system = p("system.kubeconfig");
-        cp.spawn(&bin, "kube-controller-manager", &logs, vec![
+        self.spawn(bin, "kube-apiserver", args.clone())?;
+        self.apiserver = Some((bin.to_path_buf(), args));
+        self.wait_for_apiserver(Duration::from_secs(90)).await
+    }
+
+    /// kube-controller-manager with the controllers the tests rely on; its node grace period
+    /// follows kwok's lease of `seconds`.
+    fn start_controller_manager(&mut self, bin: &Path, ports: &Ports, seconds: u32) -> Result<(), Error> {
+        let system = self.path("system.kubeconfig");
+        let args = vec![
             format!("--kubeconfig={system}"),
             format!("--authentication-kubeconfig={system}"),
             format!("--authorization-kubeconfig={system}"),
             "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={kcm_port}"),
+            format!("--secure-port={}", ports.kcm),
             "--leader-elect=false".into(),
             // resourceclaim-controller: DRA's claims from templates (one per pod), `reservedFor` cleared
             // when pods go, the delete-protection finalizer removed (see e2e/src/dra.rs).
@@ -139,43 +159,45 @@ impl ControlPlane {
             "--kube-api-burst=400".into(),
             format!("--node-monitor-grace-period={}s", seconds + 10),
             "--v=1".into(),
-        ])?;
-        let sched = p("scheduler.kubeconfig");
-        cp.spawn(
-            &bin,
-            "kube-scheduler",
-            &logs,
-            vec![
-                format!("--kubeconfig={sched}"),
-                format!("--authentication-kubeconfig={sched}"),
-                format!("--authorization-kubeconfig={sched}"),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={sched_port}"),
-                "--leader-elect=false".into(),
-                "--v=1".into(),
-            ],
-        )?;
-        cp.spawn(
-            &bin,
-            "kwok",
-            &logs,
-            vec![
-                format!("--kubeconfig={system}"),
-                // kwok's own "fast" stages, written beside the binaries by e2e/controlplane/build.sh.
-                format!("--config={}", bin.join("kwok-stages.yaml").display()),
-                "--manage-all-nodes=false".into(),
-                format!("--manage-nodes-with-label-selector={KWOK_NODE_LABEL}=true"),
-                format!("--server-address=127.0.0.1:{kwok_port}"),
-                "--cidr=10.244.0.1/16".into(),
-                "--node-ip=127.0.0.1".into(),
-                format!("--node-lease-duration-seconds={seconds}"),
-            ],
-        )?;
-        Ok(cp)
+        ];
+        self.spawn(bin, "kube-controller-manager", args)
     }
 
-    fn spawn(&mut self, bin: &Path, name: &str, logs: &Path, args: Vec<String>) -> Result<(), Error> {
-        self.components.push(Component::spawn(name, &bin.join(name), &args, logs)?);
+    /// kube-scheduler (which also allocates DRA claims).
+    fn start_scheduler(&mut self, bin: &Path, ports: &Ports) -> Result<(), Error> {
+        let sched = self.path("scheduler.kubeconfig");
+        let args = vec![
+            format!("--kubeconfig={sched}"),
+            format!("--authentication-kubeconfig={sched}"),
+            format!("--authorization-kubeconfig={sched}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", ports.sched),
+            "--leader-elect=false".into(),
+            "--v=1".into(),
+        ];
+        self.spawn(bin, "kube-scheduler", args)
+    }
+
+    /// kwok, managing only the nodes labelled [`KWOK_NODE_LABEL`], their leases lasting `seconds`.
+    fn start_kwok(&mut self, bin: &Path, ports: &Ports, seconds: u32) -> Result<(), Error> {
+        let args = vec![
+            format!("--kubeconfig={}", self.path("system.kubeconfig")),
+            // kwok's own "fast" stages, written beside the binaries by e2e/controlplane/build.sh.
+            format!("--config={}", bin.join("kwok-stages.yaml").display()),
+            "--manage-all-nodes=false".into(),
+            format!("--manage-nodes-with-label-selector={KWOK_NODE_LABEL}=true"),
+            format!("--server-address=127.0.0.1:{}", ports.kwok),
+            "--cidr=10.244.0.1/16".into(),
+            "--node-ip=127.0.0.1".into(),
+            format!("--node-lease-duration-seconds={seconds}"),
+        ];
+        self.spawn(bin, "kwok", args)
+    }
+
+    /// Starts component `name` from `bin` with `args`, its output in the `logs` folder.
+    fn spawn(&mut self, bin: &Path, name: &str, args: Vec<String>) -> Result<(), Error> {
+        let logs = self.dir.join("logs");
+        self.components.push(Component::spawn(name, &bin.join(name), &args, &logs)?);
         Ok(())
     }
 
@@ -304,6 +326,17 @@ pub fn binaries() -> Result<PathBuf, Error> {
         return Err(Error::Build(format!("{} failed with {}", script.display(), out.status)));
     }
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// The loopback ports of one control plane's components, chosen together so they differ.
+#[derive(Clone, Copy)]
+struct Ports {
+    etcd: u16,
+    etcd_peer: u16,
+    api: u16,
+    kcm: u16,
+    sched: u16,
+    kwok: u16,
 }
 
 /// Ports handed out in this process: a control plane keeps its ports even while a component is

@@ -97,7 +97,7 @@ async fn the_api_server_refuses_layouts_that_cannot_fit_their_catalog_product() 
         let msg = msg.replace("Invalid value: \"object\": ", "Invalid value: ");
         assert!(msg.contains(want), "{}: expected {want:?} in {msg:?}", p.name_any());
     }
-    // A typo names itself (issue 28), also beside a second unknown name: which of the two is named
+    // A typo names itself, also beside a second unknown name: which of the two is named
     // first follows the API server's CEL map iteration, which is not ordered (1.35 names either).
     let p = plan("refused-typos", vec![layout("H100-80GB", json!({"3g.40b": 1, "zz.typo": 2}))]);
     let msg = create(&plans, &p, false).await.expect("refused-typos was accepted");

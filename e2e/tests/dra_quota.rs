@@ -284,7 +284,7 @@ async fn a_pod_naming_a_claim_made_before_its_namespace_joined_is_refused_by_the
     pods.create(&PostParams::default(), &claim_pod("p3", "fpga")).await.unwrap();
 }
 
-/// Issue 24: `stash` (NVIDIA's whole-GPU class) and the gated pod `p` using it, and the gated pod
+/// `stash` (NVIDIA's whole-GPU class) and the gated pod `p` using it, and the gated pod
 /// `q` whose claim is made from the template `tpl` (same class), were made in `team-d` before it
 /// joined a quota; once the quota is enforced and the gates removed, the scheduler finds node-b's
 /// two GPUs and tries to allocate the claims: the claim-class policy refuses each allocation
@@ -377,13 +377,13 @@ async fn allocating_a_claim_made_before_its_namespace_joined_is_refused_and_the_
     assert_eq!(pods.get("q").await.unwrap().spec.and_then(|s| s.node_name), None, "q stays pending");
 }
 
-/// Issue 24 H1: `gpu.tessera.dev` exists (quota `team-x` allocates through claims elsewhere);
+/// `gpu.tessera.dev` exists (quota `team-x` allocates through claims elsewhere);
 /// `hoard` (that class) and the gated pod `p` using it are made in `team-e` before it joins a
 /// quota. Once `team-e`'s ResourceQuota enforces the class, `team-e.since` is written, a new pod
 /// naming `hoard` is refused at creation (`team-e.claims`, marked `,early`), and ungated `p`
 /// stays pending: the scheduler's allocation of `hoard` is refused (made before the
-/// ResourceQuota). Both refusals say so and to make the claim again (third review, 3-5). A claim
-/// made after is allocated as before.
+/// ResourceQuota). Both refusals say so and to make the claim again. A claim made after is
+/// allocated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocating_a_claim_of_tessera_s_class_made_before_its_namespace_joined_is_refused_too() {
     let (_cp, admin, _op) = setup(&["team-e", "team-x"]).await;
@@ -426,7 +426,8 @@ async fn allocating_a_claim_of_tessera_s_class_made_before_its_namespace_joined_
     })
     .await
     .unwrap();
-    // Third review of issue 24, 1: `since` is the ResourceQuota's in-force stamp, not its creation.
+    // `since` is the ResourceQuota's in-force stamp, not its creation (quota admission counts
+    // nothing until `status.hard` syncs).
     let data = cms.get("tessera-claim-classes").await.unwrap().data.unwrap();
     let rq = Api::<ResourceQuota>::namespaced(admin.clone(), "team-e").get("tessera-team-e").await.unwrap();
     let stamp = rq.metadata.annotations.as_ref().and_then(|a| a.get("tessera.dev/limits-in-force-since"));

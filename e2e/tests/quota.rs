@@ -426,9 +426,9 @@ fn gpu_pod(name: &str) -> Pod {
     .unwrap()
 }
 
-/// Review gap: a namespace created after its quota lists it (here: while the operator is down)
-/// has no ResourceQuota at first, and extended resources were unlimited there: every pod asking
-/// for `nvidia.com/gpu` created at once was admitted, the later 0 (or share) came too late. Now
+/// A namespace created after its quota lists it (here: while the operator is down) has no
+/// ResourceQuota at first, so extended resources would be unlimited there: every pod asking for
+/// `nvidia.com/gpu` created at once admitted, the later 0 (or share) too late. So
 /// `tessera-gpu-pods` refuses them, naming the field, namespace and quota, until the operator
 /// has the namespace's ResourceQuota enforced; then no more than the share is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

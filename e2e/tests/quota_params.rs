@@ -1,4 +1,4 @@
-//! The quota admission params on the real control plane (issue 24): what the operator writes
+//! The quota admission params on the real control plane: what the operator writes
 //! into `tessera-claim-classes` for cases only a restart or a second quota reveals, enforced by
 //! the API server running the shipped policies. A namespace deleted and created again while the
 //! operator is down (`<ns>.uid`), a quota deleted and created again under its name meanwhile
@@ -106,7 +106,7 @@ async fn namespace_uid(admin: &Client, ns: &str) -> String {
     Api::<Namespace>::all(admin.clone()).get(ns).await.unwrap().metadata.uid.unwrap()
 }
 
-/// Issue 24: a tenant namespace deleted and created again while the operator is down has no
+/// A tenant namespace deleted and created again while the operator is down has no
 /// ResourceQuota, yet the params still describe the old one as enforced. The API server
 /// compares the params' `a.uid` with the new namespace's UID: GPU pods and claims of GPU classes
 /// are refused naming the re-creation; once the operator has run, `a` gets its ResourceQuota
@@ -169,7 +169,7 @@ async fn a_namespace_created_again_while_the_operator_is_down_refuses_gpu_pods_u
     assert!(msg.contains("exceeded quota: tessera-team-a"), "{msg}");
 }
 
-/// Issue 24: a TenantGpuQuota deleted while the operator is down and created again under its
+/// A TenantGpuQuota deleted while the operator is down and created again under its
 /// name would find its namespaces described as enforced (params), their ResourceQuotas
 /// garbage-collected. `tessera-quota-names` refuses the create while `_quotas` lists the name;
 /// another name is not held back; once the operator has run, the name is free again.
@@ -210,7 +210,7 @@ async fn a_quota_created_again_under_its_name_while_the_operator_is_down_is_refu
     wait_enforced(&admin, "a", "team-a", GPU, "2").await;
 }
 
-/// Issue 24: two quotas claim `x`, `team-b` with `unlisted: Zero`. Its per-quota list
+/// Two quotas claim `x`, `team-b` with `unlisted: Zero`. Its per-quota list
 /// (`team-b.resources`) cannot answer for `x` (`x.quota` names both), so the params list per
 /// namespace what some ResourceQuota there limits (`x.limited`): the API server refuses a pod
 /// asking for a GPU resource none limits (`nvidia.com/gpu.shared`, which no node advertises
@@ -320,7 +320,7 @@ fn type_check_copy(p: &ValidatingAdmissionPolicy) -> (ValidatingAdmissionPolicy,
     (copy, what)
 }
 
-/// Issue 24: both names the quota may give its ResourceQuota in `a` are held by the tenant's
+/// Both names the quota may give its ResourceQuota in `a` are held by the tenant's
 /// own. Waiting will not help, so the pod policy's refusal gives the cause the params carry
 /// (`a.pending`) instead of "retry in a few seconds"; once one name is freed, the operator
 /// writes its ResourceQuota there and GPU pods are admitted within the share.
@@ -360,7 +360,7 @@ async fn both_resource_quota_names_taken_refuses_gpu_pods_naming_the_cause() {
     pods.create(&PostParams::default(), &gpu_pod("p0", "nvidia.com/gpu")).await.unwrap();
 }
 
-/// Issue 24: more leftover claims of a GPU class in `x` than `x.claims` may list (1 KiB per
+/// More leftover claims of a GPU class in `x` than `x.claims` may list (1 KiB per
 /// namespace) were made before it joined its quota. The params say `_all`: the API server
 /// refuses every pod naming an existing claim there, even one of an open class, naming the
 /// cause and the way out (templates); a pod using a template is admitted.
@@ -417,7 +417,7 @@ async fn past_the_claims_cap_every_pod_naming_an_existing_claim_is_refused() {
     pods.create(&PostParams::default(), &templated).await.unwrap();
 }
 
-/// Issue 24: the gated GPU pod `early` was made in `g` before `g` joined a quota (its
+/// The gated GPU pod `early` was made in `g` before `g` joined a quota (its
 /// ResourceQuota never counted it at creation). Once the operator has listed it in `g.pods` and
 /// the gate is removed, the real scheduler finds node-g's MIG slices but the binding policy
 /// refuses the binding, naming the pod, quota, time, cause and fix: it stays unbound. The pod

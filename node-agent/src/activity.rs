@@ -1,4 +1,4 @@
-//! Allocated versus used (issue 26): what each MIG instance, or whole GPU with MIG off, did lately.
+//! Allocated versus used: what each MIG instance, or whole GPU with MIG off, did lately.
 //! [`sample`] reads one observation per device from the backend (GPM's SM activity where the
 //! board has it, else compute processes and memory); [`tracker`] keeps the 1 h and 24 h means and
 //! since when each device has been idle, with the time passed in; [`write`] decides whether the

@@ -1,6 +1,8 @@
 //! The reconcile loop: observe the GPUs and the node's `GpuNode`, plan each GPU (pure), act one
 //! driver call at a time, and write one status at the end. No state is kept between passes, so
 //! the agent can be killed at any point and the next pass re-plans from what the GPUs hold.
+//! The pass's steps are in `reconcile`, each GPU's in `apply`, the activity pass in
+//! `activity_pass`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,7 +11,6 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
@@ -18,23 +19,18 @@ use tessera_crds::GpuNode;
 use tessera_crds::activity::DevicePod;
 use tessera_crds::catalog::mig_resource_name;
 use tessera_crds::gpunode::{ACTIVITY_CURRENT_UNTIL, ACTIVITY_FAILING_SINCE, AGENT_LEASE_NAMESPACE, NodePhase};
-use tessera_crds::solver::ProfileCounts;
 use tracing::{info, warn};
 
 mod activity_pass;
+mod apply;
+mod reconcile;
 
 use crate::Error;
-use crate::backend::{GpuBackend, ModeChange, model_from_hardware};
-use crate::gpu_clients::{self, pause};
-use crate::planner::{self, Blocked, Observed, Step, Target};
-use crate::report::{self, GpuOutcome};
+use crate::backend::GpuBackend;
+use crate::gpu_clients::pause;
 
 /// The field manager for everything the agent writes.
 pub const MANAGER: &str = "tessera-node-agent";
-
-// Memory in use in a MIG device with no process above this is leaked (shared with the activity
-// report and the operator; see its doc).
-use tessera_crds::activity::LEAK_THRESHOLD_MIB;
 
 pub struct Agent<B: GpuBackend> {
     pub backend: B,
@@ -46,7 +42,7 @@ pub struct Agent<B: GpuBackend> {
     /// plugin, feature discovery, DCGM exporter). Empty: none.
     pub gpu_client_selector: Option<String>,
     /// NVIDIA's DRA kubelet plugin pods on this node, restarted with the GPU clients so the
-    /// ResourceSlices list the new MIG devices ([`gpu_clients::DRA_KUBELET_PLUGIN_SELECTOR`]).
+    /// ResourceSlices list the new MIG devices ([`crate::gpu_clients::DRA_KUBELET_PLUGIN_SELECTOR`]).
     pub dra_plugin_selector: Option<String>,
     /// How long the heartbeat lease stays valid; it is renewed four times per duration.
     pub lease_duration: Duration,
@@ -123,293 +119,6 @@ impl<B: GpuBackend> Agent<B> {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
-    }
-
-    /// One pass. Returns the outcome per GPU of the intent.
-    pub async fn reconcile(&mut self) -> Result<Vec<(u32, GpuOutcome)>, Error> {
-        let api: Api<GpuNode> = Api::all(self.client.clone());
-        let gn = match api.get_opt(&self.node).await? {
-            Some(gn) => gn,
-            None => {
-                // Register the node so the operator can see its inventory; the spec is the operator's.
-                // Owned by the Node: the garbage collector removes it when the node leaves.
-                let node = Api::<Node>::all(self.client.clone()).get(&self.node).await?;
-                let owner = json!({"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": node.metadata.uid});
-                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-                                  "metadata": {"name": self.node, "ownerReferences": [owner]}, "spec": {}});
-                api.patch(&self.node, &PatchParams::apply(MANAGER), &Patch::Apply(&body)).await?
-            }
-        };
-        // A GpuNode recreated, or its summary removed, while this agent ran: the activity pass
-        // writes it again even with nothing new.
-        self.activity.check_stored(&gn);
-        let generation = gn.metadata.generation;
-        let intent = gn.spec.gpus.clone();
-        // The operator's hand-over: the node is drained for this change. Without it only
-        // non-disruptive steps run (creating instances in free space, as after a reboot).
-        let handed_over =
-            gn.status.as_ref().and_then(|s| s.rollout.as_ref()).is_some_and(|r| r.phase == NodePhase::Applying);
-        // A MIG mode change on the handed-over node first stops the GPU clients (deploy labels);
-        // `hold` says why it still waits for them. A pause that fails leaves the change as before.
-        let mut paused = gn.annotations().get(pause::PAUSED_FOR).cloned();
-        let hold = match self.gpu_client_selector.clone() {
-            Some(selector) if handed_over => {
-                self.pause_gpu_clients(&mut paused, &intent, &selector).await.unwrap_or_else(|e| {
-                    warn!(error = %e, "could not pause the GPU clients; changing the MIG mode without it");
-                    None
-                })
-            }
-            _ => None,
-        };
-        let (outcomes, changed) =
-            tokio::task::block_in_place(|| self.apply_held(&intent, handed_over, hold.as_deref()));
-        let inventory = tokio::task::block_in_place(|| self.backend.inventory())?;
-        let mut gpus = Vec::new();
-        let mut all_instances = Vec::new();
-        for info in &inventory {
-            let instances = if info.mig_enabled {
-                tokio::task::block_in_place(|| self.backend.instances(info.index))?
-            } else {
-                vec![]
-            };
-            // Boards the catalog lacks: report the driver's table so the operator can validate plans.
-            let table = if info.mig_capable && tessera_crds::catalog::lookup(&info.product).is_none() {
-                tokio::task::block_in_place(|| self.backend.profiles(info.index))?
-            } else {
-                vec![]
-            };
-            gpus.push(report::gpu_state(info, &instances, &table));
-            all_instances.push((info.clone(), instances));
-        }
-        let previous = gn.status.clone().unwrap_or_default();
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let (conditions, applied) =
-            report::conditions(&previous.conditions, &outcomes, generation, previous.observed_generation, now);
-        let status = json!({
-            "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-            "status": {"observedGeneration": applied, "gpus": gpus, "conditions": conditions}
-        });
-        api.patch_status(&self.node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&status)).await?;
-        if self.advertise_resources {
-            self.advertise(&all_instances).await?;
-        }
-        let selectors =
-            gpu_clients::restart_selectors(self.gpu_client_selector.as_deref(), self.dra_plugin_selector.as_deref());
-        if !selectors.is_empty() {
-            // Level-triggered: what the clients were last restarted for is on the GpuNode, so a
-            // restart lost to a kill right after a driver step is redone by the next pass.
-            let now = gpu_clients::fingerprint(&all_instances);
-            let recorded = gn.annotations().get(gpu_clients::RESTARTED_FOR).map(String::as_str);
-            let restart = gpu_clients::must_restart(recorded, &now, changed);
-            if restart {
-                for selector in &selectors {
-                    self.restart_gpu_clients(selector).await?;
-                }
-            }
-            if restart || recorded != Some(now.as_str()) {
-                let patch = json!({"metadata": {"annotations": {gpu_clients::RESTARTED_FOR: now}}});
-                api.patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-            }
-        }
-        // Level-triggered: any pass that finds a pause and no mode change left to make (done, or
-        // the hand-over withdrawn) undoes it, after the restart above, so the clients come back
-        // to the new MIG devices.
-        if let Some(record) = &paused
-            && !(handed_over && pause::mode_change_pending(&inventory, &intent))
-        {
-            self.resume_gpu_clients(record).await?;
-        }
-        Ok(outcomes)
-    }
-
-    /// [`Self::apply_held`] with nothing held.
-    #[cfg(test)]
-    pub(crate) fn apply(
-        &mut self,
-        intent: &[tessera_crds::gpunode::GpuIntent],
-        handed_over: bool,
-    ) -> (Vec<(u32, GpuOutcome)>, bool) {
-        self.apply_held(intent, handed_over, None)
-    }
-
-    /// Brings every GPU of the intent to its target; returns the outcomes and whether the GPU
-    /// clients must restart: a GPU changed (they re-enumerate), or a MIG mode change found the
-    /// GPU held (they let go; the next pass retries). A pass that changes nothing restarts nobody.
-    /// While `hold` (why) is set the GPU clients are still stopping: a GPU whose MIG mode must
-    /// change changes nothing and waits.
-    pub(crate) fn apply_held(
-        &mut self,
-        intent: &[tessera_crds::gpunode::GpuIntent],
-        handed_over: bool,
-        hold: Option<&str>,
-    ) -> (Vec<(u32, GpuOutcome)>, bool) {
-        let mut outcomes = Vec::new();
-        let mut changed = false;
-        let inventory = match self.backend.inventory() {
-            Ok(i) => i,
-            Err(e) => {
-                return (
-                    intent.iter().map(|g| (g.index as u32, GpuOutcome::Failed { message: e.to_string() })).collect(),
-                    false,
-                );
-            }
-        };
-        for want in intent {
-            let gpu = want.index as u32;
-            let Some(info) = inventory.iter().find(|i| i.index == gpu) else {
-                let message = format!("no GPU with index {gpu} on this node ({} GPUs)", inventory.len());
-                outcomes.push((gpu, GpuOutcome::Blocked { reason: "GpuNotFound", message }));
-                continue;
-            };
-            if want.mig_enabled && !info.mig_capable {
-                let message = format!("{} is not MIG capable", info.product);
-                outcomes.push((gpu, GpuOutcome::Blocked { reason: "MigNotSupported", message }));
-                continue;
-            }
-            let target = Target {
-                mig_enabled: want.mig_enabled,
-                profiles: want
-                    .profiles
-                    .iter()
-                    .filter(|(_, n)| **n > 0)
-                    .map(|(k, n)| (k.clone(), *n as u32))
-                    .collect::<ProfileCounts>(),
-            };
-            // `changed` only when a driver step really changed the GPU, or a MIG mode change found
-            // the GPU held by its clients (restarting them lets go): never on a pass that changed
-            // nothing (a blocked or failing GPU would make them flap).
-            let mut ran = false;
-            let outcome = match self.apply_gpu(info, &target, handed_over, hold, &mut ran) {
-                Ok(()) => GpuOutcome::InSync,
-                Err(o) => o,
-            };
-            changed |= ran;
-            outcomes.push((gpu, outcome));
-        }
-        (outcomes, changed)
-    }
-
-    fn apply_gpu(
-        &mut self,
-        info: &crate::backend::GpuInfo,
-        target: &Target,
-        handed_over: bool,
-        hold: Option<&str>,
-        ran: &mut bool,
-    ) -> Result<(), GpuOutcome> {
-        let failed = |e: Error| GpuOutcome::Failed { message: e.to_string() };
-        let gpu = info.index;
-        let profiles = if info.mig_capable { self.backend.profiles(gpu).map_err(failed)? } else { vec![] };
-        let model = model_from_hardware(&info.product, &profiles);
-        let instances = if info.mig_enabled { self.backend.instances(gpu).map_err(failed)? } else { vec![] };
-        let mut busy: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        let mut gpu_processes = Vec::new();
-        for p in self.backend.processes(gpu).map_err(failed)? {
-            match p.gpu_instance_id {
-                Some(gi) => busy.entry(gi).or_default().push(p.pid),
-                None => gpu_processes.push(p.pid),
-            }
-        }
-        // Memory in use in an instance no process uses is held by a zombie context.
-        let mut leaked = BTreeMap::new();
-        for i in instances.iter().filter(|i| i.compute_instance_id.is_some() && !busy.contains_key(&i.gpu_instance_id))
-        {
-            let used = self.backend.memory_used_mib(gpu, i.gpu_instance_id).map_err(failed)?;
-            if used > LEAK_THRESHOLD_MIB {
-                leaked.insert(i.gpu_instance_id, used);
-            }
-        }
-        let observed = Observed {
-            mig_enabled: info.mig_enabled,
-            mig_pending: info.mig_pending,
-            instances,
-            busy,
-            gpu_processes,
-            leaked,
-        };
-        let steps = match planner::plan(model, &observed, target) {
-            Ok(steps) => steps,
-            Err(b) => {
-                let reason = match &b {
-                    Blocked::Busy(_) | Blocked::GpuBusy(_) => "InstanceInUse",
-                    Blocked::NoFit(_) => "LayoutDoesNotFit",
-                    Blocked::LeakedMemory(_) => "LeakedMemory",
-                    Blocked::SplitComputeInstances(_) => "SplitComputeInstances",
-                };
-                let pids: Vec<u32> = match &b {
-                    Blocked::Busy(list) => list.iter().flat_map(|(_, p)| p.iter().copied()).collect(),
-                    Blocked::GpuBusy(p) => p.clone(),
-                    _ => vec![],
-                };
-                let mut message = b.to_string();
-                let named = if pids.is_empty() { Default::default() } else { self.pods_of(&pids) };
-                if !named.is_empty() {
-                    let list: Vec<String> = named.iter().map(|(pid, pod)| format!("PID {pid} is pod {pod}")).collect();
-                    message.push_str(&format!("; {}", list.join(", ")));
-                }
-                return Err(GpuOutcome::Blocked { reason, message });
-            }
-        };
-        // A half-made instance (no compute instance) is remade without the hand-over: nothing
-        // can use it. Whoever made it (this agent before a crash, an admin's `-cgi` without `-C`)
-        // loses only an unusable GPU instance; one that got its compute instance since this pass
-        // read the GPU is refused by the driver. Beside a layout change everything waits.
-        let disruptive = steps.iter().filter(|s| s.needs_hand_over()).count();
-        if disruptive > 0 && !handed_over {
-            return Err(GpuOutcome::Waiting {
-                reason: "AwaitingDrain",
-                message: format!(
-                    "{disruptive} step(s) destroy instances or change MIG mode; waiting for the operator to drain \
-                     the node and hand it over"
-                ),
-            });
-        }
-        if let Some(message) = hold
-            && steps.iter().any(|s| matches!(s, Step::SetMigMode(_)))
-        {
-            return Err(GpuOutcome::Waiting { reason: "StoppingGpuClients", message: message.to_string() });
-        }
-        for step in &steps {
-            if step.needs_hand_over() && !self.still_handed_over() {
-                // The operator withdrew the hand-over (or the node is schedulable again) since
-                // this pass began: stop before changing anything a workload could be using.
-                return Err(GpuOutcome::Waiting {
-                    reason: "AwaitingDrain",
-                    message: "the hand-over was withdrawn mid-pass; nothing more is destroyed".into(),
-                });
-            }
-            info!(gpu, ?step, "applying");
-            match step {
-                Step::Destroy { gpu_instance_id, .. } => {
-                    self.backend.destroy_instance(gpu, *gpu_instance_id).map_err(failed)?
-                }
-                Step::DestroyHalfMade { gpu_instance_id, .. } => {
-                    self.backend.destroy_half_made(gpu, *gpu_instance_id).map_err(failed)?
-                }
-                Step::Create { profile, start } => {
-                    self.backend.create_instance(gpu, profile, *start).map_err(failed)?;
-                }
-                Step::SetMigMode(on) => {
-                    let change = self.backend.set_mig_mode(gpu, *on).map_err(|e| {
-                        // nvml.h: "idle the device and retry": the GPU clients hold it.
-                        *ran |= matches!(e, Error::InUse(_));
-                        failed(e)
-                    })?;
-                    if change == ModeChange::ResetRequired {
-                        return Err(GpuOutcome::Blocked {
-                            reason: "ResetRequired",
-                            message: format!(
-                                "MIG mode change to {} needs a GPU reset or node reboot",
-                                if *on { "enabled" } else { "disabled" }
-                            ),
-                        });
-                    }
-                }
-            }
-            // Only a step that succeeded changed the GPU (a failed NVML call changes nothing).
-            *ran = true;
-        }
-        Ok(())
     }
 
     /// The pods behind PIDs, from their cgroups and this node's pods (empty where the PID

@@ -1,7 +1,8 @@
 //! Acts on `quota::plan_quotas`: server-side-applies one owned, labelled ResourceQuota per tenant
 //! namespace (drift is overwritten on the next pass), deletes stale ones, writes quota status.
 //! A failing write fails only its quota's part of the pass: the rest goes on, and the error is
-//! reported in that quota's status (`WriteFailed`).
+//! reported in that quota's status (`WriteFailed`). Every write first checks the leader tenure
+//! (see `leader`): once the lease may have passed, the pass writes nothing more.
 //! Deleting a TenantGpuQuota removes its ResourceQuotas through their owner references (garbage
 //! collector) and through the stale-object sweep here.
 
@@ -12,10 +13,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use serde_json::json;
 use tessera_crds::conditions::set_condition;
 use tessera_crds::quota::TenantGpuQuotaStatus;
@@ -27,17 +28,19 @@ use crate::Error;
 use crate::controller::{MANAGER, watch_into_store};
 use crate::metrics::Metrics;
 use tessera_planner::dra::GpuDrivers;
-use tessera_planner::quota::claims::{CLAIM_POLICY, ClassView};
+use tessera_planner::quota::claims::CLAIM_POLICY;
 use tessera_planner::quota::stamp::IN_FORCE_SINCE;
 use tessera_planner::quota::stamp::keys::IN_FORCE_KEYS;
 use tessera_planner::quota::{
-    Apply, Capacity, Dra, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, plan_quotas_dra, quota_label_value, report_write_failures,
+    Apply, Capacity, Dra, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, QuotaPlan, plan_quotas_dra, quota_label_value,
 };
 
 mod claim_classes;
 mod deleted;
+mod observe;
 mod pending_pods;
 mod policy_check;
+mod writes;
 
 pub struct QuotaController {
     client: Client,
@@ -83,6 +86,9 @@ pub struct QuotaController {
     pods_unlisted: std::sync::atomic::AtomicBool,
     /// ResourceQuotas deleted here that `rqs` may still show ([`deleted`]).
     deleted: deleted::Deleted,
+    /// Until when this replica may write as the leader (`run` sets it to the rollout
+    /// controller's; unset, without leader election: always). Checked before each write.
+    pub tenure: std::sync::OnceLock<Arc<crate::leader::Tenure>>,
 }
 
 /// How often the idle report lists every pod: the agents' activity summaries change every few
@@ -92,6 +98,22 @@ const IDLE_REFRESH: Duration = Duration::from_secs(60);
 /// How long changes are batched before a quota pass; GpuNode changes for longer (see above).
 const DEBOUNCE: Duration = Duration::from_millis(100);
 const FLEET_DEBOUNCE: Duration = Duration::from_secs(1);
+
+/// What one quota pass reads from the caches ([`QuotaController::observe`]), once at its start.
+struct Inputs {
+    quotas: Vec<TenantGpuQuota>,
+    /// The namespaces not being deleted.
+    namespaces: BTreeSet<String>,
+    /// The cached ResourceQuotas of the namespaces as they are now, less those deleted here.
+    rqs: Vec<ResourceQuota>,
+    capacity: Capacity,
+    /// The cluster's DeviceClasses: Tessera's are written where they differ.
+    classes: Vec<Arc<DeviceClass>>,
+    /// Claims, classes, stored params and unbound pods (`pods_unknown`: their cache is not listed).
+    dra: Dra,
+    /// The pass's time, for the conditions it sets.
+    now: Time,
+}
 
 impl QuotaController {
     /// `gpunodes` is the rollout controller's cache, and `fleet_changed` what it wakes on change.
@@ -145,6 +167,7 @@ impl QuotaController {
             idle: Default::default(),
             idle_failed: Default::default(),
             binding_problem: Default::default(),
+            tenure: Default::default(),
         })
     }
 
@@ -187,6 +210,7 @@ impl QuotaController {
             },
             pods_unlisted: Default::default(),
             deleted: Default::default(),
+            tenure: Default::default(),
         }
     }
 
@@ -235,7 +259,10 @@ impl QuotaController {
         self.wait_classes().await;
         self.wait_pods().await;
         loop {
-            if let Err(e) = self.reconcile().await {
+            // A leader that has not seen its lease renewed in time skips the pass (see `leader`).
+            if self.may_write().is_ok()
+                && let Err(e) = self.reconcile().await
+            {
                 if !matches!(e, Error::PartialPass(_)) {
                     self.metrics.error(e.kind());
                 }
@@ -249,155 +276,40 @@ impl QuotaController {
         }
     }
 
+    /// One pass: observe the caches, plan every quota's objects, write those that differ, then
+    /// each quota's status. A failed write fails only its part ([`Error::PartialPass`]); once the
+    /// lease may have passed to another replica nothing more is written ([`Error::NotLeader`]).
     pub async fn reconcile(&self) -> Result<(), Error> {
-        let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
-        let all_namespaces = self.namespaces.state();
-        let (namespace_uids, created) =
-            tessera_planner::quota::pod_gate::namespace_facts(all_namespaces.iter().map(|n| &**n));
-        // A lagging ResourceQuota watch may still show a previous namespace's of the same name.
-        let rqs: Vec<ResourceQuota> = self.rqs.state().iter().map(|q| (**q).clone()).collect();
-        // Nor may it show one this controller deleted as still there.
-        let rqs = self.deleted.hide(rqs);
-        let rqs = tessera_planner::quota::pod_gate::of_current_namespaces(rqs, &created);
-        let namespaces: BTreeSet<String> =
-            all_namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).map(|n| n.name_any()).collect();
-        let stand_ins = crate::controller::dra::supply_nodes(self.dra.get(), &self.gpunodes);
-        let mut capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g).chain(&stand_ins));
-        if let Some(nodes) = self.nodes.get() {
-            capacity.advertised = tessera_planner::quota::advertised(nodes.state().iter().map(|n| &**n));
-        }
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let classes = self.classes.state();
-        // Devices held through classes other than Tessera's: none known without the claim cache.
-        let held = self.claims.get().map_or_else(Default::default, |c| {
-            let slices = self.dra.get().map(|d| d.slices()).unwrap_or_default();
-            tessera_planner::quota::holdings::held_elsewhere(
-                c.claims().iter().map(|c| &**c),
-                slices.iter().map(|s| &**s),
-                &self.drivers,
-            )
-        });
-        let view = ClassView::of(classes.iter().map(|c| &**c), &self.drivers);
-        // Claims not allocated yet, counted at their most: none known without the claim cache.
-        let pending = self.claims.get().map_or_else(Vec::new, |c| {
-            tessera_planner::quota::unallocated::unallocated(c.claims().iter().map(|c| &**c), &view)
-        });
-        let admin_access = self.claims.get().map_or_else(Vec::new, |c| {
-            tessera_planner::quota::unallocated::admin_access(c.claims().iter().map(|c| &**c), &view)
-        });
-        let ours = self
-            .claims
-            .get()
-            .map_or_else(Vec::new, |c| tessera_planner::quota::unallocated::ours(c.claims().iter().map(|c| &**c)));
-        let stored_params = self.policy_params.state().first().and_then(|c| c.data.clone()).unwrap_or_default();
-        let params_uids =
-            stored_params.iter().filter_map(|(k, v)| Some((k.strip_suffix(".uid")?.to_string(), v.clone()))).collect();
-        let pods = pending_pods::pending(&self.pods);
-        let pods_listed = pending_pods::listed(&self.pods);
-        // Logged when it changes; each quota's status says it on every pass.
-        if self.pods_unlisted.swap(!pods_listed, std::sync::atomic::Ordering::Relaxed) == pods_listed {
-            match pods_listed {
-                true => info!("unbound pods listed: <ns>.pods are computed again"),
-                false => warn!("unbound pods not listed (RBAC: watch pods?): the stored <ns>.pods are carried"),
-            }
-        }
-        let drivers = self.drivers.clone();
-        let dra = Dra {
-            classes: view,
-            drivers,
-            held,
-            pending,
-            namespace_uids,
-            params_uids,
-            admin_access,
-            ours,
-            stored_params,
-            pods,
-            pods_unknown: !pods_listed,
-        };
-        let plan = plan_quotas_dra(&quotas, &namespaces, &rqs, &capacity, &dra, now.clone());
-        self.metrics.set_quota_shortfall(&plan.shortfall);
+        let inputs = self.observe();
+        let plan = self.plan(&inputs);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.
-        let (shared, stale_params) = self.write_claim_classes(&plan, &classes).await;
+        let (shared, stale_params) = self.write_claim_classes(&plan, &inputs.classes).await?;
         let binding = self.check_binding().await;
-        let mut failed = shared.len();
-        // Errors per quota, for its status; namespaces where a ResourceQuota failed to write.
-        let mut failures: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        let mut unwritten: BTreeSet<&str> = BTreeSet::new();
-        for a in &plan.apply {
-            let Some(owner) = quotas.iter().find(|q| q.name_any() == a.quota) else { continue };
-            let current =
-                rqs.iter().find(|r| r.metadata.namespace.as_ref() == Some(&a.namespace) && r.name_any() == a.name);
-            if current.is_some_and(|rq| is_current(rq, a)) {
-                continue;
-            }
-            if let Err(e) = self.apply(owner, a).await {
-                self.metrics.error("kube");
-                warn!(namespace = %a.namespace, quota = %a.quota, error = %e, "could not apply a ResourceQuota");
-                failures
-                    .entry(a.quota.clone())
-                    .or_default()
-                    .push(format!("ResourceQuota {} in {}: {e}", a.name, a.namespace));
-                unwritten.insert(&a.namespace);
-            }
-        }
-        for d in &plan.delete {
-            if stale_params {
-                // The params write failed: they may still name the quota of this ResourceQuota
-                // (a namespace moving from A to B, not pending) while B's new one enforces
-                // nothing yet. Deleting it would leave the namespace unlimited; next pass.
-                warn!(namespace = %d.namespace, name = %d.name, "policy params not written: stale ResourceQuota kept");
-                continue;
-            }
-            if unwritten.contains(d.namespace.as_str()) {
-                // A write failed in this namespace: a stale ResourceQuota may be the only limit
-                // left there (its replacement, or another quota's share, was not written).
-                continue;
-            }
-            info!(namespace = %d.namespace, name = %d.name, "deleting stale ResourceQuota");
-            let api = Api::<ResourceQuota>::namespaced(self.client.clone(), &d.namespace);
-            let cached =
-                rqs.iter().find(|r| r.metadata.namespace.as_ref() == Some(&d.namespace) && r.name_any() == d.name);
-            match api.delete(&d.name, &DeleteParams::default()).await {
-                Ok(_) => cached.into_iter().for_each(|r| self.deleted.remember(r)),
-                Err(kube::Error::Api(s)) if s.code == 404 => cached.into_iter().for_each(|r| self.deleted.remember(r)),
-                Err(e) => {
-                    self.metrics.error("kube");
-                    warn!(namespace = %d.namespace, name = %d.name, error = %e, "could not delete a stale ResourceQuota");
-                    let msg = format!("deleting stale ResourceQuota {} in {}: {e}", d.name, d.namespace);
-                    failures.entry(d.quota.clone()).or_default().push(msg);
-                }
-            }
-        }
-        failed += failures.values().map(Vec::len).sum::<usize>();
-        let idle = self.idle_report(&quotas).await;
-        let thresholds = tessera_planner::idle::idle_thresholds(&quotas);
-        for q in &quotas {
-            let Some(planned) = plan.statuses.get(&q.name_any()) else { continue };
-            let mut status = planned.clone();
-            let previous = q.status.as_ref().and_then(|s| s.activity.as_ref());
-            status.activity = tessera_planner::idle::status_activity(&idle, previous, &q.name_any(), &thresholds);
-            let mut errors = failures.get(&q.name_any()).cloned().unwrap_or_default();
-            errors.extend(shared.iter().cloned());
-            report_write_failures(&mut status, &errors, q.metadata.generation, &now);
-            report_binding(&mut status, binding.as_ref(), q.metadata.generation, &now);
-            pending_pods::report_pod_watch(&mut status, pods_listed, q.metadata.generation, &now);
-            if q.status.as_ref() == Some(&status) {
-                continue;
-            }
-            let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "status": status});
-            if let Err(e) = Api::<TenantGpuQuota>::all(self.client.clone())
-                .patch_status(&q.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-                .await
-            {
-                self.metrics.error("kube");
-                warn!(quota = %q.name_any(), error = %e, "could not write the quota's status; retrying");
-                failed += 1;
-            }
-        }
-        match failed {
+        let mut failures = writes::Failures::new();
+        let unwritten = self.apply_resource_quotas(&inputs, &plan, &mut failures).await?;
+        self.delete_stale_resource_quotas(&inputs, &plan, stale_params, &unwritten, &mut failures).await?;
+        let idle = self.idle_report(&inputs.quotas).await;
+        let reports = writes::Reports { shared: &shared, failures: &failures, binding: binding.as_ref(), idle: &idle };
+        let unsent = self.write_statuses(&inputs, &plan, &reports).await?;
+        match shared.len() + failures.values().map(Vec::len).sum::<usize>() + unsent {
             0 => Ok(()),
             n => Err(Error::PartialPass(n)),
+        }
+    }
+
+    /// The planner's answer for the pass's inputs ([`plan_quotas_dra`]); exports the shortfall.
+    fn plan(&self, i: &Inputs) -> QuotaPlan {
+        let plan = plan_quotas_dra(&i.quotas, &i.namespaces, &i.rqs, &i.capacity, &i.dra, i.now.clone());
+        self.metrics.set_quota_shortfall(&plan.shortfall);
+        plan
+    }
+
+    /// Refuses a write once the leader lease may have passed to another replica (see `leader`):
+    /// a deposed leader's stale caches could raise a share the new leader lowered.
+    fn may_write(&self) -> Result<(), Error> {
+        match self.tenure.get().is_none_or(|t| t.holds(std::time::SystemTime::now())) {
+            true => Ok(()),
+            false => Err(Error::NotLeader),
         }
     }
 
@@ -576,6 +488,8 @@ mod claim_policy_tests;
 mod deleted_tests;
 #[cfg(test)]
 mod early_claim_tests;
+#[cfg(test)]
+mod leader_tests;
 #[cfg(test)]
 mod stale_params_tests;
 #[cfg(test)]

@@ -264,7 +264,7 @@ fn plan_preview_text_and_json_from_files() {
     assert_eq!(v[0]["capacity_after"]["nvidia.com/mig-3g.40gb"], 2);
 }
 
-/// Issue 28 #8: budgets, DaemonSets and quotas read with `--from` reach the preview: a budget
+/// Budgets, DaemonSets and quotas read with `--from` reach the preview: a budget
 /// that allows no disruption and a pod of a deleted DaemonSet block the drain, and the quotas
 /// the inference layouts leave short are named.
 #[test]
@@ -420,8 +420,8 @@ fn a_closed_stdout_ends_every_command_quietly() {
 }
 
 /// `kubectl tessera status 2>&1 | true`: its errors go to a closed stderr. It keeps SIGPIPE
-/// ignored (its exit status is documented), so a write must not panic (review of issue 28: exit
-/// 101). The operator's error paths too, with both streams closed (`kubectl tessera`: the CLI
+/// ignored (its exit status is documented), so a write must not panic. The operator's error
+/// paths too, with both streams closed (`kubectl tessera`: the CLI
 /// crate's tests/kubectl_plugin.rs).
 #[test]
 fn a_closed_stderr_ends_error_paths_quietly() {
@@ -442,8 +442,8 @@ fn a_closed_stderr_ends_error_paths_quietly() {
     }
 }
 
-/// Issue 27 (9): `plan suggest` read the cluster from the default kubeconfig whatever
-/// `--kubeconfig` and `--context` said; it takes the same connection flags as `plan preview`.
+/// `plan suggest` takes the same connection flags as `plan preview`: a pipeline that points one
+/// at a cluster points both.
 #[test]
 fn plan_suggest_takes_the_connection_flags_of_plan_preview() {
     let (code, out) = run(&["plan", "suggest", "--kubeconfig", "does/not/exist"]);
@@ -454,7 +454,7 @@ fn plan_suggest_takes_the_connection_flags_of_plan_preview() {
     assert!(out.contains("\"soon\" is not a duration"), "{out}");
 }
 
-/// Issue 24: a pod holding a GPU through a ResourceClaim read with `--from` is evicted by the
+/// A pod holding a GPU through a ResourceClaim read with `--from` is evicted by the
 /// preview like any GPU pod, for the drivers `--gpu-dra-drivers` names (and only those).
 #[test]
 fn plan_preview_evicts_a_pod_holding_a_gpu_through_a_claim_from_files() {

@@ -10,6 +10,7 @@
 //! nothing when the current layouts serve the demand as well as any other would.
 
 use std::collections::{BTreeMap, BTreeSet};
+use tessera_crds::conditions::plan_reasons;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube_core::ResourceExt;
@@ -381,12 +382,12 @@ pub fn desired_from(targets: &crate::FastMap<&str, &tessera_crds::plan::NodeTarg
 pub fn demand_condition(plan: &GpuPartitionPlan) -> Option<(bool, &'static str, String)> {
     plan.spec.layouts_from.as_ref()?;
     let Some(d) = plan.status.as_ref().and_then(|s| s.layout_decision.as_ref()) else {
-        return Some((false, "Deciding", "working out the layouts from the quotas".into()));
+        return Some((false, plan_reasons::DECIDING, "working out the layouts from the quotas".into()));
     };
     if d.shortfall.is_empty() {
-        Some((true, "DemandMet", d.message.clone()))
+        Some((true, plan_reasons::DEMAND_MET, d.message.clone()))
     } else {
-        Some((false, "DemandNotMet", d.message.clone()))
+        Some((false, plan_reasons::DEMAND_NOT_MET, d.message.clone()))
     }
 }
 

@@ -257,47 +257,68 @@ fn shortfall(demand: &BTreeMap<String, i64>, supply: &BTreeMap<String, i64>) -> 
 /// Solves the fleet. `demand` is per resource name (`nvidia.com/mig-1g.10gb`, `nvidia.com/gpu`).
 pub fn solve(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>) -> Result<FleetAnswer, SolveError> {
     let before = total_supply(gpus);
-    let unchanged = |supply_after: BTreeMap<String, i64>| {
-        let gpus: Vec<GpuAnswer> = gpus
-            .iter()
-            .map(|g| GpuAnswer {
-                node: g.node.clone(),
-                index: g.index,
-                product: g.model.name,
-                layout: current(g),
-                changed: false,
-                destroyed: 0,
-            })
-            .collect();
-        (gpus, supply_after)
-    };
     // Never flap: a fleet that already covers the demand changes nothing.
     if shortfall(demand, &before).is_empty() {
-        let demanded: BTreeMap<String, i64> = demand.clone();
-        let frag = gpus.iter().map(|g| candidates(g, &demanded, &mut BTreeMap::new())[0].fragmentation).sum();
-        let (list, after) = unchanged(before.clone());
-        return Ok(FleetAnswer {
-            gpus: list,
-            changed: 0,
-            destroyed: 0,
-            fragmentation: frag,
-            supply_before: before,
-            supply_after: after,
-            shortfall: BTreeMap::new(),
-            optimal: true,
-        });
+        return Ok(unchanged(gpus, demand, before));
     }
     let classes = classify(gpus, demand);
+    let (counts, optimal) = choose_counts(&classes, demand)?;
+    answer(gpus, &classes, counts, demand, before, optimal)
+}
+
+/// The answer that keeps every GPU's current layout, for a fleet that covers the demand.
+fn unchanged(gpus: &[GpuSlot], demand: &BTreeMap<String, i64>, before: BTreeMap<String, i64>) -> FleetAnswer {
+    let frag = gpus.iter().map(|g| candidates(g, demand, &mut BTreeMap::new())[0].fragmentation).sum();
+    let list = gpus
+        .iter()
+        .map(|g| GpuAnswer {
+            node: g.node.clone(),
+            index: g.index,
+            product: g.model.name,
+            layout: current(g),
+            changed: false,
+            destroyed: 0,
+        })
+        .collect();
+    FleetAnswer {
+        gpus: list,
+        changed: 0,
+        destroyed: 0,
+        fragmentation: frag,
+        supply_after: before.clone(),
+        supply_before: before,
+        shortfall: BTreeMap::new(),
+        optimal: true,
+    }
+}
+
+/// How many GPUs of each class get each of its candidates, and whether that is proven optimal:
+/// the exact search on a small enough problem, else the greedy answer; the greedy answer also
+/// wins where an exact search that gave up scores worse.
+fn choose_counts(classes: &[Class], demand: &BTreeMap<String, i64>) -> Result<(Vec<Vec<usize>>, bool), SolveError> {
     let size: usize = classes.iter().map(|c| c.candidates.len()).sum();
     let (mut counts, optimal) =
-        if size <= EXACT_UP_TO { optimise(&classes, demand)? } else { (greedy(&classes, demand), false) };
+        if size <= EXACT_UP_TO { optimise(classes, demand)? } else { (greedy(classes, demand), false) };
     if !optimal {
         // The exact search gave up: take the greedy answer where it is better.
-        let greedy = greedy(&classes, demand);
-        if score(&classes, &greedy, demand) < score(&classes, &counts, demand) {
+        let greedy = greedy(classes, demand);
+        if score(classes, &greedy, demand) < score(classes, &counts, demand) {
             counts = greedy;
         }
     }
+    Ok((counts, optimal))
+}
+
+/// The fleet's answer from the chosen counts: each class's members take its candidates in order,
+/// and the changes, destroyed instances, fragmentation and supply are summed over the GPUs.
+fn answer(
+    gpus: &[GpuSlot],
+    classes: &[Class],
+    counts: Vec<Vec<usize>>,
+    demand: &BTreeMap<String, i64>,
+    before: BTreeMap<String, i64>,
+    optimal: bool,
+) -> Result<FleetAnswer, SolveError> {
     let mut answers: Vec<Option<GpuAnswer>> = vec![None; gpus.len()];
     let (mut changed, mut destroyed, mut frag) = (0, 0, 0);
     let mut after: BTreeMap<String, i64> = BTreeMap::new();

@@ -249,87 +249,150 @@ pub fn idle_report(
     not_reporting: &NotReporting,
     now: Timestamp,
 ) -> IdleReport {
-    let virtual_of: BTreeMap<String, String> =
-        pods.iter().filter_map(|p| Some((host_key(p), virtual_name(p)?))).collect();
-    // A pod idles no longer than it has run: a device idle since before its holder started (a
-    // notebook handed a slice that sat free) counts from the pod's start.
-    let started: BTreeMap<String, Timestamp> =
-        pods.iter().filter_map(|p| Some((host_key(p), p.status.as_ref()?.start_time.as_ref()?.0))).collect();
+    let pass = Pass::of(pods, idle_after, now);
     let mut report = IdleReport::default();
     for node in &status.nodes {
-        let reported = gpunodes.iter().find(|g| g.name_any() == node.name).and_then(|g| g.status.as_ref());
-        let activity = reported.and_then(|s| s.activity.as_ref());
-        let stale = not_reporting.get(&node.name);
-        // A dead agent's last summary says nothing of now: none of it is read.
-        let devices = activity.filter(|_| stale.is_none()).map(|a| a.devices.as_slice()).unwrap_or_default();
-        let mut held = 0;
-        let placed = placed(node, reported.map(|s| s.gpus.as_slice()).unwrap_or_default());
-        let sure = certain::idle_groups(&placed, devices);
-        for p in placed {
-            let measured = devices.iter().find(|d| matches(d, &p));
-            let Some(h) = p.holder else {
-                if let Some(d) = measured.filter(|d| d.processes > 0 || d.memory_used_mib > LEAKED_MEMORY_MIB) {
-                    report.leaked.push(Leaked {
-                        node: node.name.clone(),
-                        gpu: p.gpu,
-                        profile: p.profile,
-                        start: p.start,
-                        memory_used_mib: d.memory_used_mib,
-                        processes: d.processes,
-                    });
-                }
-                continue;
-            };
-            held += 1;
-            let tenant = h.tenant.clone().unwrap_or_default();
-            let threshold = idle_after.get(&tenant).copied().unwrap_or(DEFAULT_IDLE_AFTER);
-            let t = report.tenants.entry(tenant).or_default();
-            t.allocated += 1;
-            if stale.is_some() {
-                t.not_reporting.insert(node.name.clone());
-            }
-            // GPM with neither a share nor an idle time: no second sample yet (an agent just
-            // started), or its calls fail: not measured, never "active".
-            let unmeasured_gpm = |d: &&DeviceActivity| {
-                d.source == ActivitySource::Gpm && d.idle_since.is_none() && d.active_percent_1h.is_none()
-            };
-            let Some(d) = measured.filter(|d| !unmeasured_gpm(d)) else {
-                t.unmeasured += 1;
-                continue;
-            };
-            let from_start = |s: Timestamp| started.get(&h.pod).map_or(s, |p| s.max(*p));
-            let since = d.idle_since.as_ref().map(|s| from_start(s.0));
-            match since.filter(|s| now.duration_since(*s) >= threshold) {
-                None => t.active += 1,
-                Some(since) => {
-                    t.idle += 1;
-                    // A guessed holder whose whole group is idle has idled since the group's
-                    // latest idle start at least, whichever device it holds.
-                    let certain_since =
-                        if p.exact { Some(since) } else { sure.get(&p.profile).map(|s| from_start(*s)) };
-                    report.idle.push(IdleHolder {
-                        pod: h.pod.clone(),
-                        tenant: h.tenant.clone(),
-                        virtual_pod: virtual_of.get(&h.pod).cloned(),
-                        claim: h.claim.clone(),
-                        node: node.name.clone(),
-                        gpu: p.gpu,
-                        profile: p.profile,
-                        start: p.start,
-                        memory_used_mib: d.memory_used_mib,
-                        idle_since: since,
-                        exact: p.exact,
-                        certain_since,
-                    });
-                }
-            }
-        }
-        if let Some(s) = stale.filter(|_| activity.is_some() || held > 0) {
-            report.not_reporting.push(SetAside { node: node.name.clone(), since: s.since, cause: s.cause, held });
-        }
+        add_node(&pass, node, gpunodes, not_reporting, &mut report);
     }
     report.idle.sort_by(|a, b| (a.idle_since, &a.pod, &a.node, a.gpu).cmp(&(b.idle_since, &b.pod, &b.node, b.gpu)));
     report
+}
+
+/// What every node of a report reads: the pods' virtual names and start times, the thresholds
+/// and the time.
+struct Pass<'a> {
+    /// Host `namespace/name` -> `namespace/name` inside the vCluster that synced the pod.
+    virtual_of: BTreeMap<String, String>,
+    /// Host `namespace/name` -> when the pod started.
+    started: BTreeMap<String, Timestamp>,
+    idle_after: &'a BTreeMap<String, SignedDuration>,
+    now: Timestamp,
+}
+
+impl<'a> Pass<'a> {
+    /// Indexes `pods` by their host `namespace/name`.
+    fn of(pods: &[Pod], idle_after: &'a BTreeMap<String, SignedDuration>, now: Timestamp) -> Self {
+        let virtual_of = pods.iter().filter_map(|p| Some((host_key(p), virtual_name(p)?))).collect();
+        // A pod idles no longer than it has run: a device idle since before its holder started (a
+        // notebook handed a slice that sat free) counts from the pod's start.
+        let started =
+            pods.iter().filter_map(|p| Some((host_key(p), p.status.as_ref()?.start_time.as_ref()?.0))).collect();
+        Pass { virtual_of, started, idle_after, now }
+    }
+
+    /// When `pod` counts as idle from: `since`, or its start when that is later.
+    fn idle_from(&self, pod: &str, since: Timestamp) -> Timestamp {
+        self.started.get(pod).map_or(since, |p| since.max(*p))
+    }
+}
+
+/// One node as its held devices are counted: its name, whether its agent is not reporting, and
+/// per profile since when every device a guessed holder may hold is idle.
+struct NodeFigures<'a> {
+    name: &'a str,
+    stale: bool,
+    sure: BTreeMap<String, Timestamp>,
+}
+
+/// Adds one node's devices to `report`: free devices that leak, held devices per tenant, and the
+/// node set aside when its agent is not reporting.
+fn add_node(
+    pass: &Pass<'_>,
+    node: &crate::fleet_status::NodeStatus,
+    gpunodes: &[GpuNode],
+    not_reporting: &NotReporting,
+    report: &mut IdleReport,
+) {
+    let reported = gpunodes.iter().find(|g| g.name_any() == node.name).and_then(|g| g.status.as_ref());
+    let activity = reported.and_then(|s| s.activity.as_ref());
+    let stale = not_reporting.get(&node.name);
+    // A dead agent's last summary says nothing of now: none of it is read.
+    let devices = activity.filter(|_| stale.is_none()).map(|a| a.devices.as_slice()).unwrap_or_default();
+    let mut held = 0;
+    let placed = placed(node, reported.map(|s| s.gpus.as_slice()).unwrap_or_default());
+    let sure = certain::idle_groups(&placed, devices);
+    let figures = NodeFigures { name: &node.name, stale: stale.is_some(), sure };
+    for p in placed {
+        let measured = devices.iter().find(|d| matches(d, &p));
+        match p.holder {
+            None => note_leak(&node.name, p, measured, report),
+            Some(h) => {
+                held += 1;
+                count_held(pass, &figures, p, h, measured, report);
+            }
+        }
+    }
+    if let Some(s) = stale.filter(|_| activity.is_some() || held > 0) {
+        report.not_reporting.push(SetAside { node: node.name.clone(), since: s.since, cause: s.cause, held });
+    }
+}
+
+/// Lists a device no pod holds as leaked when it runs a compute process or holds more memory
+/// than an idle instance does.
+fn note_leak(node: &str, p: Placed<'_>, measured: Option<&DeviceActivity>, report: &mut IdleReport) {
+    if let Some(d) = measured.filter(|d| d.processes > 0 || d.memory_used_mib > LEAKED_MEMORY_MIB) {
+        report.leaked.push(Leaked {
+            node: node.to_string(),
+            gpu: p.gpu,
+            profile: p.profile,
+            start: p.start,
+            memory_used_mib: d.memory_used_mib,
+            processes: d.processes,
+        });
+    }
+}
+
+/// Counts a held device for its tenant (allocated, then unmeasured, active or idle), and lists
+/// its holder when the device is idle beyond the tenant's threshold.
+fn count_held(
+    pass: &Pass<'_>,
+    node: &NodeFigures<'_>,
+    p: Placed<'_>,
+    h: &Holder,
+    measured: Option<&DeviceActivity>,
+    report: &mut IdleReport,
+) {
+    let tenant = h.tenant.clone().unwrap_or_default();
+    let threshold = pass.idle_after.get(&tenant).copied().unwrap_or(DEFAULT_IDLE_AFTER);
+    let t = report.tenants.entry(tenant).or_default();
+    t.allocated += 1;
+    if node.stale {
+        t.not_reporting.insert(node.name.to_string());
+    }
+    // GPM with neither a share nor an idle time: no second sample yet (an agent just
+    // started), or its calls fail: not measured, never "active".
+    let unmeasured_gpm = |d: &&DeviceActivity| {
+        d.source == ActivitySource::Gpm && d.idle_since.is_none() && d.active_percent_1h.is_none()
+    };
+    let Some(d) = measured.filter(|d| !unmeasured_gpm(d)) else {
+        t.unmeasured += 1;
+        return;
+    };
+    let since = d.idle_since.as_ref().map(|s| pass.idle_from(&h.pod, s.0));
+    match since.filter(|s| pass.now.duration_since(*s) >= threshold) {
+        None => t.active += 1,
+        Some(since) => {
+            t.idle += 1;
+            // A guessed holder whose whole group is idle has idled since the group's
+            // latest idle start at least, whichever device it holds.
+            let certain_since =
+                if p.exact { Some(since) } else { node.sure.get(&p.profile).map(|s| pass.idle_from(&h.pod, *s)) };
+            report.idle.push(IdleHolder {
+                pod: h.pod.clone(),
+                tenant: h.tenant.clone(),
+                virtual_pod: pass.virtual_of.get(&h.pod).cloned(),
+                claim: h.claim.clone(),
+                node: node.name.to_string(),
+                gpu: p.gpu,
+                profile: p.profile,
+                start: p.start,
+                memory_used_mib: d.memory_used_mib,
+                idle_since: since,
+                exact: p.exact,
+                certain_since,
+            });
+        }
+    }
 }
 
 /// Every device of a node's report: the MIG instances of MIG GPUs, else the whole GPU; `gpus`

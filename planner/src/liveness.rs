@@ -246,8 +246,8 @@ mod tests {
         assert_eq!(l.health("n1", Some(&lease(None, 40)), now, up()), AgentHealth::NotResponding { since: None });
     }
 
-    /// Issue 27 (2): an operator start or failover first sees every lease with a recent
-    /// `renewTime`, whether or not its agent still renews it.
+    /// An operator start or failover first sees every lease with a recent `renewTime`, whether
+    /// or not its agent still renews it: a lease first seen proves nothing until seen renewing.
     #[test]
     fn a_lease_first_seen_is_unproven_until_seen_renewing_and_dead_a_lease_duration_later() {
         let mut l = Liveness::default();
@@ -267,7 +267,7 @@ mod tests {
         assert_eq!((health, until), (AgentHealth::Alive, Some(at("2026-06-01T00:00:51Z"))));
     }
 
-    /// Issue 27 (6): silence seen through a watch that was down proves nothing; the grace of a
+    /// Silence seen through a watch that was down proves nothing; the grace of a
     /// lease duration restarts from the moment the watch caught up.
     #[test]
     fn no_agent_is_judged_dead_from_a_lease_watch_that_is_down_or_only_just_caught_up() {

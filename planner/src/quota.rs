@@ -335,38 +335,54 @@ pub fn plan_quotas_dra(
         now,
     };
     let mut wanted = steps::Wanted::new();
-    let valid: Vec<&TenantGpuQuota> =
-        live.iter().copied().filter(|q| !steps::invalid(&pass, q, &mut plan, &mut wanted)).collect();
+    let valid = plan_shares(&pass, &live, dra, &resources, &mut plan, &mut wanted);
+    plan_policy(&pass, &live, &valid, dra, &resources, &mut plan);
+    plan_deletes(resource_quotas, &wanted, &mut plan);
+    plan
+}
+
+/// The shares: each invalid quota keeps what it enforced, each valid one applies its own; then
+/// Tessera's DeviceClasses and the shortfall, of the valid quotas. Returns the valid quotas.
+fn plan_shares<'q>(
+    pass: &steps::Pass<'_>,
+    live: &[&'q TenantGpuQuota],
+    dra: &Dra,
+    resources: &BTreeSet<String>,
+    plan: &mut QuotaPlan,
+    wanted: &mut steps::Wanted,
+) -> Vec<&'q TenantGpuQuota> {
+    let valid: Vec<&TenantGpuQuota> = live.iter().copied().filter(|q| !steps::invalid(pass, q, plan, wanted)).collect();
     // Classes and params from validated quotas only (see `claims::policy_data`).
-    let valid_names: BTreeSet<&str> = valid.iter().filter_map(|q| q.metadata.name.as_deref()).collect();
-    plan.device_classes = claims::managed_classes(&valid, &resources, &dra.drivers);
+    plan.device_classes = claims::managed_classes(&valid, resources, &dra.drivers);
     plan.shortfall = pass.demand.keys().map(|r| (r.clone(), pass.short.get(r).copied().unwrap_or(0))).collect();
     for q in &valid {
-        steps::plan_quota(&pass, q, &mut plan, &mut wanted);
+        steps::plan_quota(pass, q, plan, wanted);
     }
+    valid
+}
+
+/// The claim-class policy's params, after the shares: the classes' limits where they are in
+/// force, the claims and pods made before them, the quotas' names and each tenant namespace's
+/// keys.
+fn plan_policy(
+    pass: &steps::Pass<'_>,
+    live: &[&TenantGpuQuota],
+    valid: &[&TenantGpuQuota],
+    dra: &Dra,
+    resources: &BTreeSet<String>,
+    plan: &mut QuotaPlan,
+) {
+    let valid_names: BTreeSet<&str> = valid.iter().filter_map(|q| q.metadata.name.as_deref()).collect();
     // After the shares: a class opens only where its planned limit is already enforced, by a
     // ResourceQuota of a namespace the cache shows (terminating included), with no scope.
-    let known = |ns: &str| existing_namespaces.contains(ns) || dra.namespace_uids.contains_key(ns);
+    let known = |ns: &str| pass.existing_namespaces.contains(ns) || dra.namespace_uids.contains_key(ns);
     // A stamp not yet reached (`stamp::MARGIN_SECS`) gates as none yet.
-    let enforcing = stamp::due(pod_gate::enforcing(resource_quotas, known), pass.now.0);
-    plan.policy = claims::policy_data(&live, &valid_names, &enforcing, &plan.apply, &resources, &dra.classes);
+    let enforcing = stamp::due(pod_gate::enforcing(pass.resource_quotas, known), pass.now.0);
+    plan.policy = claims::policy_data(live, &valid_names, &enforcing, &plan.apply, resources, &dra.classes);
     let tenants: Vec<String> =
         plan.policy.keys().filter_map(|k| k.strip_suffix(".quota")).map(str::to_string).collect();
-    // Keys that came into force after `<ns>.since` (a resource that was unlimited): claims and
-    // pods made before their own stamp are early too ([`stamp::keys`]).
-    let later = stamp::keys::later_keys(&plan.policy, &live, &enforcing);
-    plan.policy.extend(stamp::keys::class_since(&later));
-    let early = unallocated::early(&dra.ours, &plan.policy);
-    let claims = unallocated::policy_claims(pending, &dra.admin_access, &early, tenants.iter().map(String::as_str));
-    // `<ns>.pods` share the claims' budget: the ConfigMap's bound stays what it was.
-    let budget = unallocated::CLAIMS_BUDGET.saturating_sub(claims.values().map(String::len).sum());
-    plan.policy.extend(claims);
-    let pods = match dra.pods_unknown {
-        true => early_pods::carried::carried(&dra.stored_params, &plan.policy, budget),
-        false => early_pods::policy_pods(&dra.pods, &plan.policy, &later, budget),
-    };
-    plan.policy.extend(pods);
-    plan.policy.extend(pod_gate::zero_resources(&valid, &plan.apply));
+    add_early(&mut plan.policy, live, &tenants, &enforcing, dra);
+    plan.policy.extend(pod_gate::zero_resources(valid, &plan.apply));
     let names = live.iter().filter_map(|q| q.metadata.name.as_deref()).collect::<Vec<_>>();
     plan.policy.insert(pod_gate::QUOTAS.to_string(), names.join(" "));
     for ns in &tenants {
@@ -374,11 +390,42 @@ pub fn plan_quotas_dra(
         let uid = match dra.namespace_uids.get(ns) {
             Some(uid) => Some(uid.as_str()),
             None if known(ns) => None,
-            None => pod_gate::tombstone(ns, dra.params_uids.get(ns).map(String::as_str), resource_quotas),
+            None => pod_gate::tombstone(ns, dra.params_uids.get(ns).map(String::as_str), pass.resource_quotas),
         };
         plan.policy.extend(pod_gate::namespace_keys(ns, &qs, &valid_names, &enforcing, &plan.apply, uid));
     }
-    steps::sweep_stale(resource_quotas, &wanted, &mut plan.delete);
+}
+
+/// Adds to the params the claims and pods made before the limits they fall under came into
+/// force (`enforcing`), within the params' bound on size.
+fn add_early(
+    policy: &mut BTreeMap<String, String>,
+    live: &[&TenantGpuQuota],
+    tenants: &[String],
+    enforcing: &[ResourceQuota],
+    dra: &Dra,
+) {
+    // Keys that came into force after `<ns>.since` (a resource that was unlimited): claims and
+    // pods made before their own stamp are early too ([`stamp::keys`]).
+    let later = stamp::keys::later_keys(policy, live, enforcing);
+    policy.extend(stamp::keys::class_since(&later));
+    let early = unallocated::early(&dra.ours, policy);
+    let claims =
+        unallocated::policy_claims(&dra.pending, &dra.admin_access, &early, tenants.iter().map(String::as_str));
+    // `<ns>.pods` share the claims' budget: the ConfigMap's bound stays what it was.
+    let budget = unallocated::CLAIMS_BUDGET.saturating_sub(claims.values().map(String::len).sum());
+    policy.extend(claims);
+    let pods = match dra.pods_unknown {
+        true => early_pods::carried::carried(&dra.stored_params, policy, budget),
+        false => early_pods::policy_pods(&dra.pods, policy, &later, budget),
+    };
+    policy.extend(pods);
+}
+
+/// The ResourceQuotas no quota wants any more, to delete once their namespace's new limits are
+/// in force.
+fn plan_deletes(resource_quotas: &[ResourceQuota], wanted: &steps::Wanted, plan: &mut QuotaPlan) {
+    steps::sweep_stale(resource_quotas, wanted, &mut plan.delete);
     // A ResourceQuota no quota wants stays while its namespace's new limits are not in force
     // (`_pending`): deleted in the pass that writes its replacement, it left the namespace
     // unlimited until the new one's `status.hard` synced, for any API server whose copy of the
@@ -386,7 +433,6 @@ pub fn plan_quotas_dra(
     let pending: BTreeSet<String> =
         plan.policy.get(pod_gate::PENDING).map(|p| p.split(' ').map(str::to_string).collect()).unwrap_or_default();
     plan.delete.retain(|d| !pending.contains(&d.namespace));
-    plan
 }
 
 /// Marks a quota's status with this pass's failed writes (API errors in `errors`): `Ready=False`

@@ -10,29 +10,30 @@
 //! fleet-wide problem stops the rollout instead of churning every node.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::rc::Rc;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use tessera_crds::catalog::GpuModel;
 use tessera_crds::conditions::{self, READY, STALLED};
-use tessera_crds::gpunode::{GpuIntent, GpuState, NodePhase, NodeRollout};
-use tessera_crds::plan::{GpuLayout, GpuPartitionPlanSpec};
-use tessera_crds::validate::{max_unavailable, validate_plan_with};
-use tessera_crds::{GpuNode, GpuPartitionPlan, catalog, solver};
+use tessera_crds::gpunode::{GpuIntent, NodePhase, NodeRollout};
+use tessera_crds::{GpuNode, GpuPartitionPlan};
 
-use crate::auto::Ask;
 use crate::gpu_use::ClaimIndex;
 use crate::liveness::AgentHealth;
-use crate::selector::matches;
 
 mod carry;
 mod dra_wait;
+mod intent;
+mod one_plan;
+mod ownership;
 mod phases;
-use carry::Verdict;
 pub use carry::{Carry, Versions};
 pub use dra_wait::{DRA_WAIT_SECS, DraSlices};
+use intent::validate;
+pub use intent::{Memo, desired_intent, desired_intent_with};
+use one_plan::{Keep, plan_one};
+pub use ownership::contenders;
+use ownership::{Owned, Ownership, release};
 
 /// One Kubernetes node as the planner sees it.
 #[derive(Debug, Clone)]
@@ -197,151 +198,6 @@ fn in_flight(phase: NodePhase) -> bool {
     matches!(phase, NodePhase::Draining | NodePhase::Applying | NodePhase::Uncordoning)
 }
 
-/// Product names compared loosely: case, spaces and underscores do not matter.
-fn product_key(s: &str) -> String {
-    s.trim().to_ascii_lowercase().replace([' ', '_'], "-")
-}
-
-/// Catalog look-ups and layout fits of one planning pass, shared by all its nodes: a fleet has a
-/// few boards and many nodes, and repeating these per node made them most of a pass's cost.
-#[derive(Default)]
-pub struct Memo<'a> {
-    products: crate::FastMap<&'a str, Option<&'static GpuModel>>,
-    same: crate::FastMap<(&'a str, &'a str), bool>,
-    /// Keyed by the addresses of a `&'static` model and of a layout borrowed for `'a`.
-    fits: crate::FastMap<(usize, usize), Result<(), String>>,
-    /// A plan's intent per node shape: keyed by the hash of (plan spec address, each GPU's index,
-    /// product and MIG capability), holding those parts to compare (no collision is trusted).
-    /// Nodes of a fleet share a few shapes, and building the intent allocated per node.
-    desired: crate::FastMap<u64, Vec<DesiredEntry<'a>>>,
-}
-
-/// One remembered intent: the plan spec's address, the GPUs' parts, the intent.
-type DesiredEntry<'a> = (usize, Vec<(i32, &'a str, bool)>, Result<Rc<Vec<GpuIntent>>, String>);
-
-impl<'a> Memo<'a> {
-    fn lookup(&mut self, product: &'a str) -> Option<&'static GpuModel> {
-        *self.products.entry(product).or_insert_with(|| catalog::lookup(product))
-    }
-
-    /// Whether a layout's `gpuProduct` names this GPU's board (catalog names, else loosely).
-    fn same_product(&mut self, layout: &'a str, gpu: &'a str) -> bool {
-        if let Some(same) = self.same.get(&(layout, gpu)) {
-            return *same;
-        }
-        let same = match (self.lookup(layout), self.lookup(gpu)) {
-            (Some(a), Some(b)) => a.name == b.name,
-            _ => product_key(layout) == product_key(gpu),
-        };
-        self.same.insert((layout, gpu), same);
-        same
-    }
-
-    /// The geometry of a reported GPU: the catalog's, or else the table its agent read from NVML.
-    fn model_of(&mut self, g: &'a GpuState) -> Option<&'static GpuModel> {
-        self.lookup(&g.product)
-            .or_else(|| (!g.profiles.is_empty()).then(|| catalog::model_from_table(&g.product, &g.profiles)))
-    }
-
-    /// [`desired_intent_with`], shared by the nodes whose GPUs look the same to the layouts. Only
-    /// for boards in the catalog: another board's geometry is read from its own profile table.
-    fn desired(&mut self, spec: &'a GpuPartitionPlanSpec, gpus: &'a [GpuState]) -> Result<Rc<Vec<GpuIntent>>, String> {
-        if !gpus.iter().all(|g| self.lookup(&g.product).is_some()) {
-            return desired_intent_with(spec, gpus, self).map(Rc::new);
-        }
-        let address = std::ptr::from_ref(spec) as usize;
-        let key = {
-            use std::hash::{BuildHasher, Hash, Hasher};
-            let mut h = foldhash::fast::FixedState::default().build_hasher();
-            address.hash(&mut h);
-            for g in gpus {
-                (g.index, g.product.as_str(), g.mig_capable).hash(&mut h);
-            }
-            h.finish()
-        };
-        let same = |parts: &[(i32, &str, bool)]| {
-            parts.len() == gpus.len()
-                && parts.iter().zip(gpus).all(|(p, g)| p.0 == g.index && p.1 == g.product && p.2 == g.mig_capable)
-        };
-        if let Some((_, _, known)) =
-            self.desired.get(&key).and_then(|b| b.iter().find(|(a, parts, _)| *a == address && same(parts)))
-        {
-            return known.clone();
-        }
-        let intent = desired_intent_with(spec, gpus, self).map(Rc::new);
-        let parts = gpus.iter().map(|g| (g.index, g.product.as_str(), g.mig_capable)).collect();
-        self.desired.entry(key).or_default().push((address, parts, intent.clone()));
-        intent
-    }
-
-    fn fit(&mut self, model: &'static GpuModel, layout: &'a GpuLayout) -> Result<(), String> {
-        let key = (std::ptr::from_ref(model) as usize, std::ptr::from_ref(layout) as usize);
-        self.fits
-            .entry(key)
-            .or_insert_with(|| {
-                let counts = layout
-                    .profiles
-                    .iter()
-                    .filter(|(_, n)| **n > 0)
-                    .map(|(k, n)| (catalog::normalize_profile(k), *n as u32))
-                    .collect();
-                solver::fit(model, &counts).map(|_| ()).map_err(|e| e.to_string())
-            })
-            .clone()
-    }
-}
-
-/// The intent a plan asks for on a node, from the GPUs its agent reported. `Err` names why the
-/// node cannot be acted on (no layout for its product, or a layout that cannot fit it).
-pub fn desired_intent(spec: &GpuPartitionPlanSpec, gpus: &[GpuState]) -> Result<Vec<GpuIntent>, String> {
-    desired_intent_with(spec, gpus, &mut Memo::default())
-}
-
-/// [`desired_intent`] with the look-ups of a pass shared across its nodes.
-pub fn desired_intent_with<'a>(
-    spec: &'a GpuPartitionPlanSpec,
-    gpus: &'a [GpuState],
-    memo: &mut Memo<'a>,
-) -> Result<Vec<GpuIntent>, String> {
-    let mut out = Vec::new();
-    for g in gpus {
-        let mut chosen = None;
-        for l in &spec.layouts {
-            if l.gpu_indices.as_ref().is_some_and(|i| i.contains(&g.index))
-                && memo.same_product(&l.gpu_product, &g.product)
-            {
-                chosen = Some(l);
-                break;
-            }
-        }
-        if chosen.is_none() {
-            for l in &spec.layouts {
-                if l.gpu_indices.is_none() && memo.same_product(&l.gpu_product, &g.product) {
-                    chosen = Some(l);
-                    break;
-                }
-            }
-        }
-        let Some(layout) = chosen else { continue };
-        if layout.mig_enabled && !g.mig_capable {
-            return Err(format!("GPU {} ({}) is not MIG capable", g.index, g.product));
-        }
-        if let (true, Some(model)) = (layout.mig_enabled, memo.model_of(g))
-            && let Err(e) = memo.fit(model, layout)
-        {
-            return Err(format!("the layout for GPU {} does not fit: {e}", g.index));
-        }
-        let profiles: BTreeMap<String, i32> =
-            layout.profiles.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (k.clone(), *n)).collect();
-        out.push(GpuIntent { index: g.index, mig_enabled: layout.mig_enabled, profiles });
-    }
-    if out.is_empty() {
-        let products: Vec<&str> = gpus.iter().map(|g| g.product.as_str()).collect();
-        return Err(format!("the plan has no layout for this node's GPUs ({})", products.join(", ")));
-    }
-    Ok(out)
-}
-
 /// Whether the agent has applied exactly `desired`.
 fn applied(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
     let Some(st) = &gn.status else { return false };
@@ -376,22 +232,6 @@ fn agent_stalled(gn: &GpuNode) -> Option<String> {
     agent_condition(gn, STALLED)
 }
 
-/// Checks a plan as `tessera-operator validate` does; a product missing from the catalog is
-/// checked against the profile table an agent of a matched node reports for it.
-fn validate<'a>(plan: &GpuPartitionPlan, nodes: &[&'a NodeInput<'_>], memo: &mut Memo<'a>) -> Vec<String> {
-    let mut reported: BTreeMap<String, &'static GpuModel> = BTreeMap::new();
-    for node in nodes {
-        let gpus = node.gpunode.as_ref().and_then(|g| g.status.as_ref()).map(|s| s.gpus.as_slice()).unwrap_or(&[]);
-        for g in gpus.iter().filter(|g| memo.lookup(&g.product).is_none() && catalog::valid_table(&g.profiles)) {
-            reported.insert(product_key(&g.product), catalog::model_from_table(&g.product, &g.profiles));
-        }
-    }
-    validate_plan_with(&plan.spec, &|product| reported.get(&product_key(product)).copied())
-        .iter()
-        .map(ToString::to_string)
-        .collect()
-}
-
 /// Plans the whole fleet.
 pub fn plan_fleet(
     plans: &[GpuPartitionPlan],
@@ -414,6 +254,16 @@ pub fn plan_fleet_with(
     let mut reports: BTreeMap<String, PlanReport> =
         plans.iter().map(|p| (p.metadata.name.clone().unwrap_or_default(), PlanReport::default())).collect();
     let mut actions = Vec::new();
+    mark_agents_down(nodes, &mut actions);
+    undo_orphaned_cordons(nodes, now, &mut actions);
+    let ownership = ownership::assign(&live, nodes, carry, &mut reports, &mut actions);
+    plan_owned(&live, ownership, now, carry, &mut actions, &mut reports);
+    (actions, reports)
+}
+
+/// Marks `Ready=Unknown` on the `GpuNode` of each node whose agent stopped renewing its lease,
+/// unless it already says so.
+fn mark_agents_down(nodes: &[NodeInput<'_>], actions: &mut Vec<Action>) {
     for node in nodes {
         if let (AgentHealth::NotResponding { .. }, Some(gn)) = (&node.agent, &node.gpunode) {
             let ready = gn.status.as_ref().and_then(|s| conditions::find(&s.conditions, READY));
@@ -422,6 +272,11 @@ pub fn plan_fleet_with(
             }
         }
     }
+}
+
+/// Uncordons the nodes Tessera cordoned whose rollout record is gone, once the cordon is older
+/// than the caches can lag each other.
+fn undo_orphaned_cordons(nodes: &[NodeInput<'_>], now: Timestamp, actions: &mut Vec<Action>) {
     for node in nodes.iter().filter(|n| n.unschedulable && !n.cache_behind) {
         let Some(at) = node.cordon_annotated else { continue };
         let record = node.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref());
@@ -431,379 +286,47 @@ pub fn plan_fleet_with(
             actions.push(Action::Uncordon { node: node.name.to_string() });
         }
     }
-    // Ownership: highest priority wins; a tie at the top is a conflict and nobody acts.
-    let mut owned: BTreeMap<&str, Vec<Owned<'_, '_>>> = BTreeMap::new();
-    // Every node each plan's selector matches (its own or not), for checking the plan. A node
-    // with a kept verdict is left out: it reports only boards of the catalog, which `validate`
-    // does not look at.
-    let mut matched: BTreeMap<&str, Vec<&NodeInput<'_>>> = BTreeMap::new();
-    for (position, node) in nodes.iter().enumerate() {
-        let kept = carry.verdict(position, node);
-        match kept {
-            Some(Verdict::Unowned) => {
-                carry.reused += 1;
-                continue;
-            }
-            Some(Verdict::Updated(p) | Verdict::Waiting(p)) => {
-                if let Some(plan) = live.get(p) {
-                    owned
-                        .entry(plan.metadata.name.as_deref().unwrap_or_default())
-                        .or_default()
-                        .push((position, node, kept));
-                    continue;
-                }
-            }
-            None => {}
-        }
-        let mut top: Option<i32> = None;
-        let mut winners: Vec<&str> = Vec::new();
-        for p in live.iter().filter(|p| matches(&p.spec.node_selector, node.labels)) {
-            let name = p.metadata.name.as_deref().unwrap_or_default();
-            matched.entry(name).or_default().push(node);
-            match top {
-                Some(t) if p.spec.priority < t => continue,
-                Some(t) if p.spec.priority == t => winners.push(name),
-                _ => {
-                    top = Some(p.spec.priority);
-                    winners = vec![name];
-                }
-            }
-        }
-        match winners.as_slice() {
-            [] => {
-                let before = actions.len();
-                release(node, &mut actions);
-                if actions.len() == before {
-                    clear_intent(node, &mut actions);
-                }
-                carry.remember(position, node, (actions.len() == before).then_some(Verdict::Unowned));
-            }
-            [one] => owned.entry(*one).or_default().push((position, node, None)),
-            many => {
-                for p in many {
-                    let others = many.iter().filter(|o| *o != p).map(|o| o.to_string()).collect();
-                    reports
-                        .get_mut(*p)
-                        .expect("every plan has a report")
-                        .conflicts
-                        .insert(node.name.to_string(), others);
-                }
-                release(node, &mut actions);
-                carry.remember(position, node, None);
-            }
-        }
-    }
+}
+
+/// Checks each live plan against the nodes it matches, then plans the nodes it owns: an invalid
+/// plan acts on none of them. One memo serves every plan of the pass.
+fn plan_owned<'a>(
+    live: &[&'a GpuPartitionPlan],
+    ownership: Ownership<'_, 'a, '_>,
+    now: Timestamp,
+    carry: &mut Carry,
+    actions: &mut Vec<Action>,
+    reports: &mut BTreeMap<String, PlanReport>,
+) {
+    let Ownership { mut owned, matched } = ownership;
     let mut memo = Memo::default();
-    for (index, plan) in live.iter().enumerate() {
+    for (index, &plan) in live.iter().enumerate() {
         let name = plan.metadata.name.as_deref().unwrap_or_default();
         let owned = owned.remove(name).unwrap_or_default();
         let report = reports.get_mut(name).expect("every plan has a report");
         report.nodes = owned.iter().map(|(position, _, _)| *position).collect();
         report.invalid_spec = validate(plan, matched.get(name).map(Vec::as_slice).unwrap_or_default(), &mut memo);
         if !report.invalid_spec.is_empty() {
-            // It still owns its nodes (a typo must not hand them to a lower-priority plan), but
-            // acts on none: in-flight nodes are released once their agent is done.
-            for (position, node, _) in owned {
-                release(node, &mut actions);
-                carry.remember(position, node, None);
-            }
+            act_on_none(owned, carry, actions);
             continue;
         }
-        plan_one(plan, &owned, now, &mut actions, report, &mut memo, Keep { carry: &mut *carry, plan: index });
-    }
-    (actions, reports)
-}
-
-/// A node a plan owns (its position among the pass's nodes, the node), with the verdict kept
-/// for it from the pass before.
-type Owned<'n, 'a> = (usize, &'n NodeInput<'a>, Option<Verdict>);
-
-/// Where a plan's pass keeps its nodes' verdicts: the carry, and the plan's index among the live.
-struct Keep<'c> {
-    carry: &'c mut Carry,
-    plan: usize,
-}
-
-/// A node a plan may change this pass.
-enum Candidate<'n, 'a> {
-    /// Kept from the pass before: at rest with the plan's layout.
-    Updated,
-    /// Kept from the pass before: waiting for a slot (its position, the node).
-    Waiting(usize, &'n NodeInput<'a>),
-    /// Planned in full: its position, the node, its `GpuNode`, the intent the plan asks for.
-    Full(usize, &'n NodeInput<'a>, &'n Arc<GpuNode>, Rc<Vec<GpuIntent>>),
-}
-
-/// The live plans of top priority that match a node: one owns it; several conflict.
-pub fn contenders(live: &[&GpuPartitionPlan], labels: &BTreeMap<String, String>) -> Vec<String> {
-    let matching: Vec<&&GpuPartitionPlan> = live.iter().filter(|p| matches(&p.spec.node_selector, labels)).collect();
-    let top = matching.iter().map(|p| p.spec.priority).max();
-    matching
-        .iter()
-        .filter(|p| Some(p.spec.priority) == top)
-        .map(|p| p.metadata.name.clone().unwrap_or_default())
-        .collect()
-}
-
-/// A node no plan acts on any more: finish an in-flight apply, uncordon what we cordoned, forget.
-/// Forgetting the rollout withdraws the hand-over, so the agent changes nothing disruptive after.
-fn release(node: &NodeInput<'_>, actions: &mut Vec<Action>) {
-    if node.cache_behind {
-        return; // decided on the next pass, from a view that shows our last write
-    }
-    let Some(gn) = &node.gpunode else { return };
-    let Some(r) = gn.status.as_ref().and_then(|s| s.rollout.as_ref()) else { return };
-    // An agent not proven yet (the operator just started) may be mid-change: wait to know.
-    let agent_working = !node.agent.is_not_responding() && !applied(gn, &gn.spec.gpus) && agent_stalled(gn).is_none();
-    if r.phase == NodePhase::Applying && agent_working {
-        return; // the agent is reconfiguring a drained node: let it finish first
-    }
-    if r.cordoned_by_us && node.unschedulable {
-        if r.phase == NodePhase::Applying {
-            // Withdraw the hand-over before the uncordon, so a late agent changes nothing.
-            let withdrawn = NodeRollout { phase: NodePhase::Pending, ..r.clone() };
-            actions.push(Action::Rollout { node: node.name.to_string(), rollout: Some(withdrawn) });
-        }
-        actions.push(Action::Uncordon { node: node.name.to_string() });
-    }
-    actions.push(Action::Rollout { node: node.name.to_string(), rollout: None });
-}
-
-/// A node that no plan matches, released (no rollout record left): its intent is emptied, once.
-/// What it held came from a plan that was deleted or no longer selects it; kept, it named that
-/// plan (`kubectl get gpunodes`, `kubectl tessera status`) and had the agent re-create, in free
-/// space, instances an admin removed by hand. Empty, the agent leaves the GPUs as they are.
-/// Nodes of an invalid plan, or claimed by plans in conflict, keep theirs: a plan still owns them.
-fn clear_intent(node: &NodeInput<'_>, actions: &mut Vec<Action>) {
-    if node.cache_behind {
-        return;
-    }
-    let Some(gn) = &node.gpunode else { return };
-    let released = gn.status.as_ref().and_then(|s| s.rollout.as_ref()).is_none();
-    if released && (gn.spec.plan.is_some() || !gn.spec.gpus.is_empty()) {
-        actions.push(Action::ClearIntent { node: node.name.to_string() });
+        plan_one(plan, &owned, now, actions, report, &mut memo, Keep { carry: &mut *carry, plan: index });
     }
 }
 
-/// Whether a node counts against `maxUnavailable` for `plan_generation`: in flight, failed for
-/// this generation, or not updated while its agent is not responding.
-fn unavailable(node: &NodeInput<'_>, gn: &GpuNode, desired: &[GpuIntent], plan: &str, generation: Option<i64>) -> bool {
-    let r = gn.status.as_ref().and_then(|s| s.rollout.as_ref());
-    let phase = r.map(|r| r.phase).unwrap_or_default();
-    let failed_now = phase == NodePhase::Failed && r.is_some_and(|r| failed_here(r, plan, generation));
-    in_flight(phase) || ((failed_now || node.agent != AgentHealth::Alive) && !applied(gn, desired))
+/// The nodes of an invalid plan: it still owns them (a typo must not hand them to a
+/// lower-priority plan), but acts on none: in-flight nodes are released once their agent is done.
+fn act_on_none(owned: Vec<Owned<'_, '_>>, carry: &mut Carry, actions: &mut Vec<Action>) {
+    for (position, node, _) in owned {
+        release(node, actions);
+        carry.remember(position, node, None);
+    }
 }
 
 /// A `Failed` record is this plan's failure only if it names this plan and generation: every
 /// plan starts at generation 1, so another plan's failure must not hold this one's budget.
 fn failed_here(r: &NodeRollout, plan: &str, generation: Option<i64>) -> bool {
     r.plan_generation == generation && r.plan.as_deref() == Some(plan)
-}
-
-/// Whether every GPU of the node is a board of the catalog (`validate` reads only the others).
-fn catalogued<'a>(gn: &'a GpuNode, memo: &mut Memo<'a>) -> bool {
-    gn.status.iter().flat_map(|s| s.gpus.iter()).all(|g| memo.lookup(&g.product).is_some())
-}
-
-/// What a plan wants of a node it owns.
-enum Want<'a> {
-    /// A change to plan: the node's `GpuNode` and the intent.
-    Change(&'a Arc<GpuNode>, Rc<Vec<GpuIntent>>),
-    /// Nothing: an automatic plan's decision leaves the node as it is.
-    LeftAlone,
-    /// Nothing it can do (no report yet, no layout that fits): reported, and the node released.
-    Skipped,
-}
-
-fn want<'a>(
-    plan: &'a GpuPartitionPlan,
-    targets: &crate::FastMap<&str, &tessera_crds::plan::NodeTarget>,
-    node: &'a NodeInput<'_>,
-    actions: &mut Vec<Action>,
-    report: &mut PlanReport,
-    memo: &mut Memo<'a>,
-) -> Want<'a> {
-    if let Some(reason) = &node.dra_refused {
-        refuse(plan, node, reason, actions, report);
-        return Want::Skipped;
-    }
-    let Some(gn) = node.gpunode.as_ref().filter(|g| g.status.as_ref().is_some_and(|s| !s.gpus.is_empty())) else {
-        report.skipped.insert(node.name.to_string(), "waiting for the node agent to report its GPUs".into());
-        report.waiting_for_agents += 1;
-        return Want::Skipped;
-    };
-    let wanted = match &plan.spec.layouts_from {
-        None => memo.desired(&plan.spec, &gn.status.as_ref().expect("checked").gpus).map(Some),
-        Some(_) => match crate::auto::desired_from(targets, node.name, gn) {
-            Ask::Target(d) | Ask::Finish(d) => Ok(Some(Rc::new(d))),
-            Ask::LeaveAlone => Ok(None),
-            Ask::Release => {
-                release(node, actions);
-                Ok(None)
-            }
-        },
-    };
-    match wanted {
-        Ok(Some(desired)) => Want::Change(gn, desired),
-        Ok(None) => Want::LeftAlone,
-        Err(reason) => {
-            if reason.contains("does not fit") {
-                report.invalid.push(format!("{}: {reason}", node.name));
-            }
-            report.skipped.insert(node.name.to_string(), reason);
-            release(node, actions);
-            Want::Skipped
-        }
-    }
-}
-
-/// A node whose DRA driver manages MIG itself (DynamicMIG): released and its intent emptied, so
-/// its agent is handed nothing and creates nothing; a Warning Event when that changes anything.
-fn refuse(
-    plan: &GpuPartitionPlan,
-    node: &NodeInput<'_>,
-    reason: &str,
-    actions: &mut Vec<Action>,
-    report: &mut PlanReport,
-) {
-    report.skipped.insert(node.name.to_string(), format!("refused: {reason}"));
-    report.dra_refused.push(format!("{}: {reason}", node.name));
-    let before = actions.len();
-    release(node, actions);
-    if actions.len() == before {
-        clear_intent(node, actions);
-    }
-    if actions.len() > before {
-        actions.push(Action::Event {
-            plan: plan.metadata.name.clone().unwrap_or_default(),
-            node: node.name.to_string(),
-            reason: "DraRefused",
-            message: format!("not managed by Tessera: {reason}"),
-            warning: true,
-        });
-    }
-}
-
-/// Plans a plan's owned nodes: picks the candidates, counts the budget, then plans each node
-/// from its phase (see [`phases`]) and keeps the verdicts that can be reused.
-fn plan_one<'a>(
-    plan: &'a GpuPartitionPlan,
-    nodes: &[Owned<'a, '_>],
-    now: Timestamp,
-    actions: &mut Vec<Action>,
-    report: &mut PlanReport,
-    memo: &mut Memo<'a>,
-    keep: Keep<'_>,
-) {
-    let Keep { carry, plan: index } = keep;
-    let name = plan.metadata.name.clone().unwrap_or_default();
-    let generation = plan.metadata.generation;
-    let policy = &plan.spec.rollout;
-    // Nodes whose cached objects lag our own last write: in flight until the caches catch up.
-    let targets = crate::auto::targets_of(plan);
-    let (candidates, untouched, others_in_flight) = candidates(plan, &targets, nodes, actions, report, memo, carry);
-    report.matched = (candidates.len() + untouched) as i32;
-    report.updated += untouched as i32;
-    report.demand = crate::auto::demand_condition(plan);
-    let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched).unwrap_or(1);
-    // A node whose cache lags our last write counts as in flight whatever the cache shows. A
-    // kept verdict is of a node at rest, which does not count.
-    let mut busy = others_in_flight
-        + candidates
-            .iter()
-            .filter(|c| match c {
-                Candidate::Full(_, node, gn, desired) => {
-                    node.cache_behind || unavailable(node, gn, desired, &name, generation)
-                }
-                Candidate::Updated | Candidate::Waiting(..) => false,
-            })
-            .count();
-    report.budget = budget as i32;
-    for candidate in candidates {
-        let (position, node, gn, desired) = match candidate {
-            Candidate::Updated => {
-                report.updated += 1;
-                carry.reused += 1;
-                continue;
-            }
-            Candidate::Waiting(..) if busy >= budget || plan.spec.paused => {
-                report.pending += 1;
-                carry.reused += 1;
-                continue;
-            }
-            // A slot is free: the waiting node is planned in full.
-            Candidate::Waiting(position, node) => match want(plan, &targets, node, actions, report, memo) {
-                Want::Change(gn, desired) => (position, node, gn, desired),
-                // Not expected (its inputs made it a candidate before); planned in full next pass.
-                Want::LeftAlone | Want::Skipped => {
-                    carry.remember(position, node, None);
-                    continue;
-                }
-            },
-            Candidate::Full(position, node, gn, desired) => (position, node, gn, desired),
-        };
-        let before = (actions.len(), report.updated, report.pending, report.in_progress);
-        let step = phases::Step { plan, name: &name, generation, node, gn, desired: &desired, now, budget };
-        phases::plan_node(&step, &mut busy, actions, report);
-        // Kept for the next pass: a verdict with no action, at rest (updated) or waiting.
-        let quiet = actions.len() == before.0 && report.in_progress == before.3 && catalogued(gn, memo);
-        let verdict = match (report.updated - before.1, report.pending - before.2) {
-            (1, 0) if quiet => Some(Verdict::Updated(index)),
-            (0, 1) if quiet => Some(Verdict::Waiting(index)),
-            _ => None,
-        };
-        carry.remember(position, node, verdict);
-    }
-    report.unavailable = busy as i32;
-}
-
-/// The nodes a plan may change this pass (kept verdicts reused, the rest planned in full), how
-/// many an automatic plan leaves alone, and how many owned nodes that are neither are in flight.
-fn candidates<'a, 'i>(
-    plan: &'a GpuPartitionPlan,
-    targets: &crate::FastMap<&str, &tessera_crds::plan::NodeTarget>,
-    nodes: &[Owned<'a, 'i>],
-    actions: &mut Vec<Action>,
-    report: &mut PlanReport,
-    memo: &mut Memo<'a>,
-    carry: &mut Carry,
-) -> (Vec<Candidate<'a, 'i>>, usize, usize) {
-    let mut candidates = Vec::new();
-    let mut is_candidate = vec![true; nodes.len()];
-    let mut untouched = 0;
-    for (i, &(position, node, kept)) in nodes.iter().enumerate() {
-        match kept {
-            Some(Verdict::Updated(_)) => {
-                candidates.push(Candidate::Updated);
-                continue;
-            }
-            Some(Verdict::Waiting(_)) => {
-                candidates.push(Candidate::Waiting(position, node));
-                continue;
-            }
-            Some(Verdict::Unowned) | None => {}
-        }
-        let want = want(plan, targets, node, actions, report, memo);
-        if let Want::Change(gn, desired) = want {
-            candidates.push(Candidate::Full(position, node, gn, desired));
-            continue;
-        }
-        // An automatic plan leaves alone the nodes its decision does not change.
-        untouched += usize::from(matches!(want, Want::LeftAlone));
-        is_candidate[i] = false;
-        carry.remember(position, node, None);
-    }
-    // Owned nodes that are not candidates (no report, no layout that fits any more) still count
-    // while in flight: they are still cordoned.
-    let others_in_flight = nodes
-        .iter()
-        .zip(&is_candidate)
-        .filter(|(_, candidate)| !**candidate)
-        .filter(|((_, n, _), _)| {
-            n.gpunode.as_ref().and_then(|g| g.status.as_ref()?.rollout.as_ref()).is_some_and(|r| in_flight(r.phase))
-        })
-        .count();
-    (candidates, untouched, others_in_flight)
 }
 
 /// The rollout record of a node at rest: no cordon held, no timers.

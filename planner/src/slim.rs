@@ -3,7 +3,7 @@
 //! Every watch event and every write's response carries the whole object. `managedFields` (one
 //! entry per writer: agent, operator, liveness, kubectl...) is often the larger part of it, and a
 //! Node's status (conditions, capacity, images) is most of a Node. Decoding them only to drop
-//! them was a fifth of the operator's CPU in a rollout (`perf`, `make bench`). These types skip
+//! them costs much of the operator's CPU in a rollout (BENCHMARKS.md). These types skip
 //! them while decoding (serde passes over unknown fields without building them), and convert
 //! into the ordinary types, so the caches still hold `Node`s and `GpuNode`s.
 

@@ -84,7 +84,7 @@ fn claim(name: &str, driver: &str, device: &str) -> ResourceClaim {
     .unwrap()
 }
 
-/// Issue 24: a pod holding a GPU through a ResourceClaim (no extended resource) is a GPU pod: the
+/// A pod holding a GPU through a ResourceClaim (no extended resource) is a GPU pod: the
 /// preview lists it among the evicted, or as a blocker when the drain refuses it.
 #[test]
 fn a_preview_lists_pods_holding_gpus_through_claims_on_a_changing_node() {
@@ -132,8 +132,9 @@ fn preview_lists_changes_evictions_and_capacity() {
     assert!(p.quotas_short.is_empty() && p.changes[0].budget_blocked.is_empty());
 }
 
-/// Issue 28 #8: the preview said "Drain blockers 0" while a budget allowed no disruption, and
-/// nothing of the quota the new layout left short.
+/// The preview counts what blocks the drain (a budget that allows no disruption, a pod with no
+/// controller, a pod of a deleted DaemonSet) among its drain blockers, and names the quotas the
+/// new layout leaves short.
 #[test]
 fn a_preview_names_the_budgets_and_pods_that_block_the_drain_and_the_quotas_left_short() {
     // n1's GPU goes from two 3g.40gb slices to a whole GPU; team-a's quota needs one slice.
@@ -347,8 +348,8 @@ fn hostile_preview() -> Preview {
     }
 }
 
-/// Issue 27 (9): the text output printed names and messages as they came, so a pod or node name
-/// could drive the terminal or fake a line of the preview.
+/// The text output escapes control characters in every name and message: printed as they come,
+/// a pod or node name could drive the terminal or fake a line of the preview.
 #[test]
 fn the_text_output_escapes_control_characters_in_every_name_and_message() {
     let out = text(&[hostile_preview()]);

@@ -76,7 +76,7 @@ fn suggested_plans_validate_and_cover_the_quotas() {
     assert_eq!(headroom.demand[MIG1G], 13, "headroom rounds up");
 }
 
-/// Issue 28: `plan suggest --plan` and the automatic plan decide the same on the same fleet, and
+/// `plan suggest --plan` and the automatic plan decide the same on the same fleet, and
 /// the quota controller agrees with both once the decision is applied. The plan selects team-a
 /// and team-b (18 slices); team-c (2) is not selected and holds slices on a GPU outside it.
 #[test]
@@ -139,7 +139,7 @@ fn suggest_for_a_plan_decides_what_the_plan_does_and_the_quotas_agree() {
     assert_eq!(tessera_planner::quota::fleet_supply(&after), d.supply_after);
 }
 
-/// Issue 27: `plan suggest --plan` leaves out the nodes the plan leaves out (their agent cannot
+/// `plan suggest --plan` leaves out the nodes the plan leaves out (their agent cannot
 /// apply), as the controller does.
 #[test]
 fn suggest_for_a_plan_leaves_out_the_nodes_the_plan_excluded() {
@@ -226,7 +226,7 @@ fn json_output_is_camel_case() {
     assert!(bad.is_empty(), "not camelCase: {bad:?} in {v:#}");
 }
 
-/// Issue 24: a node running a pod that holds a GPU through a ResourceClaim is busy, as the
+/// A node running a pod that holds a GPU through a ResourceClaim is busy, as the
 /// controller's automatic layouts treat it; a claim of another driver's device is no GPU. Read
 /// from `--from` files, as CI passes them.
 #[test]

@@ -148,7 +148,7 @@ fn a_good_quota_has_no_errors() {
     assert_eq!(validate_quota(&q), vec![]);
 }
 
-/// Issue 24: `allocation` is read (default `ExtendedResources`, omitted when default) and a bad
+/// `allocation` is read (default `ExtendedResources`, omitted when default) and a bad
 /// value is refused naming the field.
 #[test]
 fn the_allocation_path_is_read_defaulted_and_a_bad_value_named() {
@@ -193,7 +193,7 @@ fn quota_errors_name_the_field_and_reason() {
     has("spec.hard[\"nvidia.com/mig-1g.11gb\"]", "exists on no known GPU");
     has("spec.hard[\"nvidia.com/mig-3g\"]", "is not nvidia.com/gpu or nvidia.com/mig-<profile>");
     has("spec.hard[\"nvidia.com/gpu\"]", "must be >= 0");
-    // The CRD's CEL rule refuses other spellings; so does the offline check (review of issue 28).
+    // The CRD's CEL rule refuses other spellings; so does the offline check.
     has("spec.hard[\"nvidia.com/mig-1G.20GB\"]", "write \"nvidia.com/mig-1g.20gb\"");
     has("spec.hard[\"nvidia.com/mig-1g.10gb+me\"]", "write \"nvidia.com/mig-1g.10gb.me\"");
     has("spec.namespaceHard[\"team-c\"]", "not in spec.namespaces");

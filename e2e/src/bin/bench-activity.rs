@@ -1,4 +1,4 @@
-//! The node agent's activity writer (issue 26): `GpuNode.status.activity` writes per node per
+//! The node agent's activity writer: `GpuNode.status.activity` writes per node per
 //! hour for a day of 30 s samples on a simulated clock (the agent's tracker and write rule),
 //! next to the heartbeat's lease renewals. Usage: `bench-activity [devices]` (default 56: eight
 //! H100s cut into seven 1g.10gb each).

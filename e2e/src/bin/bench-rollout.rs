@@ -4,6 +4,7 @@
 //! until it is Ready. Reports the operator's CPU time (from /proc), the requests it sent (its own
 //! counter), wall time and peak RSS.
 
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -134,20 +135,63 @@ async fn emulate_agents(client: Client, nodes: Vec<String>) {
     });
 }
 
+/// One fleet size: a fresh control plane with `n` settled kwok nodes, the operator started on
+/// it, then one plan rolled out over every node; the operator's cost measured around the rollout.
 async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
-    // kwok renews each node's lease every quarter of its duration: 1,000 nodes at the kubelet's
-    // 40 s send 100 writes/s, as much as the rollout itself on this machine's API server. The
-    // bench measures the operator, so leases last n/5 s (at least 40): 20 writes/s at any size.
-    let lease = (n / 5).max(tessera_e2e::controlplane::DEFAULT_NODE_LEASE_SECONDS as usize) as u32;
-    let cp = ControlPlane::start_with_node_leases(lease).await?;
+    let cp = start_cluster(n).await?;
     let admin = cp.client(Identity::Admin).await?;
     install_crds(&admin).await?;
     for f in ["config/base/namespace.yaml", "config/rbac/node-agent.yaml", "config/rbac/operator.yaml"] {
         apply_file(&admin, f).await?;
     }
     let names: Vec<String> = (0..n).map(|i| format!("gpu-{i:04}")).collect();
+    create_nodes(&admin, &names).await;
+    emulate_agents(admin.clone(), names.clone()).await;
+    wait_settled(&admin, n).await?;
+
+    let (mut op, port) = start_operator(&cp, operator).await?;
+    let cpu0 = idle_cost(&op, port, n).await;
+    let before = Counters::read(port);
+    let started = Instant::now();
+    roll_out(&admin, n).await?;
+    let wall = started.elapsed().as_secs_f64();
+    let (cpu1, hwm) = proc_stat(op.id());
+    let after = Counters::read(port);
+    tessera_e2e::tell!(
+        "{n} nodes: {} node-passes waited for the caches to show the operator's own writes",
+        after.behind - before.behind
+    );
+    let (planned, reused) = (after.planned - before.planned, after.reused - before.reused);
+    tessera_e2e::tell!(
+        "{n} nodes: {planned} node-passes planned in full, {reused} reused from the pass before ({:.1} planned per node)",
+        planned / n as f64
+    );
+    let _ = op.kill();
+    let _ = op.wait();
+    Ok(Row {
+        nodes: n,
+        wall,
+        cpu: cpu1 - cpu0,
+        requests: after.requests - before.requests,
+        rss_mib: hwm as f64 / 1024.0,
+        passes: after.passes - before.passes,
+        load: load(),
+    })
+}
+
+/// The control plane for `n` nodes, its node leases lengthened so heartbeats stay a small load.
+async fn start_cluster(n: usize) -> anyhow::Result<ControlPlane> {
+    // kwok renews each node's lease every quarter of its duration: 1,000 nodes at the kubelet's
+    // 40 s send 100 writes/s, as much as the rollout itself on this machine's API server. The
+    // bench measures the operator, so leases last n/5 s (at least 40): 20 writes/s at any size.
+    let lease = (n / 5).max(tessera_e2e::controlplane::DEFAULT_NODE_LEASE_SECONDS as usize) as u32;
+    Ok(ControlPlane::start_with_node_leases(lease).await?)
+}
+
+/// Creates the kwok nodes `names`, 32 at a time, in the pool the bench plan selects.
+async fn create_nodes(admin: &Client, names: &[String]) {
     let nodes: Api<Node> = Api::all(admin.clone());
-    futures::stream::iter(names.clone())
+    futures::stream::iter(names.to_vec())
         .for_each_concurrent(32, |name| {
             let nodes = nodes.clone();
             async move {
@@ -159,7 +203,11 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
             }
         })
         .await;
-    emulate_agents(admin.clone(), names.clone()).await;
+}
+
+/// Waits until all `n` nodes are listed and none is tainted.
+async fn wait_settled(admin: &Client, n: usize) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(admin.clone());
     // Measured on a settled cluster: new nodes carry the not-ready taint until the node
     // lifecycle controller sees kwok's first heartbeat and removes it, one node at a time.
     let settled = Instant::now();
@@ -172,10 +220,15 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     })
     .await?;
     tessera_e2e::tell!("{n} nodes: the cluster settled in {:.0} s", settled.elapsed().as_secs_f64());
+    Ok(())
+}
 
+/// Runs the release operator as the operator identity, logging to the control plane's log
+/// folder; returns it with its metrics port once `/readyz` answers (and two seconds more).
+async fn start_operator(cp: &ControlPlane, operator: &std::path::Path) -> anyhow::Result<(Child, u16)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let log = std::fs::File::create(cp.dir.join("logs/operator-bench.log"))?;
-    let mut op = std::process::Command::new(operator)
+    let op = std::process::Command::new(operator)
         .args(["run", "--listen", &format!("127.0.0.1:{port}")])
         .env("KUBECONFIG", cp.kubeconfig(Identity::Operator))
         .env("RUST_LOG", "warn")
@@ -187,8 +240,12 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     })
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // The operator's cost with nothing to do (watch traffic, periodic passes): part of every
-    // rollout's CPU, and most of it for a small fleet.
+    Ok((op, port))
+}
+
+/// Tells the operator's cost with nothing to do (watch traffic, periodic passes) over 5 s: part
+/// of every rollout's CPU, and most of it for a small fleet. Returns its CPU seconds at the end.
+async fn idle_cost(op: &Child, port: u16, n: usize) -> f64 {
     let (idle0, _) = proc_stat(op.id());
     let idle_passes = metric(port, "tessera_operator_reconciles_total");
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -198,12 +255,34 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
         "{n} nodes at rest: {:.1} ms of operator CPU per second, {idle_passes} passes in 5 s",
         (cpu0 - idle0) * 1000.0 / 5.0
     );
-    let req0 = metric(port, "tessera_operator_api_requests_total");
-    let passes0 = metric(port, "tessera_operator_reconciles_total");
-    let behind0 = metric(port, "tessera_operator_nodes_cache_behind_total");
-    let planned0 = metric(port, "tessera_operator_nodes_planned_total");
-    let reused0 = metric(port, "tessera_operator_nodes_reused_total");
-    let started = Instant::now();
+    cpu0
+}
+
+/// The operator's own counters at one moment; the bench reports their growth over a rollout.
+struct Counters {
+    requests: f64,
+    passes: f64,
+    behind: f64,
+    planned: f64,
+    reused: f64,
+}
+
+impl Counters {
+    /// Reads every counter from the operator's /metrics on `port`.
+    fn read(port: u16) -> Self {
+        Counters {
+            requests: metric(port, "tessera_operator_api_requests_total"),
+            passes: metric(port, "tessera_operator_reconciles_total"),
+            behind: metric(port, "tessera_operator_nodes_cache_behind_total"),
+            planned: metric(port, "tessera_operator_nodes_planned_total"),
+            reused: metric(port, "tessera_operator_nodes_reused_total"),
+        }
+    }
+}
+
+/// Creates the bench plan over every node (`maxUnavailable` 10%) and waits until it is Ready
+/// with all `n` nodes updated.
+async fn roll_out(admin: &Client, n: usize) -> anyhow::Result<()> {
     let plan: GpuPartitionPlan =
         serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
         "metadata": {"name": "bench"}, "spec": {"nodeSelector": {"matchLabels": {"pool": "bench"}},
@@ -219,32 +298,7 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
         .then_some(())
     })
     .await?;
-    let wall = started.elapsed().as_secs_f64();
-    let (cpu1, hwm) = proc_stat(op.id());
-    let req1 = metric(port, "tessera_operator_api_requests_total");
-    let passes1 = metric(port, "tessera_operator_reconciles_total");
-    let behind1 = metric(port, "tessera_operator_nodes_cache_behind_total");
-    tessera_e2e::tell!(
-        "{n} nodes: {} node-passes waited for the caches to show the operator's own writes",
-        behind1 - behind0
-    );
-    let planned = metric(port, "tessera_operator_nodes_planned_total") - planned0;
-    let reused = metric(port, "tessera_operator_nodes_reused_total") - reused0;
-    tessera_e2e::tell!(
-        "{n} nodes: {planned} node-passes planned in full, {reused} reused from the pass before ({:.1} planned per node)",
-        planned / n as f64
-    );
-    let _ = op.kill();
-    let _ = op.wait();
-    Ok(Row {
-        nodes: n,
-        wall,
-        cpu: cpu1 - cpu0,
-        requests: req1 - req0,
-        rss_mib: hwm as f64 / 1024.0,
-        passes: passes1 - passes0,
-        load: load(),
-    })
+    Ok(())
 }
 
 /// The table and the plot, next to each other under `dir` (`BENCH_OUT`, default `docs/bench`).

@@ -30,10 +30,12 @@ macro_rules! stubs {
     )* };
 }
 
+mod compute_instances;
 mod devices;
 mod events;
 mod exports;
 mod gpm;
+mod gpu_instances;
 mod profiles;
 mod session;
 mod stubs;

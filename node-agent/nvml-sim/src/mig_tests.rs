@@ -11,9 +11,11 @@ use std::sync::Mutex;
 use nvml_wrapper_sys::bindings::*;
 use tessera_node_agent::backend::sim::SimBackend;
 
+use crate::compute_instances::*;
 use crate::devices::*;
 use crate::events::*;
 use crate::exports::*;
+use crate::gpu_instances::*;
 
 /// The library keeps one session per process: tests that open one take turns.
 pub static SESSION_LOCK: Mutex<()> = Mutex::new(());

@@ -5,7 +5,9 @@ use std::ptr::null_mut;
 use nvml_wrapper_sys::bindings::*;
 use tessera_node_agent::backend::sim::SimBackend;
 
+use crate::compute_instances::*;
 use crate::exports::*;
+use crate::gpu_instances::*;
 
 /// `src/stubs.rs` is what `gen-stubs.sh` makes from the bindings and `exports.rs` today.
 #[test]

@@ -6,7 +6,7 @@ use tessera_crds::activity::ActivitySource;
 
 use super::{DeviceKey, Observation};
 use crate::Error;
-use crate::backend::{GpuBackend, SmActivity};
+use crate::backend::{GpuBackend, GpuInfo, GpuProcess, Instance, SmActivity};
 
 /// GPM's answer as (source, figure, failed). A missing symbol is a driver without GPM: processes
 /// and memory from then on. Any other failure keeps the device on GPM with no figure this pass
@@ -43,86 +43,104 @@ pub fn observe<B: GpuBackend>(backend: &mut B) -> Result<Vec<Observation>, Error
 /// [`observe`], with the devices whose reads failed (`(gpu, None)`: the GPU's, all of them), for
 /// [`super::Tracker::observe_unread`].
 pub fn observe_all<B: GpuBackend>(backend: &mut B) -> Result<(Vec<Observation>, Vec<DeviceKey>), Error> {
-    let mut out = Vec::new();
-    let mut unread: Vec<DeviceKey> = Vec::new();
-    let mut sampled: Vec<String> = Vec::new();
+    let mut reads = Reads::default();
     for g in backend.inventory()? {
-        let procs = match backend.processes(g.index) {
-            Ok(p) => p,
-            Err(e) => {
-                skipped(g.index, None, &e);
-                unread.push((g.index, None));
-                continue;
-            }
-        };
-        if !g.mig_enabled {
-            let (source, sm_active_percent, gpm_failed) = gpm(backend, g.index, None, &g.uuid);
-            sampled.push(g.uuid.clone());
-            let memory_used_mib = match backend.gpu_memory_used_mib(g.index) {
-                Ok(m) => m,
-                Err(e) => {
-                    skipped(g.index, None, &e);
-                    unread.push((g.index, None));
-                    continue;
-                }
-            };
-            out.push(Observation {
-                gpu_index: g.index,
-                model_name: g.product.clone(),
-                gpu_uuid: g.uuid.clone(),
-                uuid: None,
-                profile: None,
-                start: None,
-                gpu_instance_id: None,
-                source,
-                sm_active_percent,
-                gpm_failed,
-                memory_used_mib,
-                processes: procs.len() as u32,
-                pids: procs.iter().map(|p| p.pid).collect(),
-            });
-            continue;
-        }
-        let instances = match backend.instances(g.index) {
-            Ok(i) => i,
-            Err(e) => {
-                skipped(g.index, None, &e);
-                unread.push((g.index, None));
-                continue;
-            }
-        };
-        // Only MIG devices (a GPU instance with its compute instance) can be handed to a pod.
-        for i in instances.into_iter().filter(|i| i.compute_instance_id.is_some()) {
-            let gi = i.gpu_instance_id;
-            let (source, sm_active_percent, gpm_failed) = gpm(backend, g.index, Some(gi), &i.uuid);
-            sampled.push(i.uuid.clone());
-            let memory_used_mib = match backend.memory_used_mib(g.index, gi) {
-                Ok(m) => m,
-                Err(e) => {
-                    skipped(g.index, Some(gi), &e);
-                    unread.push((g.index, Some(i.uuid)));
-                    continue;
-                }
-            };
-            out.push(Observation {
-                gpu_index: g.index,
-                model_name: g.product.clone(),
-                gpu_uuid: g.uuid.clone(),
-                uuid: Some(i.uuid),
-                profile: Some(i.profile),
-                start: Some(i.start),
-                gpu_instance_id: Some(gi),
-                source,
-                sm_active_percent,
-                gpm_failed,
-                memory_used_mib,
-                processes: procs.iter().filter(|p| p.gpu_instance_id == Some(gi)).count() as u32,
-                pids: procs.iter().filter(|p| p.gpu_instance_id == Some(gi)).map(|p| p.pid).collect(),
-            });
+        match backend.processes(g.index) {
+            Ok(procs) if !g.mig_enabled => observe_whole_gpu(backend, &g, &procs, &mut reads),
+            Ok(procs) => observe_mig_devices(backend, &g, &procs, &mut reads),
+            Err(e) => reads.mark_unread(g.index, None, (g.index, None), &e),
         }
     }
-    backend.retain_gpm_samples(&sampled.iter().map(String::as_str).collect::<Vec<_>>());
-    Ok((out, unread))
+    backend.retain_gpm_samples(&reads.sampled.iter().map(String::as_str).collect::<Vec<_>>());
+    Ok((reads.observations, reads.unread))
+}
+
+/// What a pass over the devices has read so far.
+#[derive(Default)]
+struct Reads {
+    observations: Vec<Observation>,
+    /// The devices whose reads failed.
+    unread: Vec<DeviceKey>,
+    /// The UUIDs GPM was sampled for: their samples are kept, the others' dropped.
+    sampled: Vec<String>,
+}
+
+impl Reads {
+    /// A device (`key`; `gi` for the log) whose read failed: logged, and marked unread.
+    fn mark_unread(&mut self, gpu: u32, gi: Option<u32>, key: DeviceKey, e: &Error) {
+        skipped(gpu, gi, e);
+        self.unread.push(key);
+    }
+}
+
+/// A GPU with MIG off, as one device. GPM is sampled (and its sample kept) before the memory
+/// is read, so a failed memory read keeps the GPM history.
+fn observe_whole_gpu<B: GpuBackend>(backend: &mut B, g: &GpuInfo, procs: &[GpuProcess], reads: &mut Reads) {
+    let (source, sm_active_percent, gpm_failed) = gpm(backend, g.index, None, &g.uuid);
+    reads.sampled.push(g.uuid.clone());
+    let memory_used_mib = match backend.gpu_memory_used_mib(g.index) {
+        Ok(m) => m,
+        Err(e) => return reads.mark_unread(g.index, None, (g.index, None), &e),
+    };
+    reads.observations.push(Observation {
+        gpu_index: g.index,
+        model_name: g.product.clone(),
+        gpu_uuid: g.uuid.clone(),
+        uuid: None,
+        profile: None,
+        start: None,
+        gpu_instance_id: None,
+        source,
+        sm_active_percent,
+        gpm_failed,
+        memory_used_mib,
+        processes: procs.len() as u32,
+        pids: procs.iter().map(|p| p.pid).collect(),
+    });
+}
+
+/// Each MIG device of a GPU in MIG mode; all of them unread when its instances cannot be listed.
+fn observe_mig_devices<B: GpuBackend>(backend: &mut B, g: &GpuInfo, procs: &[GpuProcess], reads: &mut Reads) {
+    let instances = match backend.instances(g.index) {
+        Ok(i) => i,
+        Err(e) => return reads.mark_unread(g.index, None, (g.index, None), &e),
+    };
+    // Only MIG devices (a GPU instance with its compute instance) can be handed to a pod.
+    for i in instances.into_iter().filter(|i| i.compute_instance_id.is_some()) {
+        observe_mig_device(backend, g, i, procs, reads);
+    }
+}
+
+/// One MIG device, with the processes in its GPU instance. GPM first, as for a whole GPU.
+fn observe_mig_device<B: GpuBackend>(
+    backend: &mut B,
+    g: &GpuInfo,
+    i: Instance,
+    procs: &[GpuProcess],
+    reads: &mut Reads,
+) {
+    let gi = i.gpu_instance_id;
+    let (source, sm_active_percent, gpm_failed) = gpm(backend, g.index, Some(gi), &i.uuid);
+    reads.sampled.push(i.uuid.clone());
+    let memory_used_mib = match backend.memory_used_mib(g.index, gi) {
+        Ok(m) => m,
+        Err(e) => return reads.mark_unread(g.index, Some(gi), (g.index, Some(i.uuid)), &e),
+    };
+    reads.observations.push(Observation {
+        gpu_index: g.index,
+        model_name: g.product.clone(),
+        gpu_uuid: g.uuid.clone(),
+        uuid: Some(i.uuid),
+        profile: Some(i.profile),
+        start: Some(i.start),
+        gpu_instance_id: Some(gi),
+        source,
+        sm_active_percent,
+        gpm_failed,
+        memory_used_mib,
+        processes: procs.iter().filter(|p| p.gpu_instance_id == Some(gi)).count() as u32,
+        pids: procs.iter().filter(|p| p.gpu_instance_id == Some(gi)).map(|p| p.pid).collect(),
+    });
 }
 
 #[cfg(test)]

@@ -134,10 +134,11 @@ fn a_clock_step_back_at_least_as_long_as_an_outage_does_not_hide_it() {
     assert_eq!(device(&tr, 60).idle_since, Some(Time(t(-3600))));
 }
 
-/// Third review: every backward step of a second or more moved `idleSince` (a write per node
-/// and step: a leap second, or a VM's time sync stepping a fast guest back every few minutes).
-/// A small step with the wall clock still moving forward is no step: only the interval reads
-/// shorter; one that leaves a negative interval, or of a minute or more, is still moved back.
+/// A small backward step with the wall clock still moving forward is no step: only the interval
+/// reads shorter, and `idleSince` stays (moving it on every step of a second or more would cost
+/// a write per node and step: a leap second, or a VM's time sync stepping a fast guest back
+/// every few minutes). One that leaves a negative interval, or of a minute or more, still moves
+/// it back.
 #[test]
 fn a_small_step_back_with_time_still_moving_forward_moves_no_idle_since() {
     let base = std::time::Instant::now();

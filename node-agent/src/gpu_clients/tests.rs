@@ -114,7 +114,7 @@ fn client(server: Arc<Mutex<Server>>) -> Client {
 }
 
 /// The agent made the GPU's MIG device and was killed before restarting the GPU clients: the
-/// next agent finds nothing to change on the GPU, and still restarts them (was: never), once.
+/// next agent finds nothing to change on the GPU, and still restarts them, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_lost_to_a_killed_agent_is_redone_by_the_next_pass_once() {
     let state = temp_dir("clients").join("sim.json");
@@ -159,7 +159,7 @@ fn the_dra_kubelet_plugin_is_restarted_apart_from_the_gpu_clients() {
 }
 
 /// An agent with only the DRA kubelet plugin to restart (no GPU client selector) still restarts
-/// it after a change (was: nothing restarted without `--gpu-client-selector`).
+/// it after a change: `--gpu-client-selector` is not needed for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dra_kubelet_plugin_alone_is_restarted_after_a_change() {
     let state = temp_dir("dra-plugin").join("sim.json");

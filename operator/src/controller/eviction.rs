@@ -97,8 +97,8 @@ mod tests {
         (Client::new(service, "default"), calls)
     }
 
-    /// Issue 27 (9): a throttled eviction was asked again every pass, whatever the server's
-    /// Retry-After said.
+    /// A throttled eviction is not asked again before the server's Retry-After, however many
+    /// passes come first.
     #[tokio::test]
     async fn a_throttled_eviction_is_not_asked_again_before_the_servers_retry_after() {
         // API priority and fairness answers in plain text, the wait in the header.

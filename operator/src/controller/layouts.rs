@@ -5,6 +5,7 @@
 //! `fragmentedSlices` figure of every plan.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -14,7 +15,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tessera_crds::gpunode::{GpuState, NodePhase};
-use tessera_crds::plan::{ExcludedNode, LayoutDecision};
+use tessera_crds::plan::{ExcludedNode, LayoutDecision, LayoutsFrom};
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tracing::{info, warn};
 
@@ -63,6 +64,44 @@ impl Stability {
     }
 }
 
+/// What every automatic plan of a pass reads of the fleet.
+struct Fleet<'a, 'n> {
+    quotas: Vec<TenantGpuQuota>,
+    /// Every GpuNode, and stand-ins for what the GPU DRA drivers supply beyond them.
+    gpunodes: Vec<&'a GpuNode>,
+    nodes: &'a [NodeInput<'n>],
+    /// The fleet's supply as the quota controller counts it, read once if a plan waits.
+    supply: OnceLock<BTreeMap<String, i64>>,
+}
+
+/// The nodes an automatic plan owns (no other live plan selects them): names and GpuNodes.
+struct Owned<'a> {
+    names: BTreeSet<String>,
+    gpunodes: Vec<&'a GpuNode>,
+}
+
+/// What a pass does with an automatic plan.
+enum Due {
+    /// Nothing: its decision stands.
+    Nothing,
+    /// Nothing yet, for the reason given (the plan's status shows it).
+    Waits(String),
+    /// Work out its layouts again, for the reason given.
+    Decide(String),
+}
+
+/// Per live plan, the nodes it alone selects.
+fn sole_owners(live: &[GpuPartitionPlan], nodes: &[NodeInput<'_>]) -> BTreeMap<String, BTreeSet<String>> {
+    let live_refs: Vec<&GpuPartitionPlan> = live.iter().collect();
+    let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for n in nodes {
+        if let [one] = contenders(&live_refs, n.labels).as_slice() {
+            owners.entry(one.clone()).or_default().insert(n.name.to_string());
+        }
+    }
+    owners
+}
+
 impl Context {
     /// Checks every automatic plan's decision and decides again where due; `plans` is updated
     /// in place with any new decision, so this pass's rollout already follows it.
@@ -72,18 +111,9 @@ impl Context {
         self.decision_writes.lock().unwrap_or_else(|p| p.into_inner()).overlay(plans);
         let live: Vec<GpuPartitionPlan> =
             plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect();
-        let live_refs: Vec<&GpuPartitionPlan> = live.iter().collect();
         let names: BTreeSet<String> = live.iter().map(|p| p.name_any()).collect();
         self.stability.lock().unwrap_or_else(|p| p.into_inner()).retain(&names);
-        for plan in plans.iter_mut().filter(|p| p.spec.layouts_from.is_none()) {
-            if plan.status.as_ref().is_some_and(|s| s.layout_decision.is_some()) {
-                // A plan switched back to fixed layouts: its old decision must not come back to
-                // life if it is switched to automatic again.
-                if let Err(e) = self.clear_decision(plan).await {
-                    pass.errors.entry(plan.name_any()).or_default().push(format!("clearing the old decision: {e}"));
-                }
-            }
-        }
+        self.clear_fixed_decisions(plans, &mut pass).await;
         if !live.iter().any(|p| p.spec.layouts_from.is_some()) {
             return pass;
         }
@@ -91,70 +121,101 @@ impl Context {
         // What the GPU DRA drivers supply beyond the agents' reports counts too (`dra_slices`).
         let stand_ins = super::dra::supply_nodes(self.dra.get(), &self.gpunodes);
         let gpunodes: Vec<&GpuNode> = nodes.iter().filter_map(|n| n.gpunode.as_deref()).chain(&stand_ins).collect();
-        let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for n in nodes {
-            if let [one] = contenders(&live_refs, n.labels).as_slice() {
-                owners.entry(one.clone()).or_default().insert(n.name.to_string());
-            }
-        }
-        // The fleet's supply as the quota controller counts it, read once if a plan waits.
-        let mut supply: Option<BTreeMap<String, i64>> = None;
+        let fleet = Fleet { quotas, gpunodes, nodes, supply: OnceLock::new() };
+        let mut owners = sole_owners(&live, nodes);
         for plan in plans.iter_mut().filter(|p| p.metadata.deletion_timestamp.is_none()) {
             let Some(from) = plan.spec.layouts_from.clone() else { continue };
-            let name = plan.name_any();
-            let owned = owners.remove(&name).unwrap_or_default();
-            let demand = auto::plan_demand(&from, &quotas);
-            let total = demand.total();
-            let mine: Vec<&GpuNode> = gpunodes.iter().copied().filter(|g| owned.contains(&g.name_any())).collect();
-            let digest = auto::fleet_digest(mine.iter().copied());
-            // A node whose cache lags our last write may be mid-change already.
-            let in_flight = nodes
-                .iter()
-                .filter(|n| owned.contains(n.name) && (n.cache_behind || n.gpunode.as_deref().is_some_and(in_flight)))
-                .count();
-            let blocked = blocked_targets(plan, nodes);
-            let excluded = auto::exclusions(plan, mine.iter().copied());
-            let signature =
-                format!("{:?}|{digest}|{:?}|{blocked}|{:?}", total, plan.metadata.generation, excluded.lifted);
-            let (held, since) = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&name, signature);
-            let why = match auto::next(plan, &total, &digest, held, in_flight, blocked, &excluded.lifted) {
-                Next::Keep => match unmet_and_stale(plan) {
-                    Some(why) if in_flight == 0 => why,
-                    _ => continue,
-                },
-                Next::Wait(msg) => {
-                    pass.deciding.insert(name, msg);
-                    continue;
-                }
-                Next::Stabilize { why, .. } => {
-                    let supply = &*supply.get_or_insert_with(|| Capacity::of(gpunodes.iter().copied()).supply);
-                    let seconds = from.stabilization_seconds.max(0);
-                    let at = Time(since.round(Unit::Second).unwrap_or(since) + SignedDuration::from_secs(seconds));
-                    pass.deciding.insert(name, auto::stabilizing_message(&why, &total, supply, seconds, &at));
-                    continue;
-                }
-                Next::Decide(why) => why,
-            };
-            // Just after a start, a failover or a lease-watch outage, agents not yet seen renewing
-            // would all count as frozen and the decision would leave the demand short until the
-            // next re-check: decide once each owned node's agent is judged (within a lease).
-            let unproven = nodes.iter().filter(|n| owned.contains(n.name) && n.agent == AgentHealth::Unproven).count();
-            if unproven > 0 {
-                let msg =
-                    format!("waiting for {unproven} node agent(s) to be seen renewing their lease before deciding");
-                pass.deciding.insert(name, msg);
-                continue;
-            }
-            match self.decide_one(plan, &demand, &gpunodes, &owned, nodes, excluded.kept, &why).await {
-                Ok(()) => {}
-                Err(e) => {
-                    self.metrics.error(e.kind());
-                    warn!(plan = %name, error = %e, "could not work out the plan's layouts; retrying");
-                    pass.errors.entry(name).or_default().push(format!("working out the layouts: {e}"));
-                }
-            }
+            let names = owners.remove(&plan.name_any()).unwrap_or_default();
+            let gpunodes = fleet.gpunodes.iter().copied().filter(|g| names.contains(&g.name_any())).collect();
+            self.check_plan(plan, &from, &Owned { names, gpunodes }, &fleet, &mut pass).await;
         }
         pass
+    }
+
+    /// Removes the decision of every plan switched back to fixed layouts: it must not come back
+    /// to life if the plan is switched to automatic again.
+    async fn clear_fixed_decisions(&self, plans: &mut [GpuPartitionPlan], pass: &mut LayoutsPass) {
+        for plan in plans.iter_mut().filter(|p| p.spec.layouts_from.is_none()) {
+            if plan.status.as_ref().is_some_and(|s| s.layout_decision.is_some())
+                && let Err(e) = self.clear_decision(plan).await
+            {
+                pass.errors.entry(plan.name_any()).or_default().push(format!("clearing the old decision: {e}"));
+            }
+        }
+    }
+
+    /// One automatic plan of the pass: decided again where due, else `pass` notes why it waits.
+    async fn check_plan(
+        &self,
+        plan: &mut GpuPartitionPlan,
+        from: &LayoutsFrom,
+        owned: &Owned<'_>,
+        fleet: &Fleet<'_, '_>,
+        pass: &mut LayoutsPass,
+    ) {
+        let name = plan.name_any();
+        let demand = auto::plan_demand(from, &fleet.quotas);
+        let excluded = auto::exclusions(plan, owned.gpunodes.iter().copied());
+        let why = match self.due(plan, from, &demand, owned, &excluded.lifted, fleet) {
+            Due::Nothing => return,
+            Due::Waits(msg) => {
+                pass.deciding.insert(name, msg);
+                return;
+            }
+            Due::Decide(why) => why,
+        };
+        let decided =
+            self.decide_one(plan, &demand, &fleet.gpunodes, &owned.names, fleet.nodes, excluded.kept, &why).await;
+        if let Err(e) = decided {
+            self.metrics.error(e.kind());
+            warn!(plan = %name, error = %e, "could not work out the plan's layouts; retrying");
+            pass.errors.entry(name).or_default().push(format!("working out the layouts: {e}"));
+        }
+    }
+
+    /// Whether an automatic plan is to be decided now (`auto::next`), once its demand, nodes and
+    /// generation have held still long enough (`Stability`) and each owned node's agent is judged.
+    fn due(
+        &self,
+        plan: &GpuPartitionPlan,
+        from: &LayoutsFrom,
+        demand: &auto::Demand,
+        owned: &Owned<'_>,
+        lifted: &[String],
+        fleet: &Fleet<'_, '_>,
+    ) -> Due {
+        let total = demand.total();
+        let digest = auto::fleet_digest(owned.gpunodes.iter().copied());
+        let mine = || fleet.nodes.iter().filter(|n| owned.names.contains(n.name));
+        // A node whose cache lags our last write may be mid-change already.
+        let in_flight = mine().filter(|n| n.cache_behind || n.gpunode.as_deref().is_some_and(in_flight)).count();
+        let blocked = blocked_targets(plan, fleet.nodes);
+        let signature = format!("{:?}|{digest}|{:?}|{blocked}|{:?}", total, plan.metadata.generation, lifted);
+        let (held, since) = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&plan.name_any(), signature);
+        let why = match auto::next(plan, &total, &digest, held, in_flight, blocked, lifted) {
+            Next::Keep => match unmet_and_stale(plan) {
+                Some(why) if in_flight == 0 => why,
+                _ => return Due::Nothing,
+            },
+            Next::Wait(msg) => return Due::Waits(msg),
+            Next::Stabilize { why, .. } => {
+                let supply = fleet.supply.get_or_init(|| Capacity::of(fleet.gpunodes.iter().copied()).supply);
+                let seconds = from.stabilization_seconds.max(0);
+                let at = Time(since.round(Unit::Second).unwrap_or(since) + SignedDuration::from_secs(seconds));
+                return Due::Waits(auto::stabilizing_message(&why, &total, supply, seconds, &at));
+            }
+            Next::Decide(why) => why,
+        };
+        // Just after a start, a failover or a lease-watch outage, agents not yet seen renewing
+        // would all count as frozen and the decision would leave the demand short until the
+        // next re-check: decide once each owned node's agent is judged (within a lease).
+        let unproven = mine().filter(|n| n.agent == AgentHealth::Unproven).count();
+        if unproven > 0 {
+            return Due::Waits(format!(
+                "waiting for {unproven} node agent(s) to be seen renewing their lease before deciding"
+            ));
+        }
+        Due::Decide(why)
     }
 
     #[allow(clippy::too_many_arguments)]

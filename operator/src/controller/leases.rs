@@ -1,7 +1,7 @@
 //! The agents' heartbeat Leases, watched so that their silence can be trusted: a failed watch
 //! re-lists (the kube watcher would resume a broken watch silently, and a resumed watch with
 //! no agent renewing shows nothing at all), and [`LeaseWatch`] says whether the cache is caught
-//! up, and since when. Liveness judges no agent dead through a watch that is not (issue 27).
+//! up, and since when. Liveness judges no agent dead through a watch that is not.
 //! A re-list costs one list of the leases (about 2 MB at 5,000 nodes) per watch failure.
 
 use std::sync::{Arc, Mutex};

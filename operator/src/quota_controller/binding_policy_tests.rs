@@ -1,5 +1,5 @@
-//! The shipped binding policy `tessera-gpu-bindings` (issue 24: GPU pods made before their
-//! namespace's ResourceQuota, bound later), evaluated with the pod policy tests' CEL harness. The
+//! The shipped binding policy `tessera-gpu-bindings` (it refuses binding GPU pods made
+//! before their namespace's ResourceQuota), evaluated with the pod policy tests' CEL harness. The
 //! real API server and scheduler run it in `e2e/tests/quota_params.rs`.
 
 use serde_json::{Value, json};
@@ -69,9 +69,9 @@ fn a_binding_through_the_bindings_resource_is_refused_too() {
     assert!(shipped["spec"]["matchConstraints"]["resourceRules"].as_array().unwrap().iter().any(covered));
 }
 
-/// Review finding 4: the harness ignored `matchConstraints`, so the test above passed for any
-/// resource. As on the API server, a request the policy's `resourceRules` do not select is not
-/// evaluated: here, the same Binding of a listed pod is admitted.
+/// As on the API server, a request the policy's `resourceRules` do not select is not evaluated:
+/// here, the same Binding of a listed pod is admitted. This keeps the test above from passing
+/// for any resource.
 #[test]
 fn a_request_for_a_resource_the_policy_does_not_match_is_not_evaluated() {
     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "hoard", "namespace": "x"},

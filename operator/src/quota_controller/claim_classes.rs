@@ -17,6 +17,7 @@ use super::QuotaController;
 use super::policy_check::{
     BINDINGS, Checked, NOT_ENFORCING, PODS, QUOTA_NAMES, params_binding_problem, policy_problems, problems,
 };
+use crate::Error;
 use crate::controller::MANAGER;
 use tessera_planner::quota::QuotaPlan;
 use tessera_planner::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem, spec_matches};
@@ -28,16 +29,18 @@ impl QuotaController {
     /// they changed; returns what failed (reported on every quota's status: the params serve all
     /// tenant namespaces), and whether the params stayed unwritten (stale: the pass must delete
     /// no ResourceQuota, the stale params may still describe it as the namespace's limit).
+    /// [`Error::NotLeader`] before any write once the lease may have passed.
     pub(super) async fn write_claim_classes(
         &self,
         plan: &QuotaPlan,
         classes: &[Arc<DeviceClass>],
-    ) -> (Vec<String>, bool) {
+    ) -> Result<(Vec<String>, bool), Error> {
         let mut failed = Vec::new();
         for c in &plan.device_classes {
             if classes.iter().any(|have| is_current(have, c)) {
                 continue;
             }
+            self.may_write()?;
             let body = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                 "metadata": {"name": c.name, "labels": {MANAGED_BY.0: MANAGED_BY.1}},
                 "spec": {"selectors": [{"cel": {"expression": c.expression}}]}});
@@ -53,13 +56,14 @@ impl QuotaController {
         }
         let have = self.policy_params.state().first().and_then(|cm| cm.data.clone()).unwrap_or_default();
         let mut stale = false;
-        if have != plan.policy
-            && let Err(e) = self.write_policy(&plan.policy).await
-        {
-            failed.push(format!("claim-class policy params ConfigMap {}/{POLICY_PARAMS}: {e}", self.namespace));
-            stale = true;
+        if have != plan.policy {
+            self.may_write()?;
+            if let Err(e) = self.write_policy(&plan.policy).await {
+                failed.push(format!("claim-class policy params ConfigMap {}/{POLICY_PARAMS}: {e}", self.namespace));
+                stale = true;
+            }
         }
-        (failed, stale)
+        Ok((failed, stale))
     }
 
     async fn write_policy(&self, data: &BTreeMap<String, String>) -> Result<(), kube::Error> {

@@ -14,8 +14,8 @@ fn admit(class: &str, ns: &str, data: &Value) -> Option<String> {
     evaluate("tessera-claim-classes", &claim(class), &request, data, NS_UID)
 }
 
-/// Review gap: a tenant namespace deleted and created again while the operator is down kept its
-/// open classes (the params named the old namespace's). A UID mismatch closes every class but
+/// A tenant namespace deleted and created again while the operator is down must not keep its
+/// open classes (the params name the old namespace's): a UID mismatch closes every class but
 /// those proven off GPUs, and the message says why.
 #[test]
 fn a_namespace_created_again_while_the_operator_is_down_closes_its_gpu_classes() {
@@ -39,8 +39,8 @@ fn a_namespace_created_again_while_the_operator_is_down_closes_its_gpu_classes()
     assert_eq!(admit("gpu.tessera.dev", "a", &older), None, "params of an older operator: not checked");
 }
 
-/// Review gap: a TenantGpuQuota deleted and created again under its name while the operator is
-/// down found its namespaces described as enforced (its ResourceQuotas garbage-collected). The
+/// A TenantGpuQuota deleted and created again under its name while the operator is down would
+/// find its namespaces described as enforced (its ResourceQuotas garbage-collected), so the
 /// policy `tessera-quota-names` refuses the create while the params still list the name.
 #[test]
 fn a_quota_created_again_before_the_operator_saw_its_deletion_is_refused() {
@@ -68,10 +68,10 @@ fn a_quota_created_again_before_the_operator_saw_its_deletion_is_refused() {
     assert_eq!(create("team-a", &json!({"_quotas": ""})), None, "the operator saw the deletion");
 }
 
-/// Issue 24: an admin-access claim of Tessera's classes in a tenant namespace (labelled
-/// `resource.kubernetes.io/admin-access`) was admitted, and listed for the pod policy only a
-/// pass later; a ResourceClaimTemplate was not stopped at all (its claim is made with the pod).
-/// Both are refused at admission for any class not proven off GPUs, naming the field.
+/// An admin-access claim of Tessera's classes in a tenant namespace (labelled
+/// `resource.kubernetes.io/admin-access`), and a ResourceClaimTemplate (its claim is made with
+/// the pod), are refused at admission for any class not proven off GPUs, naming the field:
+/// listing them for the pod policy a pass later would come too late.
 #[test]
 fn admin_access_claims_and_templates_of_gpu_classes_are_refused_in_tenant_namespaces() {
     let data = json!({"a.quota": "team-a", "a.allowed": "_tessera", "_tessera": "gpu.tessera.dev",
@@ -122,9 +122,9 @@ pub(super) fn status_write(requests: Value, before: Value, after: Value, ns: &st
     super::pod_policy_tests::evaluate_update("tessera-claim-classes", &at(after), &at(before), &request, data, NS_UID)
 }
 
-/// Issue 24: a claim of a GPU class not Tessera's made before its namespace joined a quota was
-/// allocated later (for a pod created after, or pending since before) with no quota check: the
-/// claim policy saw only spec writes. The scheduler's allocation (`resourceclaims/status`) of a
+/// A claim of a GPU class not Tessera's made before its namespace joined a quota could be
+/// allocated later (for a pod created after, or pending since before) with no quota check, were
+/// only spec writes checked. So the scheduler's allocation (`resourceclaims/status`) of a
 /// claim that had none is refused when a request names a class closed there; other status writes
 /// (the driver's `status.devices`, deallocation, `reservedFor`) are not.
 #[test]
@@ -193,12 +193,12 @@ fn allocating_a_claim_of_a_closed_class_is_refused_in_a_tenant_namespace() {
     assert_eq!(status_write(all("gpu.nvidia.com"), json!({}), reserved, "a", &data), None, "no allocation");
 }
 
-/// Issue 24 H1: a claim of Tessera's class made before its namespace joined a quota (so before
-/// its ResourceQuota, which counts claims from their creation) was allocated later with no limit:
-/// all GPUs of a node for a share of 1. Allocating a claim made no later than `<ns>.since` is
-/// refused in every class not in `_open` (the same second too); with no `.since` (no
-/// ResourceQuota yet) every such allocation waits. Issue 24 L1: a class of Tessera's closed for a
-/// while says so, and that the scheduler retries, with no advice to delete the claim.
+/// A claim of Tessera's class made before its namespace joined a quota (so before its
+/// ResourceQuota, which counts claims from their creation) would be allocated later with no
+/// limit: all GPUs of a node for a share of 1. Allocating a claim made no later than
+/// `<ns>.since` is refused in every class not in `_open` (the same second too); with no `.since`
+/// (no ResourceQuota yet) every such allocation waits. A class of Tessera's closed for a while
+/// says so, and that the scheduler retries, with no advice to delete the claim.
 #[test]
 fn allocating_a_claim_made_before_the_namespace_s_resource_quota_is_refused_in_tessera_s_classes_too() {
     let data = |since: Option<&str>| {
@@ -251,9 +251,9 @@ fn allocating_a_claim_made_before_the_namespace_s_resource_quota_is_refused_in_t
     assert_eq!(admit("gpu.tessera.dev", "a", &data(None)), None, "a new claim");
 }
 
-/// Review (medium): a claim made while its resource was unlimited (`unlisted: Unlimited`, the
-/// key not in `hard`) escaped once the key came into force: `<ns>.since` is older than the claim.
-/// Now `<ns>.since.<class>` (the key's own stamp, written only where later than `<ns>.since`)
+/// A claim made while its resource was unlimited (`unlisted: Unlimited`, the key not in `hard`)
+/// must not escape once the key comes into force, though `<ns>.since` is older than the claim:
+/// `<ns>.since.<class>` (the key's own stamp, written only where later than `<ns>.since`)
 /// refuses the allocation of a claim made no later than it that names the class, exactly or as
 /// any `firstAvailable` alternative, and the refusal names that time; a claim of another class
 /// made at the same time is allocated.

@@ -1,7 +1,7 @@
-//! Review finding 2: the ResourceQuota watch lagging the controller's own delete. `x` leaves
-//! quota `team-a` (its ResourceQuota deleted) and comes back before the watch delivers the
-//! deletion: the cached, stamped object looked enforced and current, so nothing was applied,
-//! `x` was not pending, and GPU pods were admitted there with no ResourceQuota.
+//! The ResourceQuota watch lagging the controller's own delete. `x` leaves quota `team-a` (its
+//! ResourceQuota deleted) and comes back before the watch delivers the deletion: the cached,
+//! stamped object looks enforced and current, and taken as such nothing would be applied, `x`
+//! would not be pending, and GPU pods would be admitted there with no ResourceQuota.
 
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::json;

@@ -1,4 +1,4 @@
-//! Issue 24 (third review, 3-5): claims of Tessera's classes made no later than `<ns>.since`
+//! Claims of Tessera's classes made no later than `<ns>.since`
 //! (before the namespace's current GPU limits were in force) are refused with their own cause, by
 //! the pod policy (`<claim>:<class>,early` in `<ns>.claims`) and at allocation by the claim policy.
 
@@ -20,7 +20,7 @@ fn admit_pod(claim: &str, data: &Value) -> Option<String> {
     evaluate("tessera-gpu-pods", &pod, &super::pod_policy_tests::pod_create("x"), data, NS_UID)
 }
 
-/// Was: a pod naming `hoard` (class `gpu.tessera.dev`, made before `x`'s ResourceQuota) was
+/// A pod naming `hoard` (class `gpu.tessera.dev`, made before `x`'s ResourceQuota) is not
 /// refused with the foreign-claim text ("of a class not Tessera's ... claim through Tessera's
 /// classes"), a wrong cause and a wrong fix. Its params entry carries `,early`; the refusal names
 /// the field, claim, class, namespace and time, and says to make it again. A class whose name
@@ -52,9 +52,9 @@ fn a_pod_naming_a_claim_of_tessera_s_class_made_before_the_limits_is_refused_wit
     assert_eq!(admit_pod("fresh", &data), None, "a claim not listed");
 }
 
-/// Was: `_all` (past the `<ns>.claims` cap) named only claims of classes not Tessera's; a pod
-/// naming a claim of Tessera's class made before the limits is refused by it too, so the
-/// message names that cause (with the time) as well.
+/// `_all` (past the `<ns>.claims` cap) refuses a pod naming a claim of Tessera's class made
+/// before the limits too, not only claims of classes not Tessera's, so the message names that
+/// cause (with the time) as well.
 #[test]
 fn past_the_claims_cap_the_message_names_both_causes() {
     let data = json!({"x.quota": "team-a", "_pending": "", "x.claims": "_all", "x.since": SINCE});
@@ -86,9 +86,9 @@ fn allocate(class: &str, d: &Value) -> Option<String> {
     status_write(all, json!({}), allocated, "a", d)
 }
 
-/// Was: allocating `stash` of Tessera's class made before `a.since` was refused saying the class
-/// is closed (it is open) and to claim through Tessera's classes (it does). Now the refusal
-/// says the claim was made before the limits were in force, when, and to make it again.
+/// Allocating `stash` of Tessera's class made before `a.since` is refused saying the claim was
+/// made before the limits were in force, when, and to make it again; not that the class is
+/// closed (it is open) nor to claim through Tessera's classes (it does).
 #[test]
 fn allocating_a_claim_of_tessera_s_class_made_before_the_limits_says_so() {
     assert!(MADE < SINCE);

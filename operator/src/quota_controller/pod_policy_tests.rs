@@ -155,9 +155,9 @@ fn pod(resources: &[&str]) -> Value {
     json!({"spec": {"containers": [{"name": "c", "resources": {"requests": requests}}]}})
 }
 
-/// Review gap: the pod policy gated every `nvidia.com/` resource, so a pending tenant namespace
-/// also refused RDMA pods (`nvidia.com/hostdev`, Network Operator pools). Only GPU resources
-/// (`quota::is_gpu_resource`) are gated now.
+/// The pod policy gates only GPU resources (`quota::is_gpu_resource`), not every `nvidia.com/`
+/// one, so a pending tenant namespace still admits RDMA pods (`nvidia.com/hostdev`, Network
+/// Operator pools).
 #[test]
 fn the_pod_policy_gates_gpu_resources_only() {
     let pending = json!({"a.quota": "team-a", "_pending": "a"});
@@ -177,9 +177,9 @@ fn the_pod_policy_gates_gpu_resources_only() {
     assert_eq!(admit(&pod(&["nvidia.com/gpu"]), "a", &json!({"a.quota": "team-a", "_pending": ""})), None);
 }
 
-/// Review gap (MED-HIGH): `stash` (class `gpu.nvidia.com`, `All`, unallocated, made before `x`
-/// joined `team-a`) is counted but a pod naming it was admitted and got every GPU of a node with
-/// no quota check. The pod policy now refuses such pods, naming the field, claim, class and quota.
+/// `stash` (class `gpu.nvidia.com`, `All`, unallocated, made before `x` joined `team-a`) is
+/// counted, and a pod naming it would get every GPU of a node with no quota check: the pod
+/// policy refuses such pods, naming the field, claim, class and quota.
 #[test]
 fn a_pod_naming_a_listed_claim_is_refused() {
     let data = json!({"x.quota": "team-a", "_pending": "", "x.claims": "stash:gpu.nvidia.com other:c"});
@@ -203,10 +203,10 @@ fn a_pod_naming_a_listed_claim_is_refused() {
     assert!(refused.starts_with("spec.containers[0].resources.requests[nvidia.com/gpu]: namespace x of"), "{refused}");
 }
 
-/// Review gap: under `unlisted: Zero` a GPU resource no node advertises yet (time-slicing not
-/// yet enabled, a MIG profile of a board outside the catalog) has no ResourceQuota key, so a pod
-/// asking for it was admitted and bound once nodes advertised it. Now refused where the params
-/// list the quota's limited resources (`<quota>.resources`).
+/// Under `unlisted: Zero` a GPU resource no node advertises yet (time-slicing not yet enabled, a
+/// MIG profile of a board outside the catalog) has no ResourceQuota key, so a pod asking for it
+/// would be admitted and bound once nodes advertised it. It is refused where the params list the
+/// quota's limited resources (`<quota>.resources`).
 #[test]
 fn under_unlisted_zero_a_gpu_resource_no_resource_quota_limits_is_refused() {
     let data =
@@ -233,8 +233,8 @@ fn under_unlisted_zero_a_gpu_resource_no_resource_quota_limits_is_refused() {
     assert_eq!(admit(&pod(&["nvidia.com/gpu.shared"]), "x", &unlimited), None, "not Zero: unlimited");
 }
 
-/// Review gap: a tenant namespace deleted and created again while the operator is down has no
-/// ResourceQuota, yet the params still called it enforced. The params carry its UID now: a
+/// A tenant namespace deleted and created again while the operator is down has no
+/// ResourceQuota, though the params still call it enforced. The params carry its UID: a
 /// mismatch with the namespace's UID refuses GPU pods, naming the cause. Params with
 /// no `<ns>.uid` (an older operator's) are not checked.
 #[test]
@@ -257,9 +257,9 @@ fn a_namespace_created_again_while_the_operator_is_down_refuses_gpu_pods() {
     assert_eq!(admit(&pod(&["nvidia.com/gpu"]), "b", &old), None, "another namespace");
 }
 
-/// Review gap: with two quotas claiming `x` (`<ns>.quota` is `team-b team-c`), or an invalid
-/// quota (its `<quota>.resources` dropped), the Zero check read no key and admitted GPU
-/// resources no ResourceQuota limits. `<ns>.limited` answers per namespace, first.
+/// With two quotas claiming `x` (`<ns>.quota` is `team-b team-c`), or an invalid quota (its
+/// `<quota>.resources` dropped), the Zero check finds no key, so `<ns>.limited` answers per
+/// namespace, first: GPU resources no ResourceQuota limits are refused.
 #[test]
 fn a_conflicted_or_invalid_namespace_refuses_gpu_resources_no_resource_quota_limits() {
     let conflict = json!({"x.quota": "team-b team-c", "_pending": "", "team-b.resources": "nvidia.com/gpu.shared",
@@ -280,8 +280,8 @@ fn a_conflicted_or_invalid_namespace_refuses_gpu_resources_no_resource_quota_lim
     assert_eq!(admit(&pod(&["nvidia.com/hostdev"]), "x", &nothing), None);
 }
 
-/// Review gap: a namespace pending because both ResourceQuota names are taken said "retry in a
-/// few seconds", which never helps. `<ns>.pending` holds the cause; the message names it.
+/// A namespace pending because both ResourceQuota names are taken does not say "retry in a few
+/// seconds", which never helps: `<ns>.pending` holds the cause; the message names it.
 #[test]
 fn a_namespace_pending_for_taken_names_says_why() {
     let why = "ResourceQuotas tessera-team-a and tessera-team-a-12345678 there are not TenantGpuQuota team-a's";
@@ -292,8 +292,8 @@ fn a_namespace_pending_for_taken_names_says_why() {
     assert!(waiting.ends_with("not yet enforced; retry in a few seconds"), "{waiting}");
 }
 
-/// Review gap: `<ns>.claims` had no cap (past 1 MiB every params write fails). Past the cap the
-/// params say `_all`: every pod naming an existing ResourceClaim there is refused, saying why.
+/// `<ns>.claims` is capped (past 1 MiB every params write fails). Past the cap the params say
+/// `_all`: every pod naming an existing ResourceClaim there is refused, saying why.
 #[test]
 fn past_the_claims_cap_every_pod_naming_a_claim_is_refused() {
     let data = json!({"x.quota": "team-a", "_pending": "", "x.claims": "_all"});
@@ -311,9 +311,9 @@ fn past_the_claims_cap_every_pod_naming_a_claim_is_refused() {
     assert_eq!(admit(&naming, "y", &data), None, "another namespace");
 }
 
-/// Known gap closed: a pod naming an admin-access claim of a GPU class, made before its
-/// namespace joined the quota, was admitted and saw GPUs other tenants hold. Listed in
-/// `<ns>.claims` by the operator, it is refused, the message naming the claim and the cause.
+/// A pod naming an admin-access claim of a GPU class, made before its namespace joined the
+/// quota, would see GPUs other tenants hold. Listed in `<ns>.claims` by the operator, it is
+/// refused, the message naming the claim and the cause.
 #[test]
 fn a_pod_naming_an_admin_access_claim_of_a_gpu_class_is_refused() {
     let watch: k8s_openapi::api::resource::v1::ResourceClaim = serde_json::from_value(json!({
@@ -339,7 +339,7 @@ fn a_pod_naming_an_admin_access_claim_of_a_gpu_class_is_refused() {
     );
 }
 
-/// Review gap: a listed admin-access claim got the unallocated claim's message ("made before the
+/// A listed admin-access claim does not get the unallocated claim's message ("made before the
 /// namespace joined it ... it would be allocated with no quota check"), which is not its cause
 /// and asks for a Tessera class no admin could use. It has its own: the claim sees GPUs other
 /// tenants hold. The claim's params entry (`<claim>:<class>,adminAccess`) stays in the message.
@@ -416,10 +416,10 @@ fn shipped_policies_read_the_namespace_uid_the_way_the_api_server_types_it() {
     assert_eq!(uid_reads, 2, "both policies compare the namespace's UID");
 }
 
-/// Issue 24 F3: a variable that failed to evaluate read as the string `"<name>"`, so
-/// `size(variables.asks) > 0` held on a broken expression and the policy "refused" for the
-/// wrong reason. Now an expression reading it fails with its error; one that does not is as
-/// before (variables are lazy on the API server too).
+/// An expression reading a variable that failed to evaluate fails with its error, as on the API
+/// server; one that does not read it is unaffected (variables are lazy there too). Read as the
+/// string `"<name>"`, `size(variables.asks) > 0` would hold on a broken expression and the
+/// policy "refuse" for the wrong reason.
 #[test]
 fn a_variable_that_fails_fails_what_reads_it() {
     let spec = |validation: &str| {

@@ -1,6 +1,6 @@
-//! Review finding: the quota passes waited for the unbound-pod cache. An upgrade that replaced the
-//! image but not the ClusterRole (`watch pods` is new) held every pass forever: no ResourceQuota
-//! for a namespace added to a quota, lowered limits never written, nothing on the status.
+//! The quota passes do not wait for the unbound-pod cache: an upgrade that replaces the image but
+//! not the ClusterRole (without `watch pods`) would hold every pass forever: no ResourceQuota for
+//! a namespace added to a quota, lowered limits never written, nothing on the status.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;

@@ -1,6 +1,6 @@
 //! Which requests a policy's `matchConstraints` select, for the CEL harness (`pod_policy_tests`):
-//! the API server evaluates nothing else (review finding 4: the harness evaluated every request,
-//! so a test of a resource the policy does not match could not fail).
+//! the API server evaluates nothing else (a harness that evaluated every request would let no
+//! test of a resource the policy does not match fail).
 
 use serde_json::{Value, json};
 
@@ -44,7 +44,7 @@ pub(super) fn constrained_to(spec: &Value, request: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    /// Review finding 4: the harness selects requests by `matchConstraints.resourceRules` as the API
+    /// The harness selects requests by `matchConstraints.resourceRules` as the API
     /// server does, wildcards included.
     #[test]
     fn the_harness_selects_requests_by_resource_rules() {

@@ -1,5 +1,5 @@
-//! The params as last written and a pass: one whose params write fails deletes no ResourceQuota
-//! (issue 24 M2); one keeps the `<ns>.uid` of a namespace gone from the cache (fresh review, 1).
+//! The params as last written and a pass: one whose params write fails deletes no ResourceQuota;
+//! one keeps the `<ns>.uid` of a namespace gone from the cache.
 
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
@@ -75,9 +75,9 @@ fn deletes(requests: &Requests) -> Vec<String> {
     requests.iter().filter(|(m, _, _)| m == "DELETE").map(|(_, p, _)| p.clone()).collect()
 }
 
-/// Issue 24 M2: with the params write failing, the stale params still say `x.quota=a` (not
-/// pending) while `b`'s new ResourceQuota has no `status.hard` yet: deleting `a`'s left `x`
-/// unlimited until `b`'s status synced. The stale one is kept until the params are written.
+/// With the params write failing, the stale params still say `x.quota=a` (not pending) while
+/// `b`'s new ResourceQuota has no `status.hard` yet: deleting `a`'s would leave `x` unlimited
+/// until `b`'s status synced. The stale one is kept until the params are written.
 #[tokio::test]
 async fn a_failed_params_write_deletes_no_resource_quota_in_that_pass() {
     let stale = format!("/api/v1/namespaces/x/resourcequotas/{}", tessera_planner::quota::resource_quota_name("a"));
@@ -98,7 +98,7 @@ async fn a_failed_params_write_deletes_no_resource_quota_in_that_pass() {
     assert_eq!(deletes(&requests), Vec::<String>::new(), "params not written: nothing deleted");
 }
 
-/// Fresh review, finding 1: `t` gone from the namespace cache (deleted; its ResourceQuota watch
+/// `t` gone from the namespace cache (deleted; its ResourceQuota watch
 /// may have caught up already). The pass keeps the `t.uid` the params held (read from the
 /// params ConfigMap's cache) instead of dropping it, so a namespace created under that name
 /// while the operator is down is refused until a pass sees it.

@@ -63,7 +63,7 @@ fn applies(requests: &Requests) -> Vec<Value> {
     requests.iter().filter(|(m, p, _)| m == "PATCH" && p == PATH).map(|(_, _, b)| b.clone()).collect()
 }
 
-/// Third review of issue 24, 1: the pass that first sees the limits in force writes the stamp
+/// The pass that first sees the limits in force writes the stamp
 /// (the latest write the API server recorded: the status sync); one that finds it cached and
 /// the limits unchanged writes nothing; a changed limit is applied with the stamp unchanged
 /// (server-side apply would otherwise drop the annotation).

@@ -23,8 +23,8 @@ fn api(discovery: u16, list: u16) -> Client {
     crate::controller::fake_dra_api::api(served, discovery, list)
 }
 
-/// Finding 5: without `resource.k8s.io/v1` the DeviceClass cache is ready and empty (it
-/// used to wait forever, and the whole operator with it); forbidden, it is not ready.
+/// Without `resource.k8s.io/v1` the DeviceClass cache is ready and empty (waiting for it would
+/// stall the whole operator forever); forbidden, it is not ready.
 #[tokio::test]
 async fn device_classes_are_ready_and_empty_without_the_api_and_not_ready_while_forbidden() {
     let none = watch_classes(api(404, 500), Arc::new(Notify::new()));
@@ -36,7 +36,7 @@ async fn device_classes_are_ready_and_empty_without_the_api_and_not_ready_while_
     assert!(tokio::time::timeout(Duration::from_millis(300), forbidden.wait_until_ready()).await.is_err());
 }
 
-/// Finding 5: DeviceClasses that cannot be listed hold the quota passes, not the caches
+/// DeviceClasses that cannot be listed hold the quota passes, not the caches
 /// `run.rs` waits on before the rollout controller starts.
 #[tokio::test]
 async fn the_quota_caches_are_ready_while_device_classes_are_not() {
@@ -47,7 +47,7 @@ async fn the_quota_caches_are_ready_while_device_classes_are_not() {
     assert!(tokio::time::timeout(Duration::from_millis(200), c.wait_classes()).await.is_err());
 }
 
-/// Finding 4: a failed write of the policy params is reported on the quotas' status
+/// A failed write of the policy params is reported on the quotas' status
 /// (`WriteFailed`, naming the ConfigMap), not only logged.
 #[tokio::test]
 async fn a_failed_params_write_is_reported_on_the_quota_status() {
@@ -70,9 +70,9 @@ async fn a_failed_params_write_is_reported_on_the_quota_status() {
     assert!(msg.contains("tessera-claim-classes") && msg.contains("lock-quotas"), "{msg}");
 }
 
-/// Review gap: the params must carry each tenant namespace's UID from the namespace cache (the
-/// policies compare it with the namespace's); a terminating namespace keeps its own (issue 24
-/// F2: dropped, a re-creation while the operator is down was neither checked nor pending).
+/// The params carry each tenant namespace's UID from the namespace cache (the policies compare
+/// it with the namespace's); a terminating namespace keeps its own (dropped, a re-creation while
+/// the operator is down would be neither checked nor pending).
 #[tokio::test]
 async fn the_params_carry_each_live_tenant_namespaces_uid() {
     use tessera_crds::TenantGpuQuota;

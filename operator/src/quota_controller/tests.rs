@@ -145,7 +145,7 @@ async fn no_idle_report_before_the_rollout_pass_publishes_its_verdicts() {
     assert!(!c.metrics.render().contains("tessera_operator_tenant_"), "{}", c.metrics.render());
 }
 
-/// Review item 3: verdicts of rollout passes that stopped (tenure not held) or of a lease watch
+/// Verdicts of rollout passes that stopped (tenure not held) or of a lease watch
 /// that is down make no report: the report timestamp stays where it was, so the alert sees it age.
 #[tokio::test]
 async fn old_verdicts_or_a_lease_watch_down_make_no_report_and_leave_the_timestamp_alone() {
@@ -224,7 +224,7 @@ async fn unallocated_claims_of_other_classes_come_off_the_written_share() {
 }
 
 /// The pass reads the Node cache: a time-sliced `nvidia.com/gpu.shared` a node advertises is
-/// held at 0 for a quota with `unlisted: Zero` (it was in no list before, so unlimited).
+/// held at 0 for a quota with `unlisted: Zero` (in no list of its own, it would be unlimited).
 #[tokio::test]
 async fn unlisted_zero_holds_what_nodes_advertise_at_zero_in_the_written_share() {
     let (client, requests) = api(Some(json!([])));
@@ -267,7 +267,8 @@ async fn the_idle_report_time_is_exported_and_not_moved_by_a_failed_list() {
     assert_eq!(stamp(&c), 0, "a follower's stamp would hide staleness");
 }
 
-/// Review gap: the API server stores `1000` as `1k`; comparing strings re-applied every pass.
+/// The API server stores `1000` as `1k`, so limits compare as quantities: comparing strings
+/// would re-apply every pass.
 #[test]
 fn a_resource_quota_in_canonical_form_is_current() {
     let rq: ResourceQuota = serde_json::from_value(json!({"metadata": {"name": "tessera-q", "namespace": "a",

@@ -277,7 +277,7 @@ fn whole_gpu_node(name: &str) -> GpuNode {
     .unwrap()
 }
 
-/// Issue 28: an automatic plan and the quota controller give the same answer for the same fleet.
+/// An automatic plan and the quota controller give the same answer for the same fleet.
 /// Each row: the quotas (the plan selects `team: ml`), the fleet, and the plan's nodes (all
 /// changeable, but already as full as the demand can make them, so the decision's supply is
 /// the fleet's as it is).
@@ -374,7 +374,7 @@ fn the_plan_and_the_quotas_agree_on_the_same_fleet() {
     }
 }
 
-/// Issue 28: while it waits, the plan says what changed, what the fleet supplies of the demand
+/// While it waits, the plan says what changed, what the fleet supplies of the demand
 /// now (the quota controller's shortfall) and when it will decide.
 #[test]
 fn the_stabilizing_message_names_the_shortfall_and_when_it_decides() {

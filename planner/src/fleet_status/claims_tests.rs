@@ -1,4 +1,4 @@
-//! Issue 24: holders of devices allocated through ResourceClaims.
+//! Holders of devices allocated through ResourceClaims.
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};

@@ -171,7 +171,7 @@ mod tests {
         );
     }
 
-    /// Review item 2: a broken lease watch leaves every cached `renewTime` behind the operator's
+    /// a broken lease watch leaves every cached `renewTime` behind the operator's
     /// clock; judged from them, every agent would be set aside.
     #[test]
     fn a_lease_watch_that_is_down_gives_no_verdicts_so_the_figures_are_kept() {
@@ -191,7 +191,7 @@ mod tests {
         assert_eq!(v.get(later).as_deref(), Some(&NotReporting::new()));
     }
 
-    /// Review item 3: verdicts of a lost tenure, or of passes that stopped, say nothing of now.
+    /// verdicts of a lost tenure, or of passes that stopped, say nothing of now.
     #[test]
     fn verdicts_expire_and_go_with_the_leader_lease() {
         let t0 = at("2026-06-01T12:00:00Z");

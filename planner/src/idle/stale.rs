@@ -226,7 +226,7 @@ mod tests {
         assert!(p.get().is_empty());
     }
 
-    /// Review item 4: a live agent with a garbled annotation is not described as one that never
+    /// a live agent with a garbled annotation is not described as one that never
     /// reported, and the CLI tells a dead agent from a live one saying its report is stale.
     #[test]
     fn the_reason_tells_a_dead_agent_from_a_live_one_whose_report_is_stale() {

@@ -1,4 +1,4 @@
-//! Issue 24: pods asking for GPU extended resources made before their namespace's ResourceQuota
+//! Pods asking for GPU extended resources made before their namespace's ResourceQuota
 //! counted them, still not bound. A ResourceQuota checks a pod once, at its creation: a tenant
 //! that made many gated (`schedulingGates`) or unschedulable GPU pods before its namespace joined
 //! a quota would have them all scheduled afterwards, past its share (`status.used` counts them,

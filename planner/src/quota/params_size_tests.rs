@@ -1,4 +1,4 @@
-//! Issue 24 F5: the params ConfigMap (1 MiB at most) sized through the full pass with every key
+//! The params ConfigMap (1 MiB at most) sized through the full pass with every key
 //! at its worst, not a plan without UIDs, reasons, `.limited` or `.claims`.
 
 use std::collections::{BTreeMap, BTreeSet};

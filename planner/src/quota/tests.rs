@@ -63,7 +63,7 @@ fn even_split_gives_the_remainder_to_the_first_namespaces() {
     }
 }
 
-/// Issue 28 (12): by default a resource `hard` does not list is unlimited (a ResourceQuota limits
+/// By default a resource `hard` does not list is unlimited (a ResourceQuota limits
 /// only what it names); `unlisted: Zero` writes 0 for every other GPU resource, the catalog's and
 /// the fleet's (a board outside the catalog), so a tenant gets only what `hard` grants.
 #[test]
@@ -347,8 +347,8 @@ fn a_users_own_resource_quota_named_like_ours_is_left_alone_and_the_share_enforc
     assert_eq!(p.statuses["a"].resources[0].used, 1, "usage is read from the ResourceQuota in force");
 
     // The user removes theirs: the share moves to our own name; the fallback stays until that
-    // one is in force (third review: deleted in the same pass, nothing limited `x` until the new
-    // one's status synced), then goes.
+    // one is in force (deleted in the same pass, nothing would limit `x` until the new one's
+    // status synced), then goes.
     let p = plan_quotas(std::slice::from_ref(&q), &ns(&["x"]), std::slice::from_ref(&ours_fallback), &[], now());
     assert_eq!(p.apply, vec![enforce("tessera-a")]);
     assert_eq!(p.delete, vec![], "x is pending: the fallback still limits it");

@@ -7,7 +7,7 @@
 //! and the quota's `Ready` message names it (delete it; claim through Tessera's classes). Claims
 //! of Tessera's classes are admitted by the ResourceQuota only if made after it: one made before
 //! (`<ns>.since` in the params) is refused allocation by the claim policy and listed for the pod
-//! policy ([`early`], marked [`EARLY_MARK`]); the ResourceQuota's `status.used` already counts it (issue 24 H1).
+//! policy ([`early`], marked [`EARLY_MARK`]); the ResourceQuota's `status.used` already counts it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -168,7 +168,7 @@ pub const CLAIMS_BUDGET: usize = 256 * 1024;
 
 /// The [`claims_key`] value past the caps: the pod policy then refuses every pod naming an
 /// existing ResourceClaim in that namespace (a claim name never starts with `_`). One
-/// namespace's thousands of leftover claims can no longer make every params write fail.
+/// namespace's thousands of leftover claims cannot make every params write fail.
 pub const ALL_CLAIMS: &str = "_all";
 
 /// The marker after an early claim's class in [`claims_key`] (`<claim>:<class>,early`): a claim
@@ -314,7 +314,7 @@ pub fn ours<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> Vec<Ours
     out
 }
 
-/// Issue 24 H1: claims of Tessera's classes made no later than their namespace's `<ns>.since`
+/// Claims of Tessera's classes made no later than their namespace's `<ns>.since`
 /// (in the params `policy`): the ResourceQuota never counted them at creation and the claim
 /// policy refuses their allocation, so a pod naming one is refused too (listed in `<ns>.claims`
 /// by [`policy_claims`], marked [`EARLY_MARK`]: both refusals say to make it again, not to claim

@@ -15,12 +15,11 @@ fn quota(spec: serde_json::Value) -> TenantGpuQuota {
     .unwrap()
 }
 
-/// Review gap: NVIDIA's device plugin renames time-sliced or MPS GPUs (`nvidia.com/gpu.shared`);
-/// that name was in no list, so `unlisted: Zero` left it unlimited. Now every `nvidia.com/`
-/// resource a node advertises is held at 0 under `Zero` (and stays unlimited under `Unlimited`,
-/// as any resource `hard` does not list). Review gap: that held every `nvidia.com/` resource,
-/// NVIDIA Network Operator's `nvidia.com/hostdev` and RDMA pools included, which `hard` cannot
-/// name: RDMA pods were refused forever. Only GPU resources ([`is_gpu_resource`]) are held now.
+/// NVIDIA's device plugin renames time-sliced or MPS GPUs (`nvidia.com/gpu.shared`), a name in
+/// no list, so under `unlisted: Zero` every GPU resource ([`is_gpu_resource`]) a node advertises
+/// is held at 0 (and stays unlimited under `Unlimited`, as any resource `hard` does not list).
+/// Only GPU resources: NVIDIA Network Operator's `nvidia.com/hostdev` and RDMA pools, which
+/// `hard` cannot name, held at 0 would refuse RDMA pods forever.
 #[test]
 fn unlisted_zero_holds_every_nvidia_resource_nodes_advertise_at_zero() {
     let nodes = [

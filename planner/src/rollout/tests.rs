@@ -1,9 +1,12 @@
 use std::collections::BTreeSet;
+use std::rc::Rc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::prelude::*;
 use serde_json::json;
 use tessera_crds::conditions::RECONCILING;
+use tessera_crds::gpunode::GpuState;
+use tessera_crds::plan::GpuPartitionPlanSpec;
 
 use super::*;
 use crate::liveness::AgentHealth;
@@ -205,7 +208,7 @@ fn a_deleted_plan_releases_its_nodes_without_reconfiguring() {
     );
 }
 
-/// Issue 28 (9) and 27 (7): a released node keeps no intent of a plan that no longer has it.
+/// A released node keeps no intent of a plan that no longer has it.
 /// The first pass uncordons and forgets the record; the next empties the intent, once.
 #[test]
 fn a_node_no_plan_owns_any_more_is_released_then_its_intent_emptied() {
@@ -229,7 +232,7 @@ fn a_node_no_plan_owns_any_more_is_released_then_its_intent_emptied() {
     assert!(!actions.iter().any(|a| matches!(a, Action::ClearIntent { .. })), "{actions:?}");
 }
 
-/// Review of issue 28: a node whose intent was emptied (its plan deleted and re-created, a
+/// A node whose intent was emptied (its plan deleted and re-created, a
 /// selector edited and reverted) and whose GPUs still hold the layout is taken back without a
 /// cordon or a drain; GPUs that differ are drained as usual, and so is a node whose agent saw the
 /// intent and still does not say applied.

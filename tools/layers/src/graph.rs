@@ -42,7 +42,7 @@ pub fn crate_paths(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let mut rest = text;
     while let Some(at) = rest.find("crate::") {
-        let preceded_by_word = rest[..at].chars().last().is_some_and(|c| c.is_alphanumeric() || c == '_');
+        let preceded_by_word = rest[..at].chars().last().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$');
         rest = &rest[at + "crate::".len()..];
         if preceded_by_word {
             continue; // `tessera_crate::` or `$crate::`-like names are not this crate
@@ -110,8 +110,11 @@ pub fn cycles(graph: &ModuleGraph) -> Vec<Vec<String>> {
     let reachable: BTreeMap<&String, BTreeSet<String>> = names.iter().map(|m| (*m, reach(m))).collect();
     let mut out: Vec<Vec<String>> = Vec::new();
     for m in &names {
-        let mut component: Vec<String> =
-            names.iter().filter(|n| reachable[*m].contains(**n) && reachable[**n].contains(*m)).map(|n| n.to_string()).collect();
+        let mut component: Vec<String> = names
+            .iter()
+            .filter(|n| reachable[*m].contains(**n) && reachable[**n].contains(*m))
+            .map(|n| n.to_string())
+            .collect();
         if component.len() > 1 && !out.iter().any(|c| c.contains(&m.to_string())) {
             component.sort();
             out.push(component);

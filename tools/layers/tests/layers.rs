@@ -19,7 +19,11 @@ fn workspace() -> PathBuf {
 fn members() -> Vec<String> {
     let manifest = std::fs::read_to_string(workspace().join("Cargo.toml")).unwrap();
     let line = manifest.lines().find(|l| l.starts_with("members = [")).expect("a members list on one line");
-    line.trim_start_matches("members = [").trim_end_matches(']').split(',').map(|m| m.trim().trim_matches('"').to_string()).collect()
+    line.trim_start_matches("members = [")
+        .trim_end_matches(']')
+        .split(',')
+        .map(|m| m.trim().trim_matches('"').to_string())
+        .collect()
 }
 
 #[test]
@@ -37,7 +41,12 @@ fn no_crate_has_an_import_cycle_between_its_top_level_modules() {
         let edges: Vec<String> = found
             .iter()
             .flatten()
-            .map(|m| format!("{m} -> {:?}", graph[m].iter().filter(|n| found.iter().flatten().any(|c| c == *n)).collect::<Vec<_>>()))
+            .map(|m| {
+                format!(
+                    "{m} -> {:?}",
+                    graph[m].iter().filter(|n| found.iter().flatten().any(|c| c == *n)).collect::<Vec<_>>()
+                )
+            })
             .collect();
         assert!(found.is_empty(), "{member}: import cycle(s) {found:?}: {edges:#?}");
     }
@@ -51,7 +60,12 @@ fn normal_dependencies(package: &str) -> Vec<String> {
         .output()
         .expect("cargo runs");
     assert!(out.status.success(), "cargo tree -p {package}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().lines().filter_map(|l| l.split_whitespace().next()).map(String::from).collect()
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect()
 }
 
 #[test]

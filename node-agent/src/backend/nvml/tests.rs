@@ -85,7 +85,7 @@ async fn a_gpu_instance_left_without_its_compute_instance_is_no_mig_device_and_i
 }
 
 /// A half-made GPU instance is no MIG device (no compute instance: no process, no pod can hold
-/// it), so remaking it is no layout change: it needs no drain (was: the whole node was drained).
+/// it), so remaking it is no layout change: it needs no drain of the node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_made_instance_is_remade_without_the_hand_over() {
     let (mut b, state) = open(&["H100-80GB"]);

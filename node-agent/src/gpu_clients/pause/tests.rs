@@ -213,8 +213,8 @@ mod agent {
         (agent, cluster, sim)
     }
 
-    /// Was: the mode was changed at once, with the clients' DaemonSets free to restart them onto
-    /// the GPU; nothing was paused or restored.
+    /// A mode change waits until the GPU clients are paused (changed at once, their DaemonSets
+    /// would be free to restart them onto the GPU), and their labels are restored after.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_mode_change_waits_for_paused_clients_and_restores_their_labels_after() {
         let cluster = Cluster {
@@ -258,7 +258,7 @@ mod agent {
     }
 
     /// A restarted agent (or one whose hand-over was withdrawn) finds a pause and no mode change
-    /// to make: it restores the labels still paused (was: left them paused for good).
+    /// to make: it restores the labels still paused, which nothing else would.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_pause_found_with_no_mode_change_to_make_is_undone() {
         let record = Record { since: Timestamp::now(), labels: labels(&[(DP, "true"), (EXPORTER, "custom")]) };

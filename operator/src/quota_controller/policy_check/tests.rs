@@ -87,9 +87,9 @@ fn last_condition(requests: &Requests) -> (String, String, String) {
     (c.status, c.reason, c.message)
 }
 
-/// Known gap, now closed: the policy itself edited (`failurePolicy: Ignore`) while its binding
-/// still reads our params left `ClaimPolicyBound=True`. The controller reads the policy each
-/// pass, so the edit is named, and putting it back turns the condition True again.
+/// The policy itself edited (`failurePolicy: Ignore`) while its binding still reads our params
+/// must not leave `ClaimPolicyBound=True`: the controller reads the policy each pass, so the
+/// edit is named, and putting it back turns the condition True again.
 #[tokio::test]
 async fn an_edited_claim_policy_is_reported_each_pass_and_cleared_when_restored() {
     let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
@@ -245,7 +245,7 @@ fn shipped_pods(kind: &str) -> Value {
     docs.into_iter().find(|d| d["kind"] == kind && d["metadata"]["name"] == "tessera-gpu-pods").unwrap()
 }
 
-/// Review gap: pods asking for `nvidia.com/` resources in a tenant namespace whose ResourceQuota
+/// Pods asking for `nvidia.com/` resources in a tenant namespace whose ResourceQuota
 /// is not yet enforced are refused by `tessera-gpu-pods`; the operator checks that policy as it
 /// checks the claim-class one. As shipped (and as the chart ships it) it enforces.
 #[test]

@@ -77,7 +77,7 @@ fn only_a_plain_conjunction_pins_a_driver() {
         ("device.driver == r'fpga.example.com' && true", None),
         (r#"device.driver == 'fpga.example.com' && R"x\" || true || \"" != ''"#, None),
         ("device.driver == 'fpga.example.com' && b'x' != b''", None),
-        // Review 3, finding 5: triple-quoted strings holding a quote hide the `||`s between.
+        // Triple-quoted strings holding a quote hide the `||`s between.
         ("device.driver == 'x' && '''a'b''' != '' || true || '''c'd''' != ''", None),
     ];
     for (expr, want) in cases {
@@ -341,7 +341,7 @@ fn plan_of(
     plan_quotas_dra(quotas, &nss, rqs, &Capacity::default(), &dra, now)
 }
 
-/// Finding 1: the policy opens a class of ours in a namespace only once the quota's own
+/// The policy opens a class of ours in a namespace only once the quota's own
 /// ResourceQuota there (as cached: written) limits it; never for an invalid or conflicted quota,
 /// whatever the specs say. Otherwise a failed or not-yet-made write leaves the class unlimited.
 #[test]
@@ -396,7 +396,7 @@ fn the_policy_opens_a_class_only_where_a_written_resource_quota_limits_it() {
     assert_eq!((p.policy["b.quota"].as_str(), p.policy["b.allowed"].as_str()), ("team-b team-c", ""));
 }
 
-/// Finding 4: params come from valid quotas only; a namespace that is no valid name never
+/// Params come from valid quotas only; a namespace that is no valid name never
 /// becomes a ConfigMap key (which would fail the write for every tenant).
 #[test]
 fn an_invalid_namespace_name_never_becomes_a_params_key() {
@@ -407,7 +407,7 @@ fn an_invalid_namespace_name_never_becomes_a_params_key() {
     assert_eq!(p.policy["ok.allowed"], "");
 }
 
-/// Finding 2: switching `spec.allocation` gives the new path the share less what the old path
+/// Switching `spec.allocation` gives the new path the share less what the old path
 /// still holds in that namespace (the old path is at 0, so that only falls), and says so.
 #[test]
 fn a_switched_path_gets_the_share_less_what_the_old_path_still_holds() {
@@ -436,7 +436,7 @@ fn a_switched_path_gets_the_share_less_what_the_old_path_still_holds() {
     assert_eq!((p.apply[0].hard[rq_name].as_str(), p.apply[0].hard[&mig].as_str()), ("0", "0"));
 }
 
-/// Finding 6: a binding whose paramRef is not the operator's params ConfigMap (another
+/// A binding whose paramRef is not the operator's params ConfigMap (another
 /// namespace) turns the policy off silently (`parameterNotFoundAction: Allow`): it is named.
 #[test]
 fn a_binding_reading_params_elsewhere_or_missing_is_named() {
@@ -457,7 +457,7 @@ fn a_binding_reading_params_elsewhere_or_missing_is_named() {
     assert!(binding_problem(None, "gpu-ops").unwrap().contains("not found"));
 }
 
-/// Finding 4: the list of all of Tessera's classes is written once (`_tessera`), not per
+/// The list of all of Tessera's classes is written once (`_tessera`), not per
 /// namespace, so thousands of tenant namespaces stay far under a ConfigMap's 1 MiB.
 #[test]
 fn all_of_our_classes_are_listed_once_and_thousands_of_namespaces_fit_a_config_map() {
@@ -481,7 +481,7 @@ fn all_of_our_classes_are_listed_once_and_thousands_of_namespaces_fit_a_config_m
     assert!(size < 1024 * 1024, "{size} bytes");
 }
 
-/// Review 3, finding 1: the API server enforces `status.hard`, which the controller manager
+/// The API server enforces `status.hard`, which the controller manager
 /// copies from `spec.hard` later. A class opens only once `status.hard` carries its key at no
 /// more than the planned limit.
 #[test]
@@ -513,7 +513,7 @@ fn a_class_opens_only_once_the_resource_quota_status_enforces_its_limit() {
     assert_eq!(plan_of(std::slice::from_ref(&b), &["b"], &[higher]).policy["b.allowed"], "");
 }
 
-/// Review 3, finding 1: a ResourceQuota without `status.used` (new, or not synced) says nothing
+/// A ResourceQuota without `status.used` (new, or not synced) says nothing
 /// of what the old path holds: the new path gets 0 until it does (and `status.hard` holds the
 /// old key at 0).
 #[test]
@@ -540,7 +540,7 @@ fn a_switched_path_gets_0_while_the_old_paths_usage_is_unknown() {
     assert_eq!(plan_of(std::slice::from_ref(&b), &["b"], &[rq]).apply[0].hard[&mig], "2");
 }
 
-/// Review 3, finding 2: only the classes of the share (and of what `unlisted` names) are exempt
+/// Only the classes of the share (and of what `unlisted` names) are exempt
 /// from the 0 of GPU-reaching classes, not every class named like ours.
 #[test]
 fn a_class_named_like_ours_but_outside_the_share_is_held_at_0() {
@@ -570,7 +570,7 @@ fn a_class_named_like_ours_but_outside_the_share_is_held_at_0() {
     assert_eq!(hard[&format!("mig-7g.999gb.tessera.dev{DEV}")], "0");
 }
 
-/// Review 3, finding 3: a class named as ours but made by someone else first (a broad selector;
+/// A class named as ours but made by someone else first (a broad selector;
 /// our apply failed) is held at 0 and never opened, whatever the ResourceQuota enforces.
 #[test]
 fn a_class_of_ours_with_another_selector_is_held_at_0_and_closed() {
@@ -595,7 +595,7 @@ fn a_class_of_ours_with_another_selector_is_held_at_0_and_closed() {
     assert!(p.device_classes.iter().any(|c| c.name == "mig-1g.10gb.tessera.dev"));
 }
 
-/// Review 3, finding 4: in extended-resources mode the class of every resource of the share is
+/// In extended-resources mode the class of every resource of the share is
 /// held at 0 whether it exists or not: a class of ours deleted (and made again by anyone) is
 /// closed from its first claim. A plain quota's first pass still gets its whole share.
 #[test]
@@ -617,13 +617,13 @@ fn extended_resources_mode_holds_the_shares_classes_at_0_even_when_they_do_not_e
     assert_eq!(p.apply[0].hard[&format!("mig-1g.10gb.tessera.dev{DEV}")], "0");
 }
 
-/// Issue 24 H1: a claim of Tessera's class made before its namespace joined a quota was allocated
-/// later with no limit (the ResourceQuota counts claims from their creation only). The params say
+/// A claim of Tessera's class made before its namespace joined a quota would be allocated later
+/// with no limit (the ResourceQuota counts claims from their creation only). The params say
 /// since when each namespace's claims are counted: the earliest stamp ([`crate::quota::stamp`]:
-/// its limits seen in force) of its quota's ResourceQuotas there, not their creation (third
-/// review of issue 24, 1: `status.hard` syncs after it). None with no ResourceQuota stamped yet.
-/// Claimed by two quotas: the later of their earliest stamps, none while one has none (review
-/// finding 3: none at all left hoarded pods made before the namespace joined unlisted).
+/// its limits seen in force) of its quota's ResourceQuotas there, not their creation
+/// (`status.hard` syncs after it). None with no ResourceQuota stamped yet. Claimed by two
+/// quotas: the later of their earliest stamps, none while one has none (with no `since` at all,
+/// hoarded pods made before the namespace joined would go unlisted).
 #[test]
 fn the_params_say_since_when_each_namespace_s_claims_are_counted() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

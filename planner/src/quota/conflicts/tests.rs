@@ -90,9 +90,9 @@ fn gpu_keys() -> Vec<String> {
     keys
 }
 
-/// Known gap, now closed: a namespace newly listed by an invalid quota got no ResourceQuota, so
-/// extended-resource pods were not limited there. Now every GPU key is 0 there (where the quota
-/// enforces nothing yet); where it enforced a share before, that share is kept as it was.
+/// A namespace newly listed by an invalid quota still gets a ResourceQuota, or extended-resource
+/// pods would not be limited there: every GPU key is 0 there (where the quota enforces nothing
+/// yet); where it enforced a share before, that share is kept as it was.
 #[test]
 fn an_invalid_quota_holds_every_gpu_key_at_0_where_it_enforced_nothing_yet() {
     let bad = quota(
@@ -150,8 +150,8 @@ fn an_invalid_quotas_zeros_are_kept_and_replaced_by_the_share_once_fixed() {
     assert!(p.delete.is_empty());
 }
 
-/// Known gap, now closed: a namespace newly claimed by two quotas got no ResourceQuota. Each
-/// quota now writes its own there; the API server checks every ResourceQuota of a namespace, so
+/// A namespace newly claimed by two quotas is not left without a ResourceQuota: each quota
+/// writes its own there; the API server checks every ResourceQuota of a namespace, so
 /// per key the stricter holds.
 #[test]
 fn a_namespace_newly_claimed_twice_gets_the_stricter_limit_per_key() {

@@ -137,11 +137,10 @@ fn ready_message(p: &QuotaPlan, q: &str) -> String {
     p.statuses[q].conditions.iter().find(|c| c.type_ == "Ready").unwrap().message.clone()
 }
 
-/// DRA review gap: `team-a` had 4 in `a` alone and holds 3 there; `b` joins an `Even` split (2
-/// each). Before, `b` got 2 at once and the tenant could hold 5 of 4 (an admitted claim is
-/// reused by later pods). Now `b` gets 0 until its ResourceQuota's status shows its usage (a
-/// new namespace may hold anything), then 2 less what `a` holds above its share, then all of it
-/// once `a` frees it.
+/// `team-a` had 4 in `a` alone and holds 3 there; `b` joins an `Even` split (2 each). `b` gets 0
+/// until its ResourceQuota's status shows its usage (a new namespace may hold anything), then 2
+/// less what `a` holds above its share, then all of it once `a` frees it: given 2 at once, the
+/// tenant could hold 5 of 4 (an admitted claim is reused by later pods).
 #[test]
 fn a_share_moved_to_a_new_namespace_waits_for_what_the_old_one_holds_above_its_new_share() {
     for (mode, active, other) in [("ResourceClaims", KEY, REQ), ("ExtendedResources", REQ, KEY)] {
@@ -170,8 +169,8 @@ fn a_share_moved_to_a_new_namespace_waits_for_what_the_old_one_holds_above_its_n
     }
 }
 
-/// `hard` lowered from 6 to 2 (1 each) while `a` holds 3: nothing new in `b` (before: `b` got 1,
-/// so the tenant could reach 4); `namespaceHard` moved from `a` to `b` while `a` still holds it:
+/// `hard` lowered from 6 to 2 (1 each) while `a` holds 3: nothing new in `b` (1 there would let
+/// the tenant reach 4); `namespaceHard` moved from `a` to `b` while `a` still holds it:
 /// `b` waits.
 #[test]
 fn a_lowered_hard_or_edited_namespace_hard_admits_nothing_past_it() {
@@ -196,12 +195,11 @@ fn a_lowered_hard_or_edited_namespace_hard_admits_nothing_past_it() {
     assert_eq!((limit(&p, "a", KEY), limit(&p, "b", KEY)), ("1".into(), "0".into()));
 }
 
-/// Issue 24 (gap): in `b` both ResourceQuota names are taken by objects not the quota's, so this
-/// pass applies nothing there; the quota's ResourceQuota from before (written under another name,
-/// e.g. by an older operator) stays in force, letting `b` reach 4 of an `Even` share of 2. Before,
-/// `a` still got 2 (the tenant could reach 6 of 4); now what `b`'s old ResourceQuota lets it hold
+/// In `b` both ResourceQuota names are taken by objects not the quota's, so this pass applies
+/// nothing there; the quota's earlier ResourceQuota (written under another name, e.g. by an older
+/// operator) stays in force, letting `b` reach 4 of an `Even` share of 2. What it lets `b` hold
 /// (its usage or its limit, whichever is more) comes off `a`'s headroom, and `a` waits while that
-/// is unknown.
+/// is unknown: `a` given its full 2, the tenant could reach 6 of 4.
 #[test]
 fn a_namespace_left_as_it_was_counts_what_its_old_resource_quota_lets_it_hold() {
     let q = quota("team-a", json!({"namespaces": ["a", "b"], "hard": {MIG: 4}, "allocation": "ResourceClaims"}));
@@ -230,8 +228,8 @@ fn a_namespace_left_as_it_was_counts_what_its_old_resource_quota_lets_it_hold() 
     assert_eq!(run(Some(old(1, 3, true))), "1", "b holds 3 over a limit of 1");
     assert_eq!(run(Some(old(2, 0, true))), "2", "within its share");
     assert_eq!(run(Some(old(4, 3, false))), "0", "unknown usage: a held at its usage");
-    // Issue 24 F6: no ResourceQuota of the quota in `b` (before: counted as holding nothing, so
-    // `a` got its full share). What `b` holds is unknown: `a` is held at its usage.
+    // No ResourceQuota of the quota in `b`: what `b` holds is unknown, not nothing, so `a` is
+    // held at its usage rather than given its full share.
     assert_eq!(run(None), "0", "no ResourceQuota of the quota in b: its holdings are unknown");
 }
 
@@ -260,11 +258,10 @@ fn held(pairs: &[(&str, Option<&str>, i64)]) -> Held {
     h
 }
 
-/// DRA review gap: a namespace joins holding 2 MIG devices through `mig.nvidia.com` (claimed
-/// before it was a tenant's; its key is 0 now, but allocated claims stay). Before, they counted
-/// neither in the share nor in status. Now the share of Tessera's class is less what they hold,
-/// status counts them, and a device whose profile is unknown counts against every resource of
-/// the share.
+/// A namespace joins holding 2 MIG devices through `mig.nvidia.com` (claimed before it was a
+/// tenant's; its key is 0 now, but allocated claims stay). They count in both: the share of
+/// Tessera's class is less what they hold, status counts them, and a device whose profile is
+/// unknown counts against every resource of the share.
 #[test]
 fn devices_held_through_other_gpu_classes_count_against_the_share_and_in_status() {
     let q = quota(

@@ -45,8 +45,8 @@ fn limits(p: &[Planned<'_>]) -> Vec<String> {
     p.iter().map(|p| p.hard[GPU].clone()).collect()
 }
 
-/// Review gap: `a1: 1, a2: 3` edited to `a1: 3, a2: 1` (hard 4). Before, both were written at
-/// once and the controller manager may sync `a1`'s raise first: 3 + 3 admitted of 4.
+/// `a1: 1, a2: 3` edited to `a1: 3, a2: 1` (hard 4): `a1`'s raise waits for `a2`'s lowering.
+/// Written at once, the controller manager may sync the raise first: 3 + 3 admitted of 4.
 #[test]
 fn a_raise_waits_until_the_lowering_it_takes_from_is_enforced() {
     let (a1, a2) = (status(&[(GPU, 1)]), status(&[(GPU, 3)]));
@@ -116,10 +116,10 @@ fn an_edited_namespace_hard_lowers_first_then_raises() {
     assert!(!ready_message(&p, "team-a").contains("waits"));
 }
 
-/// Review gap (GitOps revert): `a1` raised to 3 in `spec.hard` while its `status.hard` still
-/// shows 1; the edit is reverted, so `a2` goes back to 3. Reading only `status`, `a1` seemed to
-/// enforce 1 and `a2`'s raise passed: both enforce 3 once synced, 6 of 4. The limit in force is
-/// the larger of spec and status.
+/// A GitOps revert: `a1` raised to 3 in `spec.hard` while its `status.hard` still shows 1; the
+/// edit is reverted, so `a2` goes back to 3. The limit in force is the larger of spec and
+/// status: read from `status` alone, `a1` would seem to enforce 1 and `a2`'s raise pass, and
+/// both enforce 3 once synced, 6 of 4.
 #[test]
 fn a_raise_written_but_not_synced_counts_as_in_force() {
     let st = status(&[(GPU, 1)]);

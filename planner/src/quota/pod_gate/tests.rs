@@ -35,10 +35,10 @@ fn pending(q: &TenantGpuQuota, nss: &[&str], rqs: &[ResourceQuota]) -> String {
     plan.policy.get(PENDING).cloned().unwrap_or_else(|| panic!("no {PENDING} in {:?}", plan.policy))
 }
 
-/// Review gap: `team-a` lists `a` and `b`; `b` is created after the quota (or while the operator
-/// is down). Before, nothing marked `b`: pods asking for `nvidia.com/gpu` were admitted there
-/// (no ResourceQuota yet) until the controller manager synced the one the operator wrote. Now
-/// `b` is pending until its ResourceQuota's `status.hard` holds the planned limit.
+/// `team-a` lists `a` and `b`; `b` is created after the quota (or while the operator is down).
+/// `b` is pending until its ResourceQuota's `status.hard` holds the planned limit: unmarked, it
+/// would admit pods asking for `nvidia.com/gpu` (no ResourceQuota yet) until the controller
+/// manager synced the one the operator wrote.
 #[test]
 fn a_tenant_namespace_is_pending_until_its_resource_quota_enforces_the_planned_limits() {
     let q = quota("team-a", json!({"namespaces": ["a", "b"], "hard": {"nvidia.com/gpu": 4}}));
@@ -81,8 +81,9 @@ fn ours_canonical(q: &str, ns: &str, hard: &str) -> ResourceQuota {
     rq
 }
 
-/// Review gap: `hard: nvidia.com/gpu: 1000` is stored and synced as `1k`; a plain integer parse
-/// failed on it, so the namespace stayed pending forever (every GPU pod refused).
+/// `hard: nvidia.com/gpu: 1000` is stored and synced as `1k`, so limits compare as quantities: a
+/// plain integer parse fails on it and would keep the namespace pending forever (every GPU pod
+/// refused).
 #[test]
 fn a_limit_in_canonical_form_is_enforced() {
     let q = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 1000}}));
@@ -91,7 +92,7 @@ fn a_limit_in_canonical_form_is_enforced() {
     assert_eq!(pending(&q, &["a"], &[ours_canonical("team-a", "a", "2k")]), "a");
 }
 
-/// Review gap: `hard: {}` (only physical limits) plans a ResourceQuota with no key, whose status
+/// `hard: {}` (only physical limits) plans a ResourceQuota with no key, whose status
 /// shows no `hard`: nothing is limited, so there is nothing to wait for.
 #[test]
 fn a_namespace_with_no_planned_limit_is_not_pending() {
@@ -123,8 +124,8 @@ fn plan_with(quotas: &[TenantGpuQuota], nss: &[&str], rqs: &[ResourceQuota], dra
     plan_quotas_dra(quotas, &nss, rqs, &Capacity::default(), dra, now)
 }
 
-/// Review gap: a tenant namespace deleted and created again while the operator is down. The
-/// params now carry each existing tenant namespace's UID (`<ns>.uid`), which both policies
+/// A tenant namespace may be deleted and created again while the operator is down, so the
+/// params carry each existing tenant namespace's UID (`<ns>.uid`), which both policies
 /// compare with the namespace's; one that does not exist has none (it is pending anyway).
 #[test]
 fn each_existing_tenant_namespace_has_its_uid_in_the_params() {
@@ -142,8 +143,8 @@ fn foreign(name: &str, ns: &str) -> ResourceQuota {
     serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": {"hard": {GPU: "9"}}})).unwrap()
 }
 
-/// Review gap: with both ResourceQuota names taken the namespace is pending, but the pod
-/// policy said "retry in a few seconds". `<ns>.pending` names the taken names and the quota.
+/// With both ResourceQuota names taken the namespace is pending for good, so the pod policy
+/// must not say "retry in a few seconds": `<ns>.pending` names the taken names and the quota.
 #[test]
 fn a_namespace_whose_resource_quota_names_are_taken_says_so_in_the_params() {
     let q = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 4}}));
@@ -161,10 +162,10 @@ fn a_namespace_whose_resource_quota_names_are_taken_says_so_in_the_params() {
     assert!(!one_taken.policy.contains_key("a.pending"), "the fallback name serves: {:?}", one_taken.policy);
 }
 
-/// Review gap: two quotas claim `x`, one `unlisted: Zero`; or a Zero quota turns invalid. The
-/// pod policy read `<quota>.resources` through `<ns>.quota` (two names: no key; an invalid
-/// quota: dropped) and admitted GPU resources no ResourceQuota limits. `<ns>.limited` now lists,
-/// per such namespace, the GPU resources some ResourceQuota there limits (planned or kept).
+/// Two quotas claim `x`, one `unlisted: Zero`; or a Zero quota turns invalid. `<quota>.resources`
+/// read through `<ns>.quota` finds nothing then (two names: no key; an invalid quota: dropped),
+/// so `<ns>.limited` lists, per such namespace, the GPU resources some ResourceQuota there limits
+/// (planned or kept); the pod policy admits no GPU resource it does not list.
 #[test]
 fn a_conflicted_or_invalid_namespace_lists_what_its_resource_quotas_limit() {
     let zero = quota("team-b", json!({"namespaces": ["x"], "hard": {"nvidia.com/gpu": 2}, "unlisted": "Zero"}));
@@ -184,8 +185,8 @@ fn a_conflicted_or_invalid_namespace_lists_what_its_resource_quotas_limit() {
     assert!(!plan.policy.contains_key("team-a.resources"));
 }
 
-/// Review gap: a quota deleted and created again while the operator is down found its
-/// namespaces described as enforced. The params list the quotas the operator last saw
+/// A quota deleted and created again while the operator is down must not find its namespaces
+/// described as enforced, so the params list the quotas the operator last saw
 /// (`_quotas`, valid or not) for the policy `tessera-quota-names`; a deleted one is dropped.
 #[test]
 fn the_params_list_the_live_quotas() {
@@ -208,9 +209,9 @@ fn namespace(name: &str, uid: &str, created: &str, terminating: bool) -> k8s_ope
     serde_json::from_value(json!({"metadata": m})).unwrap()
 }
 
-/// Issue 24 F2 case a: `a` starts terminating while its ResourceQuota is still cached. The pass
-/// dropped `a.uid` and (the ResourceQuota still enforcing) kept `a` out of `_pending`; re-created
-/// while the operator was down, `a` was neither checked nor pending. Its old UID stays written.
+/// `a` starts terminating while its ResourceQuota is still cached: its old UID stays written.
+/// Dropping `a.uid` (the ResourceQuota still enforcing, `a` not in `_pending`) would leave an `a`
+/// re-created while the operator is down neither checked nor pending.
 #[test]
 fn a_terminating_namespace_keeps_its_uid_in_the_params() {
     let q = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 4}}));
@@ -222,9 +223,9 @@ fn a_terminating_namespace_keeps_its_uid_in_the_params() {
     assert_eq!(plan.policy.get("a.uid").map(String::as_str), Some("old-uid"), "{:?}", plan.policy);
 }
 
-/// Issue 24 F2 case b: `a` re-created while the ResourceQuota watch lags: the old namespace's
-/// ResourceQuota (created before the new `a`) was taken as enforced, `a` left out of `_pending`
-/// and its write skipped. It is dropped: `a` is pending until its own ResourceQuota syncs.
+/// `a` re-created while the ResourceQuota watch lags: the old namespace's ResourceQuota (created
+/// before the new `a`) is not taken as enforcing, which would leave `a` out of `_pending` and
+/// skip its write. It is dropped: `a` is pending until its own ResourceQuota syncs.
 #[test]
 fn a_resource_quota_older_than_its_namespace_is_not_enforced() {
     let q = quota("team-a", json!({"namespaces": ["a", "b"], "hard": {"nvidia.com/gpu": 4}}));
@@ -250,12 +251,11 @@ fn a_resource_quota_older_than_its_namespace_is_not_enforced() {
     assert_eq!(super::of_current_namespaces(vec![same_second], &Default::default()).len(), 1);
 }
 
-/// Fresh review, finding 1: `t` deleted; the Namespace watch delivers the deletion before the
-/// ResourceQuota watch. That pass wrote no `t.uid` and counted the cached ResourceQuota as
-/// enforcing (`t` not pending); the operator stopped, `t` was created again and GPU pods were
-/// admitted with no ResourceQuota. Now a ResourceQuota of a namespace the cache does not show
-/// enforces nothing, and `t.uid` stays a tombstone no new namespace matches, until a pass sees
-/// the namespace (then its real UID).
+/// `t` deleted; the Namespace watch delivers the deletion before the ResourceQuota watch. A
+/// ResourceQuota of a namespace the cache does not show enforces nothing, and `t.uid` stays a
+/// tombstone no new namespace matches, until a pass sees the namespace (then its real UID).
+/// Otherwise a pass writing no `t.uid` and counting the cached ResourceQuota as enforcing, then
+/// the operator stopping and `t` made again, admits GPU pods with no ResourceQuota.
 #[test]
 fn a_namespace_gone_from_the_cache_is_pending_and_keeps_a_tombstone_uid() {
     let q = quota("team-a", json!({"namespaces": ["a", "t"], "hard": {"nvidia.com/gpu": 4}}));
@@ -319,8 +319,8 @@ fn a_namespace_gone_from_the_cache_is_pending_and_keeps_a_tombstone_uid() {
     }
 }
 
-/// A quota that plans nothing in `t` (invalid) kept `t` open on a cached ResourceQuota alone:
-/// one in a namespace gone from the cache no longer counts.
+/// A quota that plans nothing in `t` (invalid) does not keep `t` open on a cached ResourceQuota
+/// alone: one in a namespace gone from the cache does not count.
 #[test]
 fn an_invalid_quota_does_not_count_a_resource_quota_of_a_namespace_gone_from_the_cache() {
     let bad = quota("team-a", json!({"namespaces": ["a", "t"], "hard": {"nvidia.com/gpu": -1}}));
@@ -331,10 +331,10 @@ fn an_invalid_quota_does_not_count_a_resource_quota_of_a_namespace_gone_from_the
     assert_eq!(plan.policy.get("t.uid").map(String::as_str), Some("absent"));
 }
 
-/// Fresh review, finding 2: Tessera applies only `spec.hard`; a webhook or another field manager
-/// adding `spec.scopes` or `spec.scopeSelector` makes the ResourceQuota count only pods in the
-/// scope and no claim, yet the namespace was called enforced. Such a ResourceQuota of Tessera's
-/// enforces nothing (pending, classes closed) and `Ready` names it and the field.
+/// Tessera applies only `spec.hard`; a webhook or another field manager adding `spec.scopes` or
+/// `spec.scopeSelector` makes the ResourceQuota count only pods in the scope and no claim, so the
+/// namespace is not enforced: such a ResourceQuota of Tessera's enforces nothing (pending,
+/// classes closed) and `Ready` names it and the field.
 #[test]
 fn a_scoped_resource_quota_of_tesseras_does_not_enforce_and_the_status_says_so() {
     // `Zero`: every class's key planned, so a scoped ResourceQuota leaves none open.

@@ -77,10 +77,10 @@ fn opens(p: &QuotaPlan, class: &str) -> bool {
     allowed.split(' ').any(|c| c == class)
 }
 
-/// Review (medium): 10 claims of `gpu.tessera.dev` (`allocationMode: All`) made while nothing
-/// limited `nvidia.com/gpu` escaped once the admin listed it: `<ns>.since` did not move. Now the
-/// key's own stamp (the pass that first sees it in force) gives `x.since.gpu.tessera.dev`; the
-/// class opens only once that stamp is cached, and the claims made before it are listed early.
+/// 10 claims of `gpu.tessera.dev` (`allocationMode: All`) made while nothing limited
+/// `nvidia.com/gpu` must not escape once the admin lists it, though `<ns>.since` does not move:
+/// the key's own stamp (the pass that first sees it in force) gives `x.since.gpu.tessera.dev`;
+/// the class opens only once that stamp is cached, and the claims made before it are listed early.
 #[test]
 fn a_claim_made_while_its_resource_was_unlimited_is_early_once_the_key_is_in_force() {
     let claims_quota = |g| team_a("ResourceClaims", g);
@@ -224,10 +224,10 @@ fn team_a_hard(allocation: &str, hard: serde_json::Value) -> TenantGpuQuota {
     .unwrap()
 }
 
-/// Review (high): a quota planning no GPU key (`hard: {}`, `unlisted: Unlimited`) got the single
-/// stamp but no record, so a key listed later took the single stamp (the upgrade path) and the
-/// pods made while it was unlimited were not early. The record is written with the single stamp,
-/// empty where no GPU key is planned; a key added later is stamped at its own time.
+/// A quota planning no GPU key (`hard: {}`, `unlisted: Unlimited`) gets the record with the
+/// single stamp, empty, so a key added later is stamped at its own time. With no record, that
+/// key would take the single stamp (the upgrade path) and the pods made while it was unlimited
+/// would not be early.
 #[test]
 fn a_quota_with_no_gpu_key_gets_an_empty_record_and_a_key_added_later_is_stamped_then() {
     for allocation in ["ExtendedResources", "ResourceClaims"] {
@@ -266,9 +266,8 @@ fn a_quota_with_no_gpu_key_gets_an_empty_record_and_a_key_added_later_is_stamped
     }
 }
 
-/// Review (low): in a namespace claimed by two quotas `<ns>.quota` holds both names, and the
-/// per-key stamps were ignored there. Each claiming quota's ResourceQuotas count against the
-/// namespace's `since`.
+/// In a namespace claimed by two quotas `<ns>.quota` holds both names; the per-key stamps still
+/// hold there: each claiming quota's ResourceQuotas count against the namespace's `since`.
 #[test]
 fn later_keys_count_every_quota_claiming_the_namespace() {
     let a = team_a("ExtendedResources", Some(1));

@@ -177,9 +177,9 @@ fn params(p: &QuotaPlan) -> (Option<&str>, &str, bool) {
     (p.policy.get("x.since").map(String::as_str), p.policy["x.allowed"].as_str(), pending)
 }
 
-/// Third review of issue 24, 1: `<ns>.since` was the ResourceQuota's creation, but quota
-/// admission counts nothing until `status.hard` syncs; a claim made in between on an API server
-/// with stale params was admitted uncounted, and as it was after `since` it was allocated. Now
+/// `<ns>.since` is not the ResourceQuota's creation: quota admission counts nothing until
+/// `status.hard` syncs, and a claim made in between on an API server with stale params would be
+/// admitted uncounted and, being after `since`, allocated. So
 /// (a) written, not synced: no `since`, closed, pending; (b) synced: the apply stamps the latest
 /// write, still closed; (c) stamped as cached: `since` is the stamp, classes open; (d) a claim made
 /// between the creation and the stamp is listed as early (its allocation refused).
@@ -245,10 +245,10 @@ fn an_upgraded_resource_quota_is_stamped_with_the_stored_since() {
     assert_eq!(p.apply[0].in_force_since.as_deref(), Some("2026-06-01T10:30:05Z"), "the latest write plus the margin");
 }
 
-/// Review (low): a scoped ResourceQuota of Tessera's (a scope added by someone else) enforces
-/// nothing, yet both stamps were carried, so claims and pods made while it was scoped were not
-/// early once the scope went. While scoped no stamp is planned (the apply removes both); once
-/// unscoped it is stamped anew, at a write after the scope went.
+/// A scoped ResourceQuota of Tessera's (a scope added by someone else) enforces nothing, so
+/// while scoped no stamp is planned (the apply removes both); once unscoped it is stamped anew,
+/// at a write after the scope went. Stamps carried through the scope would leave claims and
+/// pods made while it was scoped not early once it went.
 #[test]
 fn a_scoped_resource_quota_carries_no_stamp_and_is_stamped_anew_once_unscoped() {
     let want = hard(&[(GPU_KEY, 1), (GPU_REQ, 0)]);
@@ -277,7 +277,7 @@ fn a_scoped_resource_quota_carries_no_stamp_and_is_stamped_anew_once_unscoped() 
     assert_eq!(keys, Some(format!("{GPU_KEY}={anew} {GPU_REQ}={anew}")));
 }
 
-/// Review (medium): an API server whose ResourceQuota informer lags the status sync admits a claim
+/// An API server whose ResourceQuota informer lags the status sync admits a claim
 /// made a moment after it uncounted. The stamp is the latest write plus [`MARGIN_SECS`], and
 /// nothing it gates opens (`since`, the classes, `_pending`) before the operator's clock reaches it.
 #[test]

@@ -62,7 +62,8 @@ fn only_a_gpu_driver_pinned_to_type_gpu_is_a_whole_gpu_class() {
     }
 }
 
-/// Review gap: a claim made before its namespace joined, never allocated, counted 0 anywhere.
+/// A claim made before its namespace joined, never allocated, counts at its most against what
+/// its class reaches, never 0.
 #[test]
 fn unallocated_claims_count_at_their_most_against_what_their_class_reaches() {
     let claims = [
@@ -141,11 +142,11 @@ fn limit(p: &QuotaPlan, ns: &str, key: &str) -> String {
     a.hard.get(key).cloned().unwrap_or_else(|| panic!("no {key} in {:?}", a.hard))
 }
 
-/// Review gap (HIGH): `x` joins `team-a` (nvidia.com/gpu: 2) holding ResourceClaim `stash`
-/// (`gpu.nvidia.com`, `All`), unallocated. Before, it counted 0: a pod using it got every GPU
-/// of a node, and again after each pod. Now it counts 32 GPUs in `x`: no share is left there or
-/// in `y`, status shows the usage, and `Ready` names the claim and says what to do. Deleted,
-/// both shares come back.
+/// `x` joins `team-a` (nvidia.com/gpu: 2) holding ResourceClaim `stash` (`gpu.nvidia.com`,
+/// `All`), unallocated. It counts at its most, 32 GPUs in `x` (counted as 0, a pod using it
+/// would get every GPU of a node, and again after each pod): no share is left there or in `y`,
+/// status shows the usage, and `Ready` names the claim and says what to do. Deleted, both
+/// shares come back.
 #[test]
 fn a_claim_made_before_the_namespace_joined_counts_at_its_most_until_deleted() {
     let stash = claim(
@@ -201,9 +202,9 @@ fn a_claim_of_a_class_of_any_gpu_counts_against_every_resource_of_the_share() {
     assert!(notes.is_empty(), "{notes:?}");
 }
 
-/// Review gap (MED-HIGH): counting `stash` is not enough: a pod naming it
+/// Counting `stash` is not enough: a pod naming it
 /// (`spec.resourceClaims[].resourceClaimName: stash`) is allocated every GPU of a node with no
-/// quota check. The params now list it for the pod policy (`x.claims`), only in tenant
+/// quota check. The params list it for the pod policy (`x.claims`), only in tenant
 /// namespaces, and not once it is allocated or deleted.
 #[test]
 fn a_claim_made_before_the_namespace_joined_is_listed_for_the_pod_policy() {
@@ -226,8 +227,8 @@ fn a_claim_made_before_the_namespace_joined_is_listed_for_the_pod_policy() {
     assert!(!plan(&q, &rqs, &[]).policy.contains_key("x.claims"));
 }
 
-/// Review gap: `<ns>.claims` had no cap: thousands of leftover claims passed the ConfigMap's
-/// 1 MiB and every params write failed, for every tenant. Past [`CLAIMS_CAP`] in a namespace,
+/// `<ns>.claims` is capped: uncapped, thousands of leftover claims would pass the ConfigMap's
+/// 1 MiB and fail every params write, for every tenant. Past [`CLAIMS_CAP`] in a namespace,
 /// or [`CLAIMS_BUDGET`] over all, the value is [`ALL_CLAIMS`] (the pod policy then refuses
 /// every pod naming a claim there); the rest stay listed.
 #[test]
@@ -258,7 +259,7 @@ fn leftover_claims_past_the_cap_are_listed_as_all() {
     assert_ne!(listed["ns-0000.claims"], ALL_CLAIMS, "within it");
 }
 
-/// Known gap closed: `watch` asks for admin access to `mig.nvidia.com` devices, made while `x`
+/// `watch` asks for admin access to `mig.nvidia.com` devices, made while `x`
 /// carried `resource.kubernetes.io/admin-access` (before it joined `team-a`). It takes no device,
 /// so it counts toward nothing, but a pod naming it sees GPUs other tenants hold. It is listed
 /// for the pod policy (`x.claims`, its class marked `,adminAccess`) whether allocated or not;
@@ -301,7 +302,7 @@ fn an_admin_access_claim_of_a_gpu_class_is_listed_for_the_pod_policy_and_counts_
     assert_eq!(p.policy.get("x.claims").map(String::as_str), Some("both:gpu.nvidia.com"));
 }
 
-/// Issue 24 H1: claim `hoard` of Tessera's class (`All`) made in `x` before its ResourceQuota
+/// Claim `hoard` of Tessera's class (`All`) made in `x` before its ResourceQuota
 /// (before `x` joined): the claim policy refuses its allocation, and the params list it in
 /// `x.claims` so a new pod naming it is refused too. One made after the ResourceQuota is
 /// counted by it and not listed; one of another namespace with no `.since` is not listed either.
@@ -343,11 +344,11 @@ fn a_claim_of_tessera_s_class_made_before_the_resource_quota_is_listed_for_the_p
     assert_eq!(p.policy.get(&claims_key("y")), None, "no ResourceQuota in y yet");
 }
 
-/// Third review of issue 24 (3-5): claims of Tessera's classes made before the limits were in
-/// force used up `<ns>.claims` like foreign ones: about 20 turned the namespace to `_all` (every
-/// pod naming any claim refused), and they spent the budget other namespaces needed. The claim
-/// policy refuses their allocation anyway, so their entries only improve a message: they are
-/// listed after the others, with what room is left, and never make a namespace `_all`.
+/// Claims of Tessera's classes made before the limits were in force must not use up
+/// `<ns>.claims` like foreign ones (about 20 would turn the namespace to `_all`, every pod naming
+/// any claim refused, and spend the budget other namespaces need). The claim policy refuses their
+/// allocation anyway, so their entries only improve a message: they are listed after the others,
+/// with what room is left, and never make a namespace `_all`.
 #[test]
 fn claims_made_before_the_limits_never_turn_a_namespace_to_all() {
     let early = |ns: &str, i: usize| pending(ns, &format!("early-{i:05}"), "gpu.tessera.dev", None, 0);

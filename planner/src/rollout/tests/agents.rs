@@ -1,4 +1,4 @@
-//! Issue 27 (2): a node is started and handed over only to an agent seen alive at that moment;
+//! A node is started and handed over only to an agent seen alive at that moment;
 //! one not proven yet (its lease first seen, or the lease watch just back) is neither trusted
 //! nor reported dead.
 
@@ -83,7 +83,7 @@ fn an_unproven_agent_holds_a_rollout_slot_until_it_is_judged() {
     assert!(stall_reason(&reports["p"]).is_none(), "{:?}", reports["p"]);
 }
 
-/// Review of issue 27: a draining node whose agent stopped responding evicts nothing more (no
+/// A draining node whose agent stopped responding evicts nothing more (no
 /// one could take the hand-over, so the pods would be disrupted for nothing); the drain resumes
 /// once the agent is back.
 #[test]

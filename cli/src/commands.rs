@@ -4,7 +4,7 @@
 use clap::{Args, Subcommand};
 
 use super::connect::ClusterArgs;
-use super::{Format, Output, mig, preview};
+use super::{Format, Output, markdown, mig, preview};
 use crate::Error;
 
 /// `mig profiles|fit|layouts`.
@@ -73,8 +73,16 @@ impl DraArgs {
 }
 
 impl PreviewArgs {
+    /// Previews the plans and writes them in `format`: exit 1 when a plan is invalid.
     pub fn run(&self, cluster: &ClusterArgs, format: Format) -> Result<i32, Error> {
-        runtime().block_on(preview::run(self, cluster, format))
+        let previews = runtime().block_on(preview::previews(&self.files, &self.from, &self.dra.drivers(), cluster))?;
+        let Some(previews) = previews else { return Ok(1) };
+        match format {
+            Format::Json => println!("{}", serde_json::to_string_pretty(&previews)?),
+            Format::Markdown => print!("{}", markdown::preview(&previews)),
+            Format::Text => print!("{}", preview::text(&previews)),
+        }
+        Ok(0)
     }
 }
 

@@ -21,13 +21,12 @@ use tessera_crds::gpunode::{GpuIntent, GpuState};
 use tessera_crds::validate::max_unavailable;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota, catalog};
 
-use super::Format;
-use super::commands::PreviewArgs;
 use super::connect::{self, list_all};
 use super::snapshot::Snapshot;
 use crate::Error;
 pub use budgets::BudgetBlock;
 pub use quotas::{QuotaShort, ResourceShort};
+use tessera_planner::dra::GpuDrivers;
 use tessera_planner::drain::{PodVerdict, verdict_with_claims};
 use tessera_planner::fleet_status::clean;
 use tessera_planner::gpu_use::ClaimIndex;
@@ -292,31 +291,36 @@ async fn from_cluster(client: Client, limit: Option<Duration>) -> Result<Snapsho
     })
 }
 
-/// Previews every plan of `args.files` against the cluster (or `--from` files). Exit 1 when a
-/// plan is invalid; nothing is previewed then.
-pub async fn run(args: &PreviewArgs, cluster: &connect::ClusterArgs, format: Format) -> Result<i32, Error> {
+/// Previews every plan of `files` against the cluster (or the `from` files); `None` when a plan
+/// is invalid (each error printed): nothing is previewed then.
+pub async fn previews(
+    files: &[String],
+    from: &[String],
+    drivers: &GpuDrivers,
+    cluster: &connect::ClusterArgs,
+) -> Result<Option<Vec<Preview>>, Error> {
     let mut plans = Vec::new();
     let mut valid = true;
-    for file in &args.files {
+    for file in files {
         valid &= read_plans(file, &mut plans)?;
     }
     if !valid {
-        return Ok(1);
+        return Ok(None);
     }
     if plans.is_empty() {
-        return Err(Error::Usage(format!("{} hold(s) no GpuPartitionPlan", args.files.join(", "))));
+        return Err(Error::Usage(format!("{} hold(s) no GpuPartitionPlan", files.join(", "))));
     }
-    let world = if args.from.is_empty() {
+    let world = if from.is_empty() {
         from_cluster(connect::client(cluster).await?, cluster.request_limit()).await?
     } else {
-        Snapshot::read(&args.from)?
+        Snapshot::read(from)?
     };
     // The plans under review replace their namesakes in the cluster and compete with each other.
     let mut others: Vec<GpuPartitionPlan> =
         world.plans.into_iter().filter(|o| !plans.iter().any(|p| p.name_any() == o.name_any())).collect();
     others.extend(plans.iter().cloned());
     let capacity = Capacity::of(&world.gpunodes);
-    let claims = ClaimIndex::new(&world.claims, &args.dra.drivers());
+    let claims = ClaimIndex::new(&world.claims, drivers);
     let gns: BTreeMap<String, GpuNode> = world.gpunodes.into_iter().map(|g| (g.name_any(), g)).collect();
     let nodes: Vec<(Node, Option<GpuNode>)> = world
         .nodes
@@ -338,13 +342,7 @@ pub async fn run(args: &PreviewArgs, cluster: &connect::ClusterArgs, format: For
         capacity: &capacity,
         claims: &claims,
     };
-    let previews: Vec<Preview> = plans.iter().map(|p| preview(p, &fleet)).collect();
-    match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&previews)?),
-        Format::Markdown => print!("{}", super::markdown::preview(&previews)),
-        Format::Text => print!("{}", text(&previews)),
-    }
-    Ok(0)
+    Ok(Some(plans.iter().map(|p| preview(p, &fleet)).collect()))
 }
 
 /// `gpu0-6=whole gpu7=7x1g.10gb`: consecutive GPUs with the same layout share one entry.

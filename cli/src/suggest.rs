@@ -123,28 +123,32 @@ fn scoped(inputs: &Inputs, scope: &Scope) -> Result<(Demand, BTreeSet<String>), 
                      (spec.layoutsFrom)"
                 ))
             })?;
-            Ok((tessera_planner::auto::plan_demand(from, &inputs.quotas), owned_by(inputs, name)))
+            Ok((tessera_planner::automatic_layouts::plan_demand(from, &inputs.quotas), owned_by(inputs, name)))
         }
     }
 }
 
 /// Pure: the whole suggestion. For a plan, the same computation as the controller's decision
-/// (`auto::solve_for`): nodes running GPU pods, mid-change, failed or left out by the plan
+/// (`automatic_layouts::solve_for`): nodes running GPU pods, mid-change, failed or left out by the plan
 /// (their agent cannot apply) are left alone.
 pub fn suggest(inputs: &Inputs, scope: &Scope) -> Result<Suggestion, Error> {
     let (demand, may_change) = scoped(inputs, scope)?;
-    let mut frozen: BTreeSet<String> =
-        inputs.gpunodes.iter().filter(|g| tessera_planner::auto::frozen_by_rollout(g)).map(|g| g.name_any()).collect();
-    // The nodes the plan leaves out because their agent cannot apply (`auto::exclusions`).
+    let mut frozen: BTreeSet<String> = inputs
+        .gpunodes
+        .iter()
+        .filter(|g| tessera_planner::automatic_layouts::frozen_by_rollout(g))
+        .map(|g| g.name_any())
+        .collect();
+    // The nodes the plan leaves out because their agent cannot apply (`automatic_layouts::exclusions`).
     if let Scope::Plan(name) = scope
         && let Some(plan) =
             inputs.plans.iter().find(|p| p.name_any() == *name && p.metadata.deletion_timestamp.is_none())
     {
         let owned = inputs.gpunodes.iter().filter(|g| may_change.contains(&g.name_any()));
-        frozen.extend(tessera_planner::auto::exclusions(plan, owned).kept.into_iter().map(|e| e.node));
+        frozen.extend(tessera_planner::automatic_layouts::exclusions(plan, owned).kept.into_iter().map(|e| e.node));
     }
     let changeable = |n: &str| may_change.contains(n) && !inputs.busy_nodes.contains_key(n) && !frozen.contains(n);
-    let answer = tessera_planner::auto::solve_for(&demand, &inputs.gpunodes, &changeable)
+    let answer = tessera_planner::automatic_layouts::solve_for(&demand, &inputs.gpunodes, &changeable)
         .map_err(|e| Error::Usage(e.to_string()))?;
     let max_priority = inputs.plans.iter().map(|p| p.spec.priority).max().unwrap_or(0);
     let plans = plans(&answer, max_priority.saturating_add(10));

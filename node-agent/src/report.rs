@@ -1,7 +1,7 @@
 //! Pure: turns what the agent observed and did into the `GpuNode` status it writes.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use tessera_crds::conditions::{READY, RECONCILING, STALLED, remove_condition, set_condition};
+use tessera_crds::conditions::{READY, RECONCILING, STALLED, gpunode_reasons, remove_condition, set_condition};
 use tessera_crds::gpunode::{GpuProfileInfo, GpuState, MigInstance};
 
 use crate::backend::{GpuInfo, HardwareProfile, Instance};
@@ -106,8 +106,8 @@ pub fn conditions(
         remove_condition(&mut conds, RECONCILING);
         (conds, previous_applied)
     } else if !failed.is_empty() || !waiting.is_empty() {
-        let reason = if failed.is_empty() { waiting[0].0 } else { "Retrying" };
-        let ready_reason = if failed.is_empty() { waiting[0].0 } else { "ApplyFailed" };
+        let reason = if failed.is_empty() { waiting[0].0 } else { gpunode_reasons::RETRYING };
+        let ready_reason = if failed.is_empty() { waiting[0].0 } else { gpunode_reasons::APPLY_FAILED };
         let msg = failed.into_iter().chain(waiting.into_iter().map(|(_, m)| m)).collect::<Vec<_>>().join("; ");
         remove_condition(&mut conds, STALLED);
         set_condition(&mut conds, RECONCILING, true, reason, &msg, generation, t.clone());
@@ -117,7 +117,7 @@ pub fn conditions(
         remove_condition(&mut conds, STALLED);
         remove_condition(&mut conds, RECONCILING);
         let msg = format!("{} GPU(s) match the intent", outcomes.len());
-        set_condition(&mut conds, READY, true, "Applied", msg, generation, t);
+        set_condition(&mut conds, READY, true, gpunode_reasons::APPLIED, msg, generation, t);
         (conds, generation)
     }
 }

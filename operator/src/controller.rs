@@ -1,30 +1,29 @@
 //! The operator's control loop: observe (reflector caches, read again only for the nodes the
-//! watches saw change (`slots`), plus the pods of draining nodes), plan (`rollout::plan_fleet_with`,
+//! watches saw change (`fleet_cache`), plus the pods of draining nodes), plan (`rollout::plan_fleet_with`,
 //! pure, reusing the verdicts of unchanged nodes), act (the small executor in `actions`), then
-//! one status write per plan. Level-triggered: a pass runs on every change it reads (see `wake`)
+//! one status write per plan. Level-triggered: a pass runs on every change it reads (see `pass_wakes`)
 //! and at least every two seconds, and every decision is re-derived from the API objects (what
 //! passes keep between them is an exact shortcut, checked by version), so a restarted operator
 //! resumes where it stopped.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 pub use tessera_planner::rollout::node_of;
-pub use tessera_planner::slim::{trim_metadata, trim_node};
+pub use tessera_planner::trimmed::{trim_metadata, trim_node};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::Client;
+use kube::api::{Api, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use kube::{Client, Resource};
 use serde_json::json;
 use tessera_crds::gpunode::{NodePhase, NodeRollout};
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tokio::sync::Notify;
-use tracing::warn;
 
 mod actions;
 pub(crate) mod claims;
@@ -33,32 +32,29 @@ mod events;
 mod eviction;
 #[cfg(test)]
 pub(crate) mod fake_dra_api;
-mod fence;
 mod finalizers;
+mod fleet_cache;
 mod layouts;
 mod leases;
 mod pass;
-mod slots;
+mod takeover;
 mod watch;
 
 use actions::EVICTION_TIMED_OUT;
 pub use finalizers::{FINALIZER, holds_deletion};
-use slots::{Dirty, Slots};
-use watch::Caches;
-pub use watch::{store_deciding_wakes, watch_into_store, watch_into_store_waking};
+use fleet_cache::{Dirty, FleetCache};
+pub(crate) use watch::Caches;
 
 use crate::Error;
-use crate::expectations::{Expectations, Written};
+use crate::control_loop::{Loop, Passes};
+use crate::expectations::{Expectations, Fence, Written};
 use crate::metrics::Metrics;
+use crate::writer::{Expecting, Manager, Write, Writer};
 use tessera_planner::liveness::Liveness;
 use tessera_planner::rollout;
-use tessera_planner::slim::SlimGpuNode;
+use tessera_planner::trimmed::SlimGpuNode;
 
-/// Field manager of everything the operator writes.
-pub const MANAGER: &str = "tessera-operator";
-/// Field manager of the `Ready=Unknown` the operator writes for a silent agent: separate, so the
-/// rollout writes never remove it and the agent takes the condition back when it returns.
-pub const LIVENESS_MANAGER: &str = "tessera-operator-liveness";
+pub use crate::writer::{LIVENESS_MANAGER, MANAGER};
 /// Changes are batched for this long before a pass. A pass plans the whole fleet, but borrows
 /// its objects and memoises its look-ups, so it costs little next to its API requests; each
 /// rollout wave takes three passes, so this pause is paid three times per wave. Measured at
@@ -94,20 +90,20 @@ pub struct Context {
     /// The agents each pass judged not responding, for the idle report (`idle::stale`).
     pub not_reporting: tessera_planner::idle::gate::Verdicts,
     /// Each node's verdict of the last pass, reused while its inputs stay the same.
-    carry: std::sync::Mutex<rollout::Carry>,
+    carry: std::sync::Mutex<rollout::KeptVerdicts>,
     /// Per draining node, the evictions of pods that came back to it (in memory only).
     returns: std::sync::Mutex<tessera_planner::drain::Returns>,
     /// Pods whose eviction the server asked to retry later (Retry-After; in memory only).
     not_before: std::sync::Mutex<tessera_planner::drain::NotBefore>,
     /// The fleet as the last pass read it, and the nodes the watches saw change since.
-    slots: std::sync::Mutex<Slots>,
+    slots: std::sync::Mutex<FleetCache>,
     dirty: Arc<Dirty>,
     /// Our writes the caches have not shown yet: their nodes wait a pass.
     expectations: std::sync::Mutex<Expectations>,
     /// How far the GpuNode and Node caches have got (highest resourceVersion they hold).
     gpunodes_progress: Arc<AtomicU64>,
     nodes_progress: Arc<AtomicU64>,
-    /// The newest version the operator wrote to each (see `watch_into_store_waking`).
+    /// The newest version the operator wrote to each (see `start_cache`).
     gpunodes_written: Arc<AtomicU64>,
     nodes_written: Arc<AtomicU64>,
     /// Until when this replica may write as the leader (see `leader`): checked before each write.
@@ -115,31 +111,25 @@ pub struct Context {
     /// Automatic plans: since when their demand and fleet have held still.
     stability: std::sync::Mutex<layouts::Stability>,
     /// Decision writes the plan cache has not shown yet.
-    decision_writes: std::sync::Mutex<tessera_planner::auto::written::DecisionWrites>,
+    decision_writes: std::sync::Mutex<tessera_planner::automatic_layouts::written::DecisionWrites>,
     /// Stranded slices per (board, layout, demanded profiles), and per GpuNode version.
     stranded_memo: std::sync::Mutex<layouts::StrandedMemo>,
-    /// The GPU DRA drivers' ResourceSlices (`run` sets it; none: no node refused, nothing counted).
-    pub dra: std::sync::OnceLock<Arc<dra::DraWatch>>,
+    /// The GPU DRA drivers' ResourceSlices: the nodes refused, the supply counted.
+    pub dra: Arc<dra::DraWatch>,
 }
 
-/// Starts the caches and returns the context plus a notifier that fires on every change the
-/// rollout reads (see `wake`). `fleet_changed` fires when a `GpuNode`'s GPUs change (the quota
-/// controller's wake-up). `gpu_drivers`: whose claim allocations are GPUs.
-pub async fn start(
+/// The rollout controller over `caches` (started by `run`, shared with the quota controller);
+/// its passes wake on `caches.changed` (see [`Context::run`]).
+pub(crate) fn start(
     client: Client,
     evict_client: Client,
     metrics: Arc<Metrics>,
     instance: String,
-    fleet_changed: Arc<Notify>,
-    gpu_drivers: tessera_planner::dra::GpuDrivers,
-) -> (Arc<Context>, Arc<Notify>) {
-    let changed = Arc::new(Notify::new());
-    let caches = Caches::start(&client, &changed, fleet_changed);
-    let claims = claims::ClaimCache::start(client.clone(), gpu_drivers);
+    caches: &Caches,
+) -> Arc<Context> {
     let recorder =
         Recorder::new(client.clone(), Reporter { controller: MANAGER.into(), instance: Some(instance.clone()) });
-    let ctx = Context::new(client, evict_client, recorder, instance, metrics, caches, claims);
-    (Arc::new(ctx), changed)
+    Arc::new(Context::new(client, evict_client, recorder, instance, metrics, caches))
 }
 
 impl Context {
@@ -150,8 +140,7 @@ impl Context {
         recorder: Recorder,
         instance: String,
         metrics: Arc<Metrics>,
-        caches: Caches,
-        claims: claims::ClaimCache,
+        caches: &Caches,
     ) -> Self {
         let Caches {
             plans,
@@ -160,11 +149,15 @@ impl Context {
             leases,
             lease_watch,
             quotas,
+            claims,
+            dra,
             dirty,
             gpunodes_progress,
             nodes_progress,
             gpunodes_written,
             nodes_written,
+            changed: _,
+            fleet_changed: _,
         } = caches;
         Context {
             client,
@@ -172,30 +165,30 @@ impl Context {
             recorder,
             instance,
             metrics,
-            plans,
-            gpunodes,
-            nodes,
-            leases,
-            lease_watch,
-            quotas,
-            claims,
+            plans: plans.clone(),
+            gpunodes: gpunodes.clone(),
+            nodes: nodes.clone(),
+            leases: leases.clone(),
+            lease_watch: lease_watch.clone(),
+            quotas: quotas.clone(),
+            claims: claims.clone(),
             liveness: Default::default(),
             not_reporting: Default::default(),
             carry: Default::default(),
             returns: Default::default(),
             not_before: Default::default(),
             slots: Default::default(),
-            dirty,
+            dirty: dirty.clone(),
             expectations: Default::default(),
-            gpunodes_progress,
-            nodes_progress,
-            gpunodes_written,
-            nodes_written,
+            gpunodes_progress: gpunodes_progress.clone(),
+            nodes_progress: nodes_progress.clone(),
+            gpunodes_written: gpunodes_written.clone(),
+            nodes_written: nodes_written.clone(),
             tenure: Default::default(),
             stability: Default::default(),
             decision_writes: Default::default(),
             stranded_memo: Default::default(),
-            dra: Default::default(),
+            dra: dra.clone(),
         }
     }
 
@@ -208,68 +201,46 @@ impl Context {
             self.quotas.wait_until_ready(),
             self.claims.wait_ready()
         );
-        // Set by `run` before the loop starts; a pass never plans on slices not listed yet.
-        if let Some(dra) = self.dra.get() {
-            dra.wait_ready().await;
-        }
+        // A pass never plans on slices not listed yet.
+        self.dra.wait_ready().await;
     }
 
     /// Forgets what passes kept between them: the fleet's slots, verdicts and stranded slices.
     /// The next pass reads the whole fleet from the caches. Agents' heartbeats stay as observed
     /// (an agent silent all along is still judged silent, not given a new grace period).
     pub fn forget_passes(&self) {
-        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = Slots::default();
-        *self.carry.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
-        *self.stranded_memo.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
+        *crate::locked(&self.slots) = FleetCache::default();
+        *crate::locked(&self.carry) = Default::default();
+        *crate::locked(&self.stranded_memo) = Default::default();
         // The idle report's verdicts too: a new tenure's passes publish their own.
         self.not_reporting.forget();
     }
 
     /// Runs passes until the future is dropped. Started when the lease is ours: the first pass
-    /// waits until the caches show the fleet as read after that (see `fence`).
+    /// waits until the caches show the fleet as read after that (see `takeover`).
     pub async fn run(self: Arc<Self>, changed: Arc<Notify>) {
-        self.wait_ready().await;
-        let mut fence = Some(self.read_fence().await);
-        loop {
-            if fence.as_ref().is_some_and(|f| self.fence_shown(f)) {
-                fence = None;
-            }
-            // A leader that has not seen its lease renewed in time skips the pass (see `leader`).
-            if fence.is_none() && self.tenure.holds(std::time::SystemTime::now()) {
-                let started = Instant::now();
-                if let Err(e) = self.reconcile().await {
-                    if !matches!(e, Error::PartialPass(_)) {
-                        self.metrics.error(e.kind());
-                    }
-                    warn!(error = %e, "reconcile pass failed; retrying");
-                }
-                self.metrics.reconciled(started.elapsed());
-            }
-            tokio::select! {
-                _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            }
-        }
+        let passes = Loop { wakes: vec![(changed, DEBOUNCE)], period: Duration::from_secs(2) };
+        passes.run(&*self).await;
     }
 
     /// One pass over the fleet. A failing API call fails only its node's or its plan's part of
     /// the pass: the rest goes on, and the failure is reported in the plan's status and metrics.
     /// The cached objects are borrowed (`Arc`), never copied, and read again only for the nodes
-    /// the watches saw change (see `slots`): with fixed-layout plans a pass costs the nodes that
+    /// the watches saw change (see `fleet_cache`): with fixed-layout plans a pass costs the nodes that
     /// changed, and a step of a few nanoseconds for the rest (an automatic plan's decision still
     /// reads every node it owns).
     pub async fn reconcile(&self) -> Result<(), Error> {
         // Owned by the pass while it runs: a pass dropped half-way leaves none, and the next one
         // reads the whole fleet again.
-        let mut slots = std::mem::take(&mut *self.slots.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut slots = std::mem::take(&mut *crate::locked(&self.slots));
         let result = self.pass(&mut slots).await;
-        *self.slots.lock().unwrap_or_else(|p| p.into_inner()) = slots;
+        *crate::locked(&self.slots) = slots;
         result
     }
 
     /// Nodes with a `GpuNode`, by the phase of its rollout record (a `GpuNode` whose Node is gone
     /// is no node of the fleet, and not counted).
-    fn set_phase_metrics(&self, slots: &Slots) {
+    fn set_phase_metrics(&self, slots: &FleetCache) {
         // A handful of phases: counted in a short list, named once each.
         let mut counts: Vec<(NodePhase, i64)> = Vec::new();
         for phase in slots.slots.iter().filter(|s| s.gpunode.is_some()).map(|s| s.phase) {
@@ -313,64 +284,54 @@ impl Context {
     /// a server-side apply of the record, at a fraction of the API server's CPU, and this write
     /// is four of a node's eight requests.
     async fn write_rollout(&self, node: &str, rollout: Option<&NodeRollout>) -> Result<(), Error> {
-        self.may_write()?;
-        let pp = PatchParams { field_manager: Some(MANAGER.into()), ..Default::default() };
-        let written = Api::<SlimGpuNode>::all(self.client.clone())
-            .patch_status(node, &pp, &Patch::Merge(rollout_patch(rollout)))
-            .await;
-        self.recorded(node, Written::GpuNode, written).await?;
+        let patch = rollout_patch(rollout);
+        let write = Write::merge_as(Manager::Operator, &patch).status().expected(Written::GpuNode);
+        self.writer().send(&Api::<SlimGpuNode>::all(self.client.clone()), node, write).await?;
         if let Some(plan) = rollout.and_then(|r| r.plan.as_deref()) {
-            self.expectations.lock().unwrap_or_else(|p| p.into_inner()).named(node, plan);
+            crate::locked(&self.expectations).named(node, plan);
         }
         Ok(())
     }
 
-    /// Refuses a write once the leader lease may have passed to another replica: the pass that
-    /// planned it may have started under the lease, the write would land after (see `leader`).
-    fn may_write(&self) -> Result<(), Error> {
-        match self.tenure.holds(std::time::SystemTime::now()) {
-            true => Ok(()),
-            false => Err(Error::NotLeader),
-        }
+    /// The rollout's writes: checked against its tenure, remembered until its caches show them.
+    fn writer(&self) -> Writer<'_> {
+        let expecting = Expecting {
+            expectations: &self.expectations,
+            gpunodes_written: &self.gpunodes_written,
+            nodes_written: &self.nodes_written,
+        };
+        Writer::new(&self.client, Some(&self.tenure), &self.metrics).expecting(expecting)
+    }
+}
+
+/// The rollout's passes in the shared loop: the first waits for the fence (see `takeover`).
+impl Passes for Context {
+    /// The fleet as read after the lease became ours, until the caches show it.
+    type Gate = Option<Fence>;
+    const FAILED: &'static str = "reconcile pass failed; retrying";
+
+    async fn ready(&self) -> Option<Fence> {
+        self.wait_ready().await;
+        Some(self.read_fence().await)
     }
 
-    /// Remembers the version a write returned, so the node waits until the caches show it. A
-    /// write that failed may still have been applied (a timeout, a reset connection): the object
-    /// is read back and that version waited for instead. If the read fails too, the next pass
-    /// decides from the caches as they are.
-    async fn recorded<K: Resource>(&self, node: &str, object: Written, result: kube::Result<K>) -> Result<K, Error> {
-        let e = match result {
-            Ok(k) => {
-                self.expect(node, object, k.meta().resource_version.as_deref());
-                return Ok(k);
-            }
-            Err(e) => e,
-        };
-        let version = match object {
-            Written::GpuNode => {
-                Api::<GpuNode>::all(self.client.clone()).get_metadata_opt(node).await.map(|m| m.map(|m| m.metadata))
-            }
-            Written::Node => {
-                Api::<Node>::all(self.client.clone()).get_metadata_opt(node).await.map(|m| m.map(|m| m.metadata))
-            }
-        };
-        if let Ok(Some(meta)) = version {
-            self.expect(node, object, meta.resource_version.as_deref());
+    fn may_pass(&self, fence: &mut Option<Fence>) -> bool {
+        if fence.as_ref().is_some_and(|f| self.fence_shown(f)) {
+            *fence = None;
         }
-        Err(e.into())
+        // A leader that has not seen its lease renewed in time skips the pass (see `leader`).
+        fence.is_none() && self.tenure.holds(std::time::SystemTime::now())
     }
 
-    /// Remembers a write's resourceVersion: the node waits until the caches show it.
-    fn expect(&self, node: &str, object: Written, resource_version: Option<&str>) {
-        if let Some(rv) = crate::expectations::revision(resource_version) {
-            let newest = match object {
-                Written::GpuNode => &self.gpunodes_written,
-                Written::Node => &self.nodes_written,
-            };
-            newest.fetch_max(rv, Ordering::Release);
-        }
-        let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
-        expectations.wrote(node, object, resource_version);
+    async fn pass(&self) -> Result<(), Error> {
+        let started = Instant::now();
+        let result = self.reconcile().await;
+        self.metrics.reconciled(started.elapsed());
+        result
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 

@@ -3,7 +3,7 @@
 //! it only when it renews: while renewals fail (an API server slow or out of reach for this
 //! replica, a stalled process) it goes on saying "leader" after the lease ran out and another
 //! replica took over. The other replica decides from a read made after it took the lease (see
-//! `controller::fence`), so a write of ours after that read goes unseen: a second start of a
+//! `controller::takeover`), so a write of ours after that read goes unseen: a second start of a
 //! node, an orphan check undoing a cordon mid-drain, `maxUnavailable` exceeded. So every write
 //! of a pass first checks the renewal this replica last saw of its own Lease.
 
@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube::runtime::{WatchStreamExt, watcher};
-use tracing::warn;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+
+use crate::cache::{Cache, keep};
 
 /// The leader Lease's duration: another replica takes it this long after the last renewal.
 pub const LEASE_SECONDS: u64 = 30;
@@ -50,6 +50,17 @@ impl Tenure {
         let now = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
         u128::from(self.0.load(Ordering::Acquire)) > now
     }
+
+    /// How long from `now` the tenure still holds: `None` without leader election (always),
+    /// zero once it lapsed. A write started under the tenure must be answered within it.
+    pub fn remaining(&self, now: SystemTime) -> Option<Duration> {
+        let until = self.0.load(Ordering::Acquire);
+        if until == u64::MAX {
+            return None;
+        }
+        let now = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        Some(Duration::from_millis(until.saturating_sub(u64::try_from(now).unwrap_or(u64::MAX))))
+    }
 }
 
 /// Until when `lease` lets `identity` write: its last renewal (written with this replica's own
@@ -70,16 +81,15 @@ pub fn valid_until(lease: &Lease, identity: &str) -> Option<SystemTime> {
 pub fn follow(api: Api<Lease>, name: &str, identity: String, tenure: Arc<Tenure>) {
     tenure.set(None);
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    tokio::spawn(async move {
-        let events = watcher(api, config).default_backoff().applied_objects();
-        futures::pin_mut!(events);
-        while let Some(lease) = events.next().await {
-            match lease {
-                Ok(lease) => tenure.set(valid_until(&lease, &identity)),
-                Err(e) => warn!(error = %e, "leader lease watch error; retrying with backoff"),
-            }
+    let events = watcher(api, config).default_backoff();
+    // Read as it arrives, not from the store (which holds only this Lease); untrimmed, as read.
+    let cache =
+        Cache { trim: |_| {}, failed: "leader lease watch error; retrying with backoff", ..Cache::waking(vec![]) };
+    tokio::spawn(keep(events, reflector::store().1, cache, move |event| {
+        if let Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) = event {
+            tenure.set(valid_until(lease, &identity));
         }
-    });
+    }));
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ impl<L: Clone + Ord + std::hash::Hash + Eq> GaugeSet<L> {
     }
 
     fn replace(&self, values: &BTreeMap<L, i64>) {
-        let mut present = self.present.lock().unwrap_or_else(|p| p.into_inner());
+        let mut present = crate::locked(&self.present);
         for gone in present.iter().filter(|l| !values.contains_key(l)) {
             self.family.remove(gone);
         }
@@ -352,7 +352,7 @@ impl Metrics {
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let registry = crate::locked(&self.registry);
         prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
         out
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource};
@@ -25,14 +25,18 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::Error;
-use crate::controller::{MANAGER, watch_into_store};
+use crate::cache::{Cache, start_cache};
+use crate::control_loop::{Loop, Passes};
+use crate::controller::{Caches, Context};
 use crate::metrics::Metrics;
+use crate::pass_wakes::Waker;
+use crate::writer::{Manager, Write, Writer};
 use tessera_planner::dra::GpuDrivers;
 use tessera_planner::quota::claims::CLAIM_POLICY;
 use tessera_planner::quota::stamp::IN_FORCE_SINCE;
 use tessera_planner::quota::stamp::keys::IN_FORCE_KEYS;
 use tessera_planner::quota::{
-    Apply, Capacity, Dra, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, QuotaPlan, plan_quotas_dra, quota_label_value,
+    Apply, Capacity, DraInputs, QUOTA_LABEL, QUOTA_NAME_ANNOTATION, QuotaPlan, plan_quotas_dra, quota_label_value,
 };
 
 mod claim_classes;
@@ -60,19 +64,19 @@ pub struct QuotaController {
     /// deleted or edited one is written again).
     policy_params: Store<ConfigMap>,
     changed: Arc<Notify>,
-    /// Fires when a GpuNode's reported GPUs change (not its rollout record: see `wake`); they
+    /// Fires when a GpuNode's reported GPUs change (not its rollout record: see `pass_wakes`); they
     /// wake a pass after a longer pause than changes to quotas and namespaces.
     fleet_changed: Arc<Notify>,
-    /// The GPU DRA drivers' ResourceSlices (`run` sets it): their supply counts too.
-    pub dra: std::sync::OnceLock<Arc<crate::controller::dra::DraWatch>>,
-    /// The rollout controller's Node cache (`run` sets it): the `nvidia.com/` resources nodes
-    /// advertise, held at 0 under `unlisted: Zero`.
-    pub nodes: std::sync::OnceLock<Store<k8s_openapi::api::core::v1::Node>>,
-    /// The rollout controller's ResourceClaim cache (`run` sets it): exact holders of claims.
-    pub(crate) claims: std::sync::OnceLock<crate::controller::claims::ClaimCache>,
-    /// The agents the rollout controller judges not responding (`run` sets it): their nodes'
-    /// activity summaries are set aside (`idle::stale`); no report before it publishes any.
-    pub not_reporting: std::sync::OnceLock<tessera_planner::idle::gate::Verdicts>,
+    /// The GPU DRA drivers' ResourceSlices (shared with the rollout): their supply counts too.
+    dra: Arc<crate::controller::dra::DraWatch>,
+    /// The rollout controller's Node cache: the `nvidia.com/` resources nodes advertise, held
+    /// at 0 under `unlisted: Zero`.
+    nodes: Store<k8s_openapi::api::core::v1::Node>,
+    /// The rollout controller's ResourceClaim cache: exact holders of claims.
+    claims: crate::controller::claims::ClaimCache,
+    /// The agents the rollout controller judges not responding: their nodes' activity summaries
+    /// are set aside (`idle::stale`); no report before it publishes any.
+    not_reporting: tessera_planner::idle::gate::Verdicts,
     /// The last idle report and when its pods were listed (see `idle_report`).
     idle: std::sync::Mutex<Option<(std::time::Instant, tessera_planner::idle::IdleReport)>>,
     /// When listing pods for the idle report last failed: the next try waits `IDLE_REFRESH`.
@@ -86,9 +90,9 @@ pub struct QuotaController {
     pods_unlisted: std::sync::atomic::AtomicBool,
     /// ResourceQuotas deleted here that `rqs` may still show ([`deleted`]).
     deleted: deleted::Deleted,
-    /// Until when this replica may write as the leader (`run` sets it to the rollout
-    /// controller's; unset, without leader election: always). Checked before each write.
-    pub tenure: std::sync::OnceLock<Arc<crate::leader::Tenure>>,
+    /// Until when this replica may write as the leader (the rollout controller's; without
+    /// leader election: always). Checked before each write.
+    tenure: Arc<crate::leader::Tenure>,
 }
 
 /// How often the idle report lists every pod: the agents' activity summaries change every few
@@ -110,115 +114,66 @@ struct Inputs {
     /// The cluster's DeviceClasses: Tessera's are written where they differ.
     classes: Vec<Arc<DeviceClass>>,
     /// Claims, classes, stored params and unbound pods (`pods_unknown`: their cache is not listed).
-    dra: Dra,
+    dra: DraInputs,
     /// The pass's time, for the conditions it sets.
     now: Time,
 }
 
 impl QuotaController {
-    /// `gpunodes` is the rollout controller's cache, and `fleet_changed` what it wakes on change.
-    pub fn start(
+    /// Starts the quota controller's own caches; it reads the process's shared ones (`caches`:
+    /// the GpuNodes, waking on `fleet_changed`, Nodes, claims, slices) and the rollout
+    /// controller's verdicts and tenure (`rollout`). `namespace`: the operator's.
+    pub(crate) fn start(
         client: Client,
         metrics: Arc<Metrics>,
-        gpunodes: Store<GpuNode>,
-        fleet_changed: Arc<Notify>,
+        caches: &Caches,
+        rollout: &Context,
         drivers: GpuDrivers,
         namespace: String,
     ) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
         let d = watcher::Config::default;
         Arc::new(Self {
-            quotas: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
+            quotas: start_cache(Api::<TenantGpuQuota>::all(client.clone()), d(), Cache::always(changed.clone())).0,
             // Every ResourceQuota, not only ours: a user's own one with our name must be seen, so
             // it is never adopted by a force-apply.
             // Each keeps its latest `managedFields` time: when its limits came into force.
-            rqs: crate::controller::watch_into_store_waking(
+            rqs: start_cache(
                 Api::<ResourceQuota>::all(client.clone()),
                 // A quorum read (kube's default, said here): a restart forgets what `deleted`
                 // hid, so its list must not come from a watch cache that still shows them.
                 d().list_semantic(watcher::ListSemantic::MostRecent),
-                vec![crate::wake::Waker::always(changed.clone())],
-                tessera_planner::quota::stamp::trim_managed_fields,
-                Default::default(),
-                None,
+                Cache { trim: tessera_planner::quota::stamp::trim_managed_fields, ..Cache::always(changed.clone()) },
             )
             .0,
-            namespaces: watch_into_store(Api::all(client.clone()), d(), changed.clone()),
+            namespaces: start_cache(Api::<Namespace>::all(client.clone()), d(), Cache::always(changed.clone())).0,
             classes: watch_classes(client.clone(), changed.clone()),
             pods: pending_pods::watch(client.clone(), changed.clone()),
             pods_unlisted: Default::default(),
             deleted: Default::default(),
-            gpunodes,
+            gpunodes: caches.gpunodes.clone(),
             drivers,
-            policy_params: watch_into_store(
-                Api::namespaced(client.clone(), &namespace),
+            policy_params: start_cache(
+                Api::<ConfigMap>::namespaced(client.clone(), &namespace),
                 d().fields(&format!("metadata.name={}", tessera_planner::quota::claims::POLICY_PARAMS)),
-                changed.clone(),
-            ),
+                Cache::always(changed.clone()),
+            )
+            .0,
             namespace,
             client,
             metrics,
             changed,
-            fleet_changed,
-            dra: Default::default(),
-            nodes: Default::default(),
-            claims: Default::default(),
-            not_reporting: Default::default(),
+            fleet_changed: caches.fleet_changed.clone(),
+            dra: caches.dra.clone(),
+            nodes: caches.nodes.clone(),
+            claims: caches.claims.clone(),
+            not_reporting: rollout.not_reporting.clone(),
             idle: Default::default(),
             idle_failed: Default::default(),
             binding_problem: Default::default(),
-            tenure: Default::default(),
+            // One tenure for both controllers: neither writes once the lease may have passed.
+            tenure: rollout.tenure.clone(),
         })
-    }
-
-    /// A controller over stores filled by the caller (tests), not by watches.
-    #[cfg(test)]
-    pub(crate) fn from_stores(
-        client: Client,
-        quotas: Store<TenantGpuQuota>,
-        rqs: Store<ResourceQuota>,
-        namespaces: Store<Namespace>,
-    ) -> Self {
-        let gpunodes = kube::runtime::reflector::store().0;
-        let classes = kube::runtime::reflector::store().0;
-        let (metrics, changed) = (Arc::new(Metrics::default()), Arc::new(Notify::new()));
-        Self {
-            client,
-            metrics,
-            quotas,
-            rqs,
-            namespaces,
-            gpunodes,
-            classes,
-            drivers: GpuDrivers::default(),
-            namespace: "tessera-system".into(),
-            policy_params: kube::runtime::reflector::store().0,
-            changed,
-            fleet_changed: Arc::new(Notify::new()),
-            dra: Default::default(),
-            nodes: Default::default(),
-            claims: Default::default(),
-            not_reporting: Default::default(),
-            idle: Default::default(),
-            idle_failed: Default::default(),
-            binding_problem: Default::default(),
-            pods: {
-                // Listed and empty: tests that want it unlisted replace it.
-                let (pods, mut writer) = kube::runtime::reflector::store();
-                writer.apply_watcher_event(&watcher::Event::InitDone);
-                pods
-            },
-            pods_unlisted: Default::default(),
-            deleted: Default::default(),
-            tenure: Default::default(),
-        }
-    }
-
-    /// [`Self::from_stores`] with the cluster's DeviceClasses and policy params ConfigMap (tests).
-    #[cfg(test)]
-    pub(crate) fn with_dra(mut self, classes: Store<DeviceClass>, policy_params: Store<ConfigMap>) -> Self {
-        (self.classes, self.policy_params) = (classes, policy_params);
-        self
     }
 
     /// Until the caches every quota reads are listed. Not the DeviceClasses: where they cannot
@@ -254,26 +209,10 @@ impl QuotaController {
         }
     }
 
+    /// Runs quota passes until the future is dropped.
     pub async fn run(self: Arc<Self>) {
-        self.wait_ready().await;
-        self.wait_classes().await;
-        self.wait_pods().await;
-        loop {
-            // A leader that has not seen its lease renewed in time skips the pass (see `leader`).
-            if self.may_write().is_ok()
-                && let Err(e) = self.reconcile().await
-            {
-                if !matches!(e, Error::PartialPass(_)) {
-                    self.metrics.error(e.kind());
-                }
-                warn!(error = %e, "quota pass failed; retrying");
-            }
-            tokio::select! {
-                _ = self.changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-                _ = self.fleet_changed.notified() => tokio::time::sleep(FLEET_DEBOUNCE).await,
-                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-            }
-        }
+        let wakes = vec![(self.changed.clone(), DEBOUNCE), (self.fleet_changed.clone(), FLEET_DEBOUNCE)];
+        Loop { wakes, period: Duration::from_secs(5) }.run(&*self).await;
     }
 
     /// One pass: observe the caches, plan every quota's objects, write those that differ, then
@@ -307,10 +246,12 @@ impl QuotaController {
     /// Refuses a write once the leader lease may have passed to another replica (see `leader`):
     /// a deposed leader's stale caches could raise a share the new leader lowered.
     fn may_write(&self) -> Result<(), Error> {
-        match self.tenure.get().is_none_or(|t| t.holds(std::time::SystemTime::now())) {
-            true => Ok(()),
-            false => Err(Error::NotLeader),
-        }
+        self.writer().may_write()
+    }
+
+    /// The quota controller's writes: checked against its tenure, failures counted.
+    fn writer(&self) -> Writer<'_> {
+        Writer::new(&self.client, Some(&self.tenure), &self.metrics)
     }
 
     /// Allocated versus used now: every pod listed (paged) at most each `IDLE_REFRESH`, placed on
@@ -321,19 +262,19 @@ impl QuotaController {
         use tessera_planner::idle::{Outcome, gate::Gate};
         let fresh = |at: &std::time::Instant| at.elapsed() < IDLE_REFRESH;
         let measured = self.gpunodes.state().iter().any(|g| g.status.as_ref().is_some_and(|s| s.activity.is_some()));
-        let verdicts = self.not_reporting.get().and_then(|v| v.get(k8s_openapi::jiff::Timestamp::now()));
-        let failed = self.idle_failed.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|at| fresh(&at));
+        let verdicts = self.not_reporting.get(k8s_openapi::jiff::Timestamp::now());
+        let failed = crate::locked(&self.idle_failed).is_some_and(|at| fresh(&at));
         match tessera_planner::idle::gate::gate(quotas.len(), verdicts.is_some(), measured, failed) {
             Gate::Clear => {
                 self.metrics.set_tenant_activity(&Default::default());
-                *self.idle.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                *crate::locked(&self.idle) = None;
                 return Outcome::Clear;
             }
             Gate::Keep => return Outcome::Keep,
             Gate::Compute => {}
         }
         let not_reporting = verdicts.unwrap_or_default();
-        if let Some((_, r)) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).as_ref().filter(|(at, _)| fresh(at)) {
+        if let Some((_, r)) = crate::locked(&self.idle).as_ref().filter(|(at, _)| fresh(at)) {
             return Outcome::Report(r.clone());
         }
         let api: Api<Pod> = Api::all(self.client.clone());
@@ -353,17 +294,15 @@ impl QuotaController {
                 Err(e) => {
                     self.metrics.error("kube");
                     warn!(error = %e, "could not list pods for the idle report; keeping the last figures");
-                    *self.idle_failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+                    *crate::locked(&self.idle_failed) = Some(std::time::Instant::now());
                     return tessera_planner::idle::Outcome::Keep;
                 }
             }
         }
         let gpunodes: Vec<GpuNode> = self.gpunodes.state().iter().map(|g| (**g).clone()).collect();
-        let dra = tessera_planner::fleet_status::Dra {
-            claims: self.claims.get().map(|c| c.index()).unwrap_or_else(tessera_planner::gpu_use::ClaimIndex::empty),
-            slices: tessera_planner::fleet_status::SliceIndex::new(
-                self.dra.get().map(|d| d.slices()).unwrap_or_default().iter().map(|s| &**s),
-            ),
+        let dra = tessera_planner::fleet_status::DeviceIndex {
+            claims: self.claims.index(),
+            slices: tessera_planner::fleet_status::SliceIndex::new(self.dra.slices().iter().map(|s| &**s)),
         };
         let status = tessera_planner::fleet_status::fleet_status_with(&gpunodes, &[], quotas, &pods, &dra);
         let thresholds = tessera_planner::idle::idle_thresholds(quotas);
@@ -371,14 +310,15 @@ impl QuotaController {
         let report = tessera_planner::idle::idle_report(&status, &gpunodes, &pods, &thresholds, &not_reporting, now);
         self.metrics.set_tenant_activity(&report);
         self.metrics.idle_reported(now.as_second());
-        *self.idle.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), report.clone()));
+        *crate::locked(&self.idle) = Some((std::time::Instant::now(), report.clone()));
         tessera_planner::idle::Outcome::Report(report)
     }
 
     /// Server-side-applies one ResourceQuota, owned by and labelled for `owner`.
     /// The stamps ([`IN_FORCE_SINCE`], [`IN_FORCE_KEYS`]) go with every apply that has them: one without it would
     /// remove it (server-side apply drops the fields a manager no longer sends).
-    async fn apply(&self, owner: &TenantGpuQuota, a: &Apply) -> Result<(), kube::Error> {
+    /// A failed apply is counted and handed back inside; [`Error::NotLeader`] outside, not sent.
+    async fn apply(&self, owner: &TenantGpuQuota, a: &Apply) -> Result<kube::Result<()>, Error> {
         let mut annotations = serde_json::Map::new();
         annotations.insert(QUOTA_NAME_ANNOTATION.into(), json!(a.quota));
         if let Some(t) = &a.in_force_since {
@@ -395,11 +335,11 @@ impl QuotaController {
                 "ownerReferences": [owner.controller_owner_ref(&()).expect("a stored object has a name and uid")]},
             "spec": {"hard": a.hard}
         });
+        self.may_write()?;
         info!(namespace = %a.namespace, quota = %a.quota, name = %a.name, "applying ResourceQuota");
-        Api::<ResourceQuota>::namespaced(self.client.clone(), &a.namespace)
-            .patch(&a.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-            .await
-            .map(|_| ())
+        let api = Api::<ResourceQuota>::namespaced(self.client.clone(), &a.namespace);
+        let applied = self.writer().send_counted(&api, &a.name, Write::apply(Manager::Operator, &body)).await?;
+        Ok(applied.map(|_| ()))
     }
 }
 
@@ -407,28 +347,38 @@ impl QuotaController {
 /// serves none (before Kubernetes 1.34, or DRA off) no class can exist: the store is ready and
 /// empty (enabling DRA later needs a restart, as for the claim cache).
 fn watch_classes(client: Client, changed: Arc<Notify>) -> Store<DeviceClass> {
-    use futures::StreamExt;
-    use kube::runtime::WatchStreamExt;
-    let (store, writer) = kube::runtime::reflector::store();
-    tokio::spawn(async move {
-        if !crate::controller::claims::served(&client, "deviceclasses").await {
-            info!("resource.k8s.io/v1 is not served: no DeviceClass to hold at 0");
-            crate::controller::claims::mark_synced_empty(writer);
-            return;
-        }
-        let events = watcher(Api::<DeviceClass>::all(client), watcher::Config::default())
-            .default_backoff()
-            .modify(|c: &mut DeviceClass| c.metadata.managed_fields = None);
-        let stream = kube::runtime::reflector::reflector(writer, events);
-        futures::pin_mut!(stream);
-        while let Some(ev) = stream.next().await {
-            match ev {
-                Ok(_) => changed.notify_one(),
-                Err(e) => warn!(error = %e, "DeviceClass watch error; retrying with backoff"),
-            }
-        }
-    });
-    store
+    let cache = Cache {
+        trim: |c: &mut DeviceClass| c.metadata.managed_fields = None,
+        served: Some(("deviceclasses", "resource.k8s.io/v1 is not served: no DeviceClass to hold at 0")),
+        failed: "DeviceClass watch error; retrying with backoff",
+        ..Cache::waking(vec![Waker::always(changed)])
+    };
+    start_cache(Api::<DeviceClass>::all(client), watcher::Config::default(), cache).0
+}
+
+/// The quota passes in the shared loop: the first waits for the caches, classes and pods.
+impl Passes for QuotaController {
+    type Gate = ();
+    const FAILED: &'static str = "quota pass failed; retrying";
+
+    async fn ready(&self) {
+        self.wait_ready().await;
+        self.wait_classes().await;
+        self.wait_pods().await;
+    }
+
+    fn may_pass(&self, _: &mut ()) -> bool {
+        // A leader that has not seen its lease renewed in time skips the pass (see `leader`).
+        self.may_write().is_ok()
+    }
+
+    async fn pass(&self) -> Result<(), Error> {
+        self.reconcile().await
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
 }
 
 /// [`CLAIM_POLICY`] on a quota's status: `False` naming what keeps the claim-class policy from
@@ -448,7 +398,7 @@ fn report_binding(
             &mut st.conditions,
             CLAIM_POLICY,
             true,
-            "Bound",
+            tessera_crds::conditions::quota_reasons::BOUND,
             "the claim-class policy reads the operator's params and enforces them as shipped",
             g,
             now.clone(),
@@ -497,7 +447,7 @@ mod stamp_tests;
 #[cfg(test)]
 mod start_tests;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -77,37 +77,19 @@ struct Worker {
 }
 
 impl Controllers {
-    /// Starts both controllers' caches, the quota controller sharing the rollout's.
+    /// Starts the fleet's caches once, and both controllers over them.
     async fn start(opts: &RunOptions, client: Client, evict_client: Client, metrics: &Arc<Metrics>) -> Self {
-        let fleet_changed = Arc::new(Notify::new());
-        let (ctx, changed) = controller::start(
-            client.clone(),
-            evict_client,
-            metrics.clone(),
-            opts.identity.clone(),
-            fleet_changed.clone(),
-            opts.gpu_drivers.clone(),
-        )
-        .await;
+        let caches = controller::Caches::start(&client, opts.gpu_drivers.clone());
+        let ctx = controller::start(client.clone(), evict_client, metrics.clone(), opts.identity.clone(), &caches);
         let quotas = QuotaController::start(
-            client.clone(),
+            client,
             metrics.clone(),
-            ctx.gpunodes.clone(),
-            fleet_changed.clone(),
+            &caches,
+            &ctx,
             opts.gpu_drivers.clone(),
             opts.lease_namespace.clone(),
         );
-        // The GPU DRA drivers' slices: a change wakes both controllers (refusals, supply).
-        let dra =
-            controller::dra::DraWatch::start(client, opts.gpu_drivers.clone(), vec![changed.clone(), fleet_changed]);
-        let _ = ctx.dra.set(dra.clone());
-        let _ = quotas.dra.set(dra.clone());
-        let _ = quotas.claims.set(ctx.claims.clone());
-        let _ = quotas.nodes.set(ctx.nodes.clone());
-        let _ = quotas.not_reporting.set(ctx.not_reporting.clone());
-        // One tenure for both controllers: neither writes once the lease may have passed.
-        let _ = quotas.tenure.set(ctx.tenure.clone());
-        Self { rollout: ctx, changed, quotas, dra }
+        Self { rollout: ctx, changed: caches.changed, quotas, dra: caches.dra }
     }
 
     /// Waits until every cache has listed what it watches.

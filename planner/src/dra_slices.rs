@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use tessera_crds::catalog;
+use tessera_crds::conditions::gpunode_reasons;
 use tessera_crds::gpunode::{GpuNodeStatus, GpuState, MigInstance};
 
 use crate::dra::GpuDrivers;
@@ -181,7 +182,7 @@ impl<'a> NodeSlices<'a> {
 /// The GPUs the node's slices show beyond the agent's report, as GPU states (MIG devices as
 /// instances): the devices of complete pools on GPUs the agent does not report (all of them on a
 /// node without a report). Not MIG capable as far as Tessera knows, so the solver only counts
-/// them (`auto::unseen_supply`) and never plans for them.
+/// them (`automatic_layouts::unseen_supply`) and never plans for them.
 pub fn extra_gpus(status: Option<&GpuNodeStatus>, node: &NodeSlices<'_>) -> Vec<GpuState> {
     let reported: BTreeSet<&str> =
         status.iter().flat_map(|s| s.gpus.iter()).map(|g| g.uuid.as_str()).filter(|u| !u.is_empty()).collect();
@@ -361,7 +362,7 @@ pub enum NodeCondition {
 pub fn node_condition(status: Option<&GpuNodeStatus>, node: Option<&NodeSlices<'_>>) -> NodeCondition {
     let Some(node) = node.filter(|n| !n.pools.is_empty()) else { return NodeCondition::Absent };
     if let Some(why) = dynamic_mig(node) {
-        return NodeCondition::Set(false, "DynamicMig", why);
+        return NodeCondition::Set(false, gpunode_reasons::DYNAMIC_MIG, why);
     }
     let Some(st) = status.filter(|s| !s.gpus.is_empty()) else { return NodeCondition::Absent };
     if !node.all_complete() {
@@ -369,9 +370,10 @@ pub fn node_condition(status: Option<&GpuNodeStatus>, node: Option<&NodeSlices<'
     }
     let d = compare(st, node);
     if d.is_empty() {
-        NodeCondition::Set(true, "InSync", "the GPU DRA driver lists the MIG devices the node agent reports".into())
+        let msg = "the GPU DRA driver lists the MIG devices the node agent reports";
+        NodeCondition::Set(true, gpunode_reasons::IN_SYNC, msg.into())
     } else {
-        NodeCondition::Set(false, "SlicesStale", d.message())
+        NodeCondition::Set(false, gpunode_reasons::SLICES_STALE, d.message())
     }
 }
 

@@ -169,7 +169,7 @@ pub struct Held {
 
 /// The ResourceClaims and ResourceSlices read, for the devices pods hold through DRA.
 #[derive(Debug, Default)]
-pub struct Dra {
+pub struct DeviceIndex {
     pub claims: ClaimIndex,
     pub slices: SliceIndex,
 }
@@ -182,7 +182,7 @@ pub fn fleet_status(
     quotas: &[TenantGpuQuota],
     pods: &[Pod],
 ) -> FleetStatus {
-    fleet_status_with(gpunodes, plans, quotas, pods, &Dra::default())
+    fleet_status_with(gpunodes, plans, quotas, pods, &DeviceIndex::default())
 }
 
 /// A device a pod holds through a claim, or `None` for a claim the index lacks.
@@ -194,7 +194,7 @@ pub fn fleet_status_with(
     plans: &[GpuPartitionPlan],
     quotas: &[TenantGpuQuota],
     pods: &[Pod],
-    dra: &Dra,
+    dra: &DeviceIndex,
 ) -> FleetStatus {
     let tenant_of = tenants_of_namespaces(quotas);
     let mut pods_by_node: BTreeMap<&str, (Vec<PodHolds>, Vec<ClaimHolds>)> = BTreeMap::new();

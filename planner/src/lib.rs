@@ -5,7 +5,7 @@
 //! (`tessera-operator`) observes, calls in here, and acts; the CLI crate (`tessera-cli`) does the
 //! same for one-shot commands.
 
-pub mod auto;
+pub mod automatic_layouts;
 pub mod coverage;
 pub mod dra;
 pub mod dra_slices;
@@ -20,9 +20,9 @@ pub mod quota;
 pub mod resource_version;
 pub mod rollout;
 pub mod selector;
-pub mod slim;
 pub mod status;
 pub mod supply;
+pub mod trimmed;
 
 /// Hash maps of a planning pass: keyed by node and product names, looked up several times per
 /// node per pass. foldhash (seeded per process) hashes such short keys several times faster than

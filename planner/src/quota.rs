@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use tessera_crds::conditions::{READY, RECONCILING, remove_condition, set_condition};
+use tessera_crds::conditions::{READY, RECONCILING, quota_reasons, remove_condition, set_condition};
 use tessera_crds::quota::{SplitPolicy, TenantGpuQuotaSpec, TenantGpuQuotaStatus};
 use tessera_crds::validate::GPU_RESOURCE;
 
@@ -107,7 +107,7 @@ pub fn unlisted_gpu_resources(spec: &TenantGpuQuotaSpec, capacity: &Capacity) ->
 }
 
 /// The GPU resources nodes advertise (`status.allocatable`, as the node cache keeps it:
-/// `slim::advertised_only`).
+/// `trimmed::advertised_only`).
 pub fn advertised<'a>(nodes: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Node>) -> BTreeSet<String> {
     let allocatable = nodes.into_iter().filter_map(|n| n.status.as_ref()?.allocatable.as_ref());
     allocatable.flat_map(|a| a.keys()).filter(|k| is_gpu_resource(k)).cloned().collect()
@@ -229,7 +229,7 @@ pub struct QuotaPlan {
 
 /// What the quotas know of DRA: the cluster's DeviceClasses and the GPU drivers.
 #[derive(Debug, Clone, Default)]
-pub struct Dra {
+pub struct DraInputs {
     pub classes: claims::ClassView,
     pub drivers: crate::dra::GpuDrivers,
     /// Devices tenant namespaces hold through GPU classes that are not Tessera's (the claim cache).
@@ -296,7 +296,7 @@ pub fn plan_quotas_with(
     capacity: &Capacity,
     now: Time,
 ) -> QuotaPlan {
-    plan_quotas_dra(quotas, existing_namespaces, resource_quotas, capacity, &Dra::default(), now)
+    plan_quotas_dra(quotas, existing_namespaces, resource_quotas, capacity, &DraInputs::default(), now)
 }
 
 /// [`plan_quotas_with`] in a cluster with DeviceClasses (`dra`): each namespace's ResourceQuota
@@ -307,7 +307,7 @@ pub fn plan_quotas_dra(
     existing_namespaces: &BTreeSet<String>,
     resource_quotas: &[ResourceQuota],
     capacity: &Capacity,
-    dra: &Dra,
+    dra: &DraInputs,
     now: Time,
 ) -> QuotaPlan {
     let live: Vec<&TenantGpuQuota> = quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none()).collect();
@@ -346,7 +346,7 @@ pub fn plan_quotas_dra(
 fn plan_shares<'q>(
     pass: &steps::Pass<'_>,
     live: &[&'q TenantGpuQuota],
-    dra: &Dra,
+    dra: &DraInputs,
     resources: &BTreeSet<String>,
     plan: &mut QuotaPlan,
     wanted: &mut steps::Wanted,
@@ -368,7 +368,7 @@ fn plan_policy(
     pass: &steps::Pass<'_>,
     live: &[&TenantGpuQuota],
     valid: &[&TenantGpuQuota],
-    dra: &Dra,
+    dra: &DraInputs,
     resources: &BTreeSet<String>,
     plan: &mut QuotaPlan,
 ) {
@@ -403,7 +403,7 @@ fn add_early(
     live: &[&TenantGpuQuota],
     tenants: &[String],
     enforcing: &[ResourceQuota],
-    dra: &Dra,
+    dra: &DraInputs,
 ) {
     // Keys that came into force after `<ns>.since` (a resource that was unlimited): claims and
     // pods made before their own stamp are early too ([`stamp::keys`]).
@@ -445,8 +445,9 @@ pub fn report_write_failures(st: &mut TenantGpuQuotaStatus, errors: &[String], g
         return;
     }
     let msg = format!("retrying: {}", errors.join("; "));
-    set_condition(&mut st.conditions, READY, false, "WriteFailed", &msg, generation, now.clone());
-    set_condition(&mut st.conditions, RECONCILING, true, "WriteFailed", msg, generation, now.clone());
+    let reason = quota_reasons::WRITE_FAILED;
+    set_condition(&mut st.conditions, READY, false, reason, &msg, generation, now.clone());
+    set_condition(&mut st.conditions, RECONCILING, true, reason, msg, generation, now.clone());
 }
 
 /// Owned by this quota: [`written_by`] it, and the controller owner reference has its UID (a

@@ -21,16 +21,16 @@ use tessera_crds::{GpuNode, GpuPartitionPlan};
 use crate::gpu_use::ClaimIndex;
 use crate::liveness::AgentHealth;
 
-mod carry;
 mod dra_wait;
 mod intent;
+mod kept_verdicts;
 mod one_plan;
 mod ownership;
 mod phases;
-pub use carry::{Carry, Versions};
 pub use dra_wait::{DRA_WAIT_SECS, DraSlices};
 use intent::validate;
 pub use intent::{Memo, desired_intent, desired_intent_with};
+pub use kept_verdicts::{KeptVerdicts, Versions};
 use one_plan::{Keep, plan_one};
 pub use ownership::contenders;
 use ownership::{Owned, Ownership, release};
@@ -64,7 +64,7 @@ pub struct NodeInput<'a> {
     pub cache_behind: bool,
     /// The versions (resourceVersions) of the cached Node and `GpuNode` this input was built
     /// from: a pass reuses a node's verdict of the pass before while they are the same (see
-    /// [`Carry`]). `None`: never reused.
+    /// [`KeptVerdicts`]). `None`: never reused.
     pub versions: Option<Versions>,
     /// Why Tessera must not manage this node's GPUs, from its GPU DRA driver's ResourceSlices
     /// (`dra_slices::dynamic_mig`): the plan hands it nothing and releases it. `None`: eligible.
@@ -238,16 +238,16 @@ pub fn plan_fleet(
     nodes: &[NodeInput<'_>],
     now: Timestamp,
 ) -> (Vec<Action>, BTreeMap<String, PlanReport>) {
-    plan_fleet_with(plans, nodes, now, &mut Carry::default())
+    plan_fleet_with(plans, nodes, now, &mut KeptVerdicts::default())
 }
 
-/// [`plan_fleet`], reusing the verdicts `carry` kept from the pass before for nodes whose inputs
+/// [`plan_fleet`], reusing the verdicts `kept_verdicts` kept from the pass before for nodes whose inputs
 /// have not changed, and keeping this pass's for the next. The result is the same.
 pub fn plan_fleet_with(
     plans: &[GpuPartitionPlan],
     nodes: &[NodeInput<'_>],
     now: Timestamp,
-    carry: &mut Carry,
+    carry: &mut KeptVerdicts,
 ) -> (Vec<Action>, BTreeMap<String, PlanReport>) {
     carry.begin(plans, nodes.len());
     let live: Vec<&GpuPartitionPlan> = plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
@@ -294,7 +294,7 @@ fn plan_owned<'a>(
     live: &[&'a GpuPartitionPlan],
     ownership: Ownership<'_, 'a, '_>,
     now: Timestamp,
-    carry: &mut Carry,
+    carry: &mut KeptVerdicts,
     actions: &mut Vec<Action>,
     reports: &mut BTreeMap<String, PlanReport>,
 ) {
@@ -316,7 +316,7 @@ fn plan_owned<'a>(
 
 /// The nodes of an invalid plan: it still owns them (a typo must not hand them to a
 /// lower-priority plan), but acts on none: in-flight nodes are released once their agent is done.
-fn act_on_none(owned: Vec<Owned<'_, '_>>, carry: &mut Carry, actions: &mut Vec<Action>) {
+fn act_on_none(owned: Vec<Owned<'_, '_>>, carry: &mut KeptVerdicts, actions: &mut Vec<Action>) {
     for (position, node, _) in owned {
         release(node, actions);
         carry.remember(position, node, None);

@@ -105,9 +105,9 @@ fn suggest_for_a_plan_decides_what_the_plan_does_and_the_quotas_agree() {
     let from = auto.spec.layouts_from.as_ref().unwrap();
     let refs: Vec<&GpuNode> = inputs.gpunodes.iter().collect();
     let owned: BTreeSet<String> = ["p1".to_string(), "p2".to_string()].into();
-    let d = tessera_planner::auto::decide(
+    let d = tessera_planner::automatic_layouts::decide(
         &auto,
-        &tessera_planner::auto::plan_demand(from, &inputs.quotas),
+        &tessera_planner::automatic_layouts::plan_demand(from, &inputs.quotas),
         &refs,
         &owned,
         &BTreeSet::new(),

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use tessera_crds::catalog::GpuModel;
+use tessera_crds::conditions::gpunode_reasons as reasons;
 use tessera_crds::gpunode::GpuIntent;
 use tessera_crds::solver::ProfileCounts;
 use tracing::info;
@@ -53,12 +54,12 @@ impl<B: GpuBackend> Agent<B> {
             let gpu = want.index as u32;
             let Some(info) = inventory.iter().find(|i| i.index == gpu) else {
                 let message = format!("no GPU with index {gpu} on this node ({} GPUs)", inventory.len());
-                outcomes.push((gpu, GpuOutcome::Blocked { reason: "GpuNotFound", message }));
+                outcomes.push((gpu, GpuOutcome::Blocked { reason: reasons::GPU_NOT_FOUND, message }));
                 continue;
             };
             if want.mig_enabled && !info.mig_capable {
                 let message = format!("{} is not MIG capable", info.product);
-                outcomes.push((gpu, GpuOutcome::Blocked { reason: "MigNotSupported", message }));
+                outcomes.push((gpu, GpuOutcome::Blocked { reason: reasons::MIG_NOT_SUPPORTED, message }));
                 continue;
             }
             let target = Target {
@@ -166,7 +167,7 @@ impl<B: GpuBackend> Agent<B> {
                 // The operator withdrew the hand-over (or the node is schedulable again) since
                 // this pass began: stop before changing anything a workload could be using.
                 return Err(GpuOutcome::Waiting {
-                    reason: "AwaitingDrain",
+                    reason: reasons::AWAITING_DRAIN,
                     message: "the hand-over was withdrawn mid-pass; nothing more is destroyed".into(),
                 });
             }
@@ -199,7 +200,7 @@ impl<B: GpuBackend> Agent<B> {
                 })?;
                 if change == ModeChange::ResetRequired {
                     return Err(GpuOutcome::Blocked {
-                        reason: "ResetRequired",
+                        reason: reasons::RESET_REQUIRED,
                         message: format!(
                             "MIG mode change to {} needs a GPU reset or node reboot",
                             if *on { "enabled" } else { "disabled" }
@@ -220,10 +221,10 @@ fn failed(e: Error) -> GpuOutcome {
 /// The condition reason a blocked plan reports.
 fn blocked_reason(b: &Blocked) -> &'static str {
     match b {
-        Blocked::Busy(_) | Blocked::GpuBusy(_) => "InstanceInUse",
-        Blocked::NoFit(_) => "LayoutDoesNotFit",
-        Blocked::LeakedMemory(_) => "LeakedMemory",
-        Blocked::SplitComputeInstances(_) => "SplitComputeInstances",
+        Blocked::Busy(_) | Blocked::GpuBusy(_) => reasons::INSTANCE_IN_USE,
+        Blocked::NoFit(_) => reasons::LAYOUT_DOES_NOT_FIT,
+        Blocked::LeakedMemory(_) => reasons::LEAKED_MEMORY,
+        Blocked::SplitComputeInstances(_) => reasons::SPLIT_COMPUTE_INSTANCES,
     }
 }
 
@@ -247,7 +248,7 @@ fn may_run(steps: &[Step], handed_over: bool, hold: Option<&str>) -> Result<(), 
     let disruptive = steps.iter().filter(|s| s.needs_hand_over()).count();
     if disruptive > 0 && !handed_over {
         return Err(GpuOutcome::Waiting {
-            reason: "AwaitingDrain",
+            reason: reasons::AWAITING_DRAIN,
             message: format!(
                 "{disruptive} step(s) destroy instances or change MIG mode; waiting for the operator to drain \
                  the node and hand it over"
@@ -257,7 +258,7 @@ fn may_run(steps: &[Step], handed_over: bool, hold: Option<&str>) -> Result<(), 
     if let Some(message) = hold
         && steps.iter().any(|s| matches!(s, Step::SetMigMode(_)))
     {
-        return Err(GpuOutcome::Waiting { reason: "StoppingGpuClients", message: message.to_string() });
+        return Err(GpuOutcome::Waiting { reason: reasons::STOPPING_GPU_CLIENTS, message: message.to_string() });
     }
     Ok(())
 }

@@ -1,19 +1,21 @@
 //! The executor of a pass: each planned action becomes one API request (or a metric), every
-//! write checked against the leader's tenure and remembered until the caches show it.
+//! write sent through the rollout's `Writer` (checked against the leader's tenure, remembered
+//! until the caches show it).
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{Context, LIVENESS_MANAGER, MANAGER, eviction};
+use super::{Context, eviction};
 use crate::Error;
 use crate::expectations::Written;
+use crate::writer::{Manager, Write, bodies};
 use tessera_planner::rollout::{self, Action};
-use tessera_planner::slim::{SlimGpuNode, SlimNode};
+use tessera_planner::trimmed::{SlimGpuNode, SlimNode};
 
 /// Marks an eviction that got no answer in time (see `evict`).
 pub(super) const EVICTION_TIMED_OUT: &str = "timed out after";
@@ -23,7 +25,9 @@ const EVICTION_TIMEOUT: Duration = Duration::from_secs(5);
 impl Context {
     /// Executes one action; returns `(node, reason)` when an eviction was refused.
     pub(super) async fn act(&self, action: Action) -> Result<Option<(String, String)>, Error> {
-        self.may_write()?;
+        // Before any action: not even a completion is counted once the lease may have passed.
+        let writer = self.writer();
+        writer.may_write()?;
         // Written through the slim types: a response is decoded without what is never read.
         let nodes: Api<SlimNode> = Api::all(self.client.clone());
         let gns: Api<SlimGpuNode> = Api::all(self.client.clone());
@@ -31,28 +35,16 @@ impl Context {
             Action::Rollout { node, rollout } => self.write_rollout(&node, rollout.as_ref()).await?,
             Action::Cordon { node } => {
                 info!(%node, "cordon");
-                let written = nodes
-                    .patch(
-                        &node,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"annotations": {
-                                                 rollout::CORDONED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()}},
-                                             "spec": {"unschedulable": true}})),
-                    )
-                    .await;
-                self.recorded(&node, Written::Node, written).await?;
+                let body = json!({"metadata": {"annotations": {
+                                      rollout::CORDONED_ANNOTATION: k8s_openapi::jiff::Timestamp::now().to_string()}},
+                                  "spec": {"unschedulable": true}});
+                writer.send(&nodes, &node, Write::merge(&body).expected(Written::Node)).await?;
             }
             Action::Uncordon { node } => {
                 info!(%node, "uncordon");
-                let written = nodes
-                    .patch(
-                        &node,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"metadata": {"annotations": {rollout::CORDONED_ANNOTATION: null}},
-                                             "spec": {"unschedulable": null}})),
-                    )
-                    .await;
-                self.recorded(&node, Written::Node, written).await?;
+                let body = json!({"metadata": {"annotations": {rollout::CORDONED_ANNOTATION: null}},
+                                  "spec": {"unschedulable": null}});
+                writer.send(&nodes, &node, Write::merge(&body).expected(Written::Node)).await?;
             }
             Action::Evict { node, namespace, pod, came_back } => {
                 return Ok(self.evict(&node, &namespace, &pod, came_back.as_deref()).await?.map(|why| (node, why)));
@@ -60,34 +52,27 @@ impl Context {
             Action::ForceDelete { node, namespace, pod } => {
                 warn!(%node, %namespace, %pod, "drain timed out; deleting as the plan's forceAfterTimeout asks");
                 let dp = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
-                match Api::<Pod>::namespaced(self.client.clone(), &namespace).delete(&pod, &dp).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e.into()),
-                }
+                writer.delete(&Api::<Pod>::namespaced(self.client.clone(), &namespace), &pod, &dp).await?;
             }
             Action::Intent { node, plan, gpus } => {
-                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": node},
-                                  "spec": {"plan": plan, "gpus": gpus}});
-                let written = gns.patch(&node, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await;
-                self.recorded(&node, Written::GpuNode, written).await?;
+                let body = bodies::intent(&node, plan, gpus);
+                writer.send(&gns, &node, Write::apply(Manager::Operator, &body).expected(Written::GpuNode)).await?;
             }
             Action::ClearIntent { node } => {
                 // A merge patch, not an apply: it clears `plan` whoever else also set it (an apply
                 // by our manager leaves a field another manager co-owns, and the pass would retry
                 // forever), and it answers 404 instead of re-creating a GpuNode just deleted.
                 let body = json!({"spec": {"plan": null, "gpus": []}});
-                let written = gns.patch(&node, &PatchParams::default(), &Patch::Merge(&body)).await;
-                self.recorded(&node, Written::GpuNode, written).await?;
+                writer.send(&gns, &node, Write::merge(&body).expected(Written::GpuNode)).await?;
             }
             Action::Completed { seconds, .. } => self.metrics.node_rolled_out(seconds),
             Action::AgentDown { node, message } => {
                 warn!(%node, %message, "node agent not responding");
-                let condition = json!({"type": "Ready", "status": "Unknown", "reason": "AgentNotResponding",
-                    "message": message, "lastTransitionTime": Time(k8s_openapi::jiff::Timestamp::now())});
-                let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-                                  "status": {"conditions": [condition]}});
-                gns.patch_status(&node, &PatchParams::apply(LIVENESS_MANAGER).force(), &Patch::Apply(&body)).await?;
+                let reason = tessera_crds::conditions::gpunode_reasons::AGENT_NOT_RESPONDING;
+                let now = Time(k8s_openapi::jiff::Timestamp::now());
+                let body =
+                    bodies::gpunode_conditions(vec![bodies::condition("Ready", "Unknown", reason, message, now)]);
+                writer.send(&gns, &node, Write::apply(Manager::Liveness, &body).status()).await?;
             }
             // Collected by the pass: Events published aggregated (`publish_events`), blockers
             // recorded with the refused evictions (`record_drain_messages`).
@@ -106,13 +91,14 @@ impl Context {
         pod: &str,
         came_back: Option<&str>,
     ) -> Result<Option<String>, Error> {
-        let call = eviction::evict(&self.evict_client, &self.not_before, namespace, pod);
+        let writer = self.writer();
+        let call = writer.guarded(eviction::evict(&self.evict_client, &self.not_before, namespace, pod));
         match tokio::time::timeout(EVICTION_TIMEOUT, call).await {
             Ok(Ok(eviction::Answer::Evicted)) => {
                 info!(%node, %namespace, %pod, "evicted");
                 self.metrics.evicted();
                 if let Some(owner) = came_back {
-                    self.returns.lock().unwrap_or_else(|p| p.into_inner()).evicted(node, owner);
+                    crate::locked(&self.returns).evicted(node, owner);
                 }
                 Ok(None)
             }

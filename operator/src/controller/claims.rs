@@ -4,13 +4,12 @@
 //! whose GPUs are about to change. A claim change wakes no pass (a pod whose claim the cache does
 //! not show yet already counts as using a GPU); passes run every two seconds anyway.
 
-use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::runtime::reflector::{self, Store, store::Writer};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client};
-use tracing::{info, warn};
 
+use crate::cache::{Cache, start_cache};
 use tessera_planner::dra::GpuDrivers;
 use tessera_planner::gpu_use::ClaimIndex;
 
@@ -25,24 +24,16 @@ impl ClaimCache {
     /// Starts the cache. Where the API server serves no `resource.k8s.io/v1` (before Kubernetes
     /// 1.34, or DRA turned off) no claim can exist: the cache is synced and stays empty.
     pub fn start(client: Client, drivers: GpuDrivers) -> Self {
-        let (store, writer) = reflector::store();
-        tokio::spawn(async move {
-            if !served(&client, "resourceclaims").await {
-                info!("resource.k8s.io/v1 is not served: no pod uses a GPU through a ResourceClaim");
-                mark_synced_empty(writer);
-                return;
-            }
-            let events = watcher(Api::<ResourceClaim>::all(client), watcher::Config::default())
-                .default_backoff()
-                .modify(trim_claim);
-            let stream = reflector::reflector(writer, events);
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                if let Err(e) = ev {
-                    warn!(error = %e, "ResourceClaim watch error; retrying with backoff");
-                }
-            }
-        });
+        let cache = Cache {
+            trim: trim_claim,
+            served: Some((
+                "resourceclaims",
+                "resource.k8s.io/v1 is not served: no pod uses a GPU through a ResourceClaim",
+            )),
+            failed: "ResourceClaim watch error; retrying with backoff",
+            ..Cache::waking(vec![])
+        };
+        let store = start_cache(Api::<ResourceClaim>::all(client), watcher::Config::default(), cache).0;
         ClaimCache { store, drivers }
     }
 
@@ -67,32 +58,6 @@ impl ClaimCache {
         let claims = self.store.state();
         ClaimIndex::new(claims.iter().map(|c| &**c), &self.drivers)
     }
-}
-
-/// Whether the API server serves `resource` (e.g. `resourceclaims`) in `resource.k8s.io/v1`.
-/// Asked until it answers: any answer but "not found" counts as served, and the watch then
-/// retries (and holds the passes) until it can list them, rather than plan blind to them.
-pub(crate) async fn served(client: &Client, resource: &str) -> bool {
-    loop {
-        match client.list_api_group_resources("resource.k8s.io/v1").await {
-            Ok(list) => return list.resources.iter().any(|r| r.name == resource),
-            Err(kube::Error::Api(s)) if s.code == 404 => return false,
-            Err(e) => {
-                warn!(error = %e, "could not tell whether resource.k8s.io/v1 is served; asking again");
-                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-            }
-        }
-    }
-}
-
-/// An empty list, fully read: the store is ready and holds nothing.
-pub(crate) fn mark_synced_empty<K>(mut writer: Writer<K>)
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    writer.apply_watcher_event(&watcher::Event::Init);
-    writer.apply_watcher_event(&watcher::Event::InitDone);
 }
 
 /// Keeps what [`ClaimIndex`] reads (the name and the allocation's results) and each request's
@@ -124,6 +89,8 @@ pub fn trim_claim(claim: &mut ResourceClaim) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::mark_synced_empty;
+    use kube::runtime::reflector;
     use serde_json::json;
 
     fn claim(name: &str) -> ResourceClaim {

@@ -6,27 +6,27 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::api::Api;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
-use serde_json::json;
 use tessera_crds::GpuNode;
 use tessera_crds::conditions;
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::warn;
 
 use super::Context;
-use super::slots::Slots;
+use super::fleet_cache::FleetCache;
+use crate::cache::{Cache, start_cache};
+use crate::pass_wakes::Waker;
+use crate::writer::{Manager, Write, bodies};
 use tessera_planner::dra::GpuDrivers;
 use tessera_planner::dra_slices::{self, DRA_IN_SYNC, NodeCondition};
 use tessera_planner::rollout::{DraSlices, NodeInput, PlanReport};
 
-/// Field manager of the `DraInSync` conditions on GpuNodes.
-pub const DRA_MANAGER: &str = "tessera-operator-dra";
+pub use crate::writer::DRA_MANAGER;
 
 /// The cached ResourceSlices of the GPU drivers.
 pub struct DraWatch {
@@ -36,7 +36,7 @@ pub struct DraWatch {
 
 impl DraWatch {
     /// Watches the slices (of the one driver by field selector when there is one), waking
-    /// `wake` on every change. A cluster that does not serve ResourceSlices in
+    /// `pass_wakes` on every change. A cluster that does not serve ResourceSlices in
     /// `resource.k8s.io/v1` has none: the cache is ready and empty. One that serves them but
     /// cannot list them (the RBAC rule missing) keeps the cache not ready, and the caller holds
     /// rollouts: planned with no slices, a DynamicMIG node would be drained and carved.
@@ -45,25 +45,21 @@ impl DraWatch {
         if let [one] = drivers.iter().collect::<Vec<_>>().as_slice() {
             config = config.fields(&format!("spec.driver={one}"));
         }
-        let (store, writer) = reflector::store();
-        tokio::spawn(async move {
-            if !super::claims::served(&client, "resourceslices").await {
-                info!("resource.k8s.io/v1 ResourceSlices are not served: no GPU DRA driver publishes devices");
-                super::claims::mark_synced_empty::<ResourceSlice>(writer);
-                wake.iter().for_each(|n| n.notify_one());
-                return;
-            }
-            let events =
-                watcher(Api::<ResourceSlice>::all(client), config).default_backoff().modify(super::trim_metadata);
-            let stream = reflector::reflector(writer, events);
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(_) => wake.iter().for_each(|n| n.notify_one()),
-                    Err(e) => warn!(error = %e, "ResourceSlice watch error; retrying with backoff"),
-                }
-            }
-        });
+        let cache = Cache {
+            served: Some((
+                "resourceslices",
+                "resource.k8s.io/v1 ResourceSlices are not served: no GPU DRA driver publishes devices",
+            )),
+            failed: "ResourceSlice watch error; retrying with backoff",
+            ..Cache::waking(wake.into_iter().map(Waker::always).collect())
+        };
+        let store = start_cache(Api::<ResourceSlice>::all(client), config, cache).0;
+        Arc::new(DraWatch { store, drivers })
+    }
+
+    /// Slices in `store`, filled by the test.
+    #[cfg(test)]
+    pub(crate) fn of(store: Store<ResourceSlice>, drivers: GpuDrivers) -> Arc<Self> {
         Arc::new(DraWatch { store, drivers })
     }
 
@@ -90,16 +86,16 @@ impl DraWatch {
     }
 }
 
-/// The stand-ins of `dra` (none without it) for the GpuNodes in `store`.
-pub fn supply_nodes(dra: Option<&Arc<DraWatch>>, store: &Store<GpuNode>) -> Vec<GpuNode> {
-    dra.map(|d| d.supply_nodes(|n| store.get(&kube::runtime::reflector::ObjectRef::new(n)))).unwrap_or_default()
+/// The stand-ins of `dra` for the GpuNodes in `store`.
+pub fn supply_nodes(dra: &DraWatch, store: &Store<GpuNode>) -> Vec<GpuNode> {
+    dra.supply_nodes(|n| store.get(&kube::runtime::reflector::ObjectRef::new(n)))
 }
 
 /// Per node position: the node's [`NodeCondition`], from its slices and its cached GpuNode.
 fn verdicts(
     slices: &[Arc<ResourceSlice>],
     drivers: &GpuDrivers,
-    slots: &Slots,
+    slots: &FleetCache,
 ) -> Vec<(NodeCondition, Option<String>)> {
     let nodes = dra_slices::by_node(slices.iter().map(|s| &**s), drivers);
     slots
@@ -122,7 +118,7 @@ fn name_stale(
 ) {
     for report in reports.values_mut() {
         for &i in &report.nodes {
-            if let (Some((NodeCondition::Set(false, "SlicesStale", msg), _)), Some(name)) =
+            if let (Some((NodeCondition::Set(false, conditions::gpunode_reasons::SLICES_STALE, msg), _)), Some(name)) =
                 (verdicts.get(i), names.get(i))
             {
                 report.dra_stale.push(format!("{name}: {msg}"));
@@ -142,13 +138,13 @@ fn slices_of(condition: &NodeCondition) -> DraSlices {
 }
 
 impl Context {
-    /// This pass's DRA verdicts per node (empty without a DRA cache); marks refused inputs.
+    /// This pass's DRA verdicts per node; marks refused inputs.
     pub(super) fn dra_verdicts(
         &self,
-        slots: &Slots,
+        slots: &FleetCache,
         inputs: &mut [NodeInput<'_>],
     ) -> Vec<(NodeCondition, Option<String>)> {
-        let Some(dra) = self.dra.get() else { return Vec::new() };
+        let dra = &self.dra;
         let verdicts = verdicts(&dra.slices(), dra.drivers(), slots);
         for (input, (condition, refused)) in inputs.iter_mut().zip(&verdicts) {
             input.dra_refused = refused.clone();
@@ -163,7 +159,7 @@ impl Context {
         &self,
         verdicts: &[(NodeCondition, Option<String>)],
         reports: &mut BTreeMap<String, PlanReport>,
-        slots: &Slots,
+        slots: &FleetCache,
     ) {
         let names: Vec<&str> = slots.slots.iter().map(|s| s.name.as_str()).collect();
         name_stale(reports, verdicts, &names);
@@ -171,7 +167,7 @@ impl Context {
         for (slot, (want, _)) in slots.slots.iter().zip(verdicts) {
             let Some(gn) = &slot.gpunode else { continue };
             let current = gn.status.as_ref().and_then(|s| conditions::find(&s.conditions, DRA_IN_SYNC));
-            if !dra_slices::must_write(current, want) || self.may_write().is_err() {
+            if !dra_slices::must_write(current, want) {
                 continue;
             }
             let conditions = match want {
@@ -180,16 +176,14 @@ impl Context {
                     let since = current
                         .filter(|c| c.status == status)
                         .map_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()), |c| c.last_transition_time.clone());
-                    vec![json!({"type": DRA_IN_SYNC, "status": status, "reason": reason, "message": message,
-                                "lastTransitionTime": since})]
+                    vec![bodies::condition(DRA_IN_SYNC, status, reason, message.clone(), since)]
                 }
                 NodeCondition::Absent | NodeCondition::Keep => vec![],
             };
-            let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode",
-                              "metadata": {"name": gn.name_any()}, "status": {"conditions": conditions}});
-            let pp = PatchParams::apply(DRA_MANAGER).force();
-            if let Err(e) = api.patch_status(&gn.name_any(), &pp, &Patch::Apply(&body)).await {
-                self.metrics.error("kube");
+            let body = bodies::gpunode_conditions(conditions).named(&gn.name_any());
+            let write = Write::apply(Manager::Dra, &body).status();
+            // Not sent once the lease may have passed; the next node is checked again.
+            if let Ok(Err(e)) = self.writer().send_counted(&api, &gn.name_any(), write).await {
                 warn!(node = %slot.name, error = %e, "could not write the DraInSync condition; retrying next pass");
             }
         }
@@ -199,6 +193,7 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn each_plan_names_only_its_own_out_of_sync_nodes() {

@@ -35,7 +35,7 @@ pub async fn evict(
     namespace: &str,
     pod: &str,
 ) -> Result<Answer, Error> {
-    let lock = || not_before.lock().unwrap_or_else(|p| p.into_inner());
+    let lock = || crate::locked(not_before);
     if let Some(why) = lock().waiting(namespace, pod, Instant::now()) {
         return Ok(Answer::Refused { why, asked: false });
     }

@@ -1,6 +1,6 @@
 //! Automatic plans in the control loop: before the rollout is planned, each plan with
-//! `spec.layoutsFrom` gets its decision checked (`auto::next`) and, when due, worked out again
-//! (`auto::decide`, off the async workers) and stored in `status.layoutDecision` by its own field
+//! `spec.layoutsFrom` gets its decision checked (`automatic_layouts::next`) and, when due, worked out again
+//! (`automatic_layouts::decide`, off the async workers) and stored in `status.layoutDecision` by its own field
 //! manager. The rollout then reads the decision like any other intent. Also the
 //! `fragmentedSlices` figure of every plan.
 
@@ -11,7 +11,7 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp, Unit};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tessera_crds::gpunode::{GpuState, NodePhase};
@@ -21,16 +21,15 @@ use tracing::{info, warn};
 
 use super::Context;
 use crate::Error;
-use tessera_planner::auto::{self, Next};
+use crate::writer::bodies::StatusApply;
+use crate::writer::{Manager, Write};
+use tessera_planner::automatic_layouts::{self, Next};
 use tessera_planner::fleet;
 use tessera_planner::gpu_use::{ClaimIndex, uses_gpu};
 use tessera_planner::liveness::AgentHealth;
 use tessera_planner::quota::Capacity;
 use tessera_planner::rollout::{NodeInput, contenders};
 
-/// Field manager of `status.layoutDecision`: separate from the rest of the status, so the
-/// per-pass status write never removes a decision.
-pub const LAYOUTS_MANAGER: &str = "tessera-operator-layouts";
 /// An unmet demand is worked out again this often, in case something changed that the fleet
 /// digest does not show (a busy node became idle).
 const RETRY_UNMET_SECS: i64 = 300;
@@ -108,18 +107,18 @@ impl Context {
     pub(super) async fn decide_layouts(&self, plans: &mut [GpuPartitionPlan], nodes: &[NodeInput<'_>]) -> LayoutsPass {
         let mut pass = LayoutsPass::default();
         // Where the plan cache lags our own decision write, the decision as written.
-        self.decision_writes.lock().unwrap_or_else(|p| p.into_inner()).overlay(plans);
+        crate::locked(&self.decision_writes).overlay(plans);
         let live: Vec<GpuPartitionPlan> =
             plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect();
         let names: BTreeSet<String> = live.iter().map(|p| p.name_any()).collect();
-        self.stability.lock().unwrap_or_else(|p| p.into_inner()).retain(&names);
+        crate::locked(&self.stability).retain(&names);
         self.clear_fixed_decisions(plans, &mut pass).await;
         if !live.iter().any(|p| p.spec.layouts_from.is_some()) {
             return pass;
         }
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
         // What the GPU DRA drivers supply beyond the agents' reports counts too (`dra_slices`).
-        let stand_ins = super::dra::supply_nodes(self.dra.get(), &self.gpunodes);
+        let stand_ins = super::dra::supply_nodes(&self.dra, &self.gpunodes);
         let gpunodes: Vec<&GpuNode> = nodes.iter().filter_map(|n| n.gpunode.as_deref()).chain(&stand_ins).collect();
         let fleet = Fleet { quotas, gpunodes, nodes, supply: OnceLock::new() };
         let mut owners = sole_owners(&live, nodes);
@@ -154,8 +153,8 @@ impl Context {
         pass: &mut LayoutsPass,
     ) {
         let name = plan.name_any();
-        let demand = auto::plan_demand(from, &fleet.quotas);
-        let excluded = auto::exclusions(plan, owned.gpunodes.iter().copied());
+        let demand = automatic_layouts::plan_demand(from, &fleet.quotas);
+        let excluded = automatic_layouts::exclusions(plan, owned.gpunodes.iter().copied());
         let why = match self.due(plan, from, &demand, owned, &excluded.lifted, fleet) {
             Due::Nothing => return,
             Due::Waits(msg) => {
@@ -173,26 +172,26 @@ impl Context {
         }
     }
 
-    /// Whether an automatic plan is to be decided now (`auto::next`), once its demand, nodes and
+    /// Whether an automatic plan is to be decided now (`automatic_layouts::next`), once its demand, nodes and
     /// generation have held still long enough (`Stability`) and each owned node's agent is judged.
     fn due(
         &self,
         plan: &GpuPartitionPlan,
         from: &LayoutsFrom,
-        demand: &auto::Demand,
+        demand: &automatic_layouts::Demand,
         owned: &Owned<'_>,
         lifted: &[String],
         fleet: &Fleet<'_, '_>,
     ) -> Due {
         let total = demand.total();
-        let digest = auto::fleet_digest(owned.gpunodes.iter().copied());
+        let digest = automatic_layouts::fleet_digest(owned.gpunodes.iter().copied());
         let mine = || fleet.nodes.iter().filter(|n| owned.names.contains(n.name));
         // A node whose cache lags our last write may be mid-change already.
         let in_flight = mine().filter(|n| n.cache_behind || n.gpunode.as_deref().is_some_and(in_flight)).count();
         let blocked = blocked_targets(plan, fleet.nodes);
         let signature = format!("{:?}|{digest}|{:?}|{blocked}|{:?}", total, plan.metadata.generation, lifted);
-        let (held, since) = self.stability.lock().unwrap_or_else(|p| p.into_inner()).held(&plan.name_any(), signature);
-        let why = match auto::next(plan, &total, &digest, held, in_flight, blocked, lifted) {
+        let (held, since) = crate::locked(&self.stability).held(&plan.name_any(), signature);
+        let why = match automatic_layouts::next(plan, &total, &digest, held, in_flight, blocked, lifted) {
             Next::Keep => match unmet_and_stale(plan) {
                 Some(why) if in_flight == 0 => why,
                 _ => return Due::Nothing,
@@ -202,7 +201,7 @@ impl Context {
                 let supply = fleet.supply.get_or_init(|| Capacity::of(fleet.gpunodes.iter().copied()).supply);
                 let seconds = from.stabilization_seconds.max(0);
                 let at = Time(since.round(Unit::Second).unwrap_or(since) + SignedDuration::from_secs(seconds));
-                return Due::Waits(auto::stabilizing_message(&why, &total, supply, seconds, &at));
+                return Due::Waits(automatic_layouts::stabilizing_message(&why, &total, supply, seconds, &at));
             }
             Next::Decide(why) => why,
         };
@@ -222,7 +221,7 @@ impl Context {
     async fn decide_one(
         &self,
         plan: &mut GpuPartitionPlan,
-        demand: &auto::Demand,
+        demand: &automatic_layouts::Demand,
         gpunodes: &[&GpuNode],
         owned: &BTreeSet<String>,
         nodes: &[NodeInput<'_>],
@@ -235,7 +234,9 @@ impl Context {
         let frozen: BTreeSet<String> = nodes
             .iter()
             .filter(|n| owned.contains(n.name))
-            .filter(|n| n.agent != AgentHealth::Alive || n.gpunode.as_deref().is_some_and(auto::frozen_by_rollout))
+            .filter(|n| {
+                n.agent != AgentHealth::Alive || n.gpunode.as_deref().is_some_and(automatic_layouts::frozen_by_rollout)
+            })
             .map(|n| n.name.to_string())
             .collect();
         let (p, d, g, o, w) = (
@@ -248,18 +249,13 @@ impl Context {
         let decided = tokio::task::spawn_blocking(move || {
             let refs: Vec<&GpuNode> = g.iter().collect();
             let now = Time(k8s_openapi::jiff::Timestamp::now());
-            auto::decide(&p, &d, &refs, &o, &busy, &frozen, &excluded, &w, now)
+            automatic_layouts::decide(&p, &d, &refs, &o, &busy, &frozen, &excluded, &w, now)
         })
         .await
         .map_err(|e| Error::Usage(format!("the layout solver stopped: {e}")))?
         .map_err(|e| Error::Usage(e.to_string()))?;
         // The solver may have run long: a leader whose lease may have passed writes no decision.
-        self.may_write()?;
-        let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",
-                          "status": {"layoutDecision": decided}});
-        let written = Api::<GpuPartitionPlan>::all(self.client.clone())
-            .patch_status(&name, &PatchParams::apply(LAYOUTS_MANAGER).force(), &Patch::Apply(&body))
-            .await?;
+        let written = self.write_decision(&name, json!({"layoutDecision": decided})).await?;
         self.wrote_decision(&name, &written, Some(&decided));
         info!(plan = %name, changed = decided.changed_gpus, message = %decided.message, "layouts decided");
         let warning = !decided.shortfall.is_empty();
@@ -270,11 +266,7 @@ impl Context {
 
     /// Removes `status.layoutDecision` (an empty apply by its field manager drops its fields).
     async fn clear_decision(&self, plan: &mut GpuPartitionPlan) -> Result<(), Error> {
-        self.may_write()?;
-        let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": {}});
-        let written = Api::<GpuPartitionPlan>::all(self.client.clone())
-            .patch_status(&plan.name_any(), &PatchParams::apply(LAYOUTS_MANAGER).force(), &Patch::Apply(&body))
-            .await?;
+        let written = self.write_decision(&plan.name_any(), json!({})).await?;
         self.wrote_decision(&plan.name_any(), &written, None);
         if let Some(st) = plan.status.as_mut() {
             st.layout_decision = None;
@@ -282,10 +274,19 @@ impl Context {
         Ok(())
     }
 
-    /// Remembers a decision write until the plan cache shows it (`auto::written`).
+    /// Applies `status` (the decision, or nothing to drop it) as the plan's layouts manager. Not a
+    /// typed `GpuPartitionPlanStatus`: that would send the status's other fields at their defaults
+    /// (empty conditions, zero counts), and this manager would take them over.
+    async fn write_decision(&self, plan: &str, status: serde_json::Value) -> Result<GpuPartitionPlan, Error> {
+        let body = StatusApply::of::<GpuPartitionPlan>(status);
+        let plans = Api::<GpuPartitionPlan>::all(self.client.clone());
+        self.writer().send(&plans, plan, Write::apply(Manager::Layouts, &body).status()).await
+    }
+
+    /// Remembers a decision write until the plan cache shows it (`automatic_layouts::written`).
     fn wrote_decision(&self, plan: &str, written: &GpuPartitionPlan, decision: Option<&LayoutDecision>) {
         let rv = written.metadata.resource_version.as_deref();
-        self.decision_writes.lock().unwrap_or_else(|p| p.into_inner()).wrote(plan, rv, decision.cloned());
+        crate::locked(&self.decision_writes).wrote(plan, rv, decision.cloned());
     }
 
     /// Nodes among `owned` with a GPU pod that has not finished. One paginated list of every
@@ -317,7 +318,7 @@ impl Context {
     ) -> BTreeMap<String, i64> {
         let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
         let everyone = tessera_planner::coverage::Demand::every(&quotas).total();
-        let mut memo = self.stranded_memo.lock().unwrap_or_else(|p| p.into_inner());
+        let mut memo = crate::locked(&self.stranded_memo);
         let StrandedMemo { by_gpu, by_node } = &mut *memo;
         if by_gpu.len() > 10_000 {
             by_gpu.clear();
@@ -327,7 +328,7 @@ impl Context {
         for plan in plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
             let name = plan.name_any();
             let demand = match &plan.spec.layouts_from {
-                Some(from) => auto::plan_demand(from, &quotas).total(),
+                Some(from) => automatic_layouts::plan_demand(from, &quotas).total(),
                 None => everyone.clone(),
             };
             let demanded: Vec<&String> = demand.iter().filter(|(_, n)| **n > 0).map(|(r, _)| r).collect();
@@ -348,7 +349,7 @@ impl Context {
                 let mut node_total = 0;
                 for g in gn.status.iter().flat_map(|s| s.gpus.iter()) {
                     let key = (gpu_key(g), demanded_key);
-                    let n = *by_gpu.entry(key).or_insert_with(|| match auto::gpu_slot("", g, false) {
+                    let n = *by_gpu.entry(key).or_insert_with(|| match automatic_layouts::gpu_slot("", g, false) {
                         Some(slot) => fleet::stranded_slices(std::slice::from_ref(&slot), &demand),
                         None => 0,
                     });

@@ -12,10 +12,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use tracing::warn;
 
 use super::Dirty;
-use crate::wake::Waker;
+use crate::cache::{Cache, keep};
+use crate::pass_wakes::Waker;
 use tessera_planner::liveness::{LeaseWatch, WatchEvent};
 
 /// Items of the stream `make` returns, until one fails: the next item comes from a new stream
@@ -39,30 +39,19 @@ pub fn watch_leases(api: Api<Lease>, wake: Waker<Lease>, dirty: Arc<Dirty>) -> (
     let (store, writer) = reflector::store();
     let state = Arc::new(Mutex::new(LeaseWatch::default()));
     let watch = state.clone();
-    tokio::spawn(async move {
-        let events = relisting(move || watcher(api.clone(), watcher::Config::default()))
-            .default_backoff()
-            .modify(super::trim_metadata);
-        let stream = super::store_deciding_wakes(events, writer, vec![wake.differs]);
-        futures::pin_mut!(stream);
-        while let Some(item) = stream.next().await {
-            let mut watch = watch.lock().unwrap_or_else(|p| p.into_inner());
-            match item {
-                Ok((event, to_wake)) => {
-                    dirty.mark(&event);
-                    *watch = watch.after_event(lease_watch_event(&event), Timestamp::now());
-                    drop(watch);
-                    if to_wake & 1 != 0 {
-                        wake.notify.notify_one();
-                    }
-                }
-                Err(e) => {
-                    *watch = watch.after_failure();
-                    warn!(error = %e, "lease watch error; re-listing with backoff (no agent is judged dead meanwhile)");
-                }
-            }
-        }
-    });
+    let events = relisting(move || watcher(api.clone(), watcher::Config::default())).default_backoff();
+    let cache = Cache {
+        dirty: Some(dirty),
+        failed: "lease watch error; re-listing with backoff (no agent is judged dead meanwhile)",
+        ..Cache::waking(vec![wake])
+    };
+    tokio::spawn(keep(events, writer, cache, move |item| {
+        let mut watch = crate::locked(&watch);
+        *watch = match item {
+            Ok(event) => watch.after_event(lease_watch_event(event), Timestamp::now()),
+            Err(_) => watch.after_failure(),
+        };
+    }));
     (store, state)
 }
 
@@ -80,6 +69,33 @@ mod tests {
     use std::cell::Cell;
 
     use super::*;
+
+    /// Only a completed re-list brings a lease watch up (see `LeaseWatch::after_event`): a lease
+    /// listed mid-re-list, changed or deleted is a change, not a catch-up; read through the
+    /// watcher's real events.
+    #[test]
+    fn only_the_end_of_a_relist_reads_as_one() {
+        let lease = Lease::default();
+        let cases = [
+            (watcher::Event::Init, WatchEvent::RelistStarted),
+            (watcher::Event::InitApply(lease.clone()), WatchEvent::Changed),
+            (watcher::Event::InitDone, WatchEvent::RelistDone),
+            (watcher::Event::Apply(lease.clone()), WatchEvent::Changed),
+            (watcher::Event::Delete(lease), WatchEvent::Changed),
+        ];
+        for (event, want) in cases {
+            assert_eq!(lease_watch_event(&event), want, "{event:?}");
+        }
+        let at = k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap();
+        let relisted = [watcher::Event::Init, watcher::Event::InitApply(Lease::default()), watcher::Event::InitDone]
+            .iter()
+            .fold(LeaseWatch::Down, |w, e| w.after_event(lease_watch_event(e), at));
+        assert_eq!(relisted, LeaseWatch::CaughtUp(at));
+        let midway = [watcher::Event::Init, watcher::Event::InitApply(Lease::default())]
+            .iter()
+            .fold(LeaseWatch::Down, |w, e| w.after_event(lease_watch_event(e), at));
+        assert_eq!(midway, LeaseWatch::Down, "a re-list begun is not a catch-up");
+    }
 
     #[tokio::test]
     async fn a_failed_stream_is_replaced_by_a_new_one() {

@@ -10,16 +10,17 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
+use kube::api::Api;
 use tessera_crds::GpuPartitionPlan;
 use tessera_crds::gpunode::NodePhase;
 use tracing::warn;
 
-use super::slots::Slots;
-use super::{Context, EVICTION_TIMED_OUT, MANAGER, NODES_IN_PARALLEL, node_of};
+use super::fleet_cache::FleetCache;
+use super::{Context, EVICTION_TIMED_OUT, NODES_IN_PARALLEL, node_of};
 use crate::Error;
 use crate::expectations::Progress;
+use crate::writer::bodies::StatusApply;
+use crate::writer::{Manager, Write};
 use tessera_planner::events::NodeEvent;
 use tessera_planner::liveness::AgentHealth;
 use tessera_planner::rollout::{self, Action, NodeInput, PlanReport};
@@ -41,10 +42,10 @@ struct GroupResult {
 impl Context {
     /// One pass over the fleet: the steps in turn. A failed call is reported and the pass goes
     /// on; the pass fails (partially) with the number of them.
-    pub(super) async fn pass(&self, slots: &mut Slots) -> Result<(), Error> {
+    pub(super) async fn pass(&self, slots: &mut FleetCache) -> Result<(), Error> {
         let mut plans: Vec<GpuPartitionPlan> = self.plans.state().iter().map(|p| (**p).clone()).collect();
         let mut plan_errors: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (plan, e) in self.ensure_finalizers(&plans).await {
+        for (plan, e) in self.ensure_finalizers(&plans).await? {
             plan_errors.entry(plan).or_default().push(format!("adding the finalizer: {e}"));
         }
         let (now, agents, behind) = self.read_fleet(slots);
@@ -60,7 +61,7 @@ impl Context {
         self.set_phase_metrics(slots);
         attribute_errors(&mut reports, &names, &node_errors);
         // The lease ran out mid-pass: what follows would be written after it (see `leader`).
-        self.may_write()?;
+        self.writer().may_write()?;
         self.write_dra(&dra, &mut reports, slots).await;
         let failed = self.write_statuses(&plans, &mut reports, plan_errors, now, slots).await;
         match node_errors.len() + failed {
@@ -71,22 +72,22 @@ impl Context {
 
     /// Brings the slots up to date with what the watches saw change; returns the pass's time,
     /// each node's agent health, and which nodes' caches do not show our last write yet.
-    fn read_fleet(&self, slots: &mut Slots) -> (Timestamp, Vec<AgentHealth>, Vec<bool>) {
+    fn read_fleet(&self, slots: &mut FleetCache) -> (Timestamp, Vec<AgentHealth>, Vec<bool>) {
         // Read before the caches are: each snapshot below is at least this far along.
         let progress = Progress {
             gpunodes: self.gpunodes_progress.load(Ordering::Acquire),
             nodes: self.nodes_progress.load(Ordering::Acquire),
         };
         // Read before the names are taken: a re-list it counts has named every lease.
-        let lease_watch = *self.lease_watch.lock().unwrap_or_else(|p| p.into_inner());
+        let lease_watch = *crate::locked(&self.lease_watch);
         // What changed is taken before the caches are read: a change after this is read again
         // next pass (and may already be read now).
         let changed = self.dirty.take();
         let refreshed = slots.refresh(changed, &self.nodes, &self.gpunodes, &self.leases);
         let now = Timestamp::now();
         let mut behind = vec![false; slots.slots.len()];
-        let mut liveness = self.liveness.lock().unwrap_or_else(|p| p.into_inner());
-        let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
+        let mut liveness = crate::locked(&self.liveness);
+        let mut expectations = crate::locked(&self.expectations);
         slots.forget_gone(&refreshed, &mut liveness);
         // Only the few nodes with a write not seen yet are looked at.
         if !expectations.is_empty() {
@@ -106,7 +107,12 @@ impl Context {
     }
 
     /// Each node as the planner sees it, borrowed from the slots (pods are listed after).
-    fn node_inputs<'s>(&self, slots: &'s Slots, agents: Vec<AgentHealth>, behind: Vec<bool>) -> Vec<NodeInput<'s>> {
+    fn node_inputs<'s>(
+        &self,
+        slots: &'s FleetCache,
+        agents: Vec<AgentHealth>,
+        behind: Vec<bool>,
+    ) -> Vec<NodeInput<'s>> {
         let inputs: Vec<NodeInput<'s>> = slots
             .slots
             .iter()
@@ -136,7 +142,7 @@ impl Context {
 
     /// The pods of draining nodes, listed concurrently (one request per draining node), with
     /// the pods that came back to each.
-    async fn list_draining_pods(&self, slots: &Slots, inputs: &mut [NodeInput<'_>]) {
+    async fn list_draining_pods(&self, slots: &FleetCache, inputs: &mut [NodeInput<'_>]) {
         let draining: Vec<usize> = (0..inputs.len())
             .filter(|&i| !inputs[i].cache_behind && slots.slots[i].phase == NodePhase::Draining)
             .collect();
@@ -151,7 +157,7 @@ impl Context {
         // Read after the pods, so the cache has had the longest to show their claims; a claim it
         // does not hold yet counts as GPU use (`gpu_use`: a bound pod's unknown claim).
         let claims = std::sync::Arc::new(if listed.is_empty() { Default::default() } else { self.claims.index() });
-        let mut returns = self.returns.lock().unwrap_or_else(|p| p.into_inner());
+        let mut returns = crate::locked(&self.returns);
         returns.retain(|node| slots.position(node).is_some_and(|i| slots.slots[i].phase == NodePhase::Draining));
         for (i, (pods, daemonsets)) in listed {
             inputs[i].pods = pods;
@@ -176,7 +182,7 @@ impl Context {
         // While an automatic plan waits to decide again, no new node starts on the old decision
         // (as if paused; nodes in flight finish).
         let (actions, mut reports) = {
-            let mut carry = self.carry.lock().unwrap_or_else(|p| p.into_inner());
+            let mut carry = crate::locked(&self.carry);
             let planned = if layouts.deciding.is_empty() {
                 rollout::plan_fleet_with(plans, inputs, now, &mut carry)
             } else {
@@ -291,14 +297,14 @@ impl Context {
         reports: &mut BTreeMap<String, PlanReport>,
         mut plan_errors: BTreeMap<String, Vec<String>>,
         now: Timestamp,
-        slots: &Slots,
+        slots: &FleetCache,
     ) -> usize {
         let mut failed = 0;
         let mut statuses: BTreeMap<String, tessera_crds::GpuPartitionPlanStatus> = BTreeMap::new();
         for plan in plans {
             let name = plan.name_any();
             if plan.metadata.deletion_timestamp.is_some() {
-                if self.expectations.lock().unwrap_or_else(|p| p.into_inner()).names(&name) {
+                if crate::locked(&self.expectations).names(&name) {
                     continue; // a record naming the plan is newer than the cache shows
                 }
                 if let Err(e) = self.finish_deletion(plan, slots).await {
@@ -336,17 +342,18 @@ impl Context {
         status.layout_decision = previous.layout_decision.clone();
         let kept = status.clone();
         if status != previous {
-            // Each write, not once per loop: a status write can be slow, and the lease may pass.
-            if self.may_write().is_err() {
-                return (kept, false);
-            }
             status.layout_decision = None;
-            let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan", "status": status});
+            let body = StatusApply::of::<GpuPartitionPlan>(&status);
             let api = Api::<GpuPartitionPlan>::all(self.client.clone());
-            if let Err(e) = api.patch_status(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await {
-                self.metrics.error("kube");
-                warn!(plan = %name, error = %e, "could not write the plan's status; retrying");
-                return (kept, false);
+            // Each write checks the tenure, not once per loop: a status write can be slow, and
+            // the lease may pass.
+            match self.writer().send_counted(&api, name, Write::apply(Manager::Operator, &body).status()).await {
+                Ok(Ok(_)) => {}
+                Err(_) => return (kept, false), // not sent: the lease may have passed
+                Ok(Err(e)) => {
+                    warn!(plan = %name, error = %e, "could not write the plan's status; retrying");
+                    return (kept, false);
+                }
             }
         }
         (kept, true)

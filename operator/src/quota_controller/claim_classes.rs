@@ -9,7 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::resource::v1::DeviceClass;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
@@ -18,7 +18,7 @@ use super::policy_check::{
     BINDINGS, Checked, NOT_ENFORCING, PODS, QUOTA_NAMES, params_binding_problem, policy_problems, problems,
 };
 use crate::Error;
-use crate::controller::MANAGER;
+use crate::writer::{Manager, Write};
 use tessera_planner::quota::QuotaPlan;
 use tessera_planner::quota::claims::{ClassApply, POLICY_PARAMS, binding_problem, spec_matches};
 
@@ -45,41 +45,35 @@ impl QuotaController {
                 "metadata": {"name": c.name, "labels": {MANAGED_BY.0: MANAGED_BY.1}},
                 "spec": {"selectors": [{"cel": {"expression": c.expression}}]}});
             info!(class = %c.name, "applying DeviceClass");
-            if let Err(e) = Api::<DeviceClass>::all(self.client.clone())
-                .patch(&c.name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-                .await
-            {
-                self.metrics.error("kube");
+            let api = Api::<DeviceClass>::all(self.client.clone());
+            if let Err(e) = self.writer().send_counted(&api, &c.name, Write::apply(Manager::Operator, &body)).await? {
                 warn!(class = %c.name, error = %e, "could not apply a DeviceClass; retrying");
                 failed.push(format!("DeviceClass {}: {e}", c.name));
             }
         }
         let have = self.policy_params.state().first().and_then(|cm| cm.data.clone()).unwrap_or_default();
         let mut stale = false;
-        if have != plan.policy {
-            self.may_write()?;
-            if let Err(e) = self.write_policy(&plan.policy).await {
-                failed.push(format!("claim-class policy params ConfigMap {}/{POLICY_PARAMS}: {e}", self.namespace));
-                stale = true;
-            }
+        if have != plan.policy
+            && let Err(e) = self.write_policy(&plan.policy).await?
+        {
+            failed.push(format!("claim-class policy params ConfigMap {}/{POLICY_PARAMS}: {e}", self.namespace));
+            stale = true;
         }
         Ok((failed, stale))
     }
 
-    async fn write_policy(&self, data: &BTreeMap<String, String>) -> Result<(), kube::Error> {
+    /// Applies the policy params ConfigMap; a failure is counted, logged and handed back inside,
+    /// [`Error::NotLeader`] outside (nothing sent).
+    async fn write_policy(&self, data: &BTreeMap<String, String>) -> Result<kube::Result<()>, Error> {
         let body = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": POLICY_PARAMS, "namespace": self.namespace,
                 "labels": {MANAGED_BY.0: MANAGED_BY.1}},
             "data": data});
         let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
-        match api.patch(POLICY_PARAMS, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body)).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                self.metrics.error("kube");
-                warn!(namespace = %self.namespace, error = %e, "could not write the claim-class policy params; retrying");
-                Err(e)
-            }
-        }
+        let written = self.writer().send_counted(&api, POLICY_PARAMS, Write::apply(Manager::Operator, &body)).await?;
+        Ok(written.map(|_| ()).inspect_err(|e| {
+            warn!(namespace = %self.namespace, error = %e, "could not write the claim-class policy params; retrying");
+        }))
     }
 }
 
@@ -99,7 +93,7 @@ impl QuotaController {
             }
         };
         let found = match (binding_problem(binding.as_ref(), &self.namespace), binding) {
-            (Some(problem), _) => Some(("ParamsNotRead", problem)),
+            (Some(problem), _) => Some((tessera_crds::conditions::quota_reasons::PARAMS_NOT_READ, problem)),
             (None, None) => None, // `binding_problem` names a missing binding
             (None, Some(binding)) => {
                 let api = Api::<ValidatingAdmissionPolicy>::all(self.client.clone());
@@ -120,7 +114,7 @@ impl QuotaController {
             (None, Some(p)) => Some((NOT_ENFORCING, p)),
             (Some((reason, f)), Some(p)) => Some((reason, format!("{f}; {p}"))),
         };
-        let mut last = self.binding_problem.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = crate::locked(&self.binding_problem);
         if let Some((_, p)) = &found {
             self.metrics.error("claim_policy_binding");
             if last.as_ref() != Some(p) {

@@ -27,7 +27,7 @@ impl Deleted {
     /// `cached` less the ResourceQuotas deleted by this controller; forgets each deleted one the
     /// cache no longer shows (the watch delivered its deletion).
     pub(super) fn hide(&self, cached: Vec<ResourceQuota>) -> Vec<ResourceQuota> {
-        let mut gone = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut gone = crate::locked(&self.0);
         let shown: BTreeSet<Key> = cached.iter().filter_map(key).collect();
         gone.retain(|k| shown.contains(k));
         cached.into_iter().filter(|rq| key(rq).is_none_or(|k| !gone.contains(&k))).collect()
@@ -36,7 +36,7 @@ impl Deleted {
     /// `rq` (as cached) was deleted, or found already gone.
     pub(super) fn remember(&self, rq: &ResourceQuota) {
         if let Some(k) = key(rq) {
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(k);
+            crate::locked(&self.0).insert(k);
         }
     }
 

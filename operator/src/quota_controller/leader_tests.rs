@@ -66,7 +66,7 @@ fn assert_every_kind_written(requests: &Requests) {
 async fn a_quota_pass_under_a_held_tenure_writes_every_kind_of_object() {
     let (client, requests) = recording_api(|method, _, _| (method == "DELETE").then(deleted));
     let controller = controller_with_every_write(client);
-    controller.tenure.set(tenure_until(60)).unwrap();
+    let controller = controller.with_tenure(tenure_until(60));
 
     let result = controller.reconcile().await;
     assert!(result.is_ok(), "{result:?}");
@@ -77,7 +77,7 @@ async fn a_quota_pass_under_a_held_tenure_writes_every_kind_of_object() {
 async fn a_quota_pass_whose_tenure_lapsed_writes_nothing_and_ends_not_leader() {
     let (client, requests) = recording_api(|method, _, _| (method == "DELETE").then(deleted));
     let controller = controller_with_every_write(client);
-    controller.tenure.set(tenure_until(-1)).unwrap();
+    let controller = controller.with_tenure(tenure_until(-1));
 
     let result = controller.reconcile().await;
     assert!(matches!(result, Err(Error::NotLeader)), "{result:?}");
@@ -103,7 +103,7 @@ async fn a_tenure_lapsing_mid_pass_stops_the_writes_after_the_one_sent() {
             (m == "DELETE").then(deleted)
         });
         let controller = controller_with_every_write(client);
-        controller.tenure.set(tenure).unwrap();
+        let controller = controller.with_tenure(tenure);
 
         let result = controller.reconcile().await;
         assert!(matches!(result, Err(Error::NotLeader)), "{method} {kind}: {result:?}");

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use tessera_crds::TenantGpuQuota;
 use tessera_planner::quota::claims::ClassView;
 use tessera_planner::quota::early_pods::PendingPod;
-use tessera_planner::quota::{Capacity, Dra};
+use tessera_planner::quota::{Capacity, DraInputs};
 use tracing::{info, warn};
 
 use super::{Inputs, QuotaController, pending_pods};
@@ -43,46 +43,33 @@ impl QuotaController {
     }
 
     /// What the fleet supplies: the GpuNodes, stand-ins for DRA drivers' nodes, and the
-    /// `nvidia.com/` resources the Nodes advertise (once their cache is set).
+    /// `nvidia.com/` resources the Nodes advertise.
     fn capacity(&self) -> Capacity {
-        let stand_ins = crate::controller::dra::supply_nodes(self.dra.get(), &self.gpunodes);
+        let stand_ins = crate::controller::dra::supply_nodes(&self.dra, &self.gpunodes);
         let mut capacity = Capacity::of(self.gpunodes.state().iter().map(|g| &**g).chain(&stand_ins));
-        if let Some(nodes) = self.nodes.get() {
-            capacity.advertised = tessera_planner::quota::advertised(nodes.state().iter().map(|n| &**n));
-        }
+        capacity.advertised = tessera_planner::quota::advertised(self.nodes.state().iter().map(|n| &**n));
         capacity
     }
 
-    /// The claims, classes, stored params and unbound pods the plan reads; without the claim
-    /// cache no claim is known (none held elsewhere, none pending).
-    fn dra_inputs(&self, classes: &[Arc<DeviceClass>], namespace_uids: BTreeMap<String, String>) -> Dra {
+    /// The claims, classes, stored params and unbound pods the plan reads.
+    fn dra_inputs(&self, classes: &[Arc<DeviceClass>], namespace_uids: BTreeMap<String, String>) -> DraInputs {
         // Devices held through classes other than Tessera's.
-        let held = self.claims.get().map_or_else(Default::default, |c| {
-            let slices = self.dra.get().map(|d| d.slices()).unwrap_or_default();
-            tessera_planner::quota::holdings::held_elsewhere(
-                c.claims().iter().map(|c| &**c),
-                slices.iter().map(|s| &**s),
-                &self.drivers,
-            )
-        });
+        let claims = self.claims.claims();
+        let claims = || claims.iter().map(|c| &**c);
+        let slices = self.dra.slices();
+        let held =
+            tessera_planner::quota::holdings::held_elsewhere(claims(), slices.iter().map(|s| &**s), &self.drivers);
         let view = ClassView::of(classes.iter().map(|c| &**c), &self.drivers);
         // Claims not allocated yet, counted at their most.
-        let pending = self.claims.get().map_or_else(Vec::new, |c| {
-            tessera_planner::quota::unallocated::unallocated(c.claims().iter().map(|c| &**c), &view)
-        });
-        let admin_access = self.claims.get().map_or_else(Vec::new, |c| {
-            tessera_planner::quota::unallocated::admin_access(c.claims().iter().map(|c| &**c), &view)
-        });
-        let ours = self
-            .claims
-            .get()
-            .map_or_else(Vec::new, |c| tessera_planner::quota::unallocated::ours(c.claims().iter().map(|c| &**c)));
+        let pending = tessera_planner::quota::unallocated::unallocated(claims(), &view);
+        let admin_access = tessera_planner::quota::unallocated::admin_access(claims(), &view);
+        let ours = tessera_planner::quota::unallocated::ours(claims());
         let stored_params = self.policy_params.state().first().and_then(|c| c.data.clone()).unwrap_or_default();
         let params_uids =
             stored_params.iter().filter_map(|(k, v)| Some((k.strip_suffix(".uid")?.to_string(), v.clone()))).collect();
         let (pods, pods_listed) = self.unbound_pods();
         let drivers = self.drivers.clone();
-        Dra {
+        DraInputs {
             classes: view,
             drivers,
             held,

@@ -5,17 +5,18 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::Notify;
-use tracing::warn;
 
+use crate::cache::{Cache, keep};
+use crate::pass_wakes::Waker;
 use tessera_planner::quota::early_pods::{PendingPod, unbound_gpu_pod};
 
 /// Where the cached pod keeps the GPU resources it asks for (space-separated): the cache holds
@@ -92,7 +93,7 @@ pub(super) fn listed(store: &Store<Pod>) -> bool {
 }
 
 /// The reason on `Ready` while the cache is not listed.
-pub(super) const POD_WATCH_FAILING: &str = "PodWatchFailing";
+pub(super) const POD_WATCH_FAILING: &str = tessera_crds::conditions::quota_reasons::POD_WATCH_FAILING;
 
 /// What `Ready` says while the cache is not listed.
 pub(super) const POD_WATCH_MESSAGE: &str = "unbound pods are not listed: the operator's ClusterRole lacks `watch pods` (apply the ClusterRole of this release); `<ns>.pods` keeps the pods listed before, GPU pods made before a namespace joined since are not refused binding";
@@ -120,29 +121,36 @@ pub(super) fn report_pod_watch(
 
 /// Watches unbound pods into a cache, waking `changed` as [`sift`] says.
 pub(super) fn watch(client: Client, changed: Arc<Notify>) -> Store<Pod> {
-    let (store, mut writer) = reflector::store();
-    let cached = writer.as_reader();
-    tokio::spawn(async move {
-        let config = watcher::Config::default().fields("spec.nodeName=");
-        let events = watcher::watcher(Api::<Pod>::all(client), config).default_backoff();
-        futures::pin_mut!(events);
-        while let Some(ev) = events.next().await {
-            let ev = match ev {
-                Ok(ev) => ev,
-                Err(e) => {
-                    warn!(error = %e, "unbound pod watch error; retrying with backoff");
-                    continue;
-                }
-            };
-            if let Some((ev, wake)) = sift(ev, |p| cached.get(&ObjectRef::from_obj(p)).is_some()) {
-                writer.apply_watcher_event(&ev);
-                if wake {
-                    changed.notify_one();
-                }
-            }
-        }
-    });
+    let (store, writer) = reflector::store();
+    let config = watcher::Config::default().fields("spec.nodeName=");
+    let events = watcher::watcher(Api::<Pod>::all(client), config).default_backoff();
+    tokio::spawn(keep_pods(events, writer, changed));
     store
+}
+
+/// Keeps `writer`'s store at the pod events of `events` that [`kept`] passes on, waking
+/// `changed` as [`sift`] says.
+fn keep_pods<S>(events: S, writer: Writer<Pod>, changed: Arc<Notify>) -> impl Future<Output = ()>
+where
+    S: futures::Stream<Item = Result<Event<Pod>, watcher::Error>>,
+{
+    let cached = writer.as_reader();
+    let events = events.try_filter_map(move |ev| futures::future::ready(Ok(kept(ev, &cached))));
+    // A pod `kept` passes on wakes when new to the cache, not when it changes (see `sift`).
+    let cache = Cache {
+        trim: |_| {},
+        failed: "unbound pod watch error; retrying with backoff",
+        ..Cache::waking(vec![Waker { notify: changed, differs: |_, _| false }])
+    };
+    keep(events, writer, cache, |_| {})
+}
+
+/// The event [`sift`] stores, less a deletion that wakes nobody: that of a pod the cache does not
+/// hold, which would change nothing. The rest wake as `sift` says: a pod new to the cache, one
+/// that leaves it, and the end of a re-list.
+fn kept(event: Event<Pod>, cached: &Store<Pod>) -> Option<Event<Pod>> {
+    let (event, wake) = sift(event, |p| cached.get(&ObjectRef::from_obj(p)).is_some())?;
+    (wake || !matches!(event, Event::Delete(_))).then_some(event)
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use serde_json::Value;
 use tessera_planner::quota::claims::POLICY_PARAMS;
 
 /// The condition reason for a policy or binding that would not refuse a closed class.
-pub(crate) const NOT_ENFORCING: &str = "PolicyNotEnforcing";
+pub(crate) const NOT_ENFORCING: &str = tessera_crds::conditions::quota_reasons::POLICY_NOT_ENFORCING;
 
 /// One shipped policy the operator checks: its name (and its binding's), what its match must
 /// cover (API group, resources and operations, version `v1`), and what is lost when it does not.

@@ -1,11 +1,100 @@
-//! Test doubles for the quota controller: a client whose fake API server records each request,
-//! caches filled from a list, and the fixtures the controller tests build on.
+//! Test doubles for the quota controller: a controller over stores the test fills, a client
+//! whose fake API server records each request, caches filled from a list, and the fixtures the
+//! controller tests build on.
 
-use k8s_openapi::api::core::v1::ResourceQuota;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, ResourceQuota};
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
+use tessera_planner::dra::GpuDrivers;
+use tessera_planner::idle::gate::Verdicts;
 use tessera_planner::quota::stamp::{IN_FORCE_SINCE, format};
 use tessera_planner::quota::{quota_label_value, resource_quota_name};
+use tokio::sync::Notify;
+
+use super::QuotaController;
+use crate::controller::claims::ClaimCache;
+use crate::controller::dra::DraWatch;
+use crate::leader::Tenure;
+use crate::metrics::Metrics;
+
+impl QuotaController {
+    /// A controller over stores filled by the caller (tests), not by watches. What it shares
+    /// with the rollout controller starts empty: no Node, claim or slice, no verdicts published,
+    /// a tenure that always holds (as without leader election).
+    pub(crate) fn from_stores(
+        client: kube::Client,
+        quotas: Store<TenantGpuQuota>,
+        rqs: Store<ResourceQuota>,
+        namespaces: Store<Namespace>,
+    ) -> Self {
+        let (metrics, changed) = (Arc::new(Metrics::default()), Arc::new(Notify::new()));
+        Self {
+            client,
+            metrics,
+            quotas,
+            rqs,
+            namespaces,
+            gpunodes: reflector::store().0,
+            classes: reflector::store().0,
+            drivers: GpuDrivers::default(),
+            namespace: "tessera-system".into(),
+            policy_params: reflector::store().0,
+            changed,
+            fleet_changed: Arc::new(Notify::new()),
+            dra: DraWatch::of(reflector::store().0, GpuDrivers::default()),
+            nodes: reflector::store().0,
+            claims: ClaimCache::of(reflector::store().0, GpuDrivers::default()),
+            not_reporting: Default::default(),
+            idle: Default::default(),
+            idle_failed: Default::default(),
+            binding_problem: Default::default(),
+            pods: {
+                // Listed and empty: tests that want it unlisted replace it.
+                let (pods, mut writer) = reflector::store();
+                writer.apply_watcher_event(&watcher::Event::InitDone);
+                pods
+            },
+            pods_unlisted: Default::default(),
+            deleted: Default::default(),
+            tenure: Default::default(),
+        }
+    }
+
+    /// [`Self::from_stores`] with the cluster's DeviceClasses and policy params ConfigMap (tests).
+    pub(crate) fn with_dra(mut self, classes: Store<DeviceClass>, policy_params: Store<ConfigMap>) -> Self {
+        (self.classes, self.policy_params) = (classes, policy_params);
+        self
+    }
+
+    /// With the rollout controller's ResourceClaim cache.
+    pub(crate) fn with_claims(mut self, claims: ClaimCache) -> Self {
+        self.claims = claims;
+        self
+    }
+
+    /// With the rollout controller's Node cache.
+    pub(crate) fn with_nodes(mut self, nodes: Store<Node>) -> Self {
+        self.nodes = nodes;
+        self
+    }
+
+    /// With the verdicts the rollout controller published.
+    pub(crate) fn with_not_reporting(mut self, verdicts: Verdicts) -> Self {
+        self.not_reporting = verdicts;
+        self
+    }
+
+    /// With the leader tenure the rollout controller follows.
+    pub(crate) fn with_tenure(mut self, tenure: Arc<Tenure>) -> Self {
+        self.tenure = tenure;
+        self
+    }
+}
 
 /// What the fake API server was asked: (method, path, body).
 pub(crate) type Requests = std::sync::Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>;

@@ -24,8 +24,7 @@ fn controller(client: Client, previous: Option<Value>) -> QuotaController {
     let c = controller_before_verdicts(client, previous);
     let verdicts = tessera_planner::idle::gate::Verdicts::default();
     verdicts.publish(std::iter::empty(), k8s_openapi::jiff::Timestamp::now(), up());
-    let _ = c.not_reporting.set(verdicts);
-    c
+    c.with_not_reporting(verdicts)
 }
 
 /// A lease watch caught up long ago.
@@ -88,7 +87,7 @@ async fn a_node_whose_agent_the_rollout_judged_dead_is_named_and_its_device_unme
     let verdicts = tessera_planner::idle::gate::Verdicts::default();
     let dead = tessera_planner::liveness::AgentHealth::NotResponding { since: Some(since) };
     verdicts.publish([("n1", &dead, None)].into_iter(), k8s_openapi::jiff::Timestamp::now(), up());
-    let _ = c.not_reporting.set(verdicts);
+    let c = c.with_not_reporting(verdicts);
     c.reconcile().await.unwrap();
     let a = written_activity(&requests).expect("activity written");
     assert_eq!((a["allocated"].as_i64(), a["idle"].as_i64(), a["unmeasured"].as_i64()), (Some(1), Some(0), Some(1)));
@@ -158,7 +157,7 @@ async fn old_verdicts_or_a_lease_watch_down_make_no_report_and_leave_the_timesta
         let c = controller_before_verdicts(client, Some(previous.clone()));
         let verdicts = tessera_planner::idle::gate::Verdicts::default();
         verdicts.publish(std::iter::empty(), at, watch);
-        let _ = c.not_reporting.set(verdicts);
+        let c = c.with_not_reporting(verdicts);
         let _ = c.reconcile().await;
         let lists = requests.lock().unwrap().iter().filter(|(m, p, _)| m == "GET" && p == "/api/v1/pods").count();
         assert_eq!(lists, 0, "no report computed ({watch:?})");
@@ -200,7 +199,7 @@ async fn devices_held_through_other_classes_come_off_the_written_share() {
     .unwrap();
     let (client, requests) = api(Some(json!([])));
     let c = controller(client, None);
-    let _ = c.claims.set(crate::controller::claims::ClaimCache::of(store_of(vec![claim]), GpuDrivers::default()));
+    let c = c.with_claims(crate::controller::claims::ClaimCache::of(store_of(vec![claim]), GpuDrivers::default()));
     c.reconcile().await.unwrap();
     let body = written_ml_quota(&requests);
     assert_eq!(body["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"], "1", "share 2 less the 1 held: {body}");
@@ -217,7 +216,7 @@ async fn unallocated_claims_of_other_classes_come_off_the_written_share() {
     .unwrap();
     let (client, requests) = api(Some(json!([])));
     let c = controller(client, None);
-    let _ = c.claims.set(crate::controller::claims::ClaimCache::of(store_of(vec![claim]), GpuDrivers::default()));
+    let c = c.with_claims(crate::controller::claims::ClaimCache::of(store_of(vec![claim]), GpuDrivers::default()));
     c.reconcile().await.unwrap();
     let body = written_ml_quota(&requests);
     assert_eq!(body["spec"]["hard"]["requests.nvidia.com/mig-3g.40gb"], "1", "share 2 less the 1 claimed: {body}");
@@ -238,7 +237,7 @@ async fn unlisted_zero_holds_what_nodes_advertise_at_zero_in_the_written_share()
     let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({"metadata": {"name": "n1"},
         "status": {"allocatable": {"nvidia.com/gpu.shared": "8"}}}))
     .unwrap();
-    let _ = c.nodes.set(store_of(vec![node]));
+    let c = c.with_nodes(store_of(vec![node]));
     c.reconcile().await.unwrap();
     let body = written_ml_quota(&requests);
     assert_eq!(body["spec"]["hard"]["requests.nvidia.com/gpu.shared"], "0", "{body}");

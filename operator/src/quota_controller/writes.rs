@@ -1,13 +1,13 @@
 //! A quota pass's writes of ResourceQuotas (applied, stale ones deleted) and quota statuses
-//! (Tessera's DeviceClasses and the policy params: `claim_classes`). Each write first checks the
-//! tenure ([`QuotaController::may_write`]): once the lease may have passed, the pass ends.
+//! (Tessera's DeviceClasses and the policy params: `claim_classes`). Each write goes through the
+//! controller's `Writer`, which first checks the tenure: once the lease may have passed, the pass
+//! ends ([`Error::NotLeader`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use serde_json::json;
+use kube::api::{Api, DeleteParams};
 use tessera_crds::TenantGpuQuota;
 use tessera_crds::quota::TenantGpuQuotaStatus;
 use tessera_planner::quota::{QuotaPlan, report_write_failures};
@@ -15,7 +15,8 @@ use tracing::{info, warn};
 
 use super::{Inputs, QuotaController, is_current, pending_pods, report_binding};
 use crate::Error;
-use crate::controller::MANAGER;
+use crate::writer::bodies::StatusApply;
+use crate::writer::{Manager, Write};
 
 /// Errors per quota (by name), for its status.
 pub(super) type Failures = BTreeMap<String, Vec<String>>;
@@ -47,9 +48,7 @@ impl QuotaController {
             if current.is_some_and(|rq| is_current(rq, a)) {
                 continue;
             }
-            self.may_write()?;
-            if let Err(e) = self.apply(owner, a).await {
-                self.metrics.error("kube");
+            if let Err(e) = self.apply(owner, a).await? {
                 warn!(namespace = %a.namespace, quota = %a.quota, error = %e, "could not apply a ResourceQuota");
                 failures
                     .entry(a.quota.clone())
@@ -89,11 +88,10 @@ impl QuotaController {
             let api = Api::<ResourceQuota>::namespaced(self.client.clone(), &d.namespace);
             let cached =
                 i.rqs.iter().find(|r| r.metadata.namespace.as_ref() == Some(&d.namespace) && r.name_any() == d.name);
-            match api.delete(&d.name, &DeleteParams::default()).await {
-                Ok(_) => cached.into_iter().for_each(|r| self.deleted.remember(r)),
-                Err(kube::Error::Api(s)) if s.code == 404 => cached.into_iter().for_each(|r| self.deleted.remember(r)),
+            // Deleted, or found already gone: hidden while the cache still shows it.
+            match self.writer().delete_counted(&api, &d.name, &DeleteParams::default()).await? {
+                Ok(()) => cached.into_iter().for_each(|r| self.deleted.remember(r)),
                 Err(e) => {
-                    self.metrics.error("kube");
                     warn!(namespace = %d.namespace, name = %d.name, error = %e, "could not delete a stale ResourceQuota");
                     let msg = format!("deleting stale ResourceQuota {} in {}: {e}", d.name, d.namespace);
                     failures.entry(d.quota.clone()).or_default().push(msg);
@@ -114,13 +112,10 @@ impl QuotaController {
             if q.status.as_ref() == Some(&status) {
                 continue;
             }
-            self.may_write()?;
-            let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "status": status});
-            if let Err(e) = Api::<TenantGpuQuota>::all(self.client.clone())
-                .patch_status(&q.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
-                .await
-            {
-                self.metrics.error("kube");
+            let body = StatusApply::of::<TenantGpuQuota>(&status);
+            let api = Api::<TenantGpuQuota>::all(self.client.clone());
+            let write = Write::apply(Manager::Operator, &body).status();
+            if let Err(e) = self.writer().send_counted(&api, &q.name_any(), write).await? {
                 warn!(quota = %q.name_any(), error = %e, "could not write the quota's status; retrying");
                 failed += 1;
             }

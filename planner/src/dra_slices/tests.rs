@@ -197,7 +197,7 @@ fn stand_in_gpunodes_carry_the_slices_supply_to_the_quota_and_solver_counts_once
     let capacity = crate::quota::Capacity::of(std::iter::once(&*reported).chain(&stand_ins));
     assert_eq!(capacity.supply, [(mig1g.clone(), 3), (gpu.clone(), 2)].into());
     // The solver counts the stand-ins as GPUs it cannot carve: the same figures.
-    assert_eq!(crate::auto::unseen_supply(&stand_ins), [(mig1g, 1), (gpu, 1)].into());
+    assert_eq!(crate::automatic_layouts::unseen_supply(&stand_ins), [(mig1g, 1), (gpu, 1)].into());
 }
 
 #[test]

@@ -7,7 +7,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube_core::Resource;
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 
-use super::{Dra, FleetStatus, SliceIndex, Unreadable, fleet_status_with};
+use super::{DeviceIndex, FleetStatus, SliceIndex, Unreadable, fleet_status_with};
 use crate::dra::GpuDrivers;
 use crate::gpu_use::ClaimIndex;
 
@@ -32,7 +32,8 @@ pub struct Inputs {
 
 impl Inputs {
     pub fn report(&self) -> FleetStatus {
-        let dra = Dra { claims: ClaimIndex::new(&self.claims, &self.drivers), slices: SliceIndex::new(&self.slices) };
+        let dra =
+            DeviceIndex { claims: ClaimIndex::new(&self.claims, &self.drivers), slices: SliceIndex::new(&self.slices) };
         let mut s = fleet_status_with(&self.gpunodes, &self.plans, &self.quotas, &self.pods, &dra);
         s.unreadable = self.unreadable.clone();
         // Without pods, or without the claims that say which devices pods hold through DRA, no

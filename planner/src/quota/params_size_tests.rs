@@ -8,7 +8,7 @@ use serde_json::json;
 use tessera_crds::TenantGpuQuota;
 
 use super::unallocated::{CLAIMS_BUDGET, Pending};
-use super::{Capacity, Dra, fallback_resource_quota_name, plan_quotas_dra, resource_quota_name};
+use super::{Capacity, DraInputs, fallback_resource_quota_name, plan_quotas_dra, resource_quota_name};
 
 /// How many tenant namespaces the worst case below fits (README, "Tenant GPU quotas"): about
 /// 1.7 KiB each beside the 256 KiB of claims and early pods (`<ns>.pods` shares the budget).
@@ -83,7 +83,7 @@ fn params(n: usize, worst: bool) -> BTreeMap<String, String> {
             resources: Default::default(),
         })
         .collect();
-    let dra = Dra { pending, namespace_uids, pods, ..Default::default() };
+    let dra = DraInputs { pending, namespace_uids, pods, ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let existing: BTreeSet<String> = nss.iter().cloned().collect();
     plan_quotas_dra(&quotas, &existing, &rqs, &Capacity::default(), &dra, now).policy

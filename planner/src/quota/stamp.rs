@@ -168,10 +168,10 @@ pub fn latest_write(rq: &ResourceQuota) -> Option<Timestamp> {
 
 /// Trims a cached ResourceQuota's `managedFields` to one entry holding only [`latest_write`]
 /// (what [`planned`] reads): the rest is often most of the object and read by nobody here.
-/// Also drops what [`crate::slim::trim_metadata`] drops.
+/// Also drops what [`crate::trimmed::trim_metadata`] drops.
 pub fn trim_managed_fields(rq: &mut ResourceQuota) {
     let latest = latest_write(rq);
-    crate::slim::trim_metadata(rq);
+    crate::trimmed::trim_metadata(rq);
     rq.metadata.managed_fields = latest.map(|t| vec![ManagedFieldsEntry { time: Some(Time(t)), ..Default::default() }]);
 }
 

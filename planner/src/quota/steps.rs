@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tessera_crds::TenantGpuQuota;
+use tessera_crds::conditions::quota_reasons as reasons;
 use tessera_crds::conditions::{CAPACITY_AVAILABLE, CONFLICT, READY, STALLED, remove_condition, set_condition};
 use tessera_crds::quota::{NamespaceUsage, ResourceUsage, TenantGpuQuotaStatus, UnlistedPolicy};
 use tessera_crds::validate::validate_quota_limits;
@@ -33,7 +34,7 @@ pub(super) struct Pass<'p> {
     /// What every quota asks for, and how much of it the fleet does not supply.
     pub demand: BTreeMap<String, i64>,
     pub short: BTreeMap<String, i64>,
-    /// The params as stored ([`super::Dra::stored_params`]).
+    /// The params as stored ([`super::DraInputs::stored_params`]).
     pub stored: &'p BTreeMap<String, String>,
     pub now: Time,
 }
@@ -82,8 +83,8 @@ pub(super) fn invalid(p: &Pass<'_>, q: &TenantGpuQuota, plan: &mut QuotaPlan, wa
         ));
     }
     taken.iter().for_each(|t| msg.push_str(&format!("; {t}")));
-    set_condition(&mut st.conditions, STALLED, true, "InvalidSpec", &msg, g, p.now.clone());
-    set_condition(&mut st.conditions, READY, false, "InvalidSpec", msg, g, p.now.clone());
+    set_condition(&mut st.conditions, STALLED, true, reasons::INVALID_SPEC, &msg, g, p.now.clone());
+    set_condition(&mut st.conditions, READY, false, reasons::INVALID_SPEC, msg, g, p.now.clone());
     plan.statuses.insert(name, st);
     // Keep what was applied before: an invalid edit never removes enforcement.
     for rq in p.resource_quotas.iter().filter(|rq| owned_by(rq, q)) {
@@ -120,17 +121,18 @@ pub(super) fn plan_quota(p: &Pass<'_>, q: &TenantGpuQuota, plan: &mut QuotaPlan,
     let scoped = scoped(p, q, &name, &plan.apply);
     let ready = conflicts.is_empty() && taken.is_empty() && scoped.is_empty() && missing.is_empty() && !over_physical;
     let (reason, msg) = if !conflicts.is_empty() {
-        ("Conflict", "see the Conflict condition".to_string())
+        (reasons::CONFLICT, "see the Conflict condition".to_string())
     } else if !taken.is_empty() {
-        ("ResourceQuotaNameTaken", taken.join("; "))
+        (reasons::RESOURCE_QUOTA_NAME_TAKEN, taken.join("; "))
     } else if !scoped.is_empty() {
-        ("ResourceQuotaScoped", scoped.join("; "))
+        (reasons::RESOURCE_QUOTA_SCOPED, scoped.join("; "))
     } else if over_physical {
-        ("OverPhysicalLimit", notes.join("; "))
+        (reasons::OVER_PHYSICAL_LIMIT, notes.join("; "))
     } else if !missing.is_empty() {
-        ("NamespaceMissing", notes.join("; "))
+        (reasons::NAMESPACE_MISSING, notes.join("; "))
     } else {
-        ("Enforced", if notes.is_empty() { "ResourceQuotas are in place".to_string() } else { notes.join("; ") })
+        let msg = if notes.is_empty() { "ResourceQuotas are in place".to_string() } else { notes.join("; ") };
+        (reasons::ENFORCED, msg)
     };
     set_condition(&mut st.conditions, READY, ready, reason, msg, g, p.now.clone());
     plan.statuses.insert(name, st);
@@ -307,7 +309,7 @@ fn set_conflict_and_stalled(
              resource the stricter limit holds, and no GPU class is open to claims, until one quota lets go: {}",
             conflicts.join("; ")
         );
-        set_condition(&mut st.conditions, CONFLICT, true, "NamespaceClaimedTwice", &msg, g, t());
+        set_condition(&mut st.conditions, CONFLICT, true, reasons::NAMESPACE_CLAIMED_TWICE, &msg, g, t());
     }
     let mut stalled = taken.to_vec();
     if !conflicts.is_empty() {
@@ -316,7 +318,7 @@ fn set_conflict_and_stalled(
     if stalled.is_empty() {
         remove_condition(&mut st.conditions, STALLED);
     } else {
-        let reason = if conflicts.is_empty() { "ResourceQuotaNameTaken" } else { "Conflict" };
+        let reason = if conflicts.is_empty() { reasons::RESOURCE_QUOTA_NAME_TAKEN } else { reasons::CONFLICT };
         set_condition(&mut st.conditions, STALLED, true, reason, stalled.join("; "), g, t());
     }
 }
@@ -334,7 +336,7 @@ fn set_capacity(p: &Pass<'_>, st: &mut TenantGpuQuotaStatus, g: Option<i64>) {
             &mut st.conditions,
             CAPACITY_AVAILABLE,
             true,
-            "Sufficient",
+            reasons::SUFFICIENT,
             "the fleet's applied layouts supply every tenant's quota at once",
             g,
             p.now.clone(),
@@ -344,7 +346,7 @@ fn set_capacity(p: &Pass<'_>, st: &mut TenantGpuQuotaStatus, g: Option<i64>) {
             &mut st.conditions,
             CAPACITY_AVAILABLE,
             false,
-            "OverCommitted",
+            reasons::OVER_COMMITTED,
             format!("over-committed: {}", shortfalls.join("; ")),
             g,
             p.now.clone(),

@@ -9,16 +9,16 @@ use tessera_crds::gpunode::{GpuIntent, NodePhase};
 use tessera_crds::validate::max_unavailable;
 use tessera_crds::{GpuNode, GpuPartitionPlan};
 
-use super::carry::{Carry, Verdict};
 use super::intent::Memo;
+use super::kept_verdicts::{KeptVerdicts, Verdict};
 use super::ownership::{Owned, clear_intent, release};
 use super::{Action, NodeInput, PlanReport, applied, failed_here, in_flight, phases};
-use crate::auto::Ask;
+use crate::automatic_layouts::Ask;
 use crate::liveness::AgentHealth;
 
 /// Where a plan's pass keeps its nodes' verdicts: the carry, and the plan's index among the live.
 pub(super) struct Keep<'c> {
-    pub(super) carry: &'c mut Carry,
+    pub(super) carry: &'c mut KeptVerdicts,
     pub(super) plan: usize,
 }
 
@@ -75,7 +75,7 @@ fn want<'a>(
     };
     let wanted = match &plan.spec.layouts_from {
         None => memo.desired(&plan.spec, &gn.status.as_ref().expect("checked").gpus).map(Some),
-        Some(_) => match crate::auto::desired_from(targets, node.name, gn) {
+        Some(_) => match crate::automatic_layouts::desired_from(targets, node.name, gn) {
             Ask::Target(d) | Ask::Finish(d) => Ok(Some(Rc::new(d))),
             Ask::LeaveAlone => Ok(None),
             Ask::Release => {
@@ -141,11 +141,11 @@ pub(super) fn plan_one<'a>(
     let generation = plan.metadata.generation;
     let policy = &plan.spec.rollout;
     // Nodes whose cached objects lag our own last write: in flight until the caches catch up.
-    let targets = crate::auto::targets_of(plan);
+    let targets = crate::automatic_layouts::targets_of(plan);
     let (candidates, untouched, others_in_flight) = candidates(plan, &targets, nodes, actions, report, memo, carry);
     report.matched = (candidates.len() + untouched) as i32;
     report.updated += untouched as i32;
-    report.demand = crate::auto::demand_condition(plan);
+    report.demand = crate::automatic_layouts::demand_condition(plan);
     let budget = max_unavailable(&policy.max_unavailable, candidates.len() + untouched).unwrap_or(1);
     // A node whose cache lags our last write counts as in flight whatever the cache shows. A
     // kept verdict is of a node at rest, which does not count.
@@ -207,7 +207,7 @@ fn candidates<'a, 'i>(
     actions: &mut Vec<Action>,
     report: &mut PlanReport,
     memo: &mut Memo<'a>,
-    carry: &mut Carry,
+    carry: &mut KeptVerdicts,
 ) -> (Vec<Candidate<'a, 'i>>, usize, usize) {
     let mut candidates = Vec::new();
     let mut is_candidate = vec![true; nodes.len()];

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use tessera_crds::GpuPartitionPlan;
 use tessera_crds::gpunode::{NodePhase, NodeRollout};
 
-use super::carry::{Carry, Verdict};
+use super::kept_verdicts::{KeptVerdicts, Verdict};
 use super::{Action, NodeInput, PlanReport, agent_stalled, applied};
 use crate::selector::matches;
 
@@ -31,7 +31,7 @@ pub(super) struct Ownership<'p, 'n, 'a> {
 pub(super) fn assign<'p, 'n, 'a>(
     live: &[&'p GpuPartitionPlan],
     nodes: &'n [NodeInput<'a>],
-    carry: &mut Carry,
+    carry: &mut KeptVerdicts,
     reports: &mut BTreeMap<String, PlanReport>,
     actions: &mut Vec<Action>,
 ) -> Ownership<'p, 'n, 'a> {
@@ -55,7 +55,7 @@ fn reuse_kept<'p, 'n, 'a>(
     live: &[&'p GpuPartitionPlan],
     position: usize,
     node: &'n NodeInput<'a>,
-    carry: &mut Carry,
+    carry: &mut KeptVerdicts,
     owned: &mut BTreeMap<&'p str, Vec<Owned<'n, 'a>>>,
 ) -> bool {
     let kept = carry.verdict(position, node);
@@ -104,7 +104,7 @@ fn top_plans<'p, 'n, 'a>(
 
 /// A node no plan matches: released, then its intent emptied if that left nothing to do; kept
 /// as unowned for the next pass when neither had anything to do.
-fn unowned(position: usize, node: &NodeInput<'_>, carry: &mut Carry, actions: &mut Vec<Action>) {
+fn unowned(position: usize, node: &NodeInput<'_>, carry: &mut KeptVerdicts, actions: &mut Vec<Action>) {
     let before = actions.len();
     release(node, actions);
     if actions.len() == before {
@@ -119,7 +119,7 @@ fn conflict(
     position: usize,
     node: &NodeInput<'_>,
     many: &[&str],
-    carry: &mut Carry,
+    carry: &mut KeptVerdicts,
     reports: &mut BTreeMap<String, PlanReport>,
     actions: &mut Vec<Action>,
 ) {

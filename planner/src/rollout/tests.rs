@@ -347,7 +347,7 @@ struct Sim {
     /// When set, each node's actions of a round may stop early (a failed call, a crash).
     rng: Option<u64>,
     /// The verdicts kept between rounds: every round is planned both with them and afresh.
-    carry: Carry,
+    carry: KeptVerdicts,
     /// Node verdicts reused over all rounds.
     reused: usize,
     /// Rounds so far (the phase of flapping agents).
@@ -365,7 +365,7 @@ impl Sim {
             pre_cordoned: nodes.iter().filter(|x| x.unschedulable).map(|x| x.name.to_string()).collect(),
             real_unschedulable: nodes.iter().map(|x| x.unschedulable).collect(),
             rng: None,
-            carry: Carry::default(),
+            carry: KeptVerdicts::default(),
             reused: 0,
             rounds: 0,
             // The operator just started: no agent is proven yet.

@@ -29,21 +29,39 @@ pub fn module_graph(src: &Path) -> ModuleGraph {
         files.extend(rust_files(&src.join(module)));
         let mut named = BTreeSet::new();
         for file in files.iter().filter(|f| f.exists() && !is_test_file(f.strip_prefix(src).unwrap_or(f))) {
-            named.extend(crate_paths(&product_text(file)).into_iter().filter(|m| m != module && modules.contains(m)));
+            let text = product_text(file);
+            let mut paths = crate_paths(&text);
+            paths.extend(paths_from(&text, &root_from(file.strip_prefix(src).unwrap_or(file))));
+            named.extend(paths.into_iter().filter(|m| m != module && modules.contains(m)));
         }
         graph.insert(module.clone(), named);
     }
     graph
 }
 
+/// The path that names the crate root from the file at `relative` (to `src/`): `super::` in a
+/// top-level module (`x.rs`, `x/mod.rs`), `super::super::` one level down, and so on.
+pub fn root_from(relative: &Path) -> String {
+    let components = relative.components().count();
+    let depth = if relative.file_name().is_some_and(|n| n == "mod.rs") { components - 1 } else { components };
+    "super::".repeat(depth.max(1))
+}
+
 /// The first segment of every `crate::` path in `text`, including each name of a grouped import
 /// (`use crate::{a::X, b};` names `a` and `b`).
 pub fn crate_paths(text: &str) -> BTreeSet<String> {
+    paths_from(text, "crate::")
+}
+
+/// As [`crate_paths`], for paths that start with `root` (`crate::`, or the `super::` chain that
+/// reaches the crate root from a file: [`root_from`]).
+pub fn paths_from(text: &str, root: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let mut rest = text;
-    while let Some(at) = rest.find("crate::") {
-        let preceded_by_word = rest[..at].chars().last().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$');
-        rest = &rest[at + "crate::".len()..];
+    while let Some(at) = rest.find(root) {
+        let preceded_by_word =
+            rest[..at].chars().last().is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$' || c == ':');
+        rest = &rest[at + root.len()..];
         if preceded_by_word {
             continue; // `tessera_crate::` or `$crate::`-like names are not this crate
         }

@@ -122,8 +122,8 @@ fn grouped_and_nested_imports_are_all_read() {
     assert_eq!(names, ["a", "b", "c", "f"]);
 }
 
-fn scratch(files: &[(&str, &str)]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tessera-layers-{}-{}", std::process::id(), files.len()));
+fn scratch(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tessera-layers-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     for (path, text) in files {
         let path = dir.join(path);
@@ -135,16 +135,24 @@ fn scratch(files: &[(&str, &str)]) -> PathBuf {
 
 #[test]
 fn a_cycle_through_a_submodule_is_found_and_test_code_is_not_counted() {
-    let dir = scratch(&[
-        ("lib.rs", "pub mod a; pub mod b; pub mod c;"),
-        ("a.rs", "use crate::b::X;"),
-        ("b/mod.rs", "mod deep;"),
-        ("b/deep.rs", "fn f() { crate::a::g() }"),
-        ("c.rs", "use crate::a::Y;\n#[cfg(test)]\nmod tests {\n    use crate::c::Z;\n}"),
-        ("c/tests.rs", "use crate::b::W;"),
-    ]);
+    let dir = scratch(
+        "cycle",
+        &[
+            ("lib.rs", "pub mod a; pub mod b; pub mod c;"),
+            ("a.rs", "use crate::b::X;"),
+            ("b/mod.rs", "mod deep;"),
+            ("b/deep.rs", "fn f() { crate::a::g() }"),
+            ("c.rs", "use crate::a::Y;\n#[cfg(test)]\nmod tests {\n    use crate::c::Z;\n}"),
+            ("c/tests.rs", "use crate::b::W;"),
+            // Through `super::`, the crate root from a top-level file and from one level down.
+            ("d.rs", "use super::{e::X, a};"),
+            ("e/mod.rs", "mod inner;\nuse super::a::Y;"),
+            ("e/inner.rs", "use super::super::d::Z;\nuse super::sibling;"),
+        ],
+    );
     let graph = module_graph(&dir);
-    assert_eq!(cycles(&graph), vec![vec!["a".to_string(), "b".to_string()]]);
+    assert_eq!(cycles(&graph), vec![vec!["a".to_string(), "b".to_string()], vec!["d".to_string(), "e".to_string()]]);
+    assert_eq!(graph["e"].iter().collect::<Vec<_>>(), ["a", "d"], "`super::sibling` one level down is e's own");
     assert!(!graph["c"].contains("b"), "a test file's imports are not the module's: {graph:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -152,10 +160,17 @@ fn a_cycle_through_a_submodule_is_found_and_test_code_is_not_counted() {
 #[test]
 fn a_long_function_is_found_unless_it_names_why() {
     let body = |name: &str| format!("fn {name}() {{\n{}}}\n", "    let x = 1;\n".repeat(85));
-    let dir = scratch(&[(
-        "long.rs",
-        &format!("{}\n// layers: long function: a rendering table, one row a line\n{}", body("plain"), body("table")),
-    )]);
+    let dir = scratch(
+        "long",
+        &[(
+            "long.rs",
+            &format!(
+                "{}\n// layers: long function: a rendering table, one row a line\n{}",
+                body("plain"),
+                body("table")
+            ),
+        )],
+    );
     let found = long_functions(&dir.join("long.rs"));
     assert_eq!(found.iter().map(|f| (f.name.as_str(), f.lines)).collect::<Vec<_>>(), [("plain", 87)]);
     let _ = std::fs::remove_dir_all(dir);

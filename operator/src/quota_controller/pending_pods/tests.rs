@@ -59,3 +59,39 @@ fn the_planner_reads_the_cached_pods() {
         }]
     );
 }
+
+/// Through the cache's store: a pass is woken exactly where [`sift`] says, and the store holds
+/// the unbound GPU pods only.
+#[tokio::test]
+async fn the_pod_cache_wakes_a_pass_exactly_where_sift_says() {
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    let (store, writer) = reflector::store::<Pod>();
+    let changed = Arc::new(Notify::new());
+    tokio::spawn(keep_pods(rx, writer, changed.clone()));
+    let names = || {
+        let mut names: Vec<String> = store.state().iter().filter_map(|p| p.metadata.name.clone()).collect();
+        names.sort();
+        names
+    };
+    let (cpu, other) = (pod("c", None, "cpu"), pod("h", None, "nvidia.com/mig-1g.10gb"));
+    let steps = [
+        (Event::Init, false),
+        (Event::InitApply(gpu()), false),
+        (Event::InitApply(cpu.clone()), false),
+        (Event::InitDone, true),
+        (Event::Apply(gpu()), false),
+        (Event::Apply(cpu.clone()), false),
+        (Event::Delete(cpu), false),
+        (Event::Apply(other.clone()), true),
+        (Event::Apply(pod("g", Some("n1"), "nvidia.com/mig-1g.10gb")), true),
+    ];
+    for (i, (event, wakes)) in steps.into_iter().enumerate() {
+        tx.unbounded_send(Ok(event)).unwrap();
+        let woken = tokio::time::timeout(std::time::Duration::from_millis(200), changed.notified()).await.is_ok();
+        assert_eq!(woken, wakes, "step {i}");
+    }
+    assert_eq!(names(), ["h"], "the bound pod left the cache, the CPU pod never entered it");
+    tx.unbounded_send(Ok(Event::Delete(other))).unwrap();
+    assert!(tokio::time::timeout(std::time::Duration::from_secs(5), changed.notified()).await.is_ok());
+    assert!(names().is_empty());
+}

@@ -279,7 +279,7 @@ fn the_policy_params_list_what_each_tenant_namespace_may_use() {
 fn a_claims_quota_is_planned_with_class_keys_and_counts_usage_on_both_paths() {
     use k8s_openapi::api::core::v1::ResourceQuota;
 
-    use crate::quota::{Capacity, Dra, plan_quotas_dra, quota_label_value, resource_quota_name};
+    use crate::quota::{Capacity, DraInputs, plan_quotas_dra, quota_label_value, resource_quota_name};
     let q: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
         "kind": "TenantGpuQuota", "metadata": {"name": "team-a", "uid": "uid-a", "generation": 1},
         "spec": {"namespaces": ["a"], "hard": {"nvidia.com/mig-1g.10gb": 3}, "allocation": "ResourceClaims"}}))
@@ -291,7 +291,7 @@ fn a_claims_quota_is_planned_with_class_keys_and_counts_usage_on_both_paths() {
         "status": {"hard": {"requests.nvidia.com/mig-1g.10gb": "0", format!("mig-1g.10gb.tessera.dev{DEV}"): "3"},
                    "used": {"requests.nvidia.com/mig-1g.10gb": "1", format!("mig-1g.10gb.tessera.dev{DEV}"): "2"}}}))
     .unwrap();
-    let dra = Dra { classes: view(), drivers: nvidia(), ..Default::default() };
+    let dra = DraInputs { classes: view(), drivers: nvidia(), ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let plan = plan_quotas_dra(&[q], &["a".to_string()].into(), &[rq], &Capacity::default(), &dra, now);
     let hard = &plan.apply[0].hard;
@@ -334,8 +334,8 @@ fn plan_of(
     nss: &[&str],
     rqs: &[k8s_openapi::api::core::v1::ResourceQuota],
 ) -> crate::quota::QuotaPlan {
-    use crate::quota::{Capacity, Dra, plan_quotas_dra};
-    let dra = Dra { classes: view(), drivers: nvidia(), ..Default::default() };
+    use crate::quota::{Capacity, DraInputs, plan_quotas_dra};
+    let dra = DraInputs { classes: view(), drivers: nvidia(), ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let nss = nss.iter().map(|s| s.to_string()).collect();
     plan_quotas_dra(quotas, &nss, rqs, &Capacity::default(), &dra, now)
@@ -586,7 +586,7 @@ fn a_class_of_ours_with_another_selector_is_held_at_0_and_closed() {
     let mut b = quota("team-b", &["b"], "ResourceClaims");
     b.spec.unlisted = UnlistedPolicy::Zero;
     let rq = our_rq("team-b", "b", &[("requests.nvidia.com/mig-1g.10gb", "0"), (&mig, "0")], &[]);
-    let dra = crate::quota::Dra { classes: v, drivers: nvidia(), ..Default::default() };
+    let dra = crate::quota::DraInputs { classes: v, drivers: nvidia(), ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let p = crate::quota::plan_quotas_dra(&[b], &["b".to_string()].into(), &[rq], &Default::default(), &dra, now);
     assert_eq!(p.apply[0].hard[&mig], "0");

@@ -6,7 +6,7 @@ use crate::quota::claims::{ClassView, devices_key};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::quota::{Capacity, Dra, plan_quotas_dra, resource_quota_name};
+use crate::quota::{Capacity, DraInputs, plan_quotas_dra, resource_quota_name};
 
 fn quota(name: &str, spec: serde_json::Value) -> TenantGpuQuota {
     serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
@@ -36,13 +36,13 @@ fn now() -> Time {
 }
 
 /// A cluster with NVIDIA's `mig.nvidia.com` class and a KEP-5004 class serving `example.com/gpu`.
-fn dra() -> Dra {
+fn dra() -> DraInputs {
     let classes = ClassView {
         reaching: ["mig.nvidia.com".to_string(), "gpu.example.com".to_string()].into(),
         extended: ["example.com/gpu".to_string()].into(),
         ..Default::default()
     };
-    Dra { classes, ..Default::default() }
+    DraInputs { classes, ..Default::default() }
 }
 
 fn plan(quotas: &[TenantGpuQuota], ns: &[&str], rqs: &[ResourceQuota]) -> crate::quota::QuotaPlan {

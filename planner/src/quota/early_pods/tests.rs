@@ -123,7 +123,7 @@ fn past_the_cap_or_the_budget_a_namespace_says_all() {
 /// `<ns>.since` is the ResourceQuota's in-force stamp, as for claims.
 #[test]
 fn the_pass_lists_the_gpu_pods_made_before_the_namespace_s_resource_quota() {
-    use crate::quota::{Capacity, Dra, plan_quotas_dra, quota_label_value, resource_quota_name};
+    use crate::quota::{Capacity, DraInputs, plan_quotas_dra, quota_label_value, resource_quota_name};
     let q: tessera_crds::TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
         "kind": "TenantGpuQuota", "metadata": {"name": "team-a", "generation": 1, "uid": "uid-team-a"},
         "spec": {"namespaces": ["x"], "hard": {"nvidia.com/mig-1g.10gb": 1}}}))
@@ -140,7 +140,7 @@ fn the_pass_lists_the_gpu_pods_made_before_the_namespace_s_resource_quota() {
         pod("x", "hoard", "2026-06-01T09:00:00Z", gpu(), json!({"phase": "Pending"})),
         pod("x", "later", "2026-06-01T10:00:01Z", gpu(), json!({"phase": "Pending"})),
     ];
-    let dra = Dra { pods: pods.iter().filter_map(unbound_gpu_pod).collect(), ..Default::default() };
+    let dra = DraInputs { pods: pods.iter().filter_map(unbound_gpu_pod).collect(), ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T11:00:00Z".parse().unwrap());
     let nss = ["x".to_string()].into_iter().collect();
     // Stamped at its creation: `<ns>.since` is the in-force stamp.

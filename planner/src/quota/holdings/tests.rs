@@ -9,7 +9,8 @@ use tessera_crds::TenantGpuQuota;
 use super::*;
 use crate::quota::claims::{ClassView, managed_class};
 use crate::quota::{
-    Capacity, Dra, QuotaPlan, fallback_resource_quota_name, plan_quotas_dra, quota_label_value, resource_quota_name,
+    Capacity, DraInputs, QuotaPlan, fallback_resource_quota_name, plan_quotas_dra, quota_label_value,
+    resource_quota_name,
 };
 
 const MIG: &str = "nvidia.com/mig-1g.10gb";
@@ -122,7 +123,7 @@ fn plan(quotas: &[TenantGpuQuota], nss: &[&str], rqs: &[ResourceQuota], held: He
     let drivers = GpuDrivers::default();
     let ours = managed_class(MIG, &drivers).unwrap();
     let classes = [class("mig.nvidia.com", "device.driver == 'gpu.nvidia.com'"), class(&ours.name, &ours.expression)];
-    let dra = Dra { classes: ClassView::of(&classes, &drivers), drivers, held, ..Default::default() };
+    let dra = DraInputs { classes: ClassView::of(&classes, &drivers), drivers, held, ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let nss: BTreeSet<String> = nss.iter().map(|s| s.to_string()).collect();
     plan_quotas_dra(quotas, &nss, rqs, &Capacity::default(), &dra, now)

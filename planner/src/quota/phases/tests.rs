@@ -9,7 +9,7 @@ use super::*;
 use tessera_crds::TenantGpuQuota;
 
 use crate::quota::holdings::tests::{quota, synced};
-use crate::quota::{Capacity, Dra, QuotaPlan, plan_quotas_dra};
+use crate::quota::{Capacity, DraInputs, QuotaPlan, plan_quotas_dra};
 
 const GPU: &str = "requests.nvidia.com/gpu";
 
@@ -34,7 +34,7 @@ fn planned<'a>(ns: &str, status: Option<&'a ResourceQuotaStatus>, hard: &[(&str,
 fn plan(q: &TenantGpuQuota, rqs: &[ResourceQuota]) -> QuotaPlan {
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let nss = ["a1", "a2"].iter().map(|s| s.to_string()).collect();
-    plan_quotas_dra(std::slice::from_ref(q), &nss, rqs, &Capacity::default(), &Dra::default(), now)
+    plan_quotas_dra(std::slice::from_ref(q), &nss, rqs, &Capacity::default(), &DraInputs::default(), now)
 }
 
 fn ready_message(p: &QuotaPlan, q: &str) -> String {

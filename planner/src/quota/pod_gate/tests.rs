@@ -5,7 +5,7 @@ use serde_json::json;
 use tessera_crds::TenantGpuQuota;
 
 use super::PENDING;
-use crate::quota::{Capacity, Dra, plan_quotas_dra, quota_label_value, resource_quota_name};
+use crate::quota::{Capacity, DraInputs, plan_quotas_dra, quota_label_value, resource_quota_name};
 
 const GPU: &str = "requests.nvidia.com/gpu";
 
@@ -31,7 +31,7 @@ fn ours(q: &str, ns: &str, hard: i64, status: Option<i64>) -> ResourceQuota {
 fn pending(q: &TenantGpuQuota, nss: &[&str], rqs: &[ResourceQuota]) -> String {
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:01:00Z".parse().unwrap());
     let nss: BTreeSet<String> = nss.iter().map(|s| s.to_string()).collect();
-    let plan = plan_quotas_dra(std::slice::from_ref(q), &nss, rqs, &Capacity::default(), &Dra::default(), now);
+    let plan = plan_quotas_dra(std::slice::from_ref(q), &nss, rqs, &Capacity::default(), &DraInputs::default(), now);
     plan.policy.get(PENDING).cloned().unwrap_or_else(|| panic!("no {PENDING} in {:?}", plan.policy))
 }
 
@@ -111,14 +111,19 @@ fn a_zero_quota_lists_the_gpu_resources_its_resource_quotas_limit() {
     let nss: BTreeSet<String> = ["a".to_string()].into();
     let zero = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 2}, "unlisted": "Zero"}));
     let open = quota("team-b", json!({"namespaces": ["b"], "hard": {"nvidia.com/gpu": 2}}));
-    let plan = plan_quotas_dra(&[zero, open], &nss, &[], &Capacity::default(), &Dra::default(), now);
+    let plan = plan_quotas_dra(&[zero, open], &nss, &[], &Capacity::default(), &DraInputs::default(), now);
     let listed: Vec<&str> = plan.policy["team-a.resources"].split(' ').collect();
     assert!(listed.contains(&"nvidia.com/gpu") && listed.contains(&"nvidia.com/mig-1g.10gb"), "{listed:?}");
     assert!(listed.iter().all(|r| crate::quota::is_gpu_resource(r)), "{listed:?}");
     assert!(!plan.policy.contains_key("team-b.resources"), "{:?}", plan.policy.keys());
 }
 
-fn plan_with(quotas: &[TenantGpuQuota], nss: &[&str], rqs: &[ResourceQuota], dra: &Dra) -> crate::quota::QuotaPlan {
+fn plan_with(
+    quotas: &[TenantGpuQuota],
+    nss: &[&str],
+    rqs: &[ResourceQuota],
+    dra: &DraInputs,
+) -> crate::quota::QuotaPlan {
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let nss: BTreeSet<String> = nss.iter().map(|s| s.to_string()).collect();
     plan_quotas_dra(quotas, &nss, rqs, &Capacity::default(), dra, now)
@@ -131,7 +136,7 @@ fn plan_with(quotas: &[TenantGpuQuota], nss: &[&str], rqs: &[ResourceQuota], dra
 fn each_existing_tenant_namespace_has_its_uid_in_the_params() {
     let q = quota("team-a", json!({"namespaces": ["a", "b"], "hard": {"nvidia.com/gpu": 4}}));
     let uids = [("a", "uid-a"), ("other", "uid-other")].map(|(n, u)| (n.to_string(), u.to_string()));
-    let dra = Dra { namespace_uids: uids.into(), ..Default::default() };
+    let dra = DraInputs { namespace_uids: uids.into(), ..Default::default() };
     let plan = plan_with(&[q], &["a", "other"], &[ours("team-a", "a", 2, Some(2))], &dra);
     assert_eq!(plan.policy.get("a.uid").map(String::as_str), Some("uid-a"), "{:?}", plan.policy);
     assert!(!plan.policy.contains_key("b.uid") && !plan.policy.contains_key("other.uid"), "{:?}", plan.policy);
@@ -150,7 +155,7 @@ fn a_namespace_whose_resource_quota_names_are_taken_says_so_in_the_params() {
     let q = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 4}}));
     let fallback = crate::quota::fallback_resource_quota_name("team-a", "uid-team-a");
     let rqs = [foreign(&resource_quota_name("team-a"), "a"), foreign(&fallback, "a")];
-    let plan = plan_with(std::slice::from_ref(&q), &["a"], &rqs, &Dra::default());
+    let plan = plan_with(std::slice::from_ref(&q), &["a"], &rqs, &DraInputs::default());
     assert_eq!(plan.policy[PENDING], "a");
     let why = plan.policy.get("a.pending").unwrap_or_else(|| panic!("no reason in {:?}", plan.policy));
     assert!(
@@ -158,7 +163,7 @@ fn a_namespace_whose_resource_quota_names_are_taken_says_so_in_the_params() {
             && why.contains("see TenantGpuQuota team-a status"),
         "{why}"
     );
-    let one_taken = plan_with(std::slice::from_ref(&q), &["a"], &rqs[..1], &Dra::default());
+    let one_taken = plan_with(std::slice::from_ref(&q), &["a"], &rqs[..1], &DraInputs::default());
     assert!(!one_taken.policy.contains_key("a.pending"), "the fallback name serves: {:?}", one_taken.policy);
 }
 
@@ -170,17 +175,17 @@ fn a_namespace_whose_resource_quota_names_are_taken_says_so_in_the_params() {
 fn a_conflicted_or_invalid_namespace_lists_what_its_resource_quotas_limit() {
     let zero = quota("team-b", json!({"namespaces": ["x"], "hard": {"nvidia.com/gpu": 2}, "unlisted": "Zero"}));
     let open = quota("team-c", json!({"namespaces": ["x", "y"], "hard": {"nvidia.com/gpu": 2}}));
-    let plan = plan_with(&[zero.clone(), open.clone()], &["x", "y"], &[], &Dra::default());
+    let plan = plan_with(&[zero.clone(), open.clone()], &["x", "y"], &[], &DraInputs::default());
     let limited = plan.policy.get("x.limited").unwrap_or_else(|| panic!("no x.limited in {:?}", plan.policy));
     let limited: Vec<&str> = limited.split(' ').collect();
     assert!(limited.contains(&"nvidia.com/gpu"), "{limited:?}");
     assert!(!limited.contains(&"nvidia.com/gpu.shared"), "{limited:?}");
     assert!(!plan.policy.contains_key("y.limited"), "one Unlimited quota: {:?}", plan.policy);
-    let alone = plan_with(&[open], &["x", "y"], &[], &Dra::default());
+    let alone = plan_with(&[open], &["x", "y"], &[], &DraInputs::default());
     assert!(!alone.policy.contains_key("x.limited"), "{:?}", alone.policy);
     // Invalid: what it kept (its synced ResourceQuota) is what is limited.
     let bad = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": -1}, "unlisted": "Zero"}));
-    let plan = plan_with(&[bad], &["a"], &[ours("team-a", "a", 2, Some(2))], &Dra::default());
+    let plan = plan_with(&[bad], &["a"], &[ours("team-a", "a", 2, Some(2))], &DraInputs::default());
     assert_eq!(plan.policy.get("a.limited").map(String::as_str), Some("nvidia.com/gpu"), "{:?}", plan.policy);
     assert!(!plan.policy.contains_key("team-a.resources"));
 }
@@ -195,9 +200,9 @@ fn the_params_list_the_live_quotas() {
     let mut gone = quota("team-c", json!({"namespaces": ["c"], "hard": {"nvidia.com/gpu": 1}}));
     gone.metadata.deletion_timestamp =
         Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap()));
-    let plan = plan_with(&[a, bad, gone], &["a", "b", "c"], &[], &Dra::default());
+    let plan = plan_with(&[a, bad, gone], &["a", "b", "c"], &[], &DraInputs::default());
     assert_eq!(plan.policy.get("_quotas").map(String::as_str), Some("team-a team-b"), "{:?}", plan.policy);
-    let none = plan_with(&[], &["a"], &[], &Dra::default());
+    let none = plan_with(&[], &["a"], &[], &DraInputs::default());
     assert_eq!(none.policy.get("_quotas").map(String::as_str), Some(""));
 }
 
@@ -217,7 +222,7 @@ fn a_terminating_namespace_keeps_its_uid_in_the_params() {
     let q = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 4}}));
     let nss = [namespace("a", "old-uid", "2026-01-01T00:00:00Z", true)];
     let (uids, _) = super::namespace_facts(&nss);
-    let dra = Dra { namespace_uids: uids, ..Default::default() };
+    let dra = DraInputs { namespace_uids: uids, ..Default::default() };
     // Terminating: not an existing namespace for the plan, but its key is there.
     let plan = plan_with(&[q], &[], &[ours("team-a", "a", 2, Some(2))], &dra);
     assert_eq!(plan.policy.get("a.uid").map(String::as_str), Some("old-uid"), "{:?}", plan.policy);
@@ -308,7 +313,7 @@ fn a_namespace_gone_from_the_cache_is_pending_and_keeps_a_tombstone_uid() {
         ),
     ];
     for (what, cache, params, rqs, uid, pending) in rows {
-        let dra = Dra { namespace_uids: map(&cache), params_uids: map(&params), ..Default::default() };
+        let dra = DraInputs { namespace_uids: map(&cache), params_uids: map(&params), ..Default::default() };
         // The plan's existing namespaces: the cached ones not terminating (`t` in the last row).
         let existing: Vec<&str> =
             cache.iter().map(|(n, _)| *n).filter(|n| !(what.starts_with("terminating") && *n == "t")).collect();
@@ -325,7 +330,7 @@ fn a_namespace_gone_from_the_cache_is_pending_and_keeps_a_tombstone_uid() {
 fn an_invalid_quota_does_not_count_a_resource_quota_of_a_namespace_gone_from_the_cache() {
     let bad = quota("team-a", json!({"namespaces": ["a", "t"], "hard": {"nvidia.com/gpu": -1}}));
     let rqs = [ours("team-a", "a", 2, Some(2)), ours("team-a", "t", 2, Some(2))];
-    let dra = Dra { namespace_uids: [("a".to_string(), "uid-a".to_string())].into(), ..Default::default() };
+    let dra = DraInputs { namespace_uids: [("a".to_string(), "uid-a".to_string())].into(), ..Default::default() };
     let plan = plan_with(&[bad], &["a"], &rqs, &dra);
     assert_eq!(plan.policy[PENDING], "t");
     assert_eq!(plan.policy.get("t.uid").map(String::as_str), Some("absent"));
@@ -350,7 +355,7 @@ fn a_scoped_resource_quota_of_tesseras_does_not_enforce_and_the_status_says_so()
         }
         let mut rq: ResourceQuota = serde_json::from_value(rq).unwrap();
         // Every planned key in force: the claim keys too, so only the scope can hold it back.
-        let plan = plan_with(std::slice::from_ref(&q), &["a"], &[], &Dra::default());
+        let plan = plan_with(std::slice::from_ref(&q), &["a"], &[], &DraInputs::default());
         let hard: std::collections::BTreeMap<_, _> = plan.apply[0]
             .hard
             .iter()
@@ -369,7 +374,7 @@ fn a_scoped_resource_quota_of_tesseras_does_not_enforce_and_the_status_says_so()
         ("scopeSelector", selector, Some("spec.scopeSelector")),
     ];
     for (what, spec, field) in rows {
-        let plan = plan_with(std::slice::from_ref(&q), &["a"], &[with(spec)], &Dra::default());
+        let plan = plan_with(std::slice::from_ref(&q), &["a"], &[with(spec)], &DraInputs::default());
         let ready = plan.statuses["team-a"].conditions.iter().find(|c| c.type_ == "Ready").unwrap();
         let Some(field) = field else {
             assert_eq!(plan.policy[PENDING], "", "{what}");

@@ -10,7 +10,7 @@ use tessera_crds::TenantGpuQuota;
 use super::keys::{IN_FORCE_KEYS, Record, record};
 use super::*;
 use crate::quota::early_pods::PendingPod;
-use crate::quota::{Capacity, Dra, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
+use crate::quota::{Capacity, DraInputs, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
 
 const CREATED: &str = "2026-06-01T10:00:00Z";
 const SYNCED: &str = "2026-06-01T10:00:02Z";
@@ -58,7 +58,7 @@ fn claim(name: &str, class: &str, created: &str) -> ResourceClaim {
 
 fn pass(q: TenantGpuQuota, rqs: &[ResourceQuota], claims: &[ResourceClaim], pods: Vec<PendingPod>) -> QuotaPlan {
     let nss: BTreeSet<String> = ["x".to_string()].into();
-    let dra = Dra { ours: crate::quota::unallocated::ours(claims), pods, ..Default::default() };
+    let dra = DraInputs { ours: crate::quota::unallocated::ours(claims), pods, ..Default::default() };
     plan_quotas_dra(&[q], &nss, rqs, &Capacity::default(), &dra, Time("2026-06-01T11:00:00Z".parse().unwrap()))
 }
 
@@ -303,7 +303,7 @@ fn a_key_s_class_opens_only_once_the_clock_reaches_its_stamp() {
             &nss,
             std::slice::from_ref(&cached),
             &Capacity::default(),
-            &Dra::default(),
+            &DraInputs::default(),
             now,
         )
     };

@@ -5,7 +5,7 @@ use serde_json::json;
 use tessera_crds::TenantGpuQuota;
 
 use super::*;
-use crate::quota::{Capacity, Dra, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
+use crate::quota::{Capacity, DraInputs, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
 
 const GPU_KEY: &str = "gpu.tessera.dev.deviceclass.resource.k8s.io/devices";
 const GPU_REQ: &str = "requests.nvidia.com/gpu";
@@ -167,7 +167,7 @@ fn claim(name: &str, created: &str) -> ResourceClaim {
 
 fn pass(rqs: &[ResourceQuota], stored_params: BTreeMap<String, String>, claims: &[ResourceClaim]) -> QuotaPlan {
     let nss: BTreeSet<String> = ["x".to_string()].into();
-    let dra = Dra { ours: crate::quota::unallocated::ours(claims), stored_params, ..Default::default() };
+    let dra = DraInputs { ours: crate::quota::unallocated::ours(claims), stored_params, ..Default::default() };
     plan_quotas_dra(&[team_a()], &nss, rqs, &Capacity::default(), &dra, t("2026-06-01T11:00:00Z"))
 }
 
@@ -223,8 +223,14 @@ fn every_later_apply_carries_the_cached_stamp_unchanged() {
     let mut raised = team_a();
     raised.spec.hard.insert("nvidia.com/gpu".into(), 2);
     let nss: BTreeSet<String> = ["x".to_string()].into();
-    let p =
-        plan_quotas_dra(&[raised], &nss, &[stamped], &Capacity::default(), &Dra::default(), t("2026-06-01T11:00:00Z"));
+    let p = plan_quotas_dra(
+        &[raised],
+        &nss,
+        &[stamped],
+        &Capacity::default(),
+        &DraInputs::default(),
+        t("2026-06-01T11:00:00Z"),
+    );
     assert_eq!(p.apply[0].hard[GPU_KEY], "2", "the raise is planned");
     assert_eq!(p.apply[0].in_force_since.as_deref(), Some(SYNCED));
 }
@@ -296,7 +302,7 @@ fn a_stamp_gates_nothing_open_before_the_operators_clock_reaches_it() {
             &nss,
             std::slice::from_ref(&stamped),
             &Capacity::default(),
-            &Dra::default(),
+            &DraInputs::default(),
             t(now),
         );
         assert_eq!(p.apply[0].in_force_since.as_deref(), Some(STAMPED), "carried at {now}");

@@ -6,7 +6,7 @@ use tessera_crds::TenantGpuQuota;
 
 use super::*;
 use crate::quota::claims::managed_class;
-use crate::quota::{Capacity, Dra, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
+use crate::quota::{Capacity, DraInputs, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
 
 /// NVIDIA's whole-GPU class, as its DRA driver installs it.
 const NVIDIA_GPU_CLASS: &str = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'";
@@ -131,7 +131,7 @@ fn plan(q: &TenantGpuQuota, rqs: &[ResourceQuota], claims: &[ResourceClaim]) -> 
     let classes = view();
     let pending = unallocated(claims, &classes);
     let admin_access = admin_access(claims, &classes);
-    let dra = Dra { classes, pending, admin_access, ..Default::default() };
+    let dra = DraInputs { classes, pending, admin_access, ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T00:00:00Z".parse().unwrap());
     let nss: BTreeSet<String> = ["x", "y"].iter().map(|s| s.to_string()).collect();
     plan_quotas_dra(std::slice::from_ref(q), &nss, rqs, &Capacity::default(), &dra, now)
@@ -332,7 +332,7 @@ fn a_claim_of_tessera_s_class_made_before_the_resource_quota_is_listed_for_the_p
     ];
     let q = quota(json!({"namespaces": ["x", "y"], "hard": {"nvidia.com/gpu": 2}, "allocation": "ResourceClaims"}));
     let classes = view();
-    let dra = Dra { classes, ours: ours(&claims), ..Default::default() };
+    let dra = DraInputs { classes, ours: ours(&claims), ..Default::default() };
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-06-01T11:00:00Z".parse().unwrap());
     let nss: BTreeSet<String> = ["x", "y"].iter().map(|s| s.to_string()).collect();
     let p = plan_quotas_dra(std::slice::from_ref(&q), &nss, &[rq], &Capacity::default(), &dra, now);

@@ -42,7 +42,7 @@ fn a_refusal_overrides_a_verdict_kept_from_the_pass_before() {
     let idle = json!({"phase": "Idle", "plan": "p", "planGeneration": 1});
     let mut n = node("n1", false, gpunode("n1", wanted(), true, Some(idle)));
     n.versions = Some(versions_of(&n));
-    let mut carry = Carry::default();
+    let mut carry = KeptVerdicts::default();
     for _ in 0..2 {
         let (_, reports) = plan_fleet_with(&plans, std::slice::from_ref(&n), now(), &mut carry);
         assert_eq!(reports["p"].updated, 1);

@@ -1,4 +1,4 @@
-//! The verdicts a pass keeps for the next (`Carry`): reused only while a node's inputs are the
+//! The verdicts a pass keeps for the next (`KeptVerdicts`): reused only while a node's inputs are the
 //! same, and never changing what a pass decides.
 
 use super::*;
@@ -11,11 +11,11 @@ fn versioned(mut x: NodeInput<'static>) -> NodeInput<'static> {
     x
 }
 
-/// Plans `nodes` afresh and with `carry`, checks both agree, and returns them.
+/// Plans `nodes` afresh and with `kept_verdicts`, checks both agree, and returns them.
 fn both(
     plans: &[GpuPartitionPlan],
     nodes: &[NodeInput<'_>],
-    carry: &mut Carry,
+    carry: &mut KeptVerdicts,
 ) -> (Vec<Action>, BTreeMap<String, PlanReport>) {
     both_at(plans, nodes, carry, now())
 }
@@ -23,7 +23,7 @@ fn both(
 fn both_at(
     plans: &[GpuPartitionPlan],
     nodes: &[NodeInput<'_>],
-    carry: &mut Carry,
+    carry: &mut KeptVerdicts,
     at: Timestamp,
 ) -> (Vec<Action>, BTreeMap<String, PlanReport>) {
     let fresh = plan_fleet(plans, nodes, at);
@@ -62,7 +62,7 @@ fn fleet() -> Vec<NodeInput<'static>> {
 #[test]
 fn a_pass_reuses_the_verdicts_of_nodes_whose_inputs_did_not_change() {
     let plans = [plan("p", 0, json!(1), h100_layout())];
-    let mut carry = Carry::default();
+    let mut carry = KeptVerdicts::default();
     let (_, first) = both(&plans, &fleet(), &mut carry);
     assert_eq!((carry.planned, carry.reused), (8, 0), "the first pass plans every node");
     assert_eq!((first["p"].updated, first["p"].pending, first["p"].in_progress), (3, 3, 1));
@@ -79,7 +79,7 @@ fn a_pass_reuses_the_verdicts_of_nodes_whose_inputs_did_not_change() {
 #[test]
 fn a_waiting_node_with_a_kept_verdict_starts_once_a_slot_frees() {
     let plans = [plan("p", 0, json!(1), h100_layout())];
-    let mut carry = Carry::default();
+    let mut carry = KeptVerdicts::default();
     both(&plans, &fleet(), &mut carry);
     both(&plans, &fleet(), &mut carry);
     // The applying node is done and back at rest: its slot is free.
@@ -105,7 +105,7 @@ fn a_waiting_node_with_a_kept_verdict_starts_once_a_slot_frees() {
 #[test]
 fn a_changed_version_agent_cache_or_plan_forgets_the_verdict() {
     let plans = [plan("p", 0, json!(1), h100_layout())];
-    let mut carry = Carry::default();
+    let mut carry = KeptVerdicts::default();
     both(&plans, &fleet(), &mut carry);
     // A new version of one waiting node: that node alone is planned again.
     let mut nodes = fleet();
@@ -250,7 +250,7 @@ proptest! {
             plans.push(plan("q", priority, json!(1), h100_layout()));
         }
         let mut nodes: Vec<NodeInput<'static>> = first.iter().enumerate().map(|(i, d)| drawn(i, *d)).collect();
-        let mut carry = Carry::default();
+        let mut carry = KeptVerdicts::default();
         let mut at = now();
         both_at(&plans, &nodes, &mut carry, at);
         for step in steps {
@@ -309,7 +309,7 @@ fn an_automatic_plan_keeps_no_verdict() {
         versioned(node("other", false, gpunode("other", json!([]), true, None))),
     ];
     let plans = [auto_plan(Some(decision))];
-    let mut carry = Carry::default();
+    let mut carry = KeptVerdicts::default();
     both(&plans, &nodes, &mut carry);
     both(&plans, &nodes, &mut carry);
     assert_eq!((carry.planned, carry.reused), (2, 0));
@@ -335,7 +335,7 @@ fn a_node_reporting_a_board_outside_the_catalog_is_planned_every_pass() {
     let plans = [plan("p", 0, json!(1), layouts)];
     // At rest with the plan's layout (state 2), on the board outside the catalog.
     let nodes = [drawn(0, (2, false, false, false, false, false, false, true))];
-    let mut carry = Carry::default();
+    let mut carry = KeptVerdicts::default();
     let (_, first) = both(&plans, &nodes, &mut carry);
     assert!(first["p"].invalid_spec.is_empty(), "{:?}", first["p"]);
     assert_eq!(first["p"].updated, 1, "{:?}", first["p"]);

@@ -65,7 +65,7 @@ struct PlanKey {
 /// Checked against the versions, which name one write of one object: a node that took over
 /// another's position is never mistaken for it.
 #[derive(Debug, Default)]
-pub struct Carry {
+pub struct KeptVerdicts {
     plans: Vec<PlanKey>,
     nodes: Vec<Option<Remembered>>,
     /// Nodes planned in full / reused in the last pass (for the metrics and the tests).
@@ -73,7 +73,7 @@ pub struct Carry {
     pub reused: usize,
 }
 
-impl Carry {
+impl KeptVerdicts {
     /// Starts a pass over `plans`: verdicts of other plans are forgotten. Automatic plans keep
     /// none (their intent follows a decision in their status).
     pub(super) fn begin(&mut self, plans: &[GpuPartitionPlan], nodes: usize) {

@@ -62,7 +62,7 @@ mod tests {
     use tessera_crds::GpuNode;
 
     use super::*;
-    use crate::auto::{Ask, desired};
+    use crate::automatic_layouts::{Ask, desired};
 
     fn plan(rv: &str, decision: Option<serde_json::Value>) -> GpuPartitionPlan {
         let mut v = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuPartitionPlan",

@@ -39,7 +39,7 @@ impl Default for Dirty {
 impl Dirty {
     /// Called for every watch event once the cache holds it.
     pub fn mark<K: Resource>(&self, event: &watcher::Event<K>) {
-        let mut changed = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut changed = crate::locked(&self.0);
         match event {
             watcher::Event::Apply(k) | watcher::Event::Delete(k) => {
                 if !changed.all {
@@ -56,7 +56,7 @@ impl Dirty {
 
     /// What changed since the last call; marks nothing changed.
     pub fn take(&self) -> Changed {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *crate::locked(&self.0))
     }
 }
 
@@ -115,12 +115,12 @@ pub enum Refreshed {
 /// Every node of the fleet, in a stable order (positions change only when nodes come or go, or
 /// when everything is read anew).
 #[derive(Debug, Default)]
-pub struct Slots {
+pub struct FleetCache {
     pub slots: Vec<Slot>,
     index: tessera_planner::FastMap<String, usize>,
 }
 
-impl Slots {
+impl FleetCache {
     /// Brings the slots up to the caches where `changed` says they may differ.
     pub fn refresh(
         &mut self,
@@ -259,7 +259,7 @@ mod tests {
             node_writer.apply_watcher_event(&watcher::Event::Apply(node(n, rv, false)));
         }
         gpunode_writer.apply_watcher_event(&watcher::Event::Apply(gpunode("b", "4", "Draining")));
-        let mut slots = Slots::default();
+        let mut slots = FleetCache::default();
         let all = slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
         assert_eq!(all, Refreshed::All);
         assert_eq!(slots.slots.len(), 3);
@@ -294,7 +294,7 @@ mod tests {
             &leases,
         );
         assert_eq!(slots.slots[slots.position("b").unwrap()].phase, NodePhase::Applying);
-        let mut empty = Slots::default();
+        let mut empty = FleetCache::default();
         empty.refresh(Changed::default(), &nodes, &gpunodes, &leases);
         assert_eq!(empty.slots.len(), 3, "a pass that lost its slots reads the whole fleet");
     }
@@ -310,7 +310,7 @@ mod tests {
     }
 
     /// Judged through a lease watch caught up long before.
-    fn judge(slots: &mut Slots, liveness: &mut Liveness, t: &str) -> Vec<AgentHealth> {
+    fn judge(slots: &mut FleetCache, liveness: &mut Liveness, t: &str) -> Vec<AgentHealth> {
         slots.judge_agents(liveness, at(t), LeaseWatch::CaughtUp(at("2026-05-01T00:00:00Z")))
     }
 
@@ -321,7 +321,7 @@ mod tests {
         let (leases, mut lease_writer) = reflector::store::<Lease>();
         node_writer.apply_watcher_event(&watcher::Event::Apply(node("a", "1", false)));
         lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-05-31T23:59:50.000000Z")));
-        let mut slots = Slots::default();
+        let mut slots = FleetCache::default();
         let mut liveness = Liveness::default();
         slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
         // First seen: not proven, and judged again every pass until it is.
@@ -366,7 +366,7 @@ mod tests {
             node_writer.apply_watcher_event(&watcher::Event::Apply(node(n, rv, false)));
             lease_writer.apply_watcher_event(&watcher::Event::Apply(lease(n, "2026-06-01T00:00:00.000000Z")));
         }
-        let mut slots = Slots::default();
+        let mut slots = FleetCache::default();
         slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
         judge(&mut slots, &mut liveness, "2026-06-01T00:00:10Z");
         // b leaves while no pass runs; the next reads everything and forgets b's heartbeat.

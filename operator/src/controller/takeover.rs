@@ -49,7 +49,7 @@ impl Context {
         }
     }
 
-    /// Whether the GpuNode and Node caches show `fence`.
+    /// Whether the GpuNode and Node caches show `takeover`.
     pub(super) fn fence_shown(&self, fence: &Fence) -> bool {
         // Read before the caches are: each cache below is at least this far along.
         let progress = Progress {

@@ -157,7 +157,7 @@ pub fn trim_metadata<K: Resource>(obj: &mut K) {
 }
 
 /// A Node as the rollout reads it: name, labels, annotations and `spec.unschedulable`, and the
-/// `nvidia.com/` resources it advertises (the quotas: `slim::advertised_only`). The rest of its
+/// `nvidia.com/` resources it advertises (the quotas: `trimmed::advertised_only`). The rest of its
 /// status (conditions, capacity, addresses, images) is most of its size and is never read.
 pub fn trim_node(node: &mut Node) {
     trim_metadata(node);

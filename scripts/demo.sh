@@ -41,7 +41,7 @@ if [ -f "$DEMO/pids" ]; then echo "a demo is already running; 'make demo-down' f
 say "Building the control plane (first run on 2 cores: 15 to 30 minutes with empty Go caches; cached afterwards)"
 BIN=$(e2e/controlplane/build.sh)
 say "Building Tessera (first run: a few minutes)"
-cargo build -q --bins -p tessera-operator -p tessera-node-agent -p tessera-e2e   # cluster-up, sim-dra-driver
+cargo build -q --bins -p tessera-operator -p tessera-cli -p tessera-node-agent -p tessera-e2e   # kubectl-tessera, cluster-up, sim-dra-driver
 cargo build -q -p tessera-nvml-sim
 K="$BIN/kubectl"
 mkdir -p "$DEMO"

@@ -10,9 +10,10 @@ use kube::runtime::reflector;
 use kube::{Resource, ResourceExt};
 use tessera_crds::GpuPartitionPlan;
 use tessera_planner::events::NodeEvent;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{Context, MANAGER};
+use crate::Error;
 
 impl Context {
     /// One Event per plan, reason and type for this pass (see `events`); warnings also on each
@@ -53,9 +54,8 @@ impl Context {
             ..Default::default()
         };
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
-        if let Err(e) = api.create(&PostParams::default(), &event).await {
-            warn!(error = %e, "could not publish an event");
-        }
+        let created = async { api.create(&PostParams::default(), &event).await.map(drop).map_err(Error::from) };
+        published(self.writer().guarded(created).await);
     }
 
     /// Records why each draining node's drain waits (its blockers, then the refused evictions)
@@ -110,8 +110,17 @@ impl Context {
             action: "Rollout".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, reference).await {
-            warn!(error = %e, "could not publish an event");
-        }
+        let recorded = async { self.recorder.publish(&ev, reference).await.map_err(Error::from) };
+        published(self.writer().guarded(recorded).await);
+    }
+}
+
+/// Events are writes too, so a replica whose tenure may have ended publishes none (through the
+/// writer, as every write); a failure to publish is only logged.
+fn published(result: Result<(), Error>) {
+    match result {
+        Ok(()) => {}
+        Err(Error::NotLeader) => debug!("event not published: the leader lease may have passed"),
+        Err(e) => warn!(error = %e, "could not publish an event"),
     }
 }

@@ -1,9 +1,10 @@
 //! The one way the runtime writes to the API server, Events too (`controller::events`). A
 //! [`Writer`] refuses every write once this replica's leader tenure may have ended
 //! ([`Error::NotLeader`], nothing sent: see `leader`), names the field manager (the
-//! [`Manager`]s below, all declared here), counts the failure of a write its caller goes on from, and, for the rollout controller, remembers what it wrote until
-//! the caches show it (see `expectations`). Every request, reads too, is also counted by the
-//! client itself (`tessera_operator_api_requests_total`, see `run`).
+//! [`Manager`]s below, all declared here), counts the failure of a write its caller goes on
+//! from, and, for the rollout controller, remembers what it wrote until the caches show it (see
+//! `expectations`). Every request, reads too, is also counted by the client itself
+//! (`tessera_operator_api_requests_total`, see `run`).
 
 use std::fmt::Debug;
 use std::future::Future;

@@ -1,16 +1,10 @@
 //! The operator crate's one error type.
 
-/// Errors of the operator and its CLI.
+/// Errors of the runtime (the CLI's are `tessera_cli::Error`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read {path}: {source}")]
-    ReadFile { path: String, source: std::io::Error },
-    #[error("unknown GPU product {product:?}; known products: {known}")]
-    UnknownProduct { product: String, known: String },
     #[error("{0}")]
     Usage(String),
-    #[error("cannot render output: {0}")]
-    Render(#[from] serde_json::Error),
     #[error(transparent)]
     Kube(#[from] kube::Error),
     /// Some API calls of a pass failed (each already logged, counted and reported on its plan).
@@ -22,11 +16,6 @@ pub enum Error {
 }
 
 impl Error {
-    /// Process exit status: 2 for usage errors (bad arguments, unknown names, unreadable files).
-    pub fn exit_code(&self) -> i32 {
-        2
-    }
-
     /// Every label `kind` can return, plus `kube` (failed watches and list calls outside a pass'
     /// error type): the metrics start each at zero, so dashboards and `rate()` see the series
     /// before the first error.
@@ -37,7 +26,7 @@ impl Error {
         match self {
             Error::Kube(kube::Error::Api(_)) => "api",
             Error::Kube(_) | Error::NotLeader => "client",
-            Error::ReadFile { .. } | Error::UnknownProduct { .. } | Error::Usage(_) | Error::Render(_) => "usage",
+            Error::Usage(_) => "usage",
             Error::PartialPass(_) => "partial",
         }
     }

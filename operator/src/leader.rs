@@ -47,8 +47,7 @@ impl Tenure {
 
     /// Whether a write may start at `now`.
     pub fn holds(&self, now: SystemTime) -> bool {
-        let now = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
-        u128::from(self.0.load(Ordering::Acquire)) > now
+        self.remaining(now).is_none_or(|left| !left.is_zero())
     }
 
     /// How long from `now` the tenure still holds: `None` without leader election (always),

@@ -167,7 +167,7 @@ impl QuotaController {
             dra: caches.dra.clone(),
             nodes: caches.nodes.clone(),
             claims: caches.claims.clone(),
-            not_reporting: rollout.not_reporting.clone(),
+            not_reporting: rollout.memory.not_reporting.clone(),
             idle: Default::default(),
             idle_failed: Default::default(),
             binding_problem: Default::default(),
@@ -423,32 +423,8 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     hard_ok && annotated && stamped && keyed
 }
 
-#[cfg(test)]
-mod pod_policy_tests;
-#[cfg(test)]
-mod pod_watch_tests;
-#[cfg(test)]
-mod policy_match;
 
-#[cfg(test)]
-mod binding_policy_tests;
-#[cfg(test)]
-mod claim_policy_tests;
-#[cfg(test)]
-mod deleted_tests;
-#[cfg(test)]
-mod early_claim_tests;
-#[cfg(test)]
-mod leader_tests;
-#[cfg(test)]
-mod stale_params_tests;
-#[cfg(test)]
-mod stamp_tests;
-#[cfg(test)]
-mod start_tests;
 #[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod writer_tests;

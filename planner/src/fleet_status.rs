@@ -11,8 +11,6 @@
 //! (`named`).
 
 mod claims;
-#[cfg(test)]
-mod claims_tests;
 mod held;
 mod inputs;
 mod named;

@@ -299,5 +299,3 @@ pub fn parse_nvidia_device(name: &str) -> Option<NvidiaDevice> {
 #[cfg(test)]
 mod tests;
 
-#[cfg(test)]
-mod reserved_tests;

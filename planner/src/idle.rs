@@ -464,6 +464,4 @@ pub fn virtual_name(p: &Pod) -> Option<String> {
 
 mod certain;
 #[cfg(test)]
-mod exact_tests;
-#[cfg(test)]
 mod tests;

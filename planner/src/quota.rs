@@ -488,8 +488,4 @@ mod steps;
 pub mod unallocated;
 
 #[cfg(test)]
-mod params_size_tests;
-#[cfg(test)]
 pub(crate) mod tests;
-#[cfg(test)]
-mod unlisted_tests;

@@ -42,8 +42,4 @@ mod stubs;
 mod system;
 
 #[cfg(test)]
-mod gpm_tests;
-#[cfg(test)]
-mod mig_tests;
-#[cfg(test)]
 mod tests;

@@ -9,6 +9,9 @@ use crate::compute_instances::*;
 use crate::exports::*;
 use crate::gpu_instances::*;
 
+mod gpm;
+mod mig;
+
 /// `src/stubs.rs` is what `gen-stubs.sh` makes from the bindings and `exports.rs` today.
 #[test]
 fn stubs_are_current() {
@@ -64,7 +67,8 @@ fn exported(dir: &str) -> Vec<String> {
     for entry in std::fs::read_dir(format!("{dir}/src")).unwrap() {
         let path = entry.unwrap().path();
         let file = path.file_name().unwrap().to_str().unwrap().to_string();
-        if file.ends_with("tests.rs") {
+        // The tests (`tests.rs`, and the `tests/` folder) export nothing.
+        if path.is_dir() || file == "tests.rs" {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
@@ -117,7 +121,7 @@ fn v2() -> nvmlGpuInstanceProfileInfo_v2_t {
 /// One test owns the process's session (the library keeps one, as NVML does).
 #[test]
 fn versions_sizes_and_codes_follow_nvml_h() {
-    let _session = crate::mig_tests::SESSION_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let _session = crate::tests::mig::SESSION_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let dir = std::env::temp_dir().join(format!("tessera-nvml-contract-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let state = dir.join("state.json");

@@ -360,13 +360,8 @@ impl Tracker {
 }
 
 /// [`Tracker::seed`]: a restart resumes from the stored summary.
-#[path = "tracker_seed.rs"]
 mod seed;
 
 #[cfg(test)]
-#[path = "tracker_tests.rs"]
 mod tests;
 
-#[cfg(test)]
-#[path = "tracker_band_tests.rs"]
-mod band_tests;

@@ -131,5 +131,4 @@ fn change(written: &NodeActivity, current: &NodeActivity) -> Option<Reason> {
 }
 
 #[cfg(test)]
-#[path = "write_tests.rs"]
 mod tests;

@@ -7,6 +7,20 @@ use tessera_crds::quota::TenantGpuQuotaStatus;
 use super::*;
 use crate::quota_controller::test_support::{Requests, store_of};
 
+mod policy_match;
+
+mod binding_policy;
+mod claim_policy;
+mod deleted;
+mod early_claim;
+mod leader;
+mod pod_policy;
+mod pod_watch;
+mod stale_params;
+mod stamp;
+mod start;
+mod writer;
+
 /// A client whose API server answers the pod list with `pods` (or a 500 when `None`) and
 /// accepts every write, recording each request.
 fn api(pods: Option<Value>) -> (Client, Requests) {

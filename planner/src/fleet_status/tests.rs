@@ -2,6 +2,8 @@ use serde_json::{Value, json};
 
 use super::*;
 
+mod claims;
+
 const H100: &str = "NVIDIA H100 80GB HBM3";
 const A30: &str = "NVIDIA A30";
 

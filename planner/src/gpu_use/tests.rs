@@ -1,6 +1,8 @@
 use super::*;
 use serde_json::json;
 
+mod reserved;
+
 fn pod(ns: &str, node: Option<&str>, claims: serde_json::Value, status: serde_json::Value) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": "p", "namespace": ns},

@@ -3,6 +3,8 @@ use serde_json::{Value, json};
 use super::*;
 use crate::fleet_status::fleet_status;
 
+mod exact;
+
 const H100: &str = "NVIDIA H100 80GB HBM3";
 const NOW: &str = "2026-06-01T12:00:00Z";
 

@@ -187,6 +187,4 @@ pub(crate) fn stamped(mut rq: ResourceQuota) -> ResourceQuota {
 pub mod keys;
 
 #[cfg(test)]
-mod keys_tests;
-#[cfg(test)]
 mod tests;

@@ -49,6 +49,9 @@ fn cond<'a>(st: &'a TenantGpuQuotaStatus, t: &str) -> &'a Condition {
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use tessera_crds::conditions::find;
 
+mod params_size;
+mod unlisted;
+
 #[test]
 fn even_split_gives_the_remainder_to_the_first_namespaces() {
     let q =

@@ -3,11 +3,32 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// Whether `path` holds only tests: a `tests.rs`, a `*_tests.rs`, or a file under a `tests/`
-/// folder of `src/` (the crate's own `tests/` folder is not under `src/`).
+/// Whether `path` holds only tests: a `tests.rs`, or a file under a `tests/` folder of `src/`
+/// (the crate's own `tests/` folder is not under `src/`).
 pub fn is_test_file(path: &Path) -> bool {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-    name == "tests.rs" || name.ends_with("_tests.rs") || path.components().any(|c| c.as_os_str() == "tests")
+    name == "tests.rs" || path.components().any(|c| c.as_os_str() == "tests")
+}
+
+/// Where the files under `src` break the workspace's one test convention: a module's unit tests
+/// are its child module `tests`, inline (`#[cfg(test)] mod tests { .. }`) or in `<module>/tests.rs`,
+/// with topics of their own as `<module>/tests/<topic>.rs`. So a reader finds a module's tests in
+/// one place, and a file's module path is its file path: no `#[path]`, no `*_tests.rs` beside it.
+pub fn test_convention_breaks(src: &Path) -> Vec<String> {
+    let mut breaks = Vec::new();
+    for file in rust_files(src) {
+        let shown = file.strip_prefix(src).unwrap_or(&file).display().to_string();
+        if shown.ends_with("_tests.rs") {
+            breaks.push(format!("{shown}: a sibling test file (move it to `<module>/tests/<topic>.rs`)"));
+        }
+        let text = fs::read_to_string(&file).unwrap_or_default();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("#[path") {
+                breaks.push(format!("{shown}:{}: `#[path]` (a file's module path is its file path)", i + 1));
+            }
+        }
+    }
+    breaks
 }
 
 /// The text of `path` up to its inline test module (`#[cfg(test)]` then `mod tests {`), which by

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use tessera_layers::graph::{crate_paths, cycles, module_graph};
 use tessera_layers::sizes::{LONG_FILE_MARKER, LONG_FUNCTION_MARKER, long_file, long_functions};
-use tessera_layers::source::product_files;
+use tessera_layers::source::{product_files, test_convention_breaks};
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -113,7 +113,36 @@ fn no_product_file_or_function_is_too_long_to_read_in_one_sitting() {
     assert!(long.is_empty(), "{long:#?}");
 }
 
+#[test]
+fn every_crate_keeps_its_unit_tests_in_child_modules_named_tests() {
+    let breaks: Vec<String> = members()
+        .iter()
+        .flat_map(|m| {
+            test_convention_breaks(&workspace().join(m).join("src")).into_iter().map(move |b| format!("{m}/src/{b}"))
+        })
+        .collect();
+    assert!(breaks.is_empty(), "{breaks:#?}");
+}
+
 // The checks above read text; these show they catch what they are for.
+
+#[test]
+fn a_sibling_test_file_and_a_path_attribute_break_the_test_convention() {
+    let dir = scratch(
+        "convention",
+        &[
+            ("lib.rs", "mod a;\n#[cfg(test)]\n#[path = \"a_more.rs\"]\nmod more;"),
+            ("a.rs", "#[cfg(test)]\nmod tests;"),
+            ("a/tests.rs", "mod topic;"),
+            ("a/tests/topic.rs", ""),
+            ("b_tests.rs", ""),
+        ],
+    );
+    assert_eq!(test_convention_breaks(&dir).len(), 2, "{:?}", test_convention_breaks(&dir));
+    assert!(test_convention_breaks(&dir)[0].starts_with("b_tests.rs"));
+    assert!(test_convention_breaks(&dir)[1].starts_with("lib.rs:3"));
+    let _ = std::fs::remove_dir_all(dir);
+}
 
 #[test]
 fn grouped_and_nested_imports_are_all_read() {

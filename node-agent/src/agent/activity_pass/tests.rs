@@ -381,11 +381,8 @@ async fn devices_that_cannot_be_listed_leave_the_report_behind_and_are_announced
 }
 
 /// The stored summary against what was written (a recreated GpuNode, a back-off left over).
-#[path = "stored_tests.rs"]
 mod stored;
 
-#[path = "prune_tests.rs"]
 mod prune;
 /// What a restarted agent takes over from its previous run, and holders looked up again.
-#[path = "restart_tests.rs"]
 mod restart;

@@ -7,6 +7,8 @@ use tessera_crds::TenantGpuQuota;
 use super::*;
 use crate::quota::{Capacity, DraInputs, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
 
+mod keys;
+
 const GPU_KEY: &str = "gpu.tessera.dev.deviceclass.resource.k8s.io/devices";
 const GPU_REQ: &str = "requests.nvidia.com/gpu";
 /// When the test ResourceQuotas are created; the controller manager's status write comes later.
@@ -261,7 +263,7 @@ fn a_scoped_resource_quota_carries_no_stamp_and_is_stamped_anew_once_unscoped() 
     let unscoped_at = "2026-06-01T10:40:00Z";
     let mut scoped = with_stamp(rq(&want, Some(&want), &[CREATED, SYNCED]), SYNCED);
     let record = format!("{GPU_KEY}={SYNCED} {GPU_REQ}={SYNCED}");
-    scoped.metadata.annotations.get_or_insert_default().insert(keys::IN_FORCE_KEYS.into(), record);
+    scoped.metadata.annotations.get_or_insert_default().insert(super::keys::IN_FORCE_KEYS.into(), record);
     let now = t("2026-06-01T11:00:00Z");
     let none = BTreeMap::new();
     assert_eq!(planned_both(Some(&scoped), &want, "team-a", &none, &now).0.as_deref(), Some(SYNCED));

@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
 
-use super::*;
+use super::super::*;
 use crate::quota_controller::test_support::{Requests, store_of};
 
 const PATH: &str = "/api/v1/namespaces/x/resourcequotas/tessera-team-a";

@@ -1,7 +1,7 @@
 //! `status.reservedFor`: which pod a claim is the claim of, and claims whose pod is still being
 //! bound to a node (the drain's binding-cycle gap).
 
-use super::*;
+use super::super::*;
 use serde_json::json;
 
 fn pod(name: &str, uid: &str, node: Option<&str>, claim: &str) -> Pod {

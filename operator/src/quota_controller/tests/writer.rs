@@ -9,8 +9,8 @@ use tessera_crds::quota::TenantGpuQuotaStatus;
 use tessera_planner::dra::GpuDrivers;
 use tessera_planner::quota::claims::managed_class;
 
-use super::QuotaController;
-use super::test_support::{api_refusing_writes_in_locked, ours, quota, store_of};
+use super::super::QuotaController;
+use super::super::test_support::{api_refusing_writes_in_locked, ours, quota, store_of};
 
 fn cond<'a>(st: &'a TenantGpuQuotaStatus, t: &str) -> &'a Condition {
     find(&st.conditions, t).unwrap_or_else(|| panic!("no {t} in {:?}", st.conditions))

@@ -3,7 +3,7 @@
 use k8s_openapi::api::core::v1::Node;
 use serde_json::json;
 
-use super::*;
+use super::super::*;
 
 fn node(allocatable: serde_json::Value) -> Node {
     serde_json::from_value(json!({"metadata": {"name": "n"}, "status": {"allocatable": allocatable}})).unwrap()

@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
 
-use super::*;
+use super::super::*;
 use crate::quota_controller::test_support::{Requests, store_of};
 
 /// A client that records every request, answers the params ConfigMap's apply with a 500 when

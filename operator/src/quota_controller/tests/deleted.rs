@@ -6,8 +6,8 @@
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::json;
 
-use super::stamp_tests::{in_force, team_a};
-use super::*;
+use super::super::*;
+use super::stamp::{in_force, team_a};
 use crate::quota_controller::test_support::store_of;
 
 const PATH: &str = "/api/v1/namespaces/x/resourcequotas/tessera-team-a";

@@ -4,8 +4,8 @@
 
 use serde_json::{Value, json};
 
-use super::claim_policy_tests::{MADE, status_write};
-use super::pod_policy_tests::{NS_UID, evaluate};
+use super::claim_policy::{MADE, status_write};
+use super::pod_policy::{NS_UID, evaluate};
 use tessera_planner::quota::unallocated::{Pending, policy_claims};
 
 const SINCE: &str = "2026-06-01T11:00:00Z";
@@ -17,7 +17,7 @@ fn early(ns: &str, name: &str, class: &str) -> Pending {
 fn admit_pod(claim: &str, data: &Value) -> Option<String> {
     let pod = json!({"spec": {"containers": [{"name": "c"}], "resourceClaims": [
         {"name": "t", "resourceClaimTemplateName": "tpl"}, {"name": "g", "resourceClaimName": claim}]}});
-    evaluate("tessera-gpu-pods", &pod, &super::pod_policy_tests::pod_create("x"), data, NS_UID)
+    evaluate("tessera-gpu-pods", &pod, &super::pod_policy::pod_create("x"), data, NS_UID)
 }
 
 /// A pod naming `hoard` (class `gpu.tessera.dev`, made before `x`'s ResourceQuota) is not

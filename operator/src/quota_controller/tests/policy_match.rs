@@ -1,4 +1,4 @@
-//! Which requests a policy's `matchConstraints` select, for the CEL harness (`pod_policy_tests`):
+//! Which requests a policy's `matchConstraints` select, for the CEL harness (`tests::pod_policy`):
 //! the API server evaluates nothing else (a harness that evaluated every request would let no
 //! test of a resource the policy does not match fail).
 

@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::json;
 
-use super::QuotaController;
-use super::test_support::{Requests, deleted, ours, quota, recording_api, store_of};
+use super::super::QuotaController;
+use super::super::test_support::{Requests, deleted, ours, quota, recording_api, store_of};
 use crate::Error;
 use crate::leader::Tenure;
 

@@ -7,8 +7,8 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
 
-use super::keys::{IN_FORCE_KEYS, Record, record};
-use super::*;
+use super::super::keys::{IN_FORCE_KEYS, Record, record};
+use super::super::*;
 use crate::quota::early_pods::PendingPod;
 use crate::quota::{Capacity, DraInputs, QuotaPlan, plan_quotas_dra, quota_label_value, resource_quota_name};
 

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 use tessera_crds::TenantGpuQuota;
 use tessera_crds::conditions::{READY, find};
 
-use super::pending_pods::{POD_WATCH_FAILING, POD_WATCH_MESSAGE};
-use super::*;
+use super::super::pending_pods::{POD_WATCH_FAILING, POD_WATCH_MESSAGE};
+use super::super::*;
 use crate::quota_controller::test_support::{Requests, store_of};
 
 /// The last body written to `path` with PATCH.

@@ -364,3 +364,5 @@ fn a_device_that_could_not_be_read_keeps_its_history_for_up_to_the_gap_rule() {
     tr.observe(t(1000), vec![gpm("MIG-b", 50.0)]);
     assert!(tr.summary(t(1000)).devices.iter().all(|d| d.uuid.as_deref() == Some("MIG-b")));
 }
+
+mod band;

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use super::pod_policy_tests::{NS_UID, evaluate};
+use super::pod_policy::{NS_UID, evaluate};
 
 /// The scheduler binding pod `pod` of `ns` to node `n1`, as the API server sees the request.
 fn bind(pod: &str, ns: &str, data: &Value) -> Option<String> {
@@ -117,7 +117,7 @@ fn past_the_cap_every_binding_of_the_namespace_is_refused() {
 /// The shipped binding policy's document of `kind`.
 fn shipped(kind: &str) -> Value {
     let docs: Vec<Value> =
-        serde_saphyr::from_multiple(include_str!("../../../config/rbac/claim-classes.yaml")).unwrap();
+        serde_saphyr::from_multiple(include_str!("../../../../config/rbac/claim-classes.yaml")).unwrap();
     docs.into_iter().find(|d| d["kind"] == kind && d["metadata"]["name"] == "tessera-gpu-bindings").unwrap()
 }
 
@@ -125,13 +125,13 @@ fn shipped(kind: &str) -> Value {
 /// shipped (and as the chart ships it) it enforces; an edit that stops it is named by its field.
 #[test]
 fn the_binding_policy_is_checked_like_the_pod_policy() {
-    use super::policy_check::{BINDINGS, params_binding_problem, problems};
+    use super::super::policy_check::{BINDINGS, params_binding_problem, problems};
     let policy = |v: Value| serde_json::from_value(v).unwrap();
     let (p, b) = (shipped("ValidatingAdmissionPolicy"), shipped("ValidatingAdmissionPolicyBinding"));
     let binding = serde_json::from_value(b).unwrap();
     assert_eq!(problems(&BINDINGS, Some(&policy(p.clone())), &binding), Vec::<String>::new());
     assert_eq!(params_binding_problem(&BINDINGS, Some(&binding), "tessera-system"), None);
-    let chart = include_str!("../../../config/helm/tessera/templates/claim-classes.yaml");
+    let chart = include_str!("../../../../config/helm/tessera/templates/claim-classes.yaml");
     let doc = chart
         .split("\n---\n")
         .find(|d| d.contains("name: tessera-gpu-bindings") && d.contains("kind: ValidatingAdmissionPolicy\n"));

@@ -8,7 +8,7 @@ use tessera_node_agent::backend::sim;
 
 use crate::exports::*;
 use crate::gpm::*;
-use crate::mig_tests::{fixture, uuid};
+use crate::tests::mig::{fixture, uuid};
 
 const OK: nvmlReturn_t = nvmlReturn_enum_NVML_SUCCESS;
 const INVALID: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;

@@ -7,7 +7,7 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::Client;
 use serde_json::json;
 
-use super::*;
+use super::super::*;
 use crate::quota_controller::test_support::store_of;
 
 /// An API server whose `resource.k8s.io/v1` discovery answers `discovery` (404: not served)

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::pod_policy_tests::{NS_UID, evaluate};
+use super::pod_policy::{NS_UID, evaluate};
 
 fn claim(class: &str) -> Value {
     json!({"metadata": {"name": "c"}, "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": class}}]}}})
@@ -119,7 +119,7 @@ pub(super) fn status_write(requests: Value, before: Value, after: Value, ns: &st
     let at = |status: Value| json!({"metadata": {"name": "stash", "creationTimestamp": MADE}, "spec": {"devices": {"requests": requests.clone()}}, "status": status});
     let request = json!({"namespace": ns, "operation": "UPDATE", "subResource": "status",
         "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"}});
-    super::pod_policy_tests::evaluate_update("tessera-claim-classes", &at(after), &at(before), &request, data, NS_UID)
+    super::pod_policy::evaluate_update("tessera-claim-classes", &at(after), &at(before), &request, data, NS_UID)
 }
 
 /// A claim of a GPU class not Tessera's made before its namespace joined a quota could be
@@ -145,7 +145,7 @@ fn allocating_a_claim_of_a_closed_class_is_refused_in_a_tenant_namespace() {
     );
     // No status at all before (a claim never touched since its creation).
     assert!(
-        super::pod_policy_tests::evaluate_update(
+        super::pod_policy::evaluate_update(
             "tessera-claim-classes",
             &json!({"metadata": {"name": "stash"}, "spec": {"devices": {"requests": all("gpu.nvidia.com")}}, "status": allocated}),
             &json!({"metadata": {"name": "stash"}, "spec": {"devices": {"requests": all("gpu.nvidia.com")}}}),

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::*;
+use super::super::*;
 use crate::fleet_status::fleet_status;
 
 const H100: &str = "NVIDIA H100 80GB HBM3";

@@ -41,7 +41,7 @@ fn list_index_of<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ce
 /// The shipped policy `name` (`tessera-gpu-pods` or `tessera-claim-classes`).
 pub(super) fn shipped_policy(name: &str) -> Value {
     let docs: Vec<Value> =
-        serde_saphyr::from_multiple(include_str!("../../../config/rbac/claim-classes.yaml")).unwrap();
+        serde_saphyr::from_multiple(include_str!("../../../../config/rbac/claim-classes.yaml")).unwrap();
     let p = docs.into_iter().find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name);
     p.unwrap_or_else(|| panic!("the manifest ships {name}"))
 }
@@ -385,7 +385,7 @@ fn shipped_policies_read_the_namespace_uid_the_way_the_api_server_types_it() {
         "finalizers",
     ];
     let docs: Vec<Value> =
-        serde_saphyr::from_multiple(include_str!("../../../config/rbac/claim-classes.yaml")).unwrap();
+        serde_saphyr::from_multiple(include_str!("../../../../config/rbac/claim-classes.yaml")).unwrap();
     let mut exprs = Vec::new();
     for d in docs.iter().filter(|d| d["kind"] == "ValidatingAdmissionPolicy") {
         let spec = &d["spec"];

@@ -3,7 +3,7 @@
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 
-use super::*;
+use super::super::*;
 
 const H100: &str = "NVIDIA H100 80GB HBM3";
 

@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::ResourceQuota;
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
 
-use super::unallocated::{CLAIMS_BUDGET, Pending};
-use super::{Capacity, DraInputs, fallback_resource_quota_name, plan_quotas_dra, resource_quota_name};
+use super::super::unallocated::{CLAIMS_BUDGET, Pending};
+use super::super::{Capacity, DraInputs, fallback_resource_quota_name, plan_quotas_dra, resource_quota_name};
 
 /// How many tenant namespaces the worst case below fits (README, "Tenant GPU quotas"): about
 /// 1.7 KiB each beside the 256 KiB of claims and early pods (`<ns>.pods` shares the budget).
@@ -76,7 +76,7 @@ fn params(n: usize, worst: bool) -> BTreeMap<String, String> {
     // And a pod made before each namespace joined, unbound: `<ns>.pods` (the budget is shared).
     let pods = nss
         .iter()
-        .map(|ns| super::early_pods::PendingPod {
+        .map(|ns| super::super::early_pods::PendingPod {
             namespace: ns.clone(),
             name: format!("p{:062}", 0),
             created: None,

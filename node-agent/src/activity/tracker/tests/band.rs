@@ -1,6 +1,6 @@
 //! The tracker against figures hovering at the idle threshold and a clock stepped backwards.
 
-use super::*;
+use super::super::*;
 
 fn t(s: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + s).unwrap()

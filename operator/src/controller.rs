@@ -8,21 +8,17 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 pub use tessera_planner::rollout::node_of;
 pub use tessera_planner::trimmed::{trim_metadata, trim_node};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
 use serde_json::json;
 use tessera_crds::gpunode::{NodePhase, NodeRollout};
-use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tokio::sync::Notify;
 
 mod actions;
@@ -37,21 +33,21 @@ mod fleet_cache;
 mod layouts;
 mod leases;
 mod pass;
+mod pass_memory;
 mod takeover;
 mod watch;
 
 use actions::EVICTION_TIMED_OUT;
 pub use finalizers::{FINALIZER, holds_deletion};
 use fleet_cache::{Dirty, FleetCache};
+use pass_memory::PassMemory;
 pub(crate) use watch::Caches;
 
 use crate::Error;
 use crate::control_loop::{Loop, Passes};
-use crate::expectations::{Expectations, Fence, Written};
+use crate::expectations::{Fence, Written};
 use crate::metrics::Metrics;
 use crate::writer::{Expecting, Manager, Write, Writer};
-use tessera_planner::liveness::Liveness;
-use tessera_planner::rollout;
 use tessera_planner::trimmed::SlimGpuNode;
 
 pub use crate::writer::{LIVENESS_MANAGER, MANAGER};
@@ -67,6 +63,8 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// 1,000 nodes, 64 took 34 s against 40 s with 32 (and 40 s with 128).
 const NODES_IN_PARALLEL: usize = 64;
 
+/// What the passes share: the clients, the shared caches (read only), this replica's tenure, and
+/// what one pass keeps for the next.
 pub struct Context {
     pub client: Client,
     /// kube retries 429 by default; evictions must see a PDB refusal at once.
@@ -75,47 +73,12 @@ pub struct Context {
     /// This replica's identity, as `reportingInstance` of the Events it creates itself.
     instance: String,
     pub metrics: Arc<Metrics>,
-    pub plans: Store<GpuPartitionPlan>,
-    pub gpunodes: Store<GpuNode>,
-    pub nodes: Store<Node>,
-    pub leases: Store<Lease>,
-    /// Whether the lease watch is caught up (no agent is judged dead through one that is not).
-    lease_watch: Arc<std::sync::Mutex<tessera_planner::liveness::LeaseWatch>>,
-    /// The quotas automatic plans serve (and `fragmentedSlices` is measured against).
-    pub quotas: Store<TenantGpuQuota>,
-    /// ResourceClaims: which pods use a GPU through DRA (the drain scope, the busy check).
-    pub(crate) claims: claims::ClaimCache,
-    /// Agents' heartbeats as observed pass after pass.
-    pub liveness: std::sync::Mutex<Liveness>,
-    /// The agents each pass judged not responding, for the idle report (`idle::stale`).
-    pub not_reporting: tessera_planner::idle::gate::Verdicts,
-    /// Each node's verdict of the last pass, reused while its inputs stay the same.
-    carry: std::sync::Mutex<rollout::KeptVerdicts>,
-    /// Per draining node, the evictions of pods that came back to it (in memory only).
-    returns: std::sync::Mutex<tessera_planner::drain::Returns>,
-    /// Pods whose eviction the server asked to retry later (Retry-After; in memory only).
-    not_before: std::sync::Mutex<tessera_planner::drain::NotBefore>,
-    /// The fleet as the last pass read it, and the nodes the watches saw change since.
-    slots: std::sync::Mutex<FleetCache>,
-    dirty: Arc<Dirty>,
-    /// Our writes the caches have not shown yet: their nodes wait a pass.
-    expectations: std::sync::Mutex<Expectations>,
-    /// How far the GpuNode and Node caches have got (highest resourceVersion they hold).
-    gpunodes_progress: Arc<AtomicU64>,
-    nodes_progress: Arc<AtomicU64>,
-    /// The newest version the operator wrote to each (see `start_cache`).
-    gpunodes_written: Arc<AtomicU64>,
-    nodes_written: Arc<AtomicU64>,
     /// Until when this replica may write as the leader (see `leader`): checked before each write.
     pub tenure: Arc<crate::leader::Tenure>,
-    /// Automatic plans: since when their demand and fleet have held still.
-    stability: std::sync::Mutex<layouts::Stability>,
-    /// Decision writes the plan cache has not shown yet.
-    decision_writes: std::sync::Mutex<tessera_planner::automatic_layouts::written::DecisionWrites>,
-    /// Stranded slices per (board, layout, demanded profiles), and per GpuNode version.
-    stranded_memo: std::sync::Mutex<layouts::StrandedMemo>,
-    /// The GPU DRA drivers' ResourceSlices: the nodes refused, the supply counted.
-    pub dra: Arc<dra::DraWatch>,
+    /// The caches of the fleet, shared with the quota controller: read only here.
+    pub(crate) caches: Caches,
+    /// What one pass keeps for the next (in memory only).
+    pub(crate) memory: PassMemory,
 }
 
 /// The rollout controller over `caches` (started by `run`, shared with the quota controller);
@@ -142,78 +105,40 @@ impl Context {
         metrics: Arc<Metrics>,
         caches: &Caches,
     ) -> Self {
-        let Caches {
-            plans,
-            gpunodes,
-            nodes,
-            leases,
-            lease_watch,
-            quotas,
-            claims,
-            dra,
-            dirty,
-            gpunodes_progress,
-            nodes_progress,
-            gpunodes_written,
-            nodes_written,
-            changed: _,
-            fleet_changed: _,
-        } = caches;
         Context {
             client,
             evict_client,
             recorder,
             instance,
             metrics,
-            plans: plans.clone(),
-            gpunodes: gpunodes.clone(),
-            nodes: nodes.clone(),
-            leases: leases.clone(),
-            lease_watch: lease_watch.clone(),
-            quotas: quotas.clone(),
-            claims: claims.clone(),
-            liveness: Default::default(),
-            not_reporting: Default::default(),
-            carry: Default::default(),
-            returns: Default::default(),
-            not_before: Default::default(),
-            slots: Default::default(),
-            dirty: dirty.clone(),
-            expectations: Default::default(),
-            gpunodes_progress: gpunodes_progress.clone(),
-            nodes_progress: nodes_progress.clone(),
-            gpunodes_written: gpunodes_written.clone(),
-            nodes_written: nodes_written.clone(),
             tenure: Default::default(),
-            stability: Default::default(),
-            decision_writes: Default::default(),
-            stranded_memo: Default::default(),
-            dra: dra.clone(),
+            caches: caches.clone(),
+            memory: PassMemory::default(),
         }
     }
 
     pub async fn wait_ready(&self) {
         let _ = tokio::join!(
-            self.plans.wait_until_ready(),
-            self.gpunodes.wait_until_ready(),
-            self.nodes.wait_until_ready(),
-            self.leases.wait_until_ready(),
-            self.quotas.wait_until_ready(),
-            self.claims.wait_ready()
+            self.caches.plans.wait_until_ready(),
+            self.caches.gpunodes.wait_until_ready(),
+            self.caches.nodes.wait_until_ready(),
+            self.caches.leases.wait_until_ready(),
+            self.caches.quotas.wait_until_ready(),
+            self.caches.claims.wait_ready()
         );
         // A pass never plans on slices not listed yet.
-        self.dra.wait_ready().await;
+        self.caches.dra.wait_ready().await;
     }
 
     /// Forgets what passes kept between them: the fleet's slots, verdicts and stranded slices.
     /// The next pass reads the whole fleet from the caches. Agents' heartbeats stay as observed
     /// (an agent silent all along is still judged silent, not given a new grace period).
     pub fn forget_passes(&self) {
-        *crate::locked(&self.slots) = FleetCache::default();
-        *crate::locked(&self.carry) = Default::default();
-        *crate::locked(&self.stranded_memo) = Default::default();
+        *crate::locked(&self.memory.slots) = FleetCache::default();
+        *crate::locked(&self.memory.carry) = Default::default();
+        *crate::locked(&self.memory.stranded_memo) = Default::default();
         // The idle report's verdicts too: a new tenure's passes publish their own.
-        self.not_reporting.forget();
+        self.memory.not_reporting.forget();
     }
 
     /// Runs passes until the future is dropped. Started when the lease is ours: the first pass
@@ -232,9 +157,9 @@ impl Context {
     pub async fn reconcile(&self) -> Result<(), Error> {
         // Owned by the pass while it runs: a pass dropped half-way leaves none, and the next one
         // reads the whole fleet again.
-        let mut slots = std::mem::take(&mut *crate::locked(&self.slots));
+        let mut slots = std::mem::take(&mut *crate::locked(&self.memory.slots));
         let result = self.pass(&mut slots).await;
-        *crate::locked(&self.slots) = slots;
+        *crate::locked(&self.memory.slots) = slots;
         result
     }
 
@@ -288,7 +213,7 @@ impl Context {
         let write = Write::merge_as(Manager::Operator, &patch).status().expected(Written::GpuNode);
         self.writer().send(&Api::<SlimGpuNode>::all(self.client.clone()), node, write).await?;
         if let Some(plan) = rollout.and_then(|r| r.plan.as_deref()) {
-            crate::locked(&self.expectations).named(node, plan);
+            crate::locked(&self.memory.expectations).named(node, plan);
         }
         Ok(())
     }
@@ -296,9 +221,9 @@ impl Context {
     /// The rollout's writes: checked against its tenure, remembered until its caches show them.
     fn writer(&self) -> Writer<'_> {
         let expecting = Expecting {
-            expectations: &self.expectations,
-            gpunodes_written: &self.gpunodes_written,
-            nodes_written: &self.nodes_written,
+            expectations: &self.memory.expectations,
+            gpunodes_written: &self.caches.gpunodes_written,
+            nodes_written: &self.caches.nodes_written,
         };
         Writer::new(&self.client, Some(&self.tenure), &self.metrics).expecting(expecting)
     }

@@ -92,13 +92,13 @@ impl Context {
         came_back: Option<&str>,
     ) -> Result<Option<String>, Error> {
         let writer = self.writer();
-        let call = writer.guarded(eviction::evict(&self.evict_client, &self.not_before, namespace, pod));
+        let call = writer.guarded(eviction::evict(&self.evict_client, &self.memory.not_before, namespace, pod));
         match tokio::time::timeout(EVICTION_TIMEOUT, call).await {
             Ok(Ok(eviction::Answer::Evicted)) => {
                 info!(%node, %namespace, %pod, "evicted");
                 self.metrics.evicted();
                 if let Some(owner) = came_back {
-                    crate::locked(&self.returns).evicted(node, owner);
+                    crate::locked(&self.memory.returns).evicted(node, owner);
                 }
                 Ok(None)
             }

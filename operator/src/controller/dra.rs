@@ -144,7 +144,7 @@ impl Context {
         slots: &FleetCache,
         inputs: &mut [NodeInput<'_>],
     ) -> Vec<(NodeCondition, Option<String>)> {
-        let dra = &self.dra;
+        let dra = &self.caches.dra;
         let verdicts = verdicts(&dra.slices(), dra.drivers(), slots);
         for (input, (condition, refused)) in inputs.iter_mut().zip(&verdicts) {
             input.dra_refused = refused.clone();

@@ -67,7 +67,7 @@ impl Context {
         refused: &BTreeMap<String, Vec<String>>,
     ) -> Vec<(String, String)> {
         let current = |node: &str| {
-            let cached = self.gpunodes.get(&reflector::ObjectRef::new(node));
+            let cached = self.caches.gpunodes.get(&reflector::ObjectRef::new(node));
             cached.as_ref().and_then(|g| g.status.as_ref()?.rollout.clone())
         };
         let mut errors = Vec::new();
@@ -75,7 +75,7 @@ impl Context {
             if !r.message.is_empty() {
                 self.event_on_node(&node, "EvictionBlocked", &r.message, true).await;
                 if let Some(plan) =
-                    r.plan.as_deref().and_then(|p| self.plans.state().into_iter().find(|x| x.name_any() == p))
+                    r.plan.as_deref().and_then(|p| self.caches.plans.state().into_iter().find(|x| x.name_any() == p))
                 {
                     let note = format!("{node}: {}", r.message);
                     self.publish(&plan.object_ref(&()), "EvictionBlocked", &note, true).await;

@@ -107,18 +107,18 @@ impl Context {
     pub(super) async fn decide_layouts(&self, plans: &mut [GpuPartitionPlan], nodes: &[NodeInput<'_>]) -> LayoutsPass {
         let mut pass = LayoutsPass::default();
         // Where the plan cache lags our own decision write, the decision as written.
-        crate::locked(&self.decision_writes).overlay(plans);
+        crate::locked(&self.memory.decision_writes).overlay(plans);
         let live: Vec<GpuPartitionPlan> =
             plans.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect();
         let names: BTreeSet<String> = live.iter().map(|p| p.name_any()).collect();
-        crate::locked(&self.stability).retain(&names);
+        crate::locked(&self.memory.stability).retain(&names);
         self.clear_fixed_decisions(plans, &mut pass).await;
         if !live.iter().any(|p| p.spec.layouts_from.is_some()) {
             return pass;
         }
-        let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
+        let quotas: Vec<TenantGpuQuota> = self.caches.quotas.state().iter().map(|q| (**q).clone()).collect();
         // What the GPU DRA drivers supply beyond the agents' reports counts too (`dra_slices`).
-        let stand_ins = super::dra::supply_nodes(&self.dra, &self.gpunodes);
+        let stand_ins = super::dra::supply_nodes(&self.caches.dra, &self.caches.gpunodes);
         let gpunodes: Vec<&GpuNode> = nodes.iter().filter_map(|n| n.gpunode.as_deref()).chain(&stand_ins).collect();
         let fleet = Fleet { quotas, gpunodes, nodes, supply: OnceLock::new() };
         let mut owners = sole_owners(&live, nodes);
@@ -190,7 +190,7 @@ impl Context {
         let in_flight = mine().filter(|n| n.cache_behind || n.gpunode.as_deref().is_some_and(in_flight)).count();
         let blocked = blocked_targets(plan, fleet.nodes);
         let signature = format!("{:?}|{digest}|{:?}|{blocked}|{:?}", total, plan.metadata.generation, lifted);
-        let (held, since) = crate::locked(&self.stability).held(&plan.name_any(), signature);
+        let (held, since) = crate::locked(&self.memory.stability).held(&plan.name_any(), signature);
         let why = match automatic_layouts::next(plan, &total, &digest, held, in_flight, blocked, lifted) {
             Next::Keep => match unmet_and_stale(plan) {
                 Some(why) if in_flight == 0 => why,
@@ -286,14 +286,14 @@ impl Context {
     /// Remembers a decision write until the plan cache shows it (`automatic_layouts::written`).
     fn wrote_decision(&self, plan: &str, written: &GpuPartitionPlan, decision: Option<&LayoutDecision>) {
         let rv = written.metadata.resource_version.as_deref();
-        crate::locked(&self.decision_writes).wrote(plan, rv, decision.cloned());
+        crate::locked(&self.memory.decision_writes).wrote(plan, rv, decision.cloned());
     }
 
     /// Nodes among `owned` with a GPU pod that has not finished. One paginated list of every
     /// pod: a decision is rare, and a watch of every pod would cost memory on every pass.
     async fn nodes_running_gpu_pods(&self, owned: &BTreeSet<String>) -> Result<BTreeSet<String>, Error> {
         let api: Api<Pod> = Api::all(self.client.clone());
-        let claims = self.claims.index();
+        let claims = self.caches.claims.index();
         let mut out = BTreeSet::new();
         let mut lp = ListParams::default().limit(500);
         loop {
@@ -316,9 +316,9 @@ impl Context {
         reports: &BTreeMap<String, tessera_planner::rollout::PlanReport>,
         nodes: &[NodeInput<'_>],
     ) -> BTreeMap<String, i64> {
-        let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
+        let quotas: Vec<TenantGpuQuota> = self.caches.quotas.state().iter().map(|q| (**q).clone()).collect();
         let everyone = tessera_planner::coverage::Demand::every(&quotas).total();
-        let mut memo = crate::locked(&self.stranded_memo);
+        let mut memo = crate::locked(&self.memory.stranded_memo);
         let StrandedMemo { by_gpu, by_node } = &mut *memo;
         if by_gpu.len() > 10_000 {
             by_gpu.clear();

@@ -43,7 +43,7 @@ impl Context {
     /// One pass over the fleet: the steps in turn. A failed call is reported and the pass goes
     /// on; the pass fails (partially) with the number of them.
     pub(super) async fn pass(&self, slots: &mut FleetCache) -> Result<(), Error> {
-        let mut plans: Vec<GpuPartitionPlan> = self.plans.state().iter().map(|p| (**p).clone()).collect();
+        let mut plans: Vec<GpuPartitionPlan> = self.caches.plans.state().iter().map(|p| (**p).clone()).collect();
         let mut plan_errors: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (plan, e) in self.ensure_finalizers(&plans).await? {
             plan_errors.entry(plan).or_default().push(format!("adding the finalizer: {e}"));
@@ -75,19 +75,19 @@ impl Context {
     fn read_fleet(&self, slots: &mut FleetCache) -> (Timestamp, Vec<AgentHealth>, Vec<bool>) {
         // Read before the caches are: each snapshot below is at least this far along.
         let progress = Progress {
-            gpunodes: self.gpunodes_progress.load(Ordering::Acquire),
-            nodes: self.nodes_progress.load(Ordering::Acquire),
+            gpunodes: self.caches.gpunodes_progress.load(Ordering::Acquire),
+            nodes: self.caches.nodes_progress.load(Ordering::Acquire),
         };
         // Read before the names are taken: a re-list it counts has named every lease.
-        let lease_watch = *crate::locked(&self.lease_watch);
+        let lease_watch = *crate::locked(&self.caches.lease_watch);
         // What changed is taken before the caches are read: a change after this is read again
         // next pass (and may already be read now).
-        let changed = self.dirty.take();
-        let refreshed = slots.refresh(changed, &self.nodes, &self.gpunodes, &self.leases);
+        let changed = self.caches.dirty.take();
+        let refreshed = slots.refresh(changed, &self.caches.nodes, &self.caches.gpunodes, &self.caches.leases);
         let now = Timestamp::now();
         let mut behind = vec![false; slots.slots.len()];
-        let mut liveness = crate::locked(&self.liveness);
-        let mut expectations = crate::locked(&self.expectations);
+        let mut liveness = crate::locked(&self.memory.liveness);
+        let mut expectations = crate::locked(&self.memory.expectations);
         slots.forget_gone(&refreshed, &mut liveness);
         // Only the few nodes with a write not seen yet are looked at.
         if !expectations.is_empty() {
@@ -102,7 +102,7 @@ impl Context {
         }
         let agents = slots.judge_agents(&mut liveness, now, lease_watch);
         let judged = slots.slots.iter().zip(&agents).map(|(s, h)| (s.name.as_str(), h, s.lease.as_deref()));
-        self.not_reporting.publish(judged, now, lease_watch);
+        self.memory.not_reporting.publish(judged, now, lease_watch);
         (now, agents, behind)
     }
 
@@ -156,8 +156,9 @@ impl Context {
             .await;
         // Read after the pods, so the cache has had the longest to show their claims; a claim it
         // does not hold yet counts as GPU use (`gpu_use`: a bound pod's unknown claim).
-        let claims = std::sync::Arc::new(if listed.is_empty() { Default::default() } else { self.claims.index() });
-        let mut returns = crate::locked(&self.returns);
+        let claims =
+            std::sync::Arc::new(if listed.is_empty() { Default::default() } else { self.caches.claims.index() });
+        let mut returns = crate::locked(&self.memory.returns);
         returns.retain(|node| slots.position(node).is_some_and(|i| slots.slots[i].phase == NodePhase::Draining));
         for (i, (pods, daemonsets)) in listed {
             inputs[i].pods = pods;
@@ -182,7 +183,7 @@ impl Context {
         // While an automatic plan waits to decide again, no new node starts on the old decision
         // (as if paused; nodes in flight finish).
         let (actions, mut reports) = {
-            let mut carry = crate::locked(&self.carry);
+            let mut carry = crate::locked(&self.memory.carry);
             let planned = if layouts.deciding.is_empty() {
                 rollout::plan_fleet_with(plans, inputs, now, &mut carry)
             } else {
@@ -304,7 +305,7 @@ impl Context {
         for plan in plans {
             let name = plan.name_any();
             if plan.metadata.deletion_timestamp.is_some() {
-                if crate::locked(&self.expectations).names(&name) {
+                if crate::locked(&self.memory.expectations).names(&name) {
                     continue; // a record naming the plan is newer than the cache shows
                 }
                 if let Err(e) = self.finish_deletion(plan, slots).await {

@@ -53,10 +53,10 @@ impl Context {
     pub(super) fn fence_shown(&self, fence: &Fence) -> bool {
         // Read before the caches are: each cache below is at least this far along.
         let progress = Progress {
-            gpunodes: self.gpunodes_progress.load(Ordering::Acquire),
-            nodes: self.nodes_progress.load(Ordering::Acquire),
+            gpunodes: self.caches.gpunodes_progress.load(Ordering::Acquire),
+            nodes: self.caches.nodes_progress.load(Ordering::Acquire),
         };
-        let (gpunodes, nodes) = (self.gpunodes.state(), self.nodes.state());
+        let (gpunodes, nodes) = (self.caches.gpunodes.state(), self.caches.nodes.state());
         let shown = fence.shown(gpunodes.iter().map(name_and_version), nodes.iter().map(name_and_version), progress);
         if shown {
             info!("caches show the fleet as read after taking the lease; deciding");

@@ -27,22 +27,24 @@ use crate::pass_wakes::{self, Waker};
 
 /// The caches of the fleet, started once per process (`run`) and read by both controllers: the
 /// quota controller reads the same GpuNodes, Nodes, claims and slices as the rollout.
+#[derive(Clone)]
 pub(crate) struct Caches {
     pub(crate) plans: Store<GpuPartitionPlan>,
     pub(crate) gpunodes: Store<GpuNode>,
     pub(crate) nodes: Store<Node>,
     pub(crate) leases: Store<Lease>,
-    /// Whether the lease watch is caught up.
+    /// Whether the lease watch is caught up (no agent is judged dead through one that is not).
     pub(crate) lease_watch: Arc<Mutex<LeaseWatch>>,
+    /// The quotas (automatic plans serve them, and `fragmentedSlices` is measured against them).
     pub(crate) quotas: Store<TenantGpuQuota>,
-    /// ResourceClaims: which pods use a GPU through DRA.
+    /// ResourceClaims: which pods use a GPU through DRA (the rollout's drain scope, its busy check).
     pub(crate) claims: ClaimCache,
-    /// The GPU DRA drivers' ResourceSlices.
+    /// The GPU DRA drivers' ResourceSlices: the nodes the rollout refuses, the supply counted.
     pub(crate) dra: Arc<DraWatch>,
     /// The nodes the GpuNode, Node and Lease watches saw change.
     pub(crate) dirty: Arc<Dirty>,
-    /// How far the GpuNode and Node caches have got, and the newest version the operator wrote
-    /// to each (see [`start_cache`]).
+    /// How far the GpuNode and Node caches have got (highest resourceVersion they hold), and the
+    /// newest version the operator wrote to each (see [`start_cache`]).
     pub(crate) gpunodes_progress: Arc<AtomicU64>,
     pub(crate) nodes_progress: Arc<AtomicU64>,
     pub(crate) gpunodes_written: Arc<AtomicU64>,

@@ -214,6 +214,26 @@ impl ControlPlane {
         self.wait_for_apiserver(Duration::from_secs(90)).await
     }
 
+    /// Freezes kube-apiserver for `frozen` (SIGSTOP, then SIGCONT), as an etcd or API-server
+    /// stall does: connections stay open and nothing answers, so watches see silence rather than
+    /// an error, and every client's clock moves on.
+    pub async fn freeze_apiserver(&mut self, frozen: Duration) -> Result<(), Error> {
+        let pid = self
+            .components
+            .iter()
+            .find(|c| c.name == "kube-apiserver")
+            .map(Component::pid)
+            .ok_or_else(|| Error::Timeout("no local kube-apiserver".into()))?;
+        let signal = |sig| {
+            // SAFETY: kill(2) on a pid this harness started and still holds (not reaped).
+            unsafe { libc::kill(pid as libc::pid_t, sig) }
+        };
+        signal(libc::SIGSTOP);
+        tokio::time::sleep(frozen).await;
+        signal(libc::SIGCONT);
+        self.wait_for_apiserver(Duration::from_secs(60)).await
+    }
+
     /// Polls `/readyz` as admin until the API server is ready (or a component died).
     async fn wait_for_apiserver(&mut self, timeout: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;

@@ -423,7 +423,6 @@ fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
     hard_ok && annotated && stamped && keyed
 }
 
-
 #[cfg(test)]
 pub(crate) mod test_support;
 #[cfg(test)]

@@ -62,6 +62,11 @@ fn summary(reason: &str, k: usize) -> String {
         "DrainStarted" => format!("draining {k} nodes to change their MIG layout (cordoned first where schedulable)"),
         "Applying" => format!("{k} nodes drained; handed to their node agents"),
         "Applied" => format!("{k} nodes have their new MIG layout (uncordoned where Tessera cordoned them)"),
+        "DrainWithdrawn" => {
+            format!(
+                "{k} nodes already held their MIG layout: drains withdrawn (uncordoned where Tessera cordoned them)"
+            )
+        }
         _ => format!("{reason} on {k} nodes"),
     }
 }

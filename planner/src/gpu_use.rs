@@ -298,4 +298,3 @@ pub fn parse_nvidia_device(name: &str) -> Option<NvidiaDevice> {
 
 #[cfg(test)]
 mod tests;
-

@@ -207,6 +207,30 @@ fn applied(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
         && conditions::is_true(&st.conditions, READY)
 }
 
+/// Whether the agent has seen `desired`: the intent is written and its report is of that
+/// generation.
+fn intent_seen(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
+    gn.spec.gpus == desired && gn.status.as_ref().and_then(|st| st.observed_generation) == gn.metadata.generation
+}
+
+/// Whether the node holds `desired` with nothing left to change: the agent says so
+/// ([`applied`]), or it has seen the intent, its report shows every GPU holding it, and its
+/// `Ready` condition says nothing of that generation's layout: the operator's own
+/// `AgentNotResponding` marking (liveness, not the GPUs), or a condition of an earlier
+/// generation. An agent's own `Ready=False` of this generation (a leak, a reset) and a report
+/// with no `Ready` at all are taken as a difference. A node is drained only for a difference:
+/// not started while it holds its intent, and its drain withdrawn once it is seen to.
+fn holds_intent(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
+    if applied(gn, desired) {
+        return true;
+    }
+    let Some(st) = &gn.status else { return false };
+    let says_nothing = conditions::find(&st.conditions, READY).is_some_and(|c| {
+        c.reason == conditions::gpunode_reasons::AGENT_NOT_RESPONDING || c.observed_generation != gn.metadata.generation
+    });
+    says_nothing && intent_seen(gn, desired) && reported_holds(gn, desired)
+}
+
 /// Whether the agent's last report shows every GPU of `desired` already holding it: MIG mode as
 /// asked (no change pending) and exactly the asked instances. A node taken back by a plan after
 /// its intent was emptied, or a plan changed back before anything was applied, needs no drain.

@@ -5,10 +5,14 @@
 //! counter), wall time and peak RSS.
 
 use std::process::Child;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -17,6 +21,7 @@ use tessera_crds::solver::{self, ProfileCounts};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog};
 use tessera_e2e::fixtures::{apply_file, http_get, install_crds, wait_for};
 use tessera_e2e::{ControlPlane, Identity};
+use tokio::task::JoinHandle;
 
 fn proc_stat(pid: u32) -> (f64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -52,13 +57,15 @@ struct Row {
     rss_mib: f64,
     passes: f64,
     load: f64,
+    /// The emulated agents' lease renewals per second of the rollout (not the operator's).
+    lease_writes_per_s: f64,
 }
 
 impl Row {
     fn markdown(&self) -> String {
         let n = self.nodes as f64;
         format!(
-            "| {} | {:.1} | {:.2} | {:.2} | {:.0} | {:.1} | {:.0} | {:.3} | {:.0} | {:.1} |",
+            "| {} | {:.1} | {:.2} | {:.2} | {:.0} | {:.1} | {:.0} | {:.3} | {:.0} | {:.1} | {:.1} |",
             self.nodes,
             self.wall,
             self.cpu,
@@ -68,29 +75,99 @@ impl Row {
             self.rss_mib,
             self.rss_mib / n,
             self.passes,
-            self.load
+            self.load,
+            self.lease_writes_per_s
         )
     }
 }
 
-const HEADER: &str = "| nodes | wall s | operator CPU s | CPU ms / node | API requests | requests / node | peak RSS MiB | RSS MiB / node | passes | load (1 min) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+const HEADER: &str = "| nodes | wall s | operator CPU s | CPU ms / node | API requests | requests / node | peak RSS MiB | RSS MiB / node | passes | load (1 min) | agent lease writes / s |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
 
-/// Plays every node agent at zero latency: registers inventory, then reports each new intent as
-/// applied at once (instances placed by the solver). Each emulated agent's heartbeat Lease is
-/// written once, valid for an hour (longer than any run), so heartbeats add no load to measure.
-async fn emulate_agents(client: Client, nodes: Vec<String>) {
+/// How the emulated agents renew their heartbeat Leases, as the node agent does (a lease of
+/// `duration`, renewed every quarter of it, the first renewal at start). The duration is
+/// lengthened with the fleet as the bench lengthens kwok's node leases (see `start_cluster`): at
+/// `n/5` s (at least the agent's default 40 s) the renewals are 20 writes/s at any size, a load
+/// next to the rollout's that the bench counts apart from the operator's.
+#[derive(Clone, Copy)]
+struct Heartbeat {
+    duration: Duration,
+}
+
+impl Heartbeat {
+    fn for_fleet(n: usize) -> Self {
+        let seconds = (n / 5).max(DEFAULT_AGENT_LEASE_SECONDS as usize) as u64;
+        Heartbeat { duration: Duration::from_secs(seconds) }
+    }
+
+    /// Every lease is renewed within this long of any instant.
+    fn period(self) -> Duration {
+        self.duration / 4
+    }
+}
+
+/// The node agent's default `--lease-duration-seconds`.
+const DEFAULT_AGENT_LEASE_SECONDS: u64 = 40;
+
+/// The emulated agents' lease writes, counted apart from the operator's requests.
+#[derive(Default)]
+struct Renewals {
+    writes: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// Writes `node`'s heartbeat Lease renewed now, as the agent does (server-side apply as the
+/// agent's field manager).
+async fn renew(leases: &Api<Lease>, node: &str, heartbeat: Heartbeat) -> kube::Result<()> {
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": node},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": heartbeat.duration.as_secs(),
+                 "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())}});
+    leases.patch(node, &PatchParams::apply("tessera-node-agent").force(), &Patch::Apply(&lease)).await.map(|_| ())
+}
+
+/// Renews every node's lease once per heartbeat period, spread evenly over it (an agent's
+/// renewals are not in step with the others'), until aborted.
+fn keep_renewing(
+    leases: Api<Lease>,
+    nodes: Vec<String>,
+    heartbeat: Heartbeat,
+    renewals: Arc<Renewals>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let gap = heartbeat.period() / nodes.len().max(1) as u32;
+        let mut tick = tokio::time::interval(gap.max(Duration::from_millis(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for node in nodes.iter().cycle() {
+            tick.tick().await;
+            let (leases, node, renewals) = (leases.clone(), node.clone(), renewals.clone());
+            // Each write on its own task, so a slow reply does not delay the next agent's.
+            tokio::spawn(async move {
+                let counter = match renew(&leases, &node, heartbeat).await {
+                    Ok(()) => &renewals.writes,
+                    Err(_) => &renewals.failed,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+    })
+}
+
+/// Plays every node agent at zero latency: registers inventory and a heartbeat Lease, renews the
+/// leases as agents do (see [`Heartbeat`]), then reports each new intent as applied at once
+/// (instances placed by the solver). Returns the tasks, to be aborted with the control plane.
+async fn emulate_agents(
+    client: Client,
+    nodes: Vec<String>,
+    heartbeat: Heartbeat,
+    renewals: Arc<Renewals>,
+) -> Vec<JoinHandle<()>> {
     let api: Api<GpuNode> = Api::all(client.clone());
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client.clone(), tessera_crds::gpunode::AGENT_LEASE_NAMESPACE);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), tessera_crds::gpunode::AGENT_LEASE_NAMESPACE);
     futures::stream::iter(nodes.clone())
         .for_each_concurrent(32, |n| {
             let api = api.clone();
             let leases = leases.clone();
             async move {
-                let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": n},
-                    "spec": {"holderIdentity": n, "leaseDurationSeconds": 3600,
-                             "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now())}});
-                leases.patch(&n, &PatchParams::apply("tessera-node-agent"), &Patch::Apply(&lease)).await.unwrap();
+                renew(&leases, &n, heartbeat).await.unwrap();
                 let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "metadata": {"name": n}, "spec": {}});
                 api.patch(&n, &PatchParams::apply("tessera-node-agent"), &Patch::Apply(&body)).await.unwrap();
                 let st = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuNode", "status": {"gpus": [
@@ -99,7 +176,8 @@ async fn emulate_agents(client: Client, nodes: Vec<String>) {
             }
         })
         .await;
-    tokio::spawn(async move {
+    let renewing = keep_renewing(leases, nodes, heartbeat, renewals);
+    let reporting = tokio::spawn(async move {
         let model = catalog::lookup("H100-80GB").unwrap();
         let stream = watcher(api.clone(), watcher::Config::default()).applied_objects();
         futures::pin_mut!(stream);
@@ -133,6 +211,7 @@ async fn emulate_agents(client: Client, nodes: Vec<String>) {
                 .await;
         }
     });
+    vec![renewing, reporting]
 }
 
 /// One fleet size: a fresh control plane with `n` settled kwok nodes, the operator started on
@@ -146,17 +225,30 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     }
     let names: Vec<String> = (0..n).map(|i| format!("gpu-{i:04}")).collect();
     create_nodes(&admin, &names).await;
-    emulate_agents(admin.clone(), names.clone()).await;
+    let (heartbeat, renewals) = (Heartbeat::for_fleet(n), Arc::new(Renewals::default()));
+    let agents = emulate_agents(admin.clone(), names.clone(), heartbeat, renewals.clone()).await;
     wait_settled(&admin, n).await?;
 
     let (mut op, port) = start_operator(&cp, operator).await?;
+    // The operator starts no node whose agent it has not seen renew its lease (an agent first
+    // seen is unproven): wait until every lease has renewed once since the operator is ready.
+    tokio::time::sleep(heartbeat.period() + Duration::from_secs(2)).await;
     let cpu0 = idle_cost(&op, port, n).await;
     let before = Counters::read(port);
+    let renewed_before = renewals.writes.load(Ordering::Relaxed);
     let started = Instant::now();
     roll_out(&admin, n).await?;
     let wall = started.elapsed().as_secs_f64();
     let (cpu1, hwm) = proc_stat(op.id());
     let after = Counters::read(port);
+    let lease_writes = renewals.writes.load(Ordering::Relaxed) - renewed_before;
+    tessera_e2e::tell!(
+        "{n} nodes: the emulated agents renewed {lease_writes} leases during the rollout ({:.1}/s, \
+         {} s leases; not in the operator's figures), {} renewal(s) failed in the whole run",
+        lease_writes as f64 / wall,
+        heartbeat.duration.as_secs(),
+        renewals.failed.load(Ordering::Relaxed)
+    );
     tessera_e2e::tell!(
         "{n} nodes: {} node-passes waited for the caches to show the operator's own writes",
         after.behind - before.behind
@@ -168,6 +260,7 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     );
     let _ = op.kill();
     let _ = op.wait();
+    agents.iter().for_each(JoinHandle::abort);
     Ok(Row {
         nodes: n,
         wall,
@@ -176,6 +269,7 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
         rss_mib: hwm as f64 / 1024.0,
         passes: after.passes - before.passes,
         load: load(),
+        lease_writes_per_s: lease_writes as f64 / wall,
     })
 }
 

@@ -364,4 +364,3 @@ mod seed;
 
 #[cfg(test)]
 mod tests;
-

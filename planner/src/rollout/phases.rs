@@ -11,7 +11,8 @@ use tessera_crds::{GpuNode, GpuPartitionPlan};
 
 use super::dra_wait::{self, Hold};
 use super::{
-    Action, NodeInput, PlanReport, agent_condition, agent_stalled, applied, failed_here, finish, idle, reported_holds,
+    Action, NodeInput, PlanReport, agent_condition, agent_stalled, applied, failed_here, finish, holds_intent, idle,
+    intent_seen, reported_holds,
 };
 use crate::drain::{self, PodVerdict, verdict_with_claims};
 use crate::liveness::AgentHealth;
@@ -86,7 +87,13 @@ fn at_rest(s: &Step<'_>, mut r: NodeRollout, busy: &mut usize, actions: &mut Vec
     // Built after the flag above is cleared: a stale `cordonedByUs` must never be
     // written back (it could later uncordon a node an admin cordoned).
     let base = s.base(&r);
-    if applied(gn, desired) {
+    if holds_intent(gn, desired) {
+        if !applied(gn, desired) && s.node.agent.is_not_responding() {
+            // Its layout holds as last reported, but nobody vouches for it now: reported, and
+            // never started (a drain would change nothing).
+            report.unresponsive.push(format!("{n}: {} (holds its layout as last reported)", s.node.agent.describe()));
+            return;
+        }
         report.updated += 1;
         if !s.recorded_idle(&r) {
             actions.push(s.rollout(idle(base)));
@@ -97,11 +104,9 @@ fn at_rest(s: &Step<'_>, mut r: NodeRollout, busy: &mut usize, actions: &mut Vec
         report.failed.push((n.to_string(), r.message.clone()));
         return;
     }
-    // Once the agent has seen the intent and still does not say applied, it has a
-    // reason (a leak, a reset): the node goes the usual way, drained and handed over.
-    let intent_seen =
-        gn.spec.gpus == *desired && gn.status.as_ref().and_then(|st| st.observed_generation) == gn.metadata.generation;
-    if !intent_seen && reported_holds(gn, desired) && s.node.agent == AgentHealth::Alive {
+    // Once the agent has seen the intent and says why it is not applied (a leak, a reset),
+    // or its GPUs do not hold it, the node goes the usual way, drained and handed over.
+    if !intent_seen(gn, desired) && reported_holds(gn, desired) && s.node.agent == AgentHealth::Alive {
         take_back(s, &r, base, actions, report);
         return;
     }
@@ -246,6 +251,10 @@ fn timed_out(s: &Step<'_>, started: Option<Timestamp>) -> bool {
 fn drain(s: &Step<'_>, r: &NodeRollout, actions: &mut Vec<Action>, report: &mut PlanReport) {
     let n = s.node.name;
     let base = s.base(r);
+    if no_longer_needed(s) {
+        withdraw(s, r, base, actions, report);
+        return;
+    }
     report.in_progress += 1;
     let pods = match &s.node.pods {
         Ok(pods) => pods,
@@ -275,6 +284,34 @@ fn drain(s: &Step<'_>, r: &NodeRollout, actions: &mut Vec<Action>, report: &mut 
         return;
     }
     evict(s, r, started, left, actions, report);
+}
+
+/// Whether a drain started for this node has nothing left to do: the node holds its intent
+/// (see [`holds_intent`]), or its GPUs already hold what the plan asks and its agent is alive to
+/// take the intent back without a hand-over (as `take_back` does at rest). Whatever started the
+/// drain (a plan changed back, a report read while the agent was judged dead), it is withdrawn.
+fn no_longer_needed(s: &Step<'_>) -> bool {
+    let (gn, desired) = (s.gn, s.desired);
+    holds_intent(gn, desired)
+        || (!intent_seen(gn, desired) && reported_holds(gn, desired) && s.node.agent == AgentHealth::Alive)
+}
+
+/// A drain no longer needed, withdrawn before the hand-over: the intent written where it differs
+/// (taken back), our cordon undone, the record `Idle` (after the uncordon, as `finish` does: a
+/// crash between the two leaves a `Draining` record that is withdrawn again, never a cordon we
+/// forget), and an Event that says why. Pods already evicted are not brought back.
+fn withdraw(s: &Step<'_>, r: &NodeRollout, base: NodeRollout, actions: &mut Vec<Action>, report: &mut PlanReport) {
+    let n = s.node.name;
+    if holds_intent(s.gn, s.desired) {
+        report.updated += 1;
+    } else {
+        report.in_progress += 1;
+        actions.push(s.intent());
+    }
+    finish(n, r.cordoned_by_us, base, actions);
+    let uncordoned = if r.cordoned_by_us { "; uncordoned" } else { "" };
+    let message = format!("{n} already holds its MIG layout as its node agent reports it: drain withdrawn{uncordoned}");
+    actions.push(s.event("DrainWithdrawn", message, false));
 }
 
 /// A drained node: handed to an agent alive now, the intent written before the `Applying` record.

@@ -74,6 +74,7 @@ mod claims;
 mod dra;
 mod dra_wait;
 mod kept;
+mod withdrawn;
 
 /// Versions that change with what the planner reads of a node (its content hashed), as
 /// resourceVersions change with every write.

@@ -131,10 +131,11 @@ impl QuotaController {
         drivers: GpuDrivers,
         namespace: String,
     ) -> Arc<Self> {
-        let changed = Arc::new(Notify::new());
+        // Woken by the shared quota cache (see `Caches`) and by every cache of its own.
+        let changed = caches.quota_changed.clone();
         let d = watcher::Config::default;
         Arc::new(Self {
-            quotas: start_cache(Api::<TenantGpuQuota>::all(client.clone()), d(), Cache::always(changed.clone())).0,
+            quotas: caches.quotas.clone(),
             // Every ResourceQuota, not only ours: a user's own one with our name must be seen, so
             // it is never adopted by a force-apply.
             // Each keeps its latest `managedFields` time: when its limits came into force.
@@ -243,13 +244,9 @@ impl QuotaController {
         plan
     }
 
-    /// Refuses a write once the leader lease may have passed to another replica (see `leader`):
-    /// a deposed leader's stale caches could raise a share the new leader lowered.
-    fn may_write(&self) -> Result<(), Error> {
-        self.writer().may_write()
-    }
-
-    /// The quota controller's writes: checked against its tenure, failures counted.
+    /// The quota controller's writes: checked against its tenure (once the leader lease may have
+    /// passed to another replica, a deposed leader's stale caches could raise a share the new
+    /// leader lowered), failures counted.
     fn writer(&self) -> Writer<'_> {
         Writer::new(&self.client, Some(&self.tenure), &self.metrics)
     }
@@ -335,7 +332,7 @@ impl QuotaController {
                 "ownerReferences": [owner.controller_owner_ref(&()).expect("a stored object has a name and uid")]},
             "spec": {"hard": a.hard}
         });
-        self.may_write()?;
+        self.writer().may_write()?;
         info!(namespace = %a.namespace, quota = %a.quota, name = %a.name, "applying ResourceQuota");
         let api = Api::<ResourceQuota>::namespaced(self.client.clone(), &a.namespace);
         let applied = self.writer().send_counted(&api, &a.name, Write::apply(Manager::Operator, &body)).await?;
@@ -369,7 +366,7 @@ impl Passes for QuotaController {
 
     fn may_pass(&self, _: &mut ()) -> bool {
         // A leader that has not seen its lease renewed in time skips the pass (see `leader`).
-        self.may_write().is_ok()
+        self.writer().may_write().is_ok()
     }
 
     async fn pass(&self) -> Result<(), Error> {

@@ -15,6 +15,18 @@ use tracing::{debug, warn};
 use super::{Context, MANAGER};
 use crate::Error;
 
+/// How a repeated Event (same object, reason and type) is published. Every Event goes through
+/// [`Context::publish`], and so through the writer.
+#[derive(Clone, Copy)]
+pub(super) enum Repeats {
+    /// Folded into one series by kube's Recorder (its count and last time move on, its first
+    /// note stays): for a warning repeated every pass while it holds, such as a blocked eviction.
+    Folded,
+    /// A new Event every time: for each pass's aggregate, whose note names that wave's nodes and
+    /// would be lost in a series that keeps the first.
+    EachNew,
+}
+
 impl Context {
     /// One Event per plan, reason and type for this pass (see `events`); warnings also on each
     /// Node. A plan deleted meanwhile gets none.
@@ -24,13 +36,27 @@ impl Context {
         }
         for e in tessera_planner::events::aggregate(reached) {
             if let Some(p) = plans.iter().find(|p| p.metadata.name.as_deref() == Some(e.plan.as_str())) {
-                self.publish_new(&p.object_ref(&()), e.reason, &e.note, e.warning).await;
+                self.publish(&p.object_ref(&()), e.reason, &e.note, e.warning, Repeats::EachNew).await;
             }
         }
     }
 
-    /// A new Event every time. The Recorder folds Events of the same object and reason into a
-    /// series that keeps the first note, which would lose every later wave's node names.
+    /// One Event on `reference`, repeated as `repeats` says; a failure to publish is only logged.
+    pub(super) async fn publish(
+        &self,
+        reference: &ObjectReference,
+        reason: &str,
+        note: &str,
+        warning: bool,
+        repeats: Repeats,
+    ) {
+        match repeats {
+            Repeats::Folded => self.publish_folded(reference, reason, note, warning).await,
+            Repeats::EachNew => self.publish_new(reference, reason, note, warning).await,
+        }
+    }
+
+    /// [`Repeats::EachNew`]: an Event of its own, named by the time.
     async fn publish_new(&self, reference: &ObjectReference, reason: &str, note: &str, warning: bool) {
         use k8s_openapi::api::events::v1::Event as K8sEvent;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -78,7 +104,7 @@ impl Context {
                     r.plan.as_deref().and_then(|p| self.caches.plans.state().into_iter().find(|x| x.name_any() == p))
                 {
                     let note = format!("{node}: {}", r.message);
-                    self.publish(&plan.object_ref(&()), "EvictionBlocked", &note, true).await;
+                    self.publish(&plan.object_ref(&()), "EvictionBlocked", &note, true, Repeats::Folded).await;
                 }
             }
             if let Err(e) = self.write_rollout(&node, Some(&r)).await {
@@ -89,7 +115,7 @@ impl Context {
         errors
     }
 
-    /// An Event on the Node named `node`.
+    /// An Event on the Node named `node` (folded: a Node's warnings repeat pass after pass).
     async fn event_on_node(&self, node: &str, reason: &str, message: &str, warning: bool) {
         let reference = ObjectReference {
             api_version: Some("v1".into()),
@@ -98,11 +124,11 @@ impl Context {
             uid: Some(node.into()),
             ..Default::default()
         };
-        self.publish(&reference, reason, message, warning).await;
+        self.publish(&reference, reason, message, warning, Repeats::Folded).await;
     }
 
-    /// One Event through the Recorder; a failure to publish is only logged.
-    pub(super) async fn publish(&self, reference: &ObjectReference, reason: &str, message: &str, warning: bool) {
+    /// [`Repeats::Folded`]: through kube's Recorder.
+    async fn publish_folded(&self, reference: &ObjectReference, reason: &str, message: &str, warning: bool) {
         let ev = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: reason.into(),

@@ -20,6 +20,7 @@ use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tracing::{info, warn};
 
 use super::Context;
+use super::events::Repeats;
 use crate::Error;
 use crate::writer::bodies::StatusApply;
 use crate::writer::{Manager, Write};
@@ -259,7 +260,7 @@ impl Context {
         self.wrote_decision(&name, &written, Some(&decided));
         info!(plan = %name, changed = decided.changed_gpus, message = %decided.message, "layouts decided");
         let warning = !decided.shortfall.is_empty();
-        self.publish(&plan.object_ref(&()), "LayoutsDecided", &decided.message, warning).await;
+        self.publish(&plan.object_ref(&()), "LayoutsDecided", &decided.message, warning, Repeats::EachNew).await;
         plan.status.get_or_insert_with(Default::default).layout_decision = Some(decided);
         Ok(())
     }

@@ -53,6 +53,8 @@ pub(crate) struct Caches {
     pub(crate) changed: Arc<Notify>,
     /// Fires when a GpuNode's GPUs change, or a slice does (the quota controller's wake-up).
     pub(crate) fleet_changed: Arc<Notify>,
+    /// Fires on every TenantGpuQuota change (the quota controller's own caches fire it too).
+    pub(crate) quota_changed: Arc<Notify>,
 }
 
 impl Caches {
@@ -98,10 +100,16 @@ impl Caches {
             Waker { notify: changed.clone(), differs: pass_wakes::lease_differs },
             dirty.clone(),
         );
+        // One watch of the quotas for both controllers: the rollout reads what automatic plans
+        // serve, the quota controller everything.
+        let quota_changed = Arc::new(Notify::new());
         let quotas = start_cache(
             Api::<TenantGpuQuota>::all(client.clone()),
             all(),
-            Cache::waking(vec![Waker { notify: changed.clone(), differs: pass_wakes::quota_differs }]),
+            Cache::waking(vec![
+                Waker { notify: changed.clone(), differs: pass_wakes::quota_differs },
+                Waker::always(quota_changed.clone()),
+            ]),
         )
         .0;
         let claims = ClaimCache::start(client.clone(), gpu_drivers.clone());
@@ -123,6 +131,7 @@ impl Caches {
             nodes_written,
             changed,
             fleet_changed,
+            quota_changed,
         }
     }
 }

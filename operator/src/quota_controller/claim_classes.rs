@@ -40,7 +40,7 @@ impl QuotaController {
             if classes.iter().any(|have| is_current(have, c)) {
                 continue;
             }
-            self.may_write()?;
+            self.writer().may_write()?;
             let body = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                 "metadata": {"name": c.name, "labels": {MANAGED_BY.0: MANAGED_BY.1}},
                 "spec": {"selectors": [{"cel": {"expression": c.expression}}]}});

@@ -83,7 +83,7 @@ impl QuotaController {
                 // left there (its replacement, or another quota's share, was not written).
                 continue;
             }
-            self.may_write()?;
+            self.writer().may_write()?;
             info!(namespace = %d.namespace, name = %d.name, "deleting stale ResourceQuota");
             let api = Api::<ResourceQuota>::namespaced(self.client.clone(), &d.namespace);
             let cached =

@@ -217,9 +217,11 @@ fn intent_seen(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
 /// ([`applied`]), or it has seen the intent, its report shows every GPU holding it, and its
 /// `Ready` condition says nothing of that generation's layout: the operator's own
 /// `AgentNotResponding` marking (liveness, not the GPUs), or a condition of an earlier
-/// generation. An agent's own `Ready=False` of this generation (a leak, a reset) and a report
-/// with no `Ready` at all are taken as a difference. A node is drained only for a difference:
-/// not started while it holds its intent, and its drain withdrawn once it is seen to.
+/// generation. The agent's own verdicts are a difference: `Ready=False` of this generation, and
+/// `Stalled` or `Reconciling` of this generation (which the operator's marking, written over
+/// `Ready` only, leaves in place), as is a report with no `Ready` at all. A node is drained only
+/// for a difference: not started while it holds its intent, and its drain withdrawn once it is
+/// seen to.
 fn holds_intent(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
     if applied(gn, desired) {
         return true;
@@ -228,7 +230,8 @@ fn holds_intent(gn: &GpuNode, desired: &[GpuIntent]) -> bool {
     let says_nothing = conditions::find(&st.conditions, READY).is_some_and(|c| {
         c.reason == conditions::gpunode_reasons::AGENT_NOT_RESPONDING || c.observed_generation != gn.metadata.generation
     });
-    says_nothing && intent_seen(gn, desired) && reported_holds(gn, desired)
+    let agent_objects = agent_stalled(gn).is_some() || agent_condition(gn, conditions::RECONCILING).is_some();
+    says_nothing && !agent_objects && intent_seen(gn, desired) && reported_holds(gn, desired)
 }
 
 /// Whether the agent's last report shows every GPU of `desired` already holding it: MIG mode as

@@ -48,9 +48,13 @@ impl Step<'_> {
         Action::Intent { node: self.node.name.to_string(), plan: self.name.to_string(), gpus: self.desired.to_vec() }
     }
 
-    /// Whether the record already says `Idle` for this plan and generation.
+    /// Whether the record already says `Idle` for this plan and generation, with no cordon of
+    /// ours left to undo.
     fn recorded_idle(&self, r: &NodeRollout) -> bool {
-        r.phase == NodePhase::Idle && r.plan.as_deref() == Some(self.name) && r.plan_generation == self.generation
+        r.phase == NodePhase::Idle
+            && !r.cordoned_by_us
+            && r.plan.as_deref() == Some(self.name)
+            && r.plan_generation == self.generation
     }
 }
 
@@ -78,23 +82,18 @@ pub(super) fn plan_node(s: &Step<'_>, busy: &mut usize, actions: &mut Vec<Action
 }
 
 /// `Idle`, `Pending` or `Failed`: settle a node that has the layout, take one back that holds it
-/// already, start one when a slot is free, or let it wait.
+/// already, start one when a slot is free, or let it wait. A cordon of ours still recorded (a
+/// failure, or a withdrawn drain cut short) is undone first.
 fn at_rest(s: &Step<'_>, mut r: NodeRollout, busy: &mut usize, actions: &mut Vec<Action>, report: &mut PlanReport) {
     let (n, gn, desired) = (s.node.name, s.gn, s.desired);
-    if r.phase == NodePhase::Failed && r.cordoned_by_us && release_cordon(s, &mut r, actions, report) {
+    if r.cordoned_by_us && release_cordon(s, &mut r, actions, report) {
         return;
     }
     // Built after the flag above is cleared: a stale `cordonedByUs` must never be
     // written back (it could later uncordon a node an admin cordoned).
     let base = s.base(&r);
     if holds_intent(gn, desired) {
-        if !applied(gn, desired) && s.node.agent.is_not_responding() {
-            // Its layout holds as last reported, but nobody vouches for it now: reported, and
-            // never started (a drain would change nothing).
-            report.unresponsive.push(format!("{n}: {} (holds its layout as last reported)", s.node.agent.describe()));
-            return;
-        }
-        report.updated += 1;
+        count_holding(s, report);
         if !s.recorded_idle(&r) {
             actions.push(s.rollout(idle(base)));
         }
@@ -128,6 +127,18 @@ fn at_rest(s: &Step<'_>, mut r: NodeRollout, busy: &mut usize, actions: &mut Vec
     }
 }
 
+/// Counts a node that holds its intent: updated, unless only its last report says so and its
+/// agent is not responding now (nobody vouches for it: reported, never started, as a drain would
+/// change nothing).
+fn count_holding(s: &Step<'_>, report: &mut PlanReport) {
+    if !applied(s.gn, s.desired) && s.node.agent.is_not_responding() {
+        let n = s.node.name;
+        report.unresponsive.push(format!("{n}: {} (holds its layout as last reported)", s.node.agent.describe()));
+    } else {
+        report.updated += 1;
+    }
+}
+
 /// Taken back with the layout already in place: the intent and an `Idle` record, no cordon,
 /// no drain; updated once the agent reports it applied.
 fn take_back(s: &Step<'_>, r: &NodeRollout, base: NodeRollout, actions: &mut Vec<Action>, report: &mut PlanReport) {
@@ -158,8 +169,9 @@ fn wait(s: &Step<'_>, r: &NodeRollout, base: NodeRollout, actions: &mut Vec<Acti
     }
 }
 
-/// A `Failed` node we still hold cordoned: uncordon it and clear the flag. True when the node is
-/// decided for this pass (the uncordon is not seen yet).
+/// A node at rest we still hold cordoned (`Failed`, or a withdrawn drain cut short): uncordon
+/// it and clear the flag. True when the node is decided for this pass (the uncordon is not seen
+/// yet).
 fn release_cordon(s: &Step<'_>, r: &mut NodeRollout, actions: &mut Vec<Action>, report: &mut PlanReport) -> bool {
     let n = s.node.name;
     if s.node.unschedulable {
@@ -170,8 +182,10 @@ fn release_cordon(s: &Step<'_>, r: &mut NodeRollout, actions: &mut Vec<Action>, 
     if s.node.unschedulable {
         // Decide on this node again once the uncordon is seen: starting it now
         // would read the stale `unschedulable` and never cordon it.
-        if failed_here(r, s.name, s.generation) {
+        if r.phase == NodePhase::Failed && failed_here(r, s.name, s.generation) {
             report.failed.push((n.to_string(), r.message.clone()));
+        } else if holds_intent(s.gn, s.desired) {
+            count_holding(s, report);
         } else {
             report.pending += 1;
         }
@@ -287,28 +301,37 @@ fn drain(s: &Step<'_>, r: &NodeRollout, actions: &mut Vec<Action>, report: &mut 
 }
 
 /// Whether a drain started for this node has nothing left to do: the node holds its intent
-/// (see [`holds_intent`]), or its GPUs already hold what the plan asks and its agent is alive to
-/// take the intent back without a hand-over (as `take_back` does at rest). Whatever started the
-/// drain (a plan changed back, a report read while the agent was judged dead), it is withdrawn.
+/// (see [`holds_intent`]), or its GPUs already hold what the plan asks (taken back, as
+/// `take_back` does at rest). Whatever started the drain (a plan changed back, a report read
+/// while the agent was judged dead), it is withdrawn, whatever the agent's health now: the drain
+/// would evict pods for no change, and an intent the GPUs already hold changes nothing (without
+/// the hand-over an agent only creates instances in free space).
 fn no_longer_needed(s: &Step<'_>) -> bool {
     let (gn, desired) = (s.gn, s.desired);
-    holds_intent(gn, desired)
-        || (!intent_seen(gn, desired) && reported_holds(gn, desired) && s.node.agent == AgentHealth::Alive)
+    holds_intent(gn, desired) || (!intent_seen(gn, desired) && reported_holds(gn, desired))
 }
 
 /// A drain no longer needed, withdrawn before the hand-over: the intent written where it differs
-/// (taken back), our cordon undone, the record `Idle` (after the uncordon, as `finish` does: a
-/// crash between the two leaves a `Draining` record that is withdrawn again, never a cordon we
-/// forget), and an Event that says why. Pods already evicted are not brought back.
+/// (taken back), the record `Idle` still naming our cordon, then the uncordon and the flag
+/// cleared (record before act, as `fail` does: a crash in between leaves an `Idle` record whose
+/// cordon `at_rest` undoes, never a cordon we forget), and an Event that says why. Pods already
+/// evicted are not brought back.
 fn withdraw(s: &Step<'_>, r: &NodeRollout, base: NodeRollout, actions: &mut Vec<Action>, report: &mut PlanReport) {
     let n = s.node.name;
     if holds_intent(s.gn, s.desired) {
-        report.updated += 1;
+        count_holding(s, report);
     } else {
         report.in_progress += 1;
+    }
+    if s.gn.spec.gpus != *s.desired {
         actions.push(s.intent());
     }
-    finish(n, r.cordoned_by_us, base, actions);
+    let withdrawn = NodeRollout { cordoned_by_us: r.cordoned_by_us, ..idle(base) };
+    actions.push(s.rollout(withdrawn.clone()));
+    if r.cordoned_by_us {
+        actions.push(Action::Uncordon { node: n.to_string() });
+        actions.push(s.rollout(NodeRollout { cordoned_by_us: false, ..withdrawn }));
+    }
     let uncordoned = if r.cordoned_by_us { "; uncordoned" } else { "" };
     let message = format!("{n} already holds its MIG layout as its node agent reports it: drain withdrawn{uncordoned}");
     actions.push(s.event("DrainWithdrawn", message, false));

@@ -85,26 +85,35 @@ fn a_real_difference_still_starts_the_node() {
     let own = Some(cond(READY, "False", "LeakedMemory", Some(2)));
     let (actions, _) = plan_fleet(&plans(), &[node("n1", false, reported(HELD, own, None))], now());
     assert!(started(&actions), "the agent says why it is not applied: {actions:?}");
+    // Marked dead by the operator over an agent that said Stalled (or Reconciling) of this
+    // generation, a condition the marking leaves in place.
+    for (t, reason) in [(STALLED, "SplitComputeInstances"), (RECONCILING, "Retrying")] {
+        let mut gn = reported(HELD, marked_dead(), None);
+        gn.status.as_mut().unwrap().conditions.push(cond(t, "True", reason, Some(2)));
+        let (actions, _) = plan_fleet(&plans(), &[node("n1", false, gn)], now());
+        assert!(started(&actions), "the agent's own {t} is a difference: {actions:?}");
+    }
     // Marked dead by the operator, but its GPUs hold another layout.
     let other = reported(&["3g.40gb", "1g.10gb"], marked_dead(), None);
     let (actions, _) = plan_fleet(&plans(), &[node("n1", false, other)], now());
     assert!(started(&actions), "the report differs from the intent: {actions:?}");
 }
 
-/// The Uncordon (where expected), the Idle record and the DrainWithdrawn Event, in that order, and
-/// nothing evicted or handed over.
+/// The withdrawal's actions in order, and nothing evicted or handed over: the `Idle` record still
+/// naming our cordon, the Uncordon, the flag cleared (where ours), and the DrainWithdrawn Event.
 fn assert_withdrawn(actions: &[Action], uncordon: bool) {
     let kinds: Vec<&str> = actions
         .iter()
         .map(|a| match a {
             Action::Uncordon { .. } => "uncordon",
-            Action::Rollout { rollout: Some(r), .. } if r.phase == NodePhase::Idle && !r.cordoned_by_us => "idle",
+            Action::Rollout { rollout: Some(r), .. } if r.phase == NodePhase::Idle && r.cordoned_by_us => "idle, ours",
+            Action::Rollout { rollout: Some(r), .. } if r.phase == NodePhase::Idle => "idle",
             Action::Event { reason: "DrainWithdrawn", .. } => "event",
             Action::Intent { .. } => "intent",
             _ => "other",
         })
         .collect();
-    let want: &[&str] = if uncordon { &["uncordon", "idle", "event"] } else { &["idle", "event"] };
+    let want: &[&str] = if uncordon { &["idle, ours", "uncordon", "idle", "event"] } else { &["idle", "event"] };
     assert_eq!(kinds, want, "{actions:?}");
 }
 
@@ -118,8 +127,12 @@ fn a_drain_of_a_node_that_holds_its_intent_is_withdrawn_and_our_cordon_undone() 
     assert_eq!((reports["p"].updated, reports["p"].in_progress), (1, 0));
     assert!(reports["p"].drain_blocked.is_empty(), "{:?}", reports["p"]);
     // Withdrawn whether the agent is alive, unproven or still judged dead: it takes no hand-over.
+    // Judged dead, it is reported as at rest, not counted updated.
     n.agent = AgentHealth::NotResponding { since: None };
-    assert_withdrawn(&plan_fleet(&plans(), std::slice::from_ref(&n), now()).0, true);
+    let (actions, reports) = plan_fleet(&plans(), std::slice::from_ref(&n), now());
+    assert_withdrawn(&actions, true);
+    assert_eq!(reports["p"].updated, 0);
+    assert!(reports["p"].unresponsive[0].contains("holds its layout as last reported"), "{:?}", reports["p"]);
     n.agent = AgentHealth::Unproven;
     assert_withdrawn(&plan_fleet(&plans(), &[n], now()).0, true);
     // The agent says it applied the layout.
@@ -134,12 +147,24 @@ fn a_withdrawn_drain_leaves_an_admins_cordon_alone() {
 }
 
 #[test]
-fn a_crash_between_the_uncordon_and_the_idle_record_withdraws_again_without_a_new_cordon() {
-    // The uncordon is in, the `Idle` record is not: the node is schedulable and still `Draining`.
-    let n = node("n1", false, reported(HELD, marked_dead(), Some(draining_record(true))));
+fn a_withdrawal_cut_short_leaves_a_cordon_the_next_pass_undoes_and_never_renews() {
+    let ours_idle = json!({"phase": "Idle", "plan": "p", "planGeneration": 1, "cordonedByUs": true});
+    // Cut after the `Idle` record: still cordoned. Uncordoned and the flag cleared, nothing more.
+    let n = node("n1", true, reported(HELD, marked_dead(), Some(ours_idle.clone())));
+    let (actions, reports) = plan_fleet(&plans(), &[n], now());
+    assert!(matches!(&actions[0], Action::Uncordon { .. }), "{actions:?}");
+    assert!(
+        matches!(&actions[1], Action::Rollout { rollout: Some(r), .. } if r.phase == NodePhase::Idle && !r.cordoned_by_us),
+        "{actions:?}"
+    );
+    assert_eq!(actions.len(), 2, "{actions:?}");
+    assert_eq!(reports["p"].updated, 1);
+    // Cut after the uncordon: the flag cleared, no new cordon, no drain.
+    let n = node("n1", false, reported(HELD, marked_dead(), Some(ours_idle)));
     let (actions, _) = plan_fleet(&plans(), &[n], now());
-    assert!(!actions.iter().any(|a| matches!(a, Action::Cordon { .. })), "{actions:?}");
-    assert_withdrawn(&actions, true);
+    assert!(!started(&actions) && !actions.iter().any(|a| matches!(a, Action::Uncordon { .. })), "{actions:?}");
+    assert!(actions.iter().all(|a| matches!(a, Action::Rollout { rollout: Some(r), .. } if !r.cordoned_by_us)));
+    assert!(!actions.is_empty(), "the stale flag is cleared: {actions:?}");
 }
 
 #[test]
@@ -151,11 +176,15 @@ fn a_drain_whose_gpus_already_hold_the_plan_is_withdrawn_with_the_intent_taken_b
     assert!(matches!(&actions[0], Action::Intent { .. }), "{actions:?}");
     assert_withdrawn(&actions[1..], true);
     assert_eq!(reports["p"].in_progress, 1, "updated once the agent reports it applied");
-    // Not with an agent that could not take the intent back now: the drain goes on.
+    // Whatever the agent's health (just after a failover it is unproven): a drain for no change
+    // evicts nothing.
     let mut n = node("n1", true, gn);
+    n.pods = Ok(vec![gpu_pod("train", json!({}))]);
     n.agent = AgentHealth::Unproven;
     let (actions, _) = plan_fleet(&plans(), &[n], now());
-    assert!(!actions.iter().any(|a| matches!(a, Action::Event { reason: "DrainWithdrawn", .. })), "{actions:?}");
+    assert!(!actions.iter().any(|a| matches!(a, Action::Evict { .. })), "{actions:?}");
+    assert!(matches!(&actions[0], Action::Intent { .. }), "{actions:?}");
+    assert_withdrawn(&actions[1..], true);
 }
 
 #[test]

@@ -68,7 +68,7 @@ fn rounds() -> Vec<Vec<Fault>> {
         vec![WatchOutage, LongFreeze],
         vec![AgentsFrozen, LeaderKilled],
     ];
-    let n = std::env::var("TESSERA_FAULT_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(all.len());
+    let n = std::env::var("TESSERA_FAULT_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(all.len()).max(1);
     all.into_iter().cycle().take(n).collect()
 }
 
@@ -76,7 +76,9 @@ struct Cluster {
     cp: ControlPlane,
     admin: Client,
     agents: BTreeMap<&'static str, Component>,
-    operators: BTreeMap<&'static str, Component>,
+    operators: BTreeMap<String, Component>,
+    /// Replicas started again after a kill (each under a new identity).
+    restarts: usize,
 }
 
 impl Cluster {
@@ -101,12 +103,12 @@ impl Cluster {
             })
             .collect();
         create_gpu_nodes(&admin, &fake).await.unwrap();
-        let mut cluster = Cluster { cp, admin, agents: BTreeMap::new(), operators: BTreeMap::new() };
+        let mut cluster = Cluster { cp, admin, agents: BTreeMap::new(), operators: BTreeMap::new(), restarts: 0 };
         for n in AT_REST.iter().chain(&ROLLING) {
             cluster.start_agent(n).await;
         }
         for tag in ["op-a", "op-b"] {
-            cluster.operators.insert(tag, spawn_operator(&cluster.cp, tag).unwrap().0);
+            cluster.operators.insert(tag.to_string(), spawn_operator(&cluster.cp, tag).unwrap().0);
         }
         cluster
     }
@@ -119,20 +121,24 @@ impl Cluster {
         self.agents.insert(node, agent);
     }
 
-    /// The replica holding the operator's leader Lease now, if any is.
-    async fn leader(&self) -> Option<&'static str> {
-        let leases: Api<Lease> = Api::namespaced(self.admin.clone(), "tessera-system");
-        let holder = leases.get("tessera-operator").await.ok()?.spec?.holder_identity?;
-        self.operators.keys().copied().find(|t| *t == holder)
+    /// The running replica holding the operator's leader Lease now, if any is.
+    async fn leader(&self) -> Option<String> {
+        let holder = holder(&self.admin).await?;
+        self.operators.contains_key(&holder).then_some(holder)
     }
 
     async fn inject(&mut self, fault: Fault) {
         tessera_e2e::tell!("fault: {fault:?}");
         match fault {
             Fault::LeaderKilled => {
-                let Some(tag) = self.leader().await else { return };
-                self.operators.get_mut(tag).unwrap().stop_now();
-                self.operators.insert(tag, spawn_operator(&self.cp, tag).unwrap().0);
+                let leader = wait_for("a leader", T, || self.leader()).await.unwrap();
+                self.operators.remove(&leader).unwrap().stop_now();
+                // Started again under a new identity, as a new pod would be: the lease is not
+                // its own, so the standby (or it) takes over only once the lease expires.
+                self.restarts += 1;
+                let tag = format!("op-{}", self.restarts);
+                let replica = spawn_operator(&self.cp, &tag).unwrap().0;
+                self.operators.insert(tag, replica);
             }
             Fault::ShortFreeze => self.cp.freeze_apiserver(SHORT_FREEZE).await.unwrap(),
             Fault::LongFreeze => self.cp.freeze_apiserver(LONG_FREEZE).await.unwrap(),
@@ -192,8 +198,27 @@ fn gpu_pod(name: &str, node: &str, owner: Option<serde_json::Value>) -> Pod {
     serde_json::from_value(pod).unwrap()
 }
 
-/// What the property check found wrong, as it polls through every fault.
-type Violations = Arc<Mutex<Vec<String>>>;
+/// Who holds the operator's leader Lease now.
+async fn holder(admin: &Client) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "tessera-system");
+    leases.get("tessera-operator").await.ok()?.spec?.holder_identity
+}
+
+/// What the property check saw as it polled through every fault.
+#[derive(Default)]
+struct Seen {
+    /// What it found wrong.
+    violations: Vec<String>,
+    /// Looks that got an answer (a frozen or restarting API server gives none).
+    looks: usize,
+    /// Every holder of the leader Lease seen.
+    leaders: std::collections::BTreeSet<String>,
+    /// Whether a node at rest was seen marked `Ready=Unknown` by the operator (the state a
+    /// wrongful start came from).
+    marked_dead: bool,
+}
+
+type Violations = Arc<Mutex<Seen>>;
 
 /// One look at the nodes at rest: any cordoned, or any of their pods gone or terminating.
 /// Requests that time out (the API server frozen) or fail (restarting) check nothing.
@@ -202,9 +227,16 @@ async fn check_at_rest(admin: &Client, pods: &BTreeMap<String, String>, violatio
         let nodes: Api<Node> = Api::all(admin.clone());
         let list = nodes.list(&Default::default()).await.ok()?;
         let pod_list = Api::<Pod>::namespaced(admin.clone(), "lab").list(&Default::default()).await.ok()?;
-        Some((list.items, pod_list.items))
+        let gns = Api::<GpuNode>::all(admin.clone()).list(&Default::default()).await.ok()?;
+        Some((list.items, pod_list.items, gns.items, holder(admin).await))
     };
-    let Ok(Some((nodes, listed))) = tokio::time::timeout(Duration::from_secs(2), look).await else { return };
+    let Ok(Some((nodes, listed, gns, leader))) = tokio::time::timeout(Duration::from_secs(2), look).await else {
+        return;
+    };
+    let marked = gns.iter().filter(|g| AT_REST.contains(&g.name_any().as_str())).any(|g| {
+        let ready = g.status.as_ref().and_then(|s| find(&s.conditions, READY).cloned());
+        ready.is_some_and(|c| c.reason == "AgentNotResponding")
+    });
     let mut found = Vec::new();
     for n in nodes.iter().filter(|n| AT_REST.contains(&n.name_any().as_str())) {
         if n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
@@ -217,9 +249,11 @@ async fn check_at_rest(admin: &Client, pods: &BTreeMap<String, String>, violatio
             _ => found.push(format!("pod lab/{name} on a node at rest evicted or deleted")),
         }
     }
-    if !found.is_empty() {
-        locked(violations).extend(found);
-    }
+    let mut seen = locked(violations);
+    seen.violations.extend(found);
+    seen.looks += 1;
+    seen.leaders.extend(leader);
+    seen.marked_dead |= marked;
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -263,6 +297,7 @@ async fn faults_never_cordon_a_node_at_rest_and_every_plan_converges() {
         })
     };
 
+    let faults_began = k8s_openapi::jiff::Timestamp::now();
     let rounds = rounds();
     for (i, faults) in rounds.iter().enumerate() {
         // A change in flight on the rolling plan at every fault.
@@ -273,21 +308,47 @@ async fn faults_never_cordon_a_node_at_rest_and_every_plan_converges() {
         let plans: Api<GpuPartitionPlan> = Api::all(c.cp.client(Identity::Admin).await.unwrap());
         plans.patch("roll", &PatchParams::default(), &Patch::Merge(&change)).await.unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await;
+        let looks = locked(&violations).looks;
         for fault in faults {
             c.inject(*fault).await;
         }
         // Long enough for a judged-dead agent to renew and the next leader to act.
         tokio::time::sleep(Duration::from_secs(LEASE_SECONDS + 4)).await;
-        let found = locked(&violations).clone();
-        assert!(found.is_empty(), "round {i} ({faults:?}): {found:#?}");
+        let seen = locked(&violations);
+        assert!(seen.violations.is_empty(), "round {i} ({faults:?}): {:#?}", seen.violations);
+        assert!(seen.looks > looks, "round {i} ({faults:?}): the check got no answer at all");
     }
 
     let admin = c.cp.client(Identity::Admin).await.unwrap();
     ready(&admin, "roll").await;
     ready(&admin, "rest").await;
     polling.abort();
-    let found = locked(&violations).clone();
-    assert!(found.is_empty(), "{found:#?}");
+    let seen = locked(&violations);
+    assert!(seen.violations.is_empty(), "{:#?}", seen.violations);
+    assert!(seen.marked_dead, "no node at rest was ever marked Ready=Unknown: the faults missed the case");
+    if rounds.iter().flatten().any(|f| matches!(f, Fault::LeaderKilled)) {
+        assert!(seen.leaders.len() > 1, "leadership never changed hands: {:?}", seen.leaders);
+    }
+    drop(seen);
+    // Between two looks a start and its withdrawal could pass unseen: no Event of the plan at
+    // rest since the faults began says a drain started, was withdrawn or handed a node over.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let rest_events: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| {
+            e.regarding
+                .as_ref()
+                .is_some_and(|r| r.kind.as_deref() == Some("GpuPartitionPlan") && r.name.as_deref() == Some("rest"))
+        })
+        .filter(|e| e.event_time.as_ref().is_some_and(|t| t.0 > faults_began))
+        .filter_map(|e| e.reason.clone())
+        .filter(|r| ["DrainStarted", "DrainWithdrawn", "Applying"].contains(&r.as_str()))
+        .collect();
+    assert!(rest_events.is_empty(), "the plan at rest moved a node: {rest_events:?}");
     let nodes: Api<Node> = Api::all(admin.clone());
     for n in nodes.list(&Default::default()).await.unwrap().items {
         let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);

@@ -4,7 +4,6 @@
 //! until it is Ready. Reports the operator's CPU time (from /proc), the requests it sent (its own
 //! counter), wall time and peak RSS.
 
-use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,6 +19,7 @@ use serde_json::json;
 use tessera_crds::solver::{self, ProfileCounts};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog};
 use tessera_e2e::fixtures::{apply_file, http_get, install_crds, wait_for};
+use tessera_e2e::process::Component;
 use tessera_e2e::{ControlPlane, Identity};
 use tokio::task::JoinHandle;
 
@@ -214,6 +214,47 @@ async fn emulate_agents(
     vec![renewing, reporting]
 }
 
+/// The emulator's tasks, aborted when the bench of one size ends, however it ends.
+struct Aborting(Vec<JoinHandle<()>>);
+
+impl Drop for Aborting {
+    fn drop(&mut self) {
+        self.0.iter().for_each(JoinHandle::abort);
+    }
+}
+
+/// The operator starts no node whose agent it has not seen renew its lease (an agent first seen
+/// is unproven): waits until each of the `n` leases has renewed since `since` (the operator's
+/// start), however long a loaded machine makes a renewal cycle, then 2 s more for a pass.
+async fn wait_renewed_since(
+    admin: &Client,
+    n: usize,
+    since: k8s_openapi::jiff::Timestamp,
+    heartbeat: Heartbeat,
+) -> anyhow::Result<()> {
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), tessera_crds::gpunode::AGENT_LEASE_NAMESPACE);
+    let waited = Instant::now();
+    wait_for(
+        "every agent lease renewed since the operator started",
+        heartbeat.period() * 4 + Duration::from_secs(60),
+        || async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let list = leases.list(&Default::default()).await.ok()?.items;
+            let renewed = list
+                .iter()
+                .filter(|l| l.spec.as_ref().and_then(|s| s.renew_time.as_ref()).is_some_and(|t| t.0 > since));
+            (renewed.count() >= n).then_some(())
+        },
+    )
+    .await?;
+    tessera_e2e::tell!(
+        "{n} nodes: every agent lease renewed since the operator started, {:.0} s after it was ready",
+        waited.elapsed().as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
 /// One fleet size: a fresh control plane with `n` settled kwok nodes, the operator started on
 /// it, then one plan rolled out over every node; the operator's cost measured around the rollout.
 async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
@@ -226,20 +267,19 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     let names: Vec<String> = (0..n).map(|i| format!("gpu-{i:04}")).collect();
     create_nodes(&admin, &names).await;
     let (heartbeat, renewals) = (Heartbeat::for_fleet(n), Arc::new(Renewals::default()));
-    let agents = emulate_agents(admin.clone(), names.clone(), heartbeat, renewals.clone()).await;
+    let _agents = Aborting(emulate_agents(admin.clone(), names.clone(), heartbeat, renewals.clone()).await);
     wait_settled(&admin, n).await?;
 
+    let operator_started = k8s_openapi::jiff::Timestamp::now();
     let (mut op, port) = start_operator(&cp, operator).await?;
-    // The operator starts no node whose agent it has not seen renew its lease (an agent first
-    // seen is unproven): wait until every lease has renewed once since the operator is ready.
-    tokio::time::sleep(heartbeat.period() + Duration::from_secs(2)).await;
+    wait_renewed_since(&admin, n, operator_started, heartbeat).await?;
     let cpu0 = idle_cost(&op, port, n).await;
     let before = Counters::read(port);
     let renewed_before = renewals.writes.load(Ordering::Relaxed);
     let started = Instant::now();
     roll_out(&admin, n).await?;
     let wall = started.elapsed().as_secs_f64();
-    let (cpu1, hwm) = proc_stat(op.id());
+    let (cpu1, hwm) = proc_stat(op.pid());
     let after = Counters::read(port);
     let lease_writes = renewals.writes.load(Ordering::Relaxed) - renewed_before;
     tessera_e2e::tell!(
@@ -258,9 +298,7 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
         "{n} nodes: {planned} node-passes planned in full, {reused} reused from the pass before ({:.1} planned per node)",
         planned / n as f64
     );
-    let _ = op.kill();
-    let _ = op.wait();
-    agents.iter().for_each(JoinHandle::abort);
+    op.stop_now();
     Ok(Row {
         nodes: n,
         wall,
@@ -319,16 +357,14 @@ async fn wait_settled(admin: &Client, n: usize) -> anyhow::Result<()> {
 
 /// Runs the release operator as the operator identity, logging to the control plane's log
 /// folder; returns it with its metrics port once `/readyz` answers (and two seconds more).
-async fn start_operator(cp: &ControlPlane, operator: &std::path::Path) -> anyhow::Result<(Child, u16)> {
+/// A component (killed when dropped, and when the bench dies), so a failed or killed run leaves
+/// no operator behind.
+async fn start_operator(cp: &ControlPlane, operator: &std::path::Path) -> anyhow::Result<(Component, u16)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let log = std::fs::File::create(cp.dir.join("logs/operator-bench.log"))?;
-    let op = std::process::Command::new(operator)
-        .args(["run", "--listen", &format!("127.0.0.1:{port}")])
-        .env("KUBECONFIG", cp.kubeconfig(Identity::Operator))
-        .env("RUST_LOG", "warn")
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()?;
+    let args = ["run".to_string(), "--listen".into(), format!("127.0.0.1:{port}")];
+    let env =
+        [("KUBECONFIG", cp.kubeconfig(Identity::Operator).display().to_string()), ("RUST_LOG", "warn".to_string())];
+    let op = Component::spawn_with_env("operator-bench", operator, &args, &env, &cp.dir.join("logs"))?;
     wait_for("operator ready", Duration::from_secs(120), || async {
         http_get(port, "/readyz").ok().filter(|r| r.starts_with("HTTP/1.1 200")).map(|_| ())
     })
@@ -339,11 +375,11 @@ async fn start_operator(cp: &ControlPlane, operator: &std::path::Path) -> anyhow
 
 /// Tells the operator's cost with nothing to do (watch traffic, periodic passes) over 5 s: part
 /// of every rollout's CPU, and most of it for a small fleet. Returns its CPU seconds at the end.
-async fn idle_cost(op: &Child, port: u16, n: usize) -> f64 {
-    let (idle0, _) = proc_stat(op.id());
+async fn idle_cost(op: &Component, port: u16, n: usize) -> f64 {
+    let (idle0, _) = proc_stat(op.pid());
     let idle_passes = metric(port, "tessera_operator_reconciles_total");
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let (cpu0, _) = proc_stat(op.id());
+    let (cpu0, _) = proc_stat(op.pid());
     let idle_passes = metric(port, "tessera_operator_reconciles_total") - idle_passes;
     tessera_e2e::tell!(
         "{n} nodes at rest: {:.1} ms of operator CPU per second, {idle_passes} passes in 5 s",

@@ -323,13 +323,14 @@ async fn faults_never_cordon_a_node_at_rest_and_every_plan_converges() {
     ready(&admin, "roll").await;
     ready(&admin, "rest").await;
     polling.abort();
-    let seen = locked(&violations);
-    assert!(seen.violations.is_empty(), "{:#?}", seen.violations);
-    assert!(seen.marked_dead, "no node at rest was ever marked Ready=Unknown: the faults missed the case");
-    if rounds.iter().flatten().any(|f| matches!(f, Fault::LeaderKilled)) {
-        assert!(seen.leaders.len() > 1, "leadership never changed hands: {:?}", seen.leaders);
+    {
+        let seen = locked(&violations);
+        assert!(seen.violations.is_empty(), "{:#?}", seen.violations);
+        assert!(seen.marked_dead, "no node at rest was ever marked Ready=Unknown: the faults missed the case");
+        if rounds.iter().flatten().any(|f| matches!(f, Fault::LeaderKilled)) {
+            assert!(seen.leaders.len() > 1, "leadership never changed hands: {:?}", seen.leaders);
+        }
     }
-    drop(seen);
     // Between two looks a start and its withdrawal could pass unseen: no Event of the plan at
     // rest since the faults began says a drain started, was withdrawn or handed a node over.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), "default");

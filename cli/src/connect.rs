@@ -123,26 +123,30 @@ fn timed_out(limit: Duration) -> kube::Error {
 }
 
 #[cfg(test)]
-#[test]
-fn request_timeouts_are_read_as_kubectl_reads_them() {
-    let ok = [
-        ("30", 30_000),
-        ("0", 0),
-        ("30s", 30_000),
-        ("1m", 60_000),
-        ("1m30s", 90_000),
-        ("1h", 3_600_000),
-        ("500ms", 500),
-        ("1.5s", 1_500),
-        ("0s", 0),
-    ];
-    for (text, ms) in ok {
-        assert_eq!(parse_duration(text), Ok(Duration::from_millis(ms)), "{text}");
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_timeouts_are_read_as_kubectl_reads_them() {
+        let ok = [
+            ("30", 30_000),
+            ("0", 0),
+            ("30s", 30_000),
+            ("1m", 60_000),
+            ("1m30s", 90_000),
+            ("1h", 3_600_000),
+            ("500ms", 500),
+            ("1.5s", 1_500),
+            ("0s", 0),
+        ];
+        for (text, ms) in ok {
+            assert_eq!(parse_duration(text), Ok(Duration::from_millis(ms)), "{text}");
+        }
+        for bad in ["", "s", "1x", "-1s", "1 m", "thirty", "1e3s", "1..5s", "5000000000000000h5000000000000000h"] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.contains("is not a duration"), "{bad}: {e}");
+        }
+        let zero = ClusterArgs { request_timeout: Duration::ZERO, ..Default::default() };
+        assert_eq!(zero.request_limit(), None, "0 means no limit");
     }
-    for bad in ["", "s", "1x", "-1s", "1 m", "thirty", "1e3s", "1..5s", "5000000000000000h5000000000000000h"] {
-        let e = parse_duration(bad).unwrap_err();
-        assert!(e.contains("is not a duration"), "{bad}: {e}");
-    }
-    let zero = ClusterArgs { request_timeout: Duration::ZERO, ..Default::default() };
-    assert_eq!(zero.request_limit(), None, "0 means no limit");
 }

@@ -70,13 +70,6 @@ enum Command {
     },
 }
 
-#[cfg(test)]
-#[test]
-fn the_command_line_is_consistent() {
-    use clap::CommandFactory;
-    Cli::command().debug_assert();
-}
-
 fn main() {
     let args = Cli::parse();
     // `status` writes its report in one piece and handles a closed pipe itself: it still exits 1
@@ -102,5 +95,16 @@ fn main() {
             let _ = writeln!(std::io::stderr(), "error: {e}"); // a closed stderr is no reason to panic
             std::process::exit(e.exit_code());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

@@ -36,17 +36,6 @@ fn sweep_exited_roots() {
     }
 }
 
-#[test]
-fn the_roots_of_exited_test_processes_are_swept_and_live_ones_kept() {
-    // A PID above the kernel's maximum (2^22) belongs to no process.
-    let dead = process_root(4_194_305);
-    std::fs::create_dir_all(dead.join("nvml-0")).unwrap();
-    let live = temp_dir("live");
-    sweep_exited_roots();
-    assert!(!dead.exists(), "the root of an exited process is removed");
-    assert!(live.exists(), "this process's own dirs are kept");
-}
-
 /// The simulated NVML library (`tessera-nvml-sim`), built once per test process into this
 /// target directory (cargo does not build another package's cdylib for our tests).
 pub fn nvml_sim_library() -> PathBuf {
@@ -81,4 +70,20 @@ pub fn nvml_sim(products: &[&str]) -> (PathBuf, PathBuf) {
     let products: Vec<String> = products.iter().map(|s| s.to_string()).collect();
     crate::backend::sim::SimBackend::open(&state, &products).unwrap();
     (lib, state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_roots_of_exited_test_processes_are_swept_and_live_ones_kept() {
+        // A PID above the kernel's maximum (2^22) belongs to no process.
+        let dead = process_root(4_194_305);
+        std::fs::create_dir_all(dead.join("nvml-0")).unwrap();
+        let live = temp_dir("live");
+        sweep_exited_roots();
+        assert!(!dead.exists(), "the root of an exited process is removed");
+        assert!(live.exists(), "this process's own dirs are kept");
+    }
 }

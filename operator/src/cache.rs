@@ -102,7 +102,7 @@ where
 /// stored, its object named in `cache.dirty`, then shown to `seen`, then the listeners that read
 /// the change are woken (see `pass_wakes`). Named as changed before `seen` counts it: a pass that reads
 /// a cache's progress (before taking the names) finds the name and reads the node again;
-/// otherwise a node whose cached version passed our write could be planned from its old slot.
+/// otherwise a node whose cached version passed our write could be planned from its old cached copy.
 pub async fn keep<K, S>(
     events: S,
     writer: Writer<K>,

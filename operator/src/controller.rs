@@ -130,12 +130,12 @@ impl Context {
         self.caches.dra.wait_ready().await;
     }
 
-    /// Forgets what passes kept between them: the fleet's slots, verdicts and stranded slices.
+    /// Forgets what passes kept between them: the cached fleet, the kept verdicts and the stranded slices.
     /// The next pass reads the whole fleet from the caches. Agents' heartbeats stay as observed
     /// (an agent silent all along is still judged silent, not given a new grace period).
     pub fn forget_passes(&self) {
-        *crate::locked(&self.memory.slots) = FleetCache::default();
-        *crate::locked(&self.memory.carry) = Default::default();
+        *crate::locked(&self.memory.fleet) = FleetCache::default();
+        *crate::locked(&self.memory.kept) = Default::default();
         *crate::locked(&self.memory.stranded_memo) = Default::default();
         // The idle report's verdicts too: a new tenure's passes publish their own.
         self.memory.not_reporting.forget();
@@ -157,18 +157,18 @@ impl Context {
     pub async fn reconcile(&self) -> Result<(), Error> {
         // Owned by the pass while it runs: a pass dropped half-way leaves none, and the next one
         // reads the whole fleet again.
-        let mut slots = std::mem::take(&mut *crate::locked(&self.memory.slots));
-        let result = self.pass(&mut slots).await;
-        *crate::locked(&self.memory.slots) = slots;
+        let mut fleet = std::mem::take(&mut *crate::locked(&self.memory.fleet));
+        let result = self.pass(&mut fleet).await;
+        *crate::locked(&self.memory.fleet) = fleet;
         result
     }
 
     /// Nodes with a `GpuNode`, by the phase of its rollout record (a `GpuNode` whose Node is gone
     /// is no node of the fleet, and not counted).
-    fn set_phase_metrics(&self, slots: &FleetCache) {
+    fn set_phase_metrics(&self, fleet: &FleetCache) {
         // A handful of phases: counted in a short list, named once each.
         let mut counts: Vec<(NodePhase, i64)> = Vec::new();
-        for phase in slots.slots.iter().filter(|s| s.gpunode.is_some()).map(|s| s.phase) {
+        for phase in fleet.nodes.iter().filter(|s| s.gpunode.is_some()).map(|s| s.phase) {
             match counts.iter_mut().find(|(p, _)| *p == phase) {
                 Some((_, n)) => *n += 1,
                 None => counts.push((phase, 1)),

@@ -88,13 +88,6 @@ enum PlanCommand {
     },
 }
 
-#[cfg(test)]
-#[test]
-fn the_command_line_is_consistent() {
-    use clap::CommandFactory;
-    Cli::command().debug_assert();
-}
-
 fn main() {
     let args = Cli::parse();
     if let Command::Run { listen, leader_elect, lease_namespace, identity, gpu_dra_drivers } = args.command {
@@ -145,5 +138,16 @@ fn main() {
             let _ = writeln!(std::io::stderr(), "error: {e}");
             std::process::exit(e.exit_code());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

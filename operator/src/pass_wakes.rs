@@ -1,5 +1,5 @@
 //! Which watch events wake a controller's pass. A pass steps over the whole fleet (cheaply for
-//! unchanged nodes, see `controller::slots`), so waking it on a change it does not read costs a
+//! unchanged nodes, see `controller::fleet_cache`), so waking it on a change it does not read costs a
 //! pass for nothing: kubelets (and kwok) rewrite each Node's
 //! status every few minutes, agents renew their Leases every few seconds, and the operator's own
 //! status writes come back as plan events. Those still reach the caches; they just do not start

@@ -88,15 +88,24 @@ const HEADER: &str = "| nodes | wall s | operator CPU s | CPU ms / node | API re
 /// lengthened with the fleet as the bench lengthens kwok's node leases (see `start_cluster`): at
 /// `n/5` s (at least the agent's default 40 s) the renewals are 20 writes/s at any size, a load
 /// next to the rollout's that the bench counts apart from the operator's.
+///
+/// `BENCH_LEASES=once` instead renews each lease once, just after the operator starts, with
+/// leases of an hour: no renewal during the rollout, the load of the bench before its agents
+/// renewed, for comparing figures measured then.
 #[derive(Clone, Copy)]
 struct Heartbeat {
     duration: Duration,
+    /// Renewed as agents do (else once, after the operator starts).
+    renewing: bool,
 }
 
 impl Heartbeat {
     fn for_fleet(n: usize) -> Self {
+        if std::env::var("BENCH_LEASES").is_ok_and(|v| v == "once") {
+            return Heartbeat { duration: Duration::from_secs(3600), renewing: false };
+        }
         let seconds = (n / 5).max(DEFAULT_AGENT_LEASE_SECONDS as usize) as u64;
-        Heartbeat { duration: Duration::from_secs(seconds) }
+        Heartbeat { duration: Duration::from_secs(seconds), renewing: true }
     }
 
     /// Every lease is renewed within this long of any instant.
@@ -176,7 +185,10 @@ async fn emulate_agents(
             }
         })
         .await;
-    let renewing = keep_renewing(leases, nodes, heartbeat, renewals);
+    let renewing = match heartbeat.renewing {
+        true => keep_renewing(leases, nodes, heartbeat, renewals),
+        false => tokio::spawn(async {}),
+    };
     let reporting = tokio::spawn(async move {
         let model = catalog::lookup("H100-80GB").unwrap();
         let stream = watcher(api.clone(), watcher::Config::default()).applied_objects();
@@ -212,6 +224,19 @@ async fn emulate_agents(
         }
     });
     vec![renewing, reporting]
+}
+
+/// `BENCH_LEASES=once`: every lease renewed once, 32 at a time.
+async fn renew_all_once(admin: &Client, names: &[String], heartbeat: Heartbeat) {
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), tessera_crds::gpunode::AGENT_LEASE_NAMESPACE);
+    futures::stream::iter(names)
+        .for_each_concurrent(32, |n| {
+            let leases = leases.clone();
+            async move {
+                let _ = renew(&leases, n, heartbeat).await;
+            }
+        })
+        .await;
 }
 
 /// The emulator's tasks, aborted when the bench of one size ends, however it ends.
@@ -272,6 +297,9 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
 
     let operator_started = k8s_openapi::jiff::Timestamp::now();
     let (mut op, port) = start_operator(&cp, operator).await?;
+    if !heartbeat.renewing {
+        renew_all_once(&admin, &names, heartbeat).await;
+    }
     wait_renewed_since(&admin, n, operator_started, heartbeat).await?;
     let cpu0 = idle_cost(&op, port, n).await;
     let before = Counters::read(port);

@@ -95,15 +95,15 @@ pub fn supply_nodes(dra: &DraWatch, store: &Store<GpuNode>) -> Vec<GpuNode> {
 fn verdicts(
     slices: &[Arc<ResourceSlice>],
     drivers: &GpuDrivers,
-    slots: &FleetCache,
+    fleet: &FleetCache,
 ) -> Vec<(NodeCondition, Option<String>)> {
     let nodes = dra_slices::by_node(slices.iter().map(|s| &**s), drivers);
-    slots
-        .slots
+    fleet
+        .nodes
         .iter()
-        .map(|slot| {
-            let node = nodes.get(slot.name.as_str());
-            let status = slot.gpunode.as_ref().and_then(|g| g.status.as_ref());
+        .map(|cached| {
+            let node = nodes.get(cached.name.as_str());
+            let status = cached.gpunode.as_ref().and_then(|g| g.status.as_ref());
             (dra_slices::node_condition(status, node), node.and_then(dra_slices::dynamic_mig))
         })
         .collect()
@@ -141,11 +141,11 @@ impl Context {
     /// This pass's DRA verdicts per node; marks refused inputs.
     pub(super) fn dra_verdicts(
         &self,
-        slots: &FleetCache,
+        fleet: &FleetCache,
         inputs: &mut [NodeInput<'_>],
     ) -> Vec<(NodeCondition, Option<String>)> {
         let dra = &self.caches.dra;
-        let verdicts = verdicts(&dra.slices(), dra.drivers(), slots);
+        let verdicts = verdicts(&dra.slices(), dra.drivers(), fleet);
         for (input, (condition, refused)) in inputs.iter_mut().zip(&verdicts) {
             input.dra_refused = refused.clone();
             input.dra_slices = slices_of(condition);
@@ -159,13 +159,13 @@ impl Context {
         &self,
         verdicts: &[(NodeCondition, Option<String>)],
         reports: &mut BTreeMap<String, PlanReport>,
-        slots: &FleetCache,
+        fleet: &FleetCache,
     ) {
-        let names: Vec<&str> = slots.slots.iter().map(|s| s.name.as_str()).collect();
+        let names: Vec<&str> = fleet.nodes.iter().map(|s| s.name.as_str()).collect();
         name_stale(reports, verdicts, &names);
         let api: Api<GpuNode> = Api::all(self.client.clone());
-        for (slot, (want, _)) in slots.slots.iter().zip(verdicts) {
-            let Some(gn) = &slot.gpunode else { continue };
+        for (cached, (want, _)) in fleet.nodes.iter().zip(verdicts) {
+            let Some(gn) = &cached.gpunode else { continue };
             let current = gn.status.as_ref().and_then(|s| conditions::find(&s.conditions, DRA_IN_SYNC));
             if !dra_slices::must_write(current, want) {
                 continue;
@@ -184,7 +184,7 @@ impl Context {
             let write = Write::apply(Manager::Dra, &body).status();
             // Not sent once the lease may have passed; the next node is checked again.
             if let Ok(Err(e)) = self.writer().send_counted(&api, &gn.name_any(), write).await {
-                warn!(node = %slot.name, error = %e, "could not write the DraInSync condition; retrying next pass");
+                warn!(node = %cached.name, error = %e, "could not write the DraInSync condition; retrying next pass");
             }
         }
     }

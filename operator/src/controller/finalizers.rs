@@ -35,12 +35,12 @@ impl Context {
 
     /// A deleted plan: once no node is mid-rollout for it any more, drop the finalizer. GPUs keep
     /// their layout; the nodes' intent simply stops naming the plan.
-    pub(super) async fn finish_deletion(&self, plan: &GpuPartitionPlan, slots: &FleetCache) -> Result<(), Error> {
+    pub(super) async fn finish_deletion(&self, plan: &GpuPartitionPlan, fleet: &FleetCache) -> Result<(), Error> {
         let name = plan.name_any();
         // The nodes of the pass: a GpuNode whose Node is gone cannot be released any more, and
         // must not hold the plan.
-        let busy = slots
-            .slots
+        let busy = fleet
+            .nodes
             .iter()
             .filter_map(|s| s.gpunode.as_ref()?.status.as_ref()?.rollout.as_ref())
             .any(|r| holds_deletion(r, &name));

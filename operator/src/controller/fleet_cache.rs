@@ -62,7 +62,7 @@ impl Dirty {
 
 /// One node as the last refresh read it.
 #[derive(Debug, Clone)]
-pub struct Slot {
+pub struct CachedNode {
     pub name: String,
     pub node: Arc<Node>,
     pub gpunode: Option<Arc<GpuNode>>,
@@ -82,12 +82,12 @@ fn lease_of(leases: &Store<Lease>, name: &str) -> Option<Arc<Lease>> {
     leases.get(&ObjectRef::new(name).within(AGENT_LEASE_NAMESPACE))
 }
 
-impl Slot {
-    /// The slot of `node`, with its `GpuNode` as already looked up, and its Lease.
+impl CachedNode {
+    /// The cached of `node`, with its `GpuNode` as already looked up, and its Lease.
     fn read(node: Arc<Node>, gpunode: Option<Arc<GpuNode>>, leases: &Store<Lease>) -> Self {
         let name = node.name_any();
         let lease = lease_of(leases, &name);
-        Slot {
+        CachedNode {
             versions: Versions::of(node.metadata.resource_version.as_deref(), gpunode.as_deref()),
             unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
             cordon_annotated: node.annotations().get(rollout::CORDONED_ANNOTATION).and_then(|t| t.parse().ok()),
@@ -116,12 +116,12 @@ pub enum Refreshed {
 /// when everything is read anew).
 #[derive(Debug, Default)]
 pub struct FleetCache {
-    pub slots: Vec<Slot>,
+    pub nodes: Vec<CachedNode>,
     index: tessera_planner::FastMap<String, usize>,
 }
 
 impl FleetCache {
-    /// Brings the slots up to the caches where `changed` says they may differ.
+    /// Brings the fleet up to the caches where `changed` says they may differ.
     pub fn refresh(
         &mut self,
         changed: Changed,
@@ -129,16 +129,16 @@ impl FleetCache {
         gpunodes: &Store<GpuNode>,
         leases: &Store<Lease>,
     ) -> Refreshed {
-        if changed.all || self.slots.is_empty() {
-            self.slots = nodes
+        if changed.all || self.nodes.is_empty() {
+            self.nodes = nodes
                 .state()
                 .into_iter()
                 .map(|n| {
                     let gpunode = gpunodes.get(&ObjectRef::new(n.metadata.name.as_deref().unwrap_or_default()));
-                    Slot::read(n, gpunode, leases)
+                    CachedNode::read(n, gpunode, leases)
                 })
                 .collect();
-            self.index = self.slots.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
+            self.index = self.nodes.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
             return Refreshed::All;
         }
         let mut gone = Vec::new();
@@ -146,31 +146,31 @@ impl FleetCache {
             let gpunode = || gpunodes.get(&ObjectRef::new(&name));
             match (nodes.get(&ObjectRef::new(&name)), self.index.get(&name).copied()) {
                 (Some(node), Some(i)) => {
-                    let slot = &mut self.slots[i];
+                    let cached = &mut self.nodes[i];
                     let gpunode = gpunode();
                     let same = |a: &Option<Arc<GpuNode>>, b: &Option<Arc<GpuNode>>| match (a, b) {
                         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                         (None, None) => true,
                         _ => false,
                     };
-                    if Arc::ptr_eq(&node, &slot.node) && same(&gpunode, &slot.gpunode) {
+                    if Arc::ptr_eq(&node, &cached.node) && same(&gpunode, &cached.gpunode) {
                         // Only its lease changed (an agent's heartbeat, every few seconds): the
-                        // rest of the slot stands; the agent is judged again.
-                        slot.lease = lease_of(leases, &name);
-                        slot.alive_until = None;
+                        // rest of the cached stands; the agent is judged again.
+                        cached.lease = lease_of(leases, &name);
+                        cached.alive_until = None;
                     } else {
-                        *slot = Slot::read(node, gpunode, leases);
+                        *cached = CachedNode::read(node, gpunode, leases);
                     }
                 }
                 (Some(node), None) => {
-                    let slot = Slot::read(node, gpunode(), leases);
-                    self.index.insert(name, self.slots.len());
-                    self.slots.push(slot);
+                    let cached = CachedNode::read(node, gpunode(), leases);
+                    self.index.insert(name, self.nodes.len());
+                    self.nodes.push(cached);
                 }
                 (None, Some(i)) => {
-                    self.slots.swap_remove(i);
+                    self.nodes.swap_remove(i);
                     self.index.remove(&name);
-                    if let Some(moved) = self.slots.get(i) {
+                    if let Some(moved) = self.nodes.get(i) {
                         self.index.insert(moved.name.clone(), i);
                     }
                     gone.push(name);
@@ -192,15 +192,15 @@ impl FleetCache {
     }
 
     /// Each node's agent health, by position. An agent is judged again (its lease looked at) only
-    /// once its unchanged lease may have run out, or when its slot was read again.
+    /// once its unchanged lease may have run out, or when its cached was read again.
     pub fn judge_agents(&mut self, liveness: &mut Liveness, now: Timestamp, watch: LeaseWatch) -> Vec<AgentHealth> {
-        self.slots
+        self.nodes
             .iter_mut()
-            .map(|slot| match slot.alive_until {
+            .map(|cached| match cached.alive_until {
                 Some(until) if now <= until => AgentHealth::Alive,
                 _ => {
-                    let (health, until) = liveness.judge(&slot.name, slot.lease.as_deref(), now, watch);
-                    slot.alive_until = until;
+                    let (health, until) = liveness.judge(&cached.name, cached.lease.as_deref(), now, watch);
+                    cached.alive_until = until;
                     health
                 }
             })
@@ -259,13 +259,13 @@ mod tests {
             node_writer.apply_watcher_event(&watcher::Event::Apply(node(n, rv, false)));
         }
         gpunode_writer.apply_watcher_event(&watcher::Event::Apply(gpunode("b", "4", "Draining")));
-        let mut slots = FleetCache::default();
-        let all = slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        let mut fleet = FleetCache::default();
+        let all = fleet.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
         assert_eq!(all, Refreshed::All);
-        assert_eq!(slots.slots.len(), 3);
-        let b = slots.position("b").unwrap();
-        assert_eq!(slots.slots[b].phase, NodePhase::Draining);
-        assert_eq!(slots.slots[b].versions, Some(Versions { node: 2, gpunode: Some(4) }));
+        assert_eq!(fleet.nodes.len(), 3);
+        let b = fleet.position("b").unwrap();
+        assert_eq!(fleet.nodes[b].phase, NodePhase::Draining);
+        assert_eq!(fleet.nodes[b].versions, Some(Versions { node: 2, gpunode: Some(4) }));
 
         // a is cordoned, c deleted, d created; b's GpuNode changed but b is not named: unread.
         node_writer.apply_watcher_event(&watcher::Event::Apply(node("a", "5", true)));
@@ -273,30 +273,30 @@ mod tests {
         node_writer.apply_watcher_event(&watcher::Event::Apply(node("d", "6", false)));
         gpunode_writer.apply_watcher_event(&watcher::Event::Apply(gpunode("b", "7", "Applying")));
         let names = ["a", "c", "d", "gone-before"].map(String::from).into_iter().collect();
-        let refreshed = slots.refresh(Changed { names, all: false }, &nodes, &gpunodes, &leases);
+        let refreshed = fleet.refresh(Changed { names, all: false }, &nodes, &gpunodes, &leases);
         assert_eq!(refreshed, Refreshed::Named { gone: vec!["c".to_string()] });
-        let mut seen: Vec<&str> = slots.slots.iter().map(|s| s.name.as_str()).collect();
+        let mut seen: Vec<&str> = fleet.nodes.iter().map(|s| s.name.as_str()).collect();
         seen.sort();
         assert_eq!(seen, ["a", "b", "d"]);
-        for (i, s) in slots.slots.iter().enumerate() {
-            assert_eq!(slots.position(&s.name), Some(i), "the index follows a removal");
+        for (i, s) in fleet.nodes.iter().enumerate() {
+            assert_eq!(fleet.position(&s.name), Some(i), "the index follows a removal");
         }
-        let a = &slots.slots[slots.position("a").unwrap()];
+        let a = &fleet.nodes[fleet.position("a").unwrap()];
         assert!(a.unschedulable && a.versions == Some(Versions { node: 5, gpunode: None }));
-        assert_eq!(slots.slots[slots.position("b").unwrap()].phase, NodePhase::Draining, "not named: not read");
-        assert_eq!(slots.position("c"), None);
+        assert_eq!(fleet.nodes[fleet.position("b").unwrap()].phase, NodePhase::Draining, "not named: not read");
+        assert_eq!(fleet.position("c"), None);
 
-        // Named, it is read; with no slots at all everything is read again.
-        slots.refresh(
+        // Named, it is read; with no fleet at all everything is read again.
+        fleet.refresh(
             Changed { names: ["b".to_string()].into_iter().collect(), all: false },
             &nodes,
             &gpunodes,
             &leases,
         );
-        assert_eq!(slots.slots[slots.position("b").unwrap()].phase, NodePhase::Applying);
+        assert_eq!(fleet.nodes[fleet.position("b").unwrap()].phase, NodePhase::Applying);
         let mut empty = FleetCache::default();
         empty.refresh(Changed::default(), &nodes, &gpunodes, &leases);
-        assert_eq!(empty.slots.len(), 3, "a pass that lost its slots reads the whole fleet");
+        assert_eq!(empty.nodes.len(), 3, "a pass that lost its fleet reads the whole fleet");
     }
 
     fn lease(name: &str, renewed: &str) -> Lease {
@@ -310,8 +310,8 @@ mod tests {
     }
 
     /// Judged through a lease watch caught up long before.
-    fn judge(slots: &mut FleetCache, liveness: &mut Liveness, t: &str) -> Vec<AgentHealth> {
-        slots.judge_agents(liveness, at(t), LeaseWatch::CaughtUp(at("2026-05-01T00:00:00Z")))
+    fn judge(fleet: &mut FleetCache, liveness: &mut Liveness, t: &str) -> Vec<AgentHealth> {
+        fleet.judge_agents(liveness, at(t), LeaseWatch::CaughtUp(at("2026-05-01T00:00:00Z")))
     }
 
     #[test]
@@ -321,38 +321,38 @@ mod tests {
         let (leases, mut lease_writer) = reflector::store::<Lease>();
         node_writer.apply_watcher_event(&watcher::Event::Apply(node("a", "1", false)));
         lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-05-31T23:59:50.000000Z")));
-        let mut slots = FleetCache::default();
+        let mut fleet = FleetCache::default();
         let mut liveness = Liveness::default();
-        slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        fleet.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
         // First seen: not proven, and judged again every pass until it is.
-        assert_eq!(judge(&mut slots, &mut liveness, "2026-05-31T23:59:55Z"), [AgentHealth::Unproven]);
-        assert_eq!(slots.slots[0].alive_until, None);
+        assert_eq!(judge(&mut fleet, &mut liveness, "2026-05-31T23:59:55Z"), [AgentHealth::Unproven]);
+        assert_eq!(fleet.nodes[0].alive_until, None);
         lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-06-01T00:00:00.000000Z")));
-        slots.refresh(
+        fleet.refresh(
             Changed { names: ["a".to_string()].into_iter().collect(), all: false },
             &nodes,
             &gpunodes,
             &leases,
         );
-        assert_eq!(judge(&mut slots, &mut liveness, "2026-06-01T00:00:00Z"), [AgentHealth::Alive]);
-        assert_eq!(slots.slots[0].alive_until, Some(at("2026-06-01T00:00:40Z")));
+        assert_eq!(judge(&mut fleet, &mut liveness, "2026-06-01T00:00:00Z"), [AgentHealth::Alive]);
+        assert_eq!(fleet.nodes[0].alive_until, Some(at("2026-06-01T00:00:40Z")));
         // Unchanged: alive to the deadline, then judged again and found silent.
-        assert_eq!(judge(&mut slots, &mut liveness, "2026-06-01T00:00:40Z"), [AgentHealth::Alive]);
-        let silent = judge(&mut slots, &mut liveness, "2026-06-01T00:00:41Z");
+        assert_eq!(judge(&mut fleet, &mut liveness, "2026-06-01T00:00:40Z"), [AgentHealth::Alive]);
+        let silent = judge(&mut fleet, &mut liveness, "2026-06-01T00:00:41Z");
         assert!(matches!(silent[..], [AgentHealth::NotResponding { .. }]), "{silent:?}");
-        // A renewal alone (the Node and GpuNode as they were) reaches the slot: alive again, and
-        // the rest of the slot is not read again (a mark set by hand survives).
-        slots.slots[0].phase = NodePhase::Failed;
+        // A renewal alone (the Node and GpuNode as they were) reaches the cached: alive again, and
+        // the rest of the cached is not read again (a mark set by hand survives).
+        fleet.nodes[0].phase = NodePhase::Failed;
         lease_writer.apply_watcher_event(&watcher::Event::Apply(lease("a", "2026-06-01T00:00:50.000000Z")));
         let named = Changed { names: ["a".to_string()].into_iter().collect(), all: false };
-        slots.refresh(named, &nodes, &gpunodes, &leases);
-        assert_eq!(slots.slots[0].phase, NodePhase::Failed, "a heartbeat alone does not read the node again");
-        assert_eq!(judge(&mut slots, &mut liveness, "2026-06-01T00:00:51Z"), [AgentHealth::Alive]);
+        fleet.refresh(named, &nodes, &gpunodes, &leases);
+        assert_eq!(fleet.nodes[0].phase, NodePhase::Failed, "a heartbeat alone does not read the node again");
+        assert_eq!(judge(&mut fleet, &mut liveness, "2026-06-01T00:00:51Z"), [AgentHealth::Alive]);
         // The lease deleted: judged again at once, not alive.
         lease_writer.apply_watcher_event(&watcher::Event::Delete(lease("a", "2026-06-01T00:00:50.000000Z")));
         let named = Changed { names: ["a".to_string()].into_iter().collect(), all: false };
-        slots.refresh(named, &nodes, &gpunodes, &leases);
-        let gone = judge(&mut slots, &mut liveness, "2026-06-01T00:00:52Z");
+        fleet.refresh(named, &nodes, &gpunodes, &leases);
+        let gone = judge(&mut fleet, &mut liveness, "2026-06-01T00:00:52Z");
         assert_eq!(gone, [AgentHealth::NotResponding { since: None }]);
     }
 
@@ -366,38 +366,38 @@ mod tests {
             node_writer.apply_watcher_event(&watcher::Event::Apply(node(n, rv, false)));
             lease_writer.apply_watcher_event(&watcher::Event::Apply(lease(n, "2026-06-01T00:00:00.000000Z")));
         }
-        let mut slots = FleetCache::default();
-        slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
-        judge(&mut slots, &mut liveness, "2026-06-01T00:00:10Z");
+        let mut fleet = FleetCache::default();
+        fleet.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        judge(&mut fleet, &mut liveness, "2026-06-01T00:00:10Z");
         // b leaves while no pass runs; the next reads everything and forgets b's heartbeat.
         node_writer.apply_watcher_event(&watcher::Event::Delete(node("b", "2", false)));
-        let refreshed = slots.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
+        let refreshed = fleet.refresh(Changed { all: true, ..Default::default() }, &nodes, &gpunodes, &leases);
         assert_eq!(refreshed, Refreshed::All);
-        assert_eq!((slots.slots.len(), slots.position("b")), (1, None));
-        slots.forget_gone(&refreshed, &mut liveness);
+        assert_eq!((fleet.nodes.len(), fleet.position("b")), (1, None));
+        fleet.forget_gone(&refreshed, &mut liveness);
         // Forgotten: b back with the very same lease is first seen again at 01:00 (not dead).
         node_writer.apply_watcher_event(&watcher::Event::Apply(node("b", "3", false)));
         let named = Changed { names: ["b".to_string()].into_iter().collect(), all: false };
-        slots.refresh(named, &nodes, &gpunodes, &leases);
-        let health = judge(&mut slots, &mut liveness, "2026-06-01T00:01:00Z");
-        assert_eq!(health[slots.position("b").unwrap()], AgentHealth::Unproven, "b's old heartbeat was forgotten");
-        assert!(matches!(health[slots.position("a").unwrap()], AgentHealth::NotResponding { .. }), "a's was kept");
+        fleet.refresh(named, &nodes, &gpunodes, &leases);
+        let health = judge(&mut fleet, &mut liveness, "2026-06-01T00:01:00Z");
+        assert_eq!(health[fleet.position("b").unwrap()], AgentHealth::Unproven, "b's old heartbeat was forgotten");
+        assert!(matches!(health[fleet.position("a").unwrap()], AgentHealth::NotResponding { .. }), "a's was kept");
         // A GpuNode created, then deleted, for a node that stays: read each time.
         let named = || Changed { names: ["a".to_string()].into_iter().collect(), all: false };
         gpunode_writer.apply_watcher_event(&watcher::Event::Apply(gpunode("a", "4", "Draining")));
-        slots.refresh(named(), &nodes, &gpunodes, &leases);
-        assert_eq!(slots.slots[slots.position("a").unwrap()].phase, NodePhase::Draining);
+        fleet.refresh(named(), &nodes, &gpunodes, &leases);
+        assert_eq!(fleet.nodes[fleet.position("a").unwrap()].phase, NodePhase::Draining);
         gpunode_writer.apply_watcher_event(&watcher::Event::Delete(gpunode("a", "4", "Draining")));
-        slots.refresh(named(), &nodes, &gpunodes, &leases);
-        let a = &slots.slots[slots.position("a").unwrap()];
+        fleet.refresh(named(), &nodes, &gpunodes, &leases);
+        let a = &fleet.nodes[fleet.position("a").unwrap()];
         assert!(a.gpunode.is_none() && a.phase == NodePhase::Idle);
         node_writer.apply_watcher_event(&watcher::Event::Delete(node("b", "3", false)));
         node_writer.apply_watcher_event(&watcher::Event::Delete(node("a", "1", false)));
         let names = ["a", "b"].map(String::from).into_iter().collect();
-        let refreshed = slots.refresh(Changed { names, all: false }, &nodes, &gpunodes, &leases);
+        let refreshed = fleet.refresh(Changed { names, all: false }, &nodes, &gpunodes, &leases);
         let Refreshed::Named { mut gone } = refreshed else { panic!("{refreshed:?}") };
         gone.sort();
         assert_eq!(gone, ["a", "b"]);
-        assert!(slots.slots.is_empty() && slots.position("a").is_none());
+        assert!(fleet.nodes.is_empty() && fleet.position("a").is_none());
     }
 }

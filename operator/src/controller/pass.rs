@@ -42,37 +42,37 @@ struct GroupResult {
 impl Context {
     /// One pass over the fleet: the steps in turn. A failed call is reported and the pass goes
     /// on; the pass fails (partially) with the number of them.
-    pub(super) async fn pass(&self, slots: &mut FleetCache) -> Result<(), Error> {
+    pub(super) async fn pass(&self, fleet: &mut FleetCache) -> Result<(), Error> {
         let mut plans: Vec<GpuPartitionPlan> = self.caches.plans.state().iter().map(|p| (**p).clone()).collect();
         let mut plan_errors: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (plan, e) in self.ensure_finalizers(&plans).await? {
             plan_errors.entry(plan).or_default().push(format!("adding the finalizer: {e}"));
         }
-        let (now, agents, behind) = self.read_fleet(slots);
-        let mut inputs = self.node_inputs(slots, agents, behind);
-        let dra = self.dra_verdicts(slots, &mut inputs);
-        self.list_draining_pods(slots, &mut inputs).await;
+        let (now, agents, behind) = self.read_fleet(fleet);
+        let mut inputs = self.node_inputs(fleet, agents, behind);
+        let dra = self.dra_verdicts(fleet, &mut inputs);
+        self.list_draining_pods(fleet, &mut inputs).await;
         let (actions, mut reports) = self.plan(&mut plans, &inputs, now, &mut plan_errors).await;
         // The nodes by position (as the reports name them), borrowed from the cached Nodes.
         let names: Vec<&str> = inputs.iter().map(|n| n.name).collect();
         drop(inputs);
         let results = self.act_per_node(actions).await;
         let node_errors = self.record_outcomes(results, &plans).await;
-        self.set_phase_metrics(slots);
+        self.set_phase_metrics(fleet);
         attribute_errors(&mut reports, &names, &node_errors);
         // The lease ran out mid-pass: what follows would be written after it (see `leader`).
         self.writer().may_write()?;
-        self.write_dra(&dra, &mut reports, slots).await;
-        let failed = self.write_statuses(&plans, &mut reports, plan_errors, now, slots).await;
+        self.write_dra(&dra, &mut reports, fleet).await;
+        let failed = self.write_statuses(&plans, &mut reports, plan_errors, now, fleet).await;
         match node_errors.len() + failed {
             0 => Ok(()),
             n => Err(Error::PartialPass(n)),
         }
     }
 
-    /// Brings the slots up to date with what the watches saw change; returns the pass's time,
+    /// Brings the fleet up to date with what the watches saw change; returns the pass's time,
     /// each node's agent health, and which nodes' caches do not show our last write yet.
-    fn read_fleet(&self, slots: &mut FleetCache) -> (Timestamp, Vec<AgentHealth>, Vec<bool>) {
+    fn read_fleet(&self, fleet: &mut FleetCache) -> (Timestamp, Vec<AgentHealth>, Vec<bool>) {
         // Read before the caches are: each snapshot below is at least this far along.
         let progress = Progress {
             gpunodes: self.caches.gpunodes_progress.load(Ordering::Acquire),
@@ -83,54 +83,54 @@ impl Context {
         // What changed is taken before the caches are read: a change after this is read again
         // next pass (and may already be read now).
         let changed = self.caches.dirty.take();
-        let refreshed = slots.refresh(changed, &self.caches.nodes, &self.caches.gpunodes, &self.caches.leases);
+        let refreshed = fleet.refresh(changed, &self.caches.nodes, &self.caches.gpunodes, &self.caches.leases);
         let now = Timestamp::now();
-        let mut behind = vec![false; slots.slots.len()];
+        let mut behind = vec![false; fleet.nodes.len()];
         let mut liveness = crate::locked(&self.memory.liveness);
         let mut expectations = crate::locked(&self.memory.expectations);
-        slots.forget_gone(&refreshed, &mut liveness);
+        fleet.forget_gone(&refreshed, &mut liveness);
         // Only the few nodes with a write not seen yet are looked at.
         if !expectations.is_empty() {
-            expectations.retain(|n| slots.position(n).is_some());
+            expectations.retain(|n| fleet.position(n).is_some());
             for name in expectations.nodes() {
-                let Some(i) = slots.position(&name) else { continue };
-                let slot = &slots.slots[i];
-                let gpunode_rv = slot.gpunode.as_ref().and_then(|g| g.metadata.resource_version.as_deref());
-                let node_rv = slot.node.metadata.resource_version.as_deref();
+                let Some(i) = fleet.position(&name) else { continue };
+                let cached = &fleet.nodes[i];
+                let gpunode_rv = cached.gpunode.as_ref().and_then(|g| g.metadata.resource_version.as_deref());
+                let node_rv = cached.node.metadata.resource_version.as_deref();
                 behind[i] = !expectations.caught_up(&name, gpunode_rv, node_rv, progress);
             }
         }
-        let agents = slots.judge_agents(&mut liveness, now, lease_watch);
-        let judged = slots.slots.iter().zip(&agents).map(|(s, h)| (s.name.as_str(), h, s.lease.as_deref()));
+        let agents = fleet.judge_agents(&mut liveness, now, lease_watch);
+        let judged = fleet.nodes.iter().zip(&agents).map(|(s, h)| (s.name.as_str(), h, s.lease.as_deref()));
         self.memory.not_reporting.publish(judged, now, lease_watch);
         (now, agents, behind)
     }
 
-    /// Each node as the planner sees it, borrowed from the slots (pods are listed after).
+    /// Each node as the planner sees it, borrowed from the fleet (pods are listed after).
     fn node_inputs<'s>(
         &self,
-        slots: &'s FleetCache,
+        fleet: &'s FleetCache,
         agents: Vec<AgentHealth>,
         behind: Vec<bool>,
     ) -> Vec<NodeInput<'s>> {
-        let inputs: Vec<NodeInput<'s>> = slots
-            .slots
+        let inputs: Vec<NodeInput<'s>> = fleet
+            .nodes
             .iter()
             .zip(agents)
             .zip(behind)
-            .map(|((slot, agent), cache_behind)| NodeInput {
-                name: &slot.name,
-                labels: slot.node.labels(),
-                unschedulable: slot.unschedulable,
-                gpunode: slot.gpunode.clone(),
+            .map(|((cached, agent), cache_behind)| NodeInput {
+                name: &cached.name,
+                labels: cached.node.labels(),
+                unschedulable: cached.unschedulable,
+                gpunode: cached.gpunode.clone(),
                 pods: Ok(vec![]),
                 daemonsets: Default::default(),
                 claims: Default::default(),
                 returns: Default::default(),
                 agent,
-                cordon_annotated: slot.cordon_annotated,
+                cordon_annotated: cached.cordon_annotated,
                 cache_behind,
-                versions: slot.versions,
+                versions: cached.versions,
                 dra_refused: None,
                 dra_slices: Default::default(),
             })
@@ -142,9 +142,9 @@ impl Context {
 
     /// The pods of draining nodes, listed concurrently (one request per draining node), with
     /// the pods that came back to each.
-    async fn list_draining_pods(&self, slots: &FleetCache, inputs: &mut [NodeInput<'_>]) {
+    async fn list_draining_pods(&self, fleet: &FleetCache, inputs: &mut [NodeInput<'_>]) {
         let draining: Vec<usize> = (0..inputs.len())
-            .filter(|&i| !inputs[i].cache_behind && slots.slots[i].phase == NodePhase::Draining)
+            .filter(|&i| !inputs[i].cache_behind && fleet.nodes[i].phase == NodePhase::Draining)
             .collect();
         let listed: Vec<(usize, _)> = futures::stream::iter(draining)
             .map(|i| {
@@ -159,7 +159,7 @@ impl Context {
         let claims =
             std::sync::Arc::new(if listed.is_empty() { Default::default() } else { self.caches.claims.index() });
         let mut returns = crate::locked(&self.memory.returns);
-        returns.retain(|node| slots.position(node).is_some_and(|i| slots.slots[i].phase == NodePhase::Draining));
+        returns.retain(|node| fleet.position(node).is_some_and(|i| fleet.nodes[i].phase == NodePhase::Draining));
         for (i, (pods, daemonsets)) in listed {
             inputs[i].pods = pods;
             inputs[i].daemonsets = daemonsets;
@@ -183,17 +183,17 @@ impl Context {
         // While an automatic plan waits to decide again, no new node starts on the old decision
         // (as if paused; nodes in flight finish).
         let (actions, mut reports) = {
-            let mut carry = crate::locked(&self.memory.carry);
+            let mut kept = crate::locked(&self.memory.kept);
             let planned = if layouts.deciding.is_empty() {
-                rollout::plan_fleet_with(plans, inputs, now, &mut carry)
+                rollout::plan_fleet_with(plans, inputs, now, &mut kept)
             } else {
                 let mut held = plans.to_vec();
                 held.iter_mut()
                     .filter(|p| layouts.deciding.contains_key(&p.name_any()))
                     .for_each(|p| p.spec.paused = true);
-                rollout::plan_fleet_with(&held, inputs, now, &mut carry)
+                rollout::plan_fleet_with(&held, inputs, now, &mut kept)
             };
-            self.metrics.nodes_planned(carry.planned, carry.reused);
+            self.metrics.nodes_planned(kept.planned, kept.reused);
             planned
         };
         let fragmented = self.fragmented_slices(plans, &reports, inputs);
@@ -298,7 +298,7 @@ impl Context {
         reports: &mut BTreeMap<String, PlanReport>,
         mut plan_errors: BTreeMap<String, Vec<String>>,
         now: Timestamp,
-        slots: &FleetCache,
+        fleet: &FleetCache,
     ) -> usize {
         let mut failed = 0;
         let mut statuses: BTreeMap<String, tessera_crds::GpuPartitionPlanStatus> = BTreeMap::new();
@@ -308,7 +308,7 @@ impl Context {
                 if crate::locked(&self.memory.expectations).names(&name) {
                     continue; // a record naming the plan is newer than the cache shows
                 }
-                if let Err(e) = self.finish_deletion(plan, slots).await {
+                if let Err(e) = self.finish_deletion(plan, fleet).await {
                     self.metrics.error(e.kind());
                     warn!(plan = %name, error = %e, "could not release a deleted plan; retrying");
                     failed += 1;

@@ -16,13 +16,13 @@ pub(crate) struct PassMemory {
     /// The agents each pass judged not responding, for the idle report (`idle::stale`).
     pub(crate) not_reporting: tessera_planner::idle::gate::Verdicts,
     /// Each node's verdict of the last pass, reused while its inputs stay the same.
-    pub(super) carry: std::sync::Mutex<rollout::KeptVerdicts>,
+    pub(super) kept: std::sync::Mutex<rollout::KeptVerdicts>,
     /// Per draining node, the evictions of pods that came back to it (in memory only).
     pub(super) returns: std::sync::Mutex<tessera_planner::drain::Returns>,
     /// Pods whose eviction the server asked to retry later (Retry-After; in memory only).
     pub(super) not_before: std::sync::Mutex<tessera_planner::drain::NotBefore>,
     /// The fleet as the last pass read it, and the nodes the watches saw change since.
-    pub(super) slots: std::sync::Mutex<FleetCache>,
+    pub(super) fleet: std::sync::Mutex<FleetCache>,
     /// Our writes the caches have not shown yet: their nodes wait a pass.
     pub(super) expectations: std::sync::Mutex<Expectations>,
     /// Automatic plans: since when their demand and fleet have held still.

@@ -13,7 +13,8 @@ pub fn is_test_file(path: &Path) -> bool {
 /// Where the files under `src` break the workspace's one test convention: a module's unit tests
 /// are its child module `tests`, inline (`#[cfg(test)] mod tests { .. }`) or in `<module>/tests.rs`,
 /// with topics of their own as `<module>/tests/<topic>.rs`. So a reader finds a module's tests in
-/// one place, and a file's module path is its file path: no `#[path]`, no `*_tests.rs` beside it.
+/// one place, and a file's module path is its file path: no `#[path]`, no `*_tests.rs` beside it,
+/// no `#[test]` among the product code.
 pub fn test_convention_breaks(src: &Path) -> Vec<String> {
     let mut breaks = Vec::new();
     for file in rust_files(src) {
@@ -26,6 +27,10 @@ pub fn test_convention_breaks(src: &Path) -> Vec<String> {
             if line.trim_start().starts_with("#[path") {
                 breaks.push(format!("{shown}:{}: `#[path]` (a file's module path is its file path)", i + 1));
             }
+        }
+        let in_tests = is_test_file(file.strip_prefix(src).unwrap_or(&file));
+        if !in_tests && product_text(&file).lines().any(|l| l.trim() == "#[test]") {
+            breaks.push(format!("{shown}: a `#[test]` outside the module's `tests` (move it into `mod tests`)"));
         }
     }
     breaks

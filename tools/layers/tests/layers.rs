@@ -81,7 +81,9 @@ fn the_planner_links_no_api_client_and_no_async_runtime() {
 fn the_cli_does_not_link_the_runtime() {
     let deps = normal_dependencies("tessera-cli");
     assert!(deps.iter().any(|d| d == "tessera-planner"), "the tree was read: {deps:?}");
-    assert!(!deps.iter().any(|d| d == "tessera-operator"), "tessera-cli links the runtime: {deps:?}");
+    for banned in ["tessera-operator", "kube-runtime"] {
+        assert!(!deps.iter().any(|d| d == banned), "tessera-cli links the runtime ({banned}): {deps:?}");
+    }
 }
 
 #[test]
@@ -136,11 +138,17 @@ fn a_sibling_test_file_and_a_path_attribute_break_the_test_convention() {
             ("a/tests.rs", "mod topic;"),
             ("a/tests/topic.rs", ""),
             ("b_tests.rs", ""),
+            (
+                "c.rs",
+                "fn f() {}\n\n#[test]\nfn loose() {}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn kept() {}\n}",
+            ),
         ],
     );
-    assert_eq!(test_convention_breaks(&dir).len(), 2, "{:?}", test_convention_breaks(&dir));
-    assert!(test_convention_breaks(&dir)[0].starts_with("b_tests.rs"));
-    assert!(test_convention_breaks(&dir)[1].starts_with("lib.rs:3"));
+    let breaks = test_convention_breaks(&dir);
+    assert_eq!(breaks.len(), 3, "{breaks:?}");
+    assert!(breaks[0].starts_with("b_tests.rs"), "{breaks:?}");
+    assert!(breaks[1].starts_with("c.rs: a `#[test]` outside"), "{breaks:?}");
+    assert!(breaks[2].starts_with("lib.rs:3"), "{breaks:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -371,7 +371,9 @@ pub fn desired_from(targets: &crate::FastMap<&str, &tessera_crds::plan::NodeTarg
     }
     let Some(r) = gn.status.as_ref().and_then(|s| s.rollout.as_ref()) else { return Ask::LeaveAlone };
     match r.phase {
-        NodePhase::Idle => Ask::LeaveAlone,
+        // An `Idle` record still naming our cordon (a withdrawn drain cut short) is released:
+        // left alone, nothing would ever undo the cordon.
+        NodePhase::Idle if !r.cordoned_by_us => Ask::LeaveAlone,
         // The intent is written when a node is handed over (Draining -> Applying).
         NodePhase::Applying | NodePhase::Uncordoning if !gn.spec.gpus.is_empty() => Ask::Finish(gn.spec.gpus.clone()),
         _ => Ask::Release,

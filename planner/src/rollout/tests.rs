@@ -560,9 +560,11 @@ impl Sim {
                 1 => AgentHealth::Unproven,
                 _ => AgentHealth::NotResponding { since: None },
             };
-            // Back from a lapse, its lease renews a round before it reports again (the timing of
-            // an API-server freeze): the operator sees it alive over its own `Ready=Unknown`.
-            if self.nodes[i].agent.is_not_responding() || was_down {
+            // Back from every other lapse, its lease renews a round before it reports again (the
+            // timing of an API-server freeze): the operator sees it alive over its own
+            // `Ready=Unknown`. After the other lapses it reports at once.
+            let renews_first = was_down && (self.rounds / 3 + i) % 2 == 0;
+            if self.nodes[i].agent.is_not_responding() || renews_first {
                 return;
             }
         } else {
@@ -1068,6 +1070,20 @@ fn a_node_we_cordoned_that_a_new_decision_drops_mid_drain_is_uncordoned_and_rele
     assert!(actions.contains(&Action::Rollout { node: "n1".into(), rollout: None }), "{actions:?}");
     assert!(!actions.iter().any(|a| matches!(a, Action::Intent { .. })), "{actions:?}");
     assert_eq!(reports["auto"].matched, 1);
+}
+
+#[test]
+fn a_node_an_automatic_plan_leaves_alone_with_our_cordon_still_recorded_is_uncordoned_and_released() {
+    // A withdrawn drain cut after its `Idle` record (still naming our cordon), then a decision
+    // that no longer targets the node: it is released, not left cordoned.
+    let idle_ours = json!({"phase": "Idle", "plan": "auto", "planGeneration": 1, "cordonedByUs": true});
+    let decision = json!({"planGeneration": 1, "targets": []});
+    for unschedulable in [true, false] {
+        let nodes = [node("n1", unschedulable, gpunode("n1", json!([]), true, Some(idle_ours.clone())))];
+        let (actions, _) = plan_fleet(&[auto_plan(Some(decision.clone()))], &nodes, now());
+        assert_eq!(actions.contains(&Action::Uncordon { node: "n1".into() }), unschedulable, "{actions:?}");
+        assert!(actions.contains(&Action::Rollout { node: "n1".into(), rollout: None }), "{actions:?}");
+    }
 }
 
 #[test]

@@ -11,6 +11,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tessera_crds::GpuPartitionPlan;
+use tessera_crds::conditions::{READY, find};
 
 use crate::Error;
 use crate::controlplane::KWOK_NODE_LABEL;
@@ -152,6 +154,18 @@ pub async fn wait_node_ready(client: &Client, name: &str) -> Result<(), Error> {
         let node = api.get(name).await.ok()?;
         let ready = node.status?.conditions?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
         ready.then_some(())
+    })
+    .await
+}
+
+/// Waits until plan `name` is Ready (reason Applied) for its current generation.
+pub async fn wait_plan_ready(client: &Client, name: &str, timeout: Duration) -> Result<(), Error> {
+    let api: Api<GpuPartitionPlan> = Api::all(client.clone());
+    wait_for(&format!("{name} Ready"), timeout, || async {
+        let p = api.get(name).await.ok()?;
+        let st = p.status?;
+        let ok = find(&st.conditions, READY).is_some_and(|c| c.status == "True" && c.reason == "Applied");
+        (ok && st.observed_generation == p.metadata.generation).then_some(())
     })
     .await
 }

@@ -20,7 +20,7 @@ use tessera_crds::conditions::{READY, find};
 use tessera_crds::{GpuNode, GpuPartitionPlan};
 use tessera_e2e::fixtures::{
     FakeGpuNode, apply_file, create_gpu_nodes, create_namespace, install_crds, spawn_node_agent, spawn_operator,
-    wait_for,
+    wait_for, wait_plan_ready,
 };
 use tessera_e2e::process::Component;
 use tessera_e2e::{ControlPlane, Identity};
@@ -176,15 +176,7 @@ fn plan(name: &str, pool: &str, profile: &str) -> GpuPartitionPlan {
 }
 
 async fn ready(admin: &Client, name: &str) {
-    let api: Api<GpuPartitionPlan> = Api::all(admin.clone());
-    wait_for(&format!("{name} Ready"), T, || async {
-        let p = api.get(name).await.ok()?;
-        let st = p.status?;
-        let ok = find(&st.conditions, READY).is_some_and(|c| c.status == "True" && c.reason == "Applied");
-        (ok && st.observed_generation == p.metadata.generation).then_some(())
-    })
-    .await
-    .unwrap();
+    wait_plan_ready(admin, name, T).await.unwrap();
 }
 
 /// A GPU pod bound to `node`; `owner` makes it evictable (a bare pod blocks every eviction).

@@ -17,7 +17,7 @@ use tessera_crds::gpunode::NodePhase;
 use tessera_crds::{GpuNode, GpuPartitionPlan};
 use tessera_e2e::fixtures::{
     FakeGpuNode, apply_file, create_gpu_nodes, create_namespace, install_crds, spawn_node_agent, spawn_operator,
-    wait_for,
+    wait_for, wait_plan_ready,
 };
 use tessera_e2e::process::Component;
 use tessera_e2e::{ControlPlane, Identity};
@@ -85,15 +85,7 @@ async fn stalled(admin: &Client, plan: &str, reason: &str) -> String {
 }
 
 async fn ready(admin: &Client, plan: &str) {
-    let api: Api<GpuPartitionPlan> = Api::all(admin.clone());
-    wait_for(&format!("{plan} Ready"), T, || async {
-        let p = api.get(plan).await.ok()?;
-        let st = p.status?;
-        let ok = find(&st.conditions, READY).is_some_and(|c| c.status == "True" && c.reason == "Applied");
-        (ok && st.observed_generation == p.metadata.generation).then_some(())
-    })
-    .await
-    .unwrap();
+    wait_plan_ready(admin, plan, T).await.unwrap();
 }
 
 async fn cordoned(admin: &Client) -> BTreeMap<String, bool> {

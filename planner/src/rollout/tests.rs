@@ -563,7 +563,7 @@ impl Sim {
             // Back from every other lapse, its lease renews a round before it reports again (the
             // timing of an API-server freeze): the operator sees it alive over its own
             // `Ready=Unknown`. After the other lapses it reports at once.
-            let renews_first = was_down && (self.rounds / 3 + i) % 2 == 0;
+            let renews_first = was_down && (self.rounds / 3 + i).is_multiple_of(2);
             if self.nodes[i].agent.is_not_responding() || renews_first {
                 return;
             }

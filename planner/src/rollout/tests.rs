@@ -41,6 +41,15 @@ fn gpunode(name: &str, spec_gpus: serde_json::Value, applied: bool, rollout: Opt
     .unwrap()
 }
 
+/// The MIG instances an agent reports for `profiles`, placed one after another (4 slots each).
+fn instances<'p>(profiles: impl IntoIterator<Item = &'p str>) -> Vec<tessera_crds::gpunode::MigInstance> {
+    profiles
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| serde_json::from_value(json!({"profile": p, "start": i * 4, "size": 4})).unwrap())
+        .collect()
+}
+
 fn wanted() -> serde_json::Value {
     json!([{"index": 0, "migEnabled": true, "profiles": {"3g.40gb": 2}}])
 }
@@ -243,11 +252,7 @@ fn a_node_taken_back_with_its_layout_in_place_is_not_drained() {
         let mut gn = gpunode("n1", json!([]), false, None);
         let g = &mut gn.status.as_mut().unwrap().gpus[0];
         g.mig_enabled = true;
-        g.instances = profiles
-            .iter()
-            .enumerate()
-            .map(|(i, p)| serde_json::from_value(json!({"profile": p, "start": i * 4, "size": 4})).unwrap())
-            .collect();
+        g.instances = instances(profiles.iter().copied());
         gn
     };
     let p = [plan("p", 0, json!(1), h100_layout())];
@@ -619,12 +624,9 @@ impl Sim {
         // What its GPU holds, as the agent reports it (so a report can show the intent held).
         let g = &mut st.gpus[0];
         g.mig_enabled = held.as_ref().is_some_and(|h| h.mig_enabled);
-        g.instances = held
-            .iter()
-            .flat_map(|h| h.profiles.iter().flat_map(|(p, k)| std::iter::repeat_n(p.clone(), *k as usize)))
-            .enumerate()
-            .map(|(k, profile)| serde_json::from_value(json!({"profile": profile, "start": k * 4, "size": 4})).unwrap())
-            .collect();
+        g.instances = instances(
+            held.iter().flat_map(|h| h.profiles.iter().flat_map(|(p, k)| std::iter::repeat_n(p.as_str(), *k as usize))),
+        );
     }
 
     /// Whether node `i` has nothing to change: its GPU holds the plan's layout, its agent has seen

@@ -14,11 +14,7 @@ fn reported(profiles: &[&str], ready: Option<Condition>, rollout: Option<serde_j
     st.conditions = ready.into_iter().collect();
     let g = &mut st.gpus[0];
     g.mig_enabled = true;
-    g.instances = profiles
-        .iter()
-        .enumerate()
-        .map(|(i, p)| serde_json::from_value(json!({"profile": p, "start": i * 4, "size": 4})).unwrap())
-        .collect();
+    g.instances = instances(profiles.iter().copied());
     gn
 }
 

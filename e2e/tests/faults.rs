@@ -210,11 +210,12 @@ struct Seen {
     marked_dead: bool,
 }
 
-type Violations = Arc<Mutex<Seen>>;
+/// What the check saw, shared between the polling task and the test.
+type Shared = Arc<Mutex<Seen>>;
 
 /// One look at the nodes at rest: any cordoned, or any of their pods gone or terminating.
 /// Requests that time out (the API server frozen) or fail (restarting) check nothing.
-async fn check_at_rest(admin: &Client, pods: &BTreeMap<String, String>, violations: &Violations) {
+async fn check_at_rest(admin: &Client, pods: &BTreeMap<String, String>, shared: &Shared) {
     let look = async {
         let nodes: Api<Node> = Api::all(admin.clone());
         let list = nodes.list(&Default::default()).await.ok()?;
@@ -241,7 +242,7 @@ async fn check_at_rest(admin: &Client, pods: &BTreeMap<String, String>, violatio
             _ => found.push(format!("pod lab/{name} on a node at rest evicted or deleted")),
         }
     }
-    let mut seen = locked(violations);
+    let mut seen = locked(shared);
     seen.violations.extend(found);
     seen.looks += 1;
     seen.leaders.extend(leader);
@@ -278,12 +279,12 @@ async fn faults_never_cordon_a_node_at_rest_and_every_plan_converges() {
         at_rest_pods.insert(made.name_any(), made.uid().unwrap());
     }
 
-    let violations: Violations = Arc::default();
+    let shared: Shared = Arc::default();
     let polling = {
-        let (admin, violations, pods) = (admin.clone(), violations.clone(), at_rest_pods.clone());
+        let (admin, shared, pods) = (admin.clone(), shared.clone(), at_rest_pods.clone());
         tokio::spawn(async move {
             loop {
-                check_at_rest(&admin, &pods, &violations).await;
+                check_at_rest(&admin, &pods, &shared).await;
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         })
@@ -300,13 +301,13 @@ async fn faults_never_cordon_a_node_at_rest_and_every_plan_converges() {
         let plans: Api<GpuPartitionPlan> = Api::all(c.cp.client(Identity::Admin).await.unwrap());
         plans.patch("roll", &PatchParams::default(), &Patch::Merge(&change)).await.unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let looks = locked(&violations).looks;
+        let looks = locked(&shared).looks;
         for fault in faults {
             c.inject(*fault).await;
         }
         // Long enough for a judged-dead agent to renew and the next leader to act.
         tokio::time::sleep(Duration::from_secs(LEASE_SECONDS + 4)).await;
-        let seen = locked(&violations);
+        let seen = locked(&shared);
         assert!(seen.violations.is_empty(), "round {i} ({faults:?}): {:#?}", seen.violations);
         assert!(seen.looks > looks, "round {i} ({faults:?}): the check got no answer at all");
     }
@@ -316,7 +317,7 @@ async fn faults_never_cordon_a_node_at_rest_and_every_plan_converges() {
     ready(&admin, "rest").await;
     polling.abort();
     {
-        let seen = locked(&violations);
+        let seen = locked(&shared);
         assert!(seen.violations.is_empty(), "{:#?}", seen.violations);
         assert!(seen.marked_dead, "no node at rest was ever marked Ready=Unknown: the faults missed the case");
         if rounds.iter().flatten().any(|f| matches!(f, Fault::LeaderKilled)) {

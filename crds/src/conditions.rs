@@ -144,6 +144,8 @@ pub mod quota_reasons {
     pub const PARAMS_NOT_READ: &str = "ParamsNotRead";
     /// A shipped policy or binding would not refuse what it must (a closed class, an early pod).
     pub const POLICY_NOT_ENFORCING: &str = "PolicyNotEnforcing";
+    /// `Unknown`: a shipped policy or binding could not be read, so whether it enforces is not known.
+    pub const POLICY_NOT_READABLE: &str = "PolicyNotReadable";
 
     /// Every reason above (the README's reason table must list exactly these).
     pub const ALL: &[&str] = &[
@@ -162,6 +164,7 @@ pub mod quota_reasons {
         BOUND,
         PARAMS_NOT_READ,
         POLICY_NOT_ENFORCING,
+        POLICY_NOT_READABLE,
     ];
 }
 
@@ -263,7 +266,22 @@ pub fn set_condition(
     observed_generation: Option<i64>,
     now: Time,
 ) {
-    let status = if status { "True" } else { "False" }.to_string();
+    let status = if status { "True" } else { "False" };
+    set_condition_status(conditions, type_, status, reason, message, observed_generation, now);
+}
+
+/// [`set_condition`] with the status as the API spells it: `True`, `False` or `Unknown` (what
+/// the operator cannot tell: not `True`, as the API conventions say).
+pub fn set_condition_status(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: impl Into<String>,
+    observed_generation: Option<i64>,
+    now: Time,
+) {
+    let status = status.to_string();
     let message = message.into();
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ResourceQuota, ServiceAccount};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::Client;
@@ -120,6 +121,28 @@ async fn a_claim_of_a_gpu_reaching_class_is_refused_in_a_tenant_namespace_naming
     .await
     .unwrap();
     assert_eq!((bound.status.as_str(), bound.reason.as_str()), ("True", "Bound"), "{}", bound.message);
+    // Every shipped policy is checked with the operator's own RBAC: the binding policy deleted is
+    // named (its check was once skipped on a 403 while the condition stayed True), and re-applied
+    // the condition is True again.
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
+    policies.delete("tessera-gpu-bindings", &Default::default()).await.unwrap();
+    let policy_condition = |status: &'static str| {
+        let quotas = quotas.clone();
+        async move {
+            wait_for(&format!("ClaimPolicyBound={status} on team-a"), T, || async {
+                let st = quotas.get("team-a").await.ok()?.status?;
+                st.conditions.into_iter().find(|c| c.type_ == "ClaimPolicyBound" && c.status == status)
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let broken = policy_condition("False").await;
+    assert_eq!(broken.reason, "PolicyNotEnforcing", "{}", broken.message);
+    assert!(broken.message.contains("ValidatingAdmissionPolicy tessera-gpu-bindings not found"), "{}", broken.message);
+    apply_file(&admin, "config/rbac/claim-classes.yaml").await.unwrap();
+    let bound = policy_condition("True").await;
+    assert_eq!(bound.reason, "Bound", "{}", bound.message);
 
     let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "team-a");
     let err = claims

@@ -18,7 +18,7 @@ use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde_json::json;
-use tessera_crds::conditions::set_condition;
+use tessera_crds::conditions::set_condition_status;
 use tessera_crds::quota::TenantGpuQuotaStatus;
 use tessera_crds::{GpuNode, TenantGpuQuota};
 use tokio::sync::Notify;
@@ -40,6 +40,7 @@ use tessera_planner::quota::{
 };
 
 mod claim_classes;
+use claim_classes::PolicyCheck;
 mod deleted;
 mod observe;
 mod pending_pods;
@@ -224,12 +225,12 @@ impl QuotaController {
         let plan = self.plan(&inputs);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.
         let (shared, stale_params) = self.write_claim_classes(&plan, &inputs.classes).await?;
-        let binding = self.check_binding().await;
+        let policies = self.check_policies().await;
         let mut failures = writes::Failures::new();
         let unwritten = self.apply_resource_quotas(&inputs, &plan, &mut failures).await?;
         self.delete_stale_resource_quotas(&inputs, &plan, stale_params, &unwritten, &mut failures).await?;
         let idle = self.idle_report(&inputs.quotas).await;
-        let reports = writes::Reports { shared: &shared, failures: &failures, binding: binding.as_ref(), idle: &idle };
+        let reports = writes::Reports { shared: &shared, failures: &failures, policies: &policies, idle: &idle };
         let unsent = self.write_statuses(&inputs, &plan, &reports).await?;
         match shared.len() + failures.values().map(Vec::len).sum::<usize>() + unsent {
             0 => Ok(()),
@@ -378,30 +379,19 @@ impl Passes for QuotaController {
     }
 }
 
-/// [`CLAIM_POLICY`] on a quota's status: `False` naming what keeps the claim-class policy from
-/// reading the operator's params or from enforcing them (the reason says which), `True` when it
-/// reads and enforces them, unchanged where the binding or policy cannot be read (`None`).
-fn report_binding(
-    st: &mut TenantGpuQuotaStatus,
-    binding: Option<&Option<(&'static str, String)>>,
-    g: Option<i64>,
-    now: &Time,
-) {
-    match binding {
-        Some(Some((reason, problem))) => {
-            set_condition(&mut st.conditions, CLAIM_POLICY, false, reason, problem, g, now.clone())
+/// [`CLAIM_POLICY`] on a quota's status: `True` when every shipped policy and binding was read
+/// and enforces, `False` naming what keeps one from reading the operator's params or from
+/// enforcing them (the reason says which), `Unknown` naming what could not be read.
+fn report_policies(st: &mut TenantGpuQuotaStatus, check: &PolicyCheck, g: Option<i64>, now: &Time) {
+    use tessera_crds::conditions::quota_reasons::{BOUND, POLICY_NOT_READABLE};
+    let (status, reason, message) = match check {
+        PolicyCheck::Enforces => {
+            ("True", BOUND, "every shipped admission policy reads the operator's params and enforces them as shipped")
         }
-        Some(None) => set_condition(
-            &mut st.conditions,
-            CLAIM_POLICY,
-            true,
-            tessera_crds::conditions::quota_reasons::BOUND,
-            "the claim-class policy reads the operator's params and enforces them as shipped",
-            g,
-            now.clone(),
-        ),
-        None => {}
-    }
+        PolicyCheck::Broken(reason, problem) => ("False", *reason, problem.as_str()),
+        PolicyCheck::Unreadable(what) => ("Unknown", POLICY_NOT_READABLE, what.as_str()),
+    };
+    set_condition_status(&mut st.conditions, CLAIM_POLICY, status, reason, message, g, now.clone());
 }
 
 /// Whether `rq` already is what `a` would write (the plan checked that it is this quota's).

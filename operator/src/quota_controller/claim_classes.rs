@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use super::QuotaController;
 use super::policy_check::{
-    BINDINGS, Checked, NOT_ENFORCING, PODS, QUOTA_NAMES, params_binding_problem, policy_problems, problems,
+    BINDINGS, CLAIMS, Checked, NOT_ENFORCING, PODS, QUOTA_NAMES, params_binding_problem, policy_problems, problems,
 };
 use crate::Error;
 use crate::writer::{Manager, Write};
@@ -77,89 +77,121 @@ impl QuotaController {
     }
 }
 
-impl QuotaController {
-    /// Reads the claim-class policy's binding and the policy: `Some((reason, problem))`
-    /// ([`binding_problem`]: `ParamsNotRead`; [`policy_problems`]: `PolicyNotEnforcing`), or
-    /// `None` where either cannot be read (no RBAC for them: not checked). Read every pass, so
-    /// an edit is seen within one. A problem is logged when it changes and counted every pass
-    /// (`claim_policy_binding`).
-    pub(super) async fn check_binding(&self) -> Option<Option<(&'static str, String)>> {
-        let api = Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone());
-        let binding = match api.get_opt(POLICY_PARAMS).await {
-            Ok(b) => b,
-            Err(e) => {
-                debug!(error = %e, "could not read the claim-class policy binding; not checked");
-                return None;
-            }
-        };
-        let found = match (binding_problem(binding.as_ref(), &self.namespace), binding) {
-            (Some(problem), _) => Some((tessera_crds::conditions::quota_reasons::PARAMS_NOT_READ, problem)),
-            (None, None) => None, // `binding_problem` names a missing binding
-            (None, Some(binding)) => {
-                let api = Api::<ValidatingAdmissionPolicy>::all(self.client.clone());
-                let policy = match api.get_opt(POLICY_PARAMS).await {
-                    Ok(p) => p,
-                    Err(e) => {
-                        debug!(error = %e, "could not read the claim-class policy; not checked");
-                        return None;
-                    }
-                };
-                let problems = policy_problems(policy.as_ref(), &binding);
-                (!problems.is_empty()).then(|| (NOT_ENFORCING, problems.join("; ")))
-            }
-        };
-        // The pod policy (`tessera-gpu-pods`) too, reported the same way.
-        let found = match (found, self.check_pod_policy().await) {
-            (f, None) => f,
-            (None, Some(p)) => Some((NOT_ENFORCING, p)),
-            (Some((reason, f)), Some(p)) => Some((reason, format!("{f}; {p}"))),
-        };
-        let mut last = crate::locked(&self.binding_problem);
-        if let Some((_, p)) = &found {
-            self.metrics.error("claim_policy_binding");
-            if last.as_ref() != Some(p) {
-                warn!(problem = %p, "the claim-class policy does not enforce the operator's params");
-            }
-        }
-        *last = found.as_ref().map(|(_, p)| p.clone());
-        Some(found)
-    }
+/// What the check of the shipped policies and their bindings found ([`QuotaController::check_policies`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum PolicyCheck {
+    /// Every shipped policy and binding was read, reads the operator's params and enforces as shipped.
+    Enforces,
+    /// One or more does not: the reason (`ParamsNotRead` where the claim-class binding reads
+    /// other params, else `PolicyNotEnforcing`) and what is wrong with each (and what could not
+    /// be read besides).
+    Broken(&'static str, String),
+    /// None was found broken, but one or more could not be read (RBAC, the API server): which,
+    /// and the error. Not `True`: an unread policy may be deleted or edited.
+    Unreadable(String),
+}
+
+/// What one policy's check found.
+enum Found {
+    Enforces,
+    Broken(&'static str, String),
+    Unreadable(String),
 }
 
 impl QuotaController {
-    /// What keeps the pod, binding or quota-name policy from enforcing, joined; `None` when
-    /// each enforces or cannot be read (not checked).
-    async fn check_pod_policy(&self) -> Option<String> {
-        let mut found = Vec::new();
+    /// Reads every shipped policy and its binding ([`CLAIMS`] first, then [`PODS`], [`BINDINGS`]
+    /// and [`QUOTA_NAMES`]) and judges them ([`binding_problem`], [`params_binding_problem`],
+    /// [`problems`]). Read every pass, so an edit is seen within one. A problem is logged when
+    /// it changes and counted every pass (`claim_policy_binding`).
+    pub(super) async fn check_policies(&self) -> PolicyCheck {
+        let mut found = vec![self.check_claim_policy().await];
         for c in [&PODS, &BINDINGS, &QUOTA_NAMES] {
-            found.extend(self.check_params_policy(c).await);
+            found.push(self.check_params_policy(c).await);
         }
-        (!found.is_empty()).then(|| found.join("; "))
+        let check = judge(found);
+        let problem = match &check {
+            PolicyCheck::Enforces => None,
+            PolicyCheck::Broken(_, p) | PolicyCheck::Unreadable(p) => Some(p.clone()),
+        };
+        let mut last = crate::locked(&self.binding_problem);
+        if let Some(p) = &problem {
+            self.metrics.error("claim_policy_binding");
+            if last.as_ref() != Some(p) {
+                warn!(problem = %p, "the shipped admission policies are not known to enforce the operator's params");
+            }
+        }
+        *last = problem;
+        check
     }
 
-    /// What keeps policy `c` (bound to the operator's params) from enforcing
-    /// ([`params_binding_problem`], [`problems`]), joined; `None` when it enforces or cannot be
-    /// read (not checked).
-    async fn check_params_policy(&self, c: &Checked) -> Option<String> {
+    /// The claim-class policy and binding: its binding must read the operator's params
+    /// ([`binding_problem`], `ParamsNotRead`), the policy enforce as shipped ([`policy_problems`]).
+    async fn check_claim_policy(&self) -> Found {
+        let binding = match Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone()).get_opt(CLAIMS.name).await
+        {
+            Ok(b) => b,
+            Err(e) => return unreadable("ValidatingAdmissionPolicyBinding", CLAIMS.name, &e),
+        };
+        if let Some(problem) = binding_problem(binding.as_ref(), &self.namespace) {
+            return Found::Broken(tessera_crds::conditions::quota_reasons::PARAMS_NOT_READ, problem);
+        }
+        let Some(binding) = binding else { unreachable!("binding_problem names a missing binding") };
+        let policy = match Api::<ValidatingAdmissionPolicy>::all(self.client.clone()).get_opt(CLAIMS.name).await {
+            Ok(p) => p,
+            Err(e) => return unreadable("ValidatingAdmissionPolicy", CLAIMS.name, &e),
+        };
+        broken_if(policy_problems(policy.as_ref(), &binding))
+    }
+
+    /// Policy `c` (bound to the operator's params) and its binding ([`params_binding_problem`],
+    /// [`problems`]).
+    async fn check_params_policy(&self, c: &Checked) -> Found {
         let binding = match Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone()).get_opt(c.name).await {
             Ok(b) => b,
-            Err(e) => {
-                debug!(policy = c.name, error = %e, "could not read the policy binding; not checked");
-                return None;
-            }
+            Err(e) => return unreadable("ValidatingAdmissionPolicyBinding", c.name, &e),
         };
         if let Some(problem) = params_binding_problem(c, binding.as_ref(), &self.namespace) {
-            return Some(problem);
+            return Found::Broken(NOT_ENFORCING, problem);
         }
+        let Some(binding) = binding else { unreachable!("params_binding_problem names a missing binding") };
         let policy = match Api::<ValidatingAdmissionPolicy>::all(self.client.clone()).get_opt(c.name).await {
             Ok(p) => p,
-            Err(e) => {
-                debug!(policy = c.name, error = %e, "could not read the policy; not checked");
-                return None;
-            }
+            Err(e) => return unreadable("ValidatingAdmissionPolicy", c.name, &e),
         };
-        let problems = problems(c, policy.as_ref(), binding.as_ref()?);
-        (!problems.is_empty()).then(|| problems.join("; "))
+        broken_if(problems(c, policy.as_ref(), &binding))
+    }
+}
+
+fn unreadable(kind: &str, name: &str, e: &kube::Error) -> Found {
+    debug!(kind, name, error = %e, "could not read a shipped admission object");
+    Found::Unreadable(format!(
+        "{kind} {name} could not be read ({e}): whether it enforces is not known (the operator's ClusterRole \
+         needs get on it; see config/rbac/operator.yaml)"
+    ))
+}
+
+fn broken_if(problems: Vec<String>) -> Found {
+    if problems.is_empty() { Found::Enforces } else { Found::Broken(NOT_ENFORCING, problems.join("; ")) }
+}
+
+/// The policies' findings as one: broken where any is (the first broken one's reason, every
+/// problem and unread object named), else unreadable where any could not be read, else enforcing.
+fn judge(found: Vec<Found>) -> PolicyCheck {
+    let (mut reason, mut broken, mut unread) = (None, Vec::new(), Vec::new());
+    for f in found {
+        match f {
+            Found::Enforces => {}
+            Found::Broken(r, p) => {
+                reason.get_or_insert(r);
+                broken.push(p);
+            }
+            Found::Unreadable(p) => unread.push(p),
+        }
+    }
+    match reason {
+        Some(r) => PolicyCheck::Broken(r, broken.into_iter().chain(unread).collect::<Vec<_>>().join("; ")),
+        None if !unread.is_empty() => PolicyCheck::Unreadable(unread.join("; ")),
+        None => PolicyCheck::Enforces,
     }
 }
 

@@ -13,7 +13,7 @@ use tessera_crds::quota::TenantGpuQuotaStatus;
 use tessera_planner::quota::{QuotaPlan, report_write_failures};
 use tracing::{info, warn};
 
-use super::{Inputs, QuotaController, is_current, pending_pods, report_binding};
+use super::{Inputs, QuotaController, is_current, pending_pods, report_policies};
 use crate::Error;
 use crate::writer::bodies::StatusApply;
 use crate::writer::{Manager, Write};
@@ -26,8 +26,8 @@ pub(super) struct Reports<'a> {
     /// Failed writes that concern every quota (Tessera's classes, the policy params).
     pub shared: &'a [String],
     pub failures: &'a Failures,
-    /// The claim-class binding's and policies' check ([`QuotaController::check_binding`]).
-    pub binding: Option<&'a Option<(&'static str, String)>>,
+    /// The shipped policies' and bindings' check ([`QuotaController::check_policies`]).
+    pub policies: &'a super::PolicyCheck,
     pub idle: &'a tessera_planner::idle::Outcome,
 }
 
@@ -138,7 +138,7 @@ fn status_of(
     let mut errors = r.failures.get(&q.name_any()).cloned().unwrap_or_default();
     errors.extend(r.shared.iter().cloned());
     report_write_failures(&mut status, &errors, q.metadata.generation, &i.now);
-    report_binding(&mut status, r.binding, q.metadata.generation, &i.now);
+    report_policies(&mut status, r.policies, q.metadata.generation, &i.now);
     pending_pods::report_pod_watch(&mut status, !i.dra.pods_unknown, q.metadata.generation, &i.now);
     status
 }

@@ -12,10 +12,6 @@ fn shipped(kind: &str) -> Value {
     docs.into_iter().find(|d| d["kind"] == kind).unwrap()
 }
 
-const POLICY_PATH: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/tessera-claim-classes";
-const BINDING_PATH: &str =
-    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/tessera-claim-classes";
-
 /// An API server that answers the binding and the policy with what is in `objects` (a 404 where
 /// `None`) and accepts every write, recording each request.
 fn api(objects: Objects) -> (kube::Client, Requests) {
@@ -25,43 +21,65 @@ fn api(objects: Objects) -> (kube::Client, Requests) {
 /// The binding and the policy an API server answers with (`None`: 404).
 type Objects = std::sync::Arc<std::sync::Mutex<(Option<Value>, Option<Value>)>>;
 
-const POD_POLICY_PATH: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/tessera-gpu-pods";
-const POD_BINDING_PATH: &str =
-    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/tessera-gpu-pods";
-
 /// [`api`], also answering the pod policy and its binding from `pods` where given.
 fn api_with(objects: Objects, pods: Option<Objects>) -> (kube::Client, Requests) {
     api_with_names(objects, pods, None)
 }
 
-const NAMES_POLICY_PATH: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/tessera-quota-names";
-const NAMES_BINDING_PATH: &str =
-    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/tessera-quota-names";
-
 /// [`api_with`], also answering the quota-name policy and its binding from `names` where given.
 fn api_with_names(objects: Objects, pods: Option<Objects>, names: Option<Objects>) -> (kube::Client, Requests) {
+    let mut served = vec![("tessera-claim-classes", objects)];
+    served.extend(pods.map(|p| ("tessera-gpu-pods", p)));
+    served.extend(names.map(|n| ("tessera-quota-names", n)));
+    api_serving(served, None)
+}
+
+/// The shipped binding and policy named `name`.
+fn shipped_pair(name: &str) -> Objects {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(include_str!("../../../../config/rbac/claim-classes.yaml")).unwrap();
+    let doc = |kind: &str| docs.iter().find(|d| d["kind"] == kind && d["metadata"]["name"] == name).cloned();
+    let pair = (doc("ValidatingAdmissionPolicyBinding"), doc("ValidatingAdmissionPolicy"));
+    assert!(pair.0.is_some() && pair.1.is_some(), "{name} is shipped");
+    std::sync::Arc::new(std::sync::Mutex::new(pair))
+}
+
+/// Every policy the operator checks.
+const CHECKED: [&str; 4] = ["tessera-claim-classes", "tessera-gpu-pods", "tessera-gpu-bindings", "tessera-quota-names"];
+
+/// An API server answering each checked policy's binding and policy from `served` (`None`: 404),
+/// those not in it as shipped, and every read of the objects named `forbidden` with 403 (no RBAC);
+/// it accepts every write, recording each request.
+fn api_serving(served: Vec<(&'static str, Objects)>, forbidden: Option<&'static str>) -> (kube::Client, Requests) {
+    let mut all: std::collections::BTreeMap<&'static str, Objects> = served.into_iter().collect();
+    for name in CHECKED {
+        all.entry(name).or_insert_with(|| shipped_pair(name));
+    }
     let requests = Requests::default();
     let seen = requests.clone();
     let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let (seen, objects, pods, names) = (seen.clone(), objects.clone(), pods.clone(), names.clone());
+        let (seen, all) = (seen.clone(), all.clone());
         async move {
             let (parts, body) = req.into_parts();
             let body: Value = serde_json::from_slice(&body.collect_bytes().await.unwrap()).unwrap_or_default();
             let (method, path) = (parts.method.to_string(), parts.uri.path().to_string());
             seen.lock().unwrap().push((method.clone(), path.clone(), body.clone()));
-            let (binding, policy) = objects.lock().unwrap().clone();
             let not_found = json!({"kind": "Status", "apiVersion": "v1", "code": 404, "reason": "NotFound"});
+            let refused = json!({"kind": "Status", "apiVersion": "v1", "code": 403, "reason": "Forbidden",
+                "message": "validatingadmissionpolicies is forbidden: User cannot get resource"});
             let found = |o: Option<Value>| o.map_or((404, not_found.clone()), |o| (200, o));
-            let (pod_binding, pod_policy) = pods.as_ref().map(|p| p.lock().unwrap().clone()).unwrap_or_default();
-            let (names_binding, names_policy) = names.as_ref().map(|p| p.lock().unwrap().clone()).unwrap_or_default();
-            let (code, answer) = match (method.as_str(), path.as_str()) {
-                ("GET", BINDING_PATH) => found(binding),
-                ("GET", POLICY_PATH) => found(policy),
-                ("GET", POD_BINDING_PATH) if pods.is_some() => found(pod_binding),
-                ("GET", POD_POLICY_PATH) if pods.is_some() => found(pod_policy),
-                ("GET", NAMES_BINDING_PATH) if names.is_some() => found(names_binding),
-                ("GET", NAMES_POLICY_PATH) if names.is_some() => found(names_policy),
-                (_, p) if p.ends_with("/status") => (
+            let group = "/apis/admissionregistration.k8s.io/v1/";
+            let read = path.strip_prefix(group).and_then(|rest| rest.split_once('/'));
+            let (code, answer) = match (method.as_str(), read) {
+                ("GET", Some((_, name))) if Some(name) == forbidden => (403, refused),
+                ("GET", Some((kind, name))) if all.contains_key(name) => {
+                    let (binding, policy) = all[name].lock().unwrap().clone();
+                    match kind {
+                        "validatingadmissionpolicybindings" => found(binding),
+                        _ => found(policy),
+                    }
+                }
+                _ if path.ends_with("/status") => (
                     200,
                     json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
                            "metadata": {"name": "q"}, "spec": {"namespaces": [], "hard": {}}}),
@@ -75,6 +93,81 @@ fn api_with_names(objects: Objects, pods: Option<Objects>, names: Option<Objects
         }
     });
     (kube::Client::new(service, "default"), requests)
+}
+
+/// A policy the operator cannot read (RBAC) makes `ClaimPolicyBound` `Unknown`, naming it: not
+/// `True`, since it may be deleted or edited. The binding policy was left out of the ClusterRole
+/// once, and its check was skipped while the condition said `True`.
+#[tokio::test]
+async fn a_policy_the_operator_cannot_read_is_reported_unknown_not_bound() {
+    let q = quota_b();
+    for name in CHECKED {
+        let (client, requests) = api_serving(vec![], Some(name));
+        let c = QuotaController::from_stores(client, store_of(vec![q.clone()]), store_of(vec![]), store_of(vec![]));
+        let _ = c.reconcile().await;
+        let (status, reason, message) = last_condition(&requests);
+        assert_eq!((status.as_str(), reason.as_str()), ("Unknown", "PolicyNotReadable"), "{name}: {message}");
+        assert!(message.contains(&format!(" {name} could not be read")), "{name}: {message}");
+    }
+    // Every one readable and as shipped: Bound.
+    let (client, requests) = api_serving(vec![], None);
+    let c = QuotaController::from_stores(client, store_of(vec![q.clone()]), store_of(vec![]), store_of(vec![]));
+    let _ = c.reconcile().await;
+    let (status, reason, message) = last_condition(&requests);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Bound"), "{message}");
+    // One unreadable and another deleted: False, naming both.
+    let gone = shipped_pair("tessera-gpu-bindings");
+    gone.lock().unwrap().1 = None;
+    let (client, requests) = api_serving(vec![("tessera-gpu-bindings", gone)], Some("tessera-gpu-pods"));
+    let c = QuotaController::from_stores(client, store_of(vec![q]), store_of(vec![]), store_of(vec![]));
+    let _ = c.reconcile().await;
+    let (status, reason, message) = last_condition(&requests);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "PolicyNotEnforcing"), "{message}");
+    assert!(message.contains("ValidatingAdmissionPolicy tessera-gpu-bindings not found"), "{message}");
+    assert!(message.contains("tessera-gpu-pods could not be read"), "{message}");
+}
+
+/// The binding policy is checked on every pass like the others: deleted, the quotas say so.
+#[tokio::test]
+async fn a_deleted_binding_policy_is_reported_on_the_quotas() {
+    let gone = shipped_pair("tessera-gpu-bindings");
+    gone.lock().unwrap().1 = None;
+    let (client, requests) = api_serving(vec![("tessera-gpu-bindings", gone.clone())], None);
+    let c = QuotaController::from_stores(client, store_of(vec![quota_b()]), store_of(vec![]), store_of(vec![]));
+    let _ = c.reconcile().await;
+    let (status, reason, message) = last_condition(&requests);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "PolicyNotEnforcing"), "{message}");
+    assert!(message.contains("ValidatingAdmissionPolicy tessera-gpu-bindings not found"), "{message}");
+    *gone.lock().unwrap() = shipped_pair("tessera-gpu-bindings").lock().unwrap().clone();
+    let _ = c.reconcile().await;
+    let (status, reason, message) = last_condition(&requests);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Bound"), "{message}");
+}
+
+/// The operator's ClusterRole (kustomize and chart) lets it read every policy and binding it checks.
+#[test]
+fn the_operator_may_read_every_policy_it_checks() {
+    for (file, text) in [
+        ("config/rbac/operator.yaml", include_str!("../../../../config/rbac/operator.yaml")),
+        ("chart rbac-operator.yaml", include_str!("../../../../config/helm/tessera/templates/rbac-operator.yaml")),
+    ] {
+        let rule = text
+            .lines()
+            .skip_while(|l| !l.contains("validatingadmissionpolicybindings"))
+            .find(|l| l.contains("resourceNames:"))
+            .unwrap_or_else(|| panic!("{file}: no resourceNames for the admission policies"));
+        for c in [&super::CLAIMS, &super::PODS, &super::BINDINGS, &super::QUOTA_NAMES] {
+            assert!(rule.contains(&format!("\"{}\"", c.name)), "{file}: {} is not readable: {rule}", c.name);
+        }
+    }
+}
+
+/// Team B's quota, in ResourceClaims mode.
+fn quota_b() -> TenantGpuQuota {
+    serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "team-b", "uid": "uid-b", "generation": 1},
+        "spec": {"namespaces": ["b"], "hard": {"nvidia.com/mig-1g.10gb": 3}, "allocation": "ResourceClaims"}}))
+    .unwrap()
 }
 
 /// `ClaimPolicyBound` as the last status write of the quota says it.

@@ -479,6 +479,7 @@ fn used_raw(rqs: &[ResourceQuota], ns: &str, name: &str) -> BTreeMap<String, i64
 pub mod claims;
 mod conflicts;
 pub mod early_pods;
+pub mod gates;
 pub mod holdings;
 pub mod phases;
 pub mod pod_gate;

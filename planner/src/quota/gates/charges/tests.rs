@@ -102,7 +102,8 @@ fn claim(requests: Value) -> ResourceClaim {
 fn a_claim_is_charged_as_the_evaluator_charges_it() {
     let key = |c: &str| format!("{c}.deviceclass.resource.k8s.io/devices");
     let gpu = |c: &str| c != "fpga.example.com";
-    let table: Vec<(&str, Value, Vec<(String, i64)>)> = vec![
+    type Row = (&'static str, Value, Vec<(String, i64)>);
+    let table: Vec<Row> = vec![
         (
             "one device by default",
             json!([{"name": "r", "exactly": {"deviceClassName": "mig.nvidia.com"}}]),

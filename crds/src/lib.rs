@@ -10,6 +10,7 @@ pub mod admission;
 pub mod catalog;
 pub mod conditions;
 pub mod crdgen;
+pub mod gate;
 pub mod gpunode;
 pub mod plan;
 pub mod quota;

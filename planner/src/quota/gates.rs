@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 pub mod charges;
+pub mod namespace;
 
 use charges::Charges;
 

@@ -80,11 +80,19 @@ pub fn plan_namespace(i: &NamespaceInputs<'_>) -> NamespacePlan {
     let holders: Vec<&Holder> = i.pods.iter().chain(i.claims).collect();
     let limited: Vec<String> = i.share.keys().filter_map(|k| k.strip_prefix("requests.")).map(String::from).collect();
     if let Some(why) = i.closed {
+        // Pods and claims admitted while it was enforced wait too: nothing more is placed.
+        let unplaced = |hs: &[Holder]| hs.iter().filter(|h| !h.placed).map(|h| h.name.clone()).collect();
+        let (blocked_pods, block_all_bindings) = bounded(unplaced(i.pods));
+        let (blocked_claims, block_all_allocations) = bounded(unplaced(i.claims));
         let gate = GpuQuotaGateSpec {
             quota: i.quota.to_string(),
             state: GateState::Closed,
             reason: why.to_string(),
             limited,
+            blocked_pods,
+            block_all_bindings,
+            blocked_claims,
+            block_all_allocations,
             ..Default::default()
         };
         return NamespacePlan { gate, limits: i.share.keys().map(|k| (k.clone(), 0)).collect() };

@@ -85,10 +85,13 @@ fn past_the_bound_every_binding_is_blocked() {
 fn a_closed_namespace_holds_every_key_at_zero_and_says_why() {
     let classes: BTreeSet<String> = ["mig-1g.10gb.tessera.dev".to_string()].into();
     let share = share(4);
-    let mut i = inputs(&share, &[], &classes);
+    let pods = [gpu_pod("waiting", 0, None), gpu_pod("running", 1, Some("n1"))];
+    let holders = pod_holders(&pods);
+    let mut i = inputs(&share, &holders, &classes);
     i.closed = Some("namespace a is claimed by TenantGpuQuota team-b too");
     let plan = plan_namespace(&i);
     assert_eq!(plan.gate.state, GateState::Closed);
+    assert_eq!(plan.gate.blocked_pods, vec!["waiting".to_string()], "an unbound pod admitted before waits too");
     assert_eq!(plan.gate.reason, "namespace a is claimed by TenantGpuQuota team-b too");
     assert!(plan.gate.classes.is_empty(), "no class open while closed");
     assert_eq!(plan.limits[KEY], 0);

@@ -6,11 +6,12 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::CustomResourceExt;
 
+use crate::gate::{GpuClassList, GpuQuotaGate};
 use crate::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 
 /// `(file name, YAML)` for every Tessera CRD, in a stable order.
 pub fn rendered_crds() -> Vec<(String, String)> {
-    [GpuPartitionPlan::crd(), TenantGpuQuota::crd(), GpuNode::crd()]
+    [GpuPartitionPlan::crd(), TenantGpuQuota::crd(), GpuNode::crd(), GpuQuotaGate::crd(), GpuClassList::crd()]
         .into_iter()
         .map(|mut crd| {
             for version in &mut crd.spec.versions {

@@ -327,6 +327,15 @@ pub async fn spawn_node_agent_on(
 
 /// Runs the real `tessera-operator run` as the operator identity; returns it and its HTTP port.
 pub fn spawn_operator(cp: &crate::ControlPlane, tag: &str) -> Result<(crate::process::Component, u16), Error> {
+    spawn_operator_with(cp, tag, &[])
+}
+
+/// [`spawn_operator`] with more environment (`TESSERA_QUOTA_ADMISSION=gates`).
+pub fn spawn_operator_with(
+    cp: &crate::ControlPlane,
+    tag: &str,
+    extra: &[(&str, &str)],
+) -> Result<(crate::process::Component, u16), Error> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -335,11 +344,12 @@ pub fn spawn_operator(cp: &crate::ControlPlane, tag: &str) -> Result<(crate::pro
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let env = [
+    let mut env = vec![
         ("KUBECONFIG", cp.kubeconfig(crate::Identity::Operator).display().to_string()),
         ("RUST_LOG", "info".to_string()),
         ("POD_NAMESPACE", "tessera-system".to_string()),
     ];
+    env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
     let c = crate::process::Component::spawn_with_env(
         &format!("operator-{tag}"),
         &workspace_binary("tessera-operator"),

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Binding, Namespace, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, CustomResourceExt};
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tessera_crds::gate::{GpuClassList, GpuQuotaGate};
 use tessera_e2e::fixtures::{apply_file, create_namespace, install_crds, wait_for};
@@ -51,35 +50,11 @@ where
     api.create(&PostParams::default(), object).await.err().map(|e| e.to_string())
 }
 
-/// The gate CRDs from the types, the operator's rights on them, the policies.
+/// The CRDs (the gate's among them), the operator's rights on gates, the policies.
 async fn install(admin: &Client) {
     install_crds(admin).await.unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    for crd in [GpuQuotaGate::crd(), GpuClassList::crd()] {
-        let name = crd.metadata.name.clone().unwrap();
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-        wait_for(&format!("{name} established"), T, || async {
-            let c = crds.get(&name).await.ok()?;
-            c.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
-        })
-        .await
-        .unwrap();
-    }
     apply_file(admin, "config/base/namespace.yaml").await.unwrap();
     apply_file(admin, "config/rbac/operator.yaml").await.unwrap();
-    let rbac = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "tessera-operator-gates"},
-        "rules": [{"apiGroups": ["tessera.dev"], "resources": ["gpuquotagates", "gpuclasslists"], "verbs": ["*"]},
-                  {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "patch"]}]});
-    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "tessera-operator-gates"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tessera-operator-gates"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tessera-operator", "namespace": "tessera-system"}]});
-    let apply = PatchParams::apply("e2e").force();
-    let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(admin.clone());
-    roles.patch("tessera-operator-gates", &apply, &Patch::Apply(&rbac)).await.unwrap();
-    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(admin.clone());
-    bindings.patch("tessera-operator-gates", &apply, &Patch::Apply(&binding)).await.unwrap();
     apply_file(admin, "config/rbac/quota-gates.yaml").await.unwrap();
 }
 
@@ -250,4 +225,105 @@ async fn gates_admit_within_them_and_only_the_operator_writes_them() {
     .await
     .unwrap();
     assert!(msg.contains("no params found for policy binding with `Deny` parameterNotFoundAction"), "{msg}");
+}
+
+/// A gated GPU pod (kube-scheduler waits for its scheduling gates to go).
+fn gated(name: &str) -> Pod {
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"schedulingGates": [{"name": "example.com/wait"}],
+            "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}))
+    .unwrap()
+}
+
+/// The operator in gates mode, end to end with kube-scheduler and kwok: twenty gated GPU pods made
+/// while no quota claimed the namespace, then a quota with a share of 2. The namespace loses its
+/// `none` label, gets its ResourceQuota, its gate (eighteen pods blocked) and `tenant`; with every
+/// scheduling gate removed, exactly two are bound at every poll; one of them deleted, exactly one
+/// more is. No clock decides which: the first two made go first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_twenty_gpu_pods_made_before_joining_exactly_the_share_is_bound() {
+    use tessera_e2e::fixtures::{FakeGpuNode, create_gpu_nodes, spawn_operator_with};
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = cp.client(Identity::Admin).await.unwrap();
+    install(&admin).await;
+    create_gpu_nodes(&admin, &[FakeGpuNode::new("n1", "NVIDIA-H100-80GB-HBM3", 8).resource("nvidia.com/gpu", 8)])
+        .await
+        .unwrap();
+    create_namespace(&admin, "team-a").await.unwrap();
+    let (_op, _) = spawn_operator_with(&cp, "op", &[("TESSERA_QUOTA_ADMISSION", "gates")]).unwrap();
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let label_is = |want: Option<&'static str>| {
+        let namespaces = namespaces.clone();
+        async move {
+            wait_for(&format!("team-a labelled {want:?}"), T, || async {
+                let ns = namespaces.get("team-a").await.ok()?;
+                (ns.labels().get(LABEL).map(String::as_str) == want).then_some(())
+            })
+            .await
+            .unwrap()
+        }
+    };
+    label_is(Some("none")).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-a");
+    for i in 0..20 {
+        // One second apart at most matters not: the order is by creation time, then name.
+        pods.create(&PostParams::default(), &gated(&format!("p{i:02}"))).await.unwrap();
+    }
+    let quotas: Api<tessera_crds::TenantGpuQuota> = Api::all(admin.clone());
+    let quota: tessera_crds::TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "team-a"},
+        "spec": {"namespaces": ["team-a"], "hard": {"nvidia.com/gpu": 2}}}))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    label_is(Some("tenant")).await;
+    let gates: Api<GpuQuotaGate> = Api::namespaced(admin.clone(), "team-a");
+    let gate = gates.get("gpu").await.unwrap();
+    assert_eq!(gate.spec.blocked_pods.len(), 18, "{:?}", gate.spec);
+    assert_eq!(gate.spec.over, vec!["requests.nvidia.com/gpu".to_string()]);
+    let rq = Api::<ResourceQuota>::namespaced(admin.clone(), "team-a").get("tessera-team-a").await.unwrap();
+    assert!(rq.finalizers().iter().any(|f| f == "tessera.dev/in-force"), "held");
+    // A new GPU pod is refused (the ResourceQuota counts all twenty).
+    assert!(refused(&pods, &pod("late", json!({"nvidia.com/gpu": "1"}))).await.is_some());
+
+    let ungate = json!({"spec": {"schedulingGates": null}});
+    for i in 0..20 {
+        pods.patch(&format!("p{i:02}"), &PatchParams::default(), &Patch::Merge(&ungate)).await.unwrap();
+    }
+    let bound = || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&Default::default()).await.unwrap();
+            list.items
+                .iter()
+                .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+                .map(|p| p.name_any())
+                .collect::<Vec<_>>()
+        }
+    };
+    // Two bound, never more, at every poll for a while (the scheduler retries the rest).
+    let mut seen_two = 0;
+    for _ in 0..40 {
+        let b = bound().await;
+        assert!(b.len() <= 2, "more than the share bound: {b:?}");
+        if b.len() == 2 {
+            seen_two += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(seen_two > 20, "the share was bound");
+    let first = bound().await;
+    assert_eq!(first, vec!["p00".to_string(), "p01".to_string()], "the first made go first");
+    pods.delete("p00", &Default::default()).await.unwrap();
+    wait_for("one more bound", T, || async {
+        let b = bound().await;
+        assert!(b.len() <= 2, "more than the share bound: {b:?}");
+        (b.len() == 2 && !b.contains(&"p00".to_string())).then_some(())
+    })
+    .await
+    .unwrap();
+    for _ in 0..12 {
+        let b = bound().await;
+        assert!(b.len() <= 2, "more than the share bound: {b:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }

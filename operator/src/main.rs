@@ -41,6 +41,11 @@ enum Command {
         /// are GPU pods (drained, counted, held to quota).
         #[arg(long, value_delimiter = ',', default_value = tessera_planner::dra::NVIDIA_GPU_DRIVER)]
         gpu_dra_drivers: Vec<String>,
+        /// How quota admission is held: `params`, one ConfigMap for every tenant namespace (as
+        /// shipped); or `gates`, a GpuQuotaGate per tenant namespace (docs/design/quota-gates.md,
+        /// being built: install config/rbac/quota-gates.yaml with it).
+        #[arg(long, env = "TESSERA_QUOTA_ADMISSION", default_value = "params", value_parser = ["params", "gates"])]
+        quota_admission: String,
     },
     /// Plans against the live cluster (KUBECONFIG), changing nothing.
     Plan {
@@ -90,7 +95,9 @@ enum PlanCommand {
 
 fn main() {
     let args = Cli::parse();
-    if let Command::Run { listen, leader_elect, lease_namespace, identity, gpu_dra_drivers } = args.command {
+    if let Command::Run { listen, leader_elect, lease_namespace, identity, gpu_dra_drivers, quota_admission } =
+        args.command
+    {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
             .init();
@@ -104,6 +111,10 @@ fn main() {
             lease_namespace,
             identity,
             gpu_drivers: tessera_planner::dra::GpuDrivers::new(gpu_dra_drivers),
+            quota_admission: match quota_admission.as_str() {
+                "gates" => tessera_operator::quota_controller::QuotaAdmission::Gates,
+                _ => tessera_operator::quota_controller::QuotaAdmission::Params,
+            },
         };
         if let Err(e) = rt.block_on(tessera_operator::run::run(opts)) {
             let _ = writeln!(std::io::stderr(), "error: {e:#}");

@@ -42,13 +42,32 @@ use tessera_planner::quota::{
 mod claim_classes;
 use claim_classes::PolicyCheck;
 mod deleted;
+mod gates;
+mod gpu_pods;
 mod observe;
 mod pending_pods;
 mod policy_check;
 mod writes;
 
+/// How quota admission is held (`--quota-admission`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuotaAdmission {
+    /// One params ConfigMap for every tenant namespace, read by `config/rbac/claim-classes.yaml`.
+    #[default]
+    Params,
+    /// A GpuQuotaGate per tenant namespace, the namespace label, the class list and held
+    /// ResourceQuotas, read by `config/rbac/quota-gates.yaml` (`docs/design/quota-gates.md`).
+    Gates,
+}
+
 pub struct QuotaController {
     client: Client,
+    /// `--quota-admission`.
+    admission: QuotaAdmission,
+    /// Gates mode: every GpuQuotaGate (empty and never listed otherwise).
+    gates: Store<tessera_crds::gate::GpuQuotaGate>,
+    /// Gates mode: the pods charged for GPUs, bound or not ([`gpu_pods`]).
+    gpu_pods: Store<Pod>,
     metrics: Arc<Metrics>,
     quotas: Store<TenantGpuQuota>,
     rqs: Store<ResourceQuota>,
@@ -131,11 +150,27 @@ impl QuotaController {
         rollout: &Context,
         drivers: GpuDrivers,
         namespace: String,
+        admission: QuotaAdmission,
     ) -> Arc<Self> {
         // Woken by the shared quota cache (see `Caches`) and by every cache of its own.
         let changed = caches.quota_changed.clone();
         let d = watcher::Config::default;
+        let (gates, gpu_pods) = match admission {
+            QuotaAdmission::Params => (kube::runtime::reflector::store().0, kube::runtime::reflector::store().0),
+            QuotaAdmission::Gates => (
+                start_cache(
+                    Api::<tessera_crds::gate::GpuQuotaGate>::all(client.clone()),
+                    d(),
+                    Cache::always(changed.clone()),
+                )
+                .0,
+                gpu_pods::watch(client.clone(), changed.clone()),
+            ),
+        };
         Arc::new(Self {
+            admission,
+            gates,
+            gpu_pods,
             quotas: caches.quotas.clone(),
             // Every ResourceQuota, not only ours: a user's own one with our name must be seen, so
             // it is never adopted by a force-apply.
@@ -182,6 +217,9 @@ impl QuotaController {
     /// be listed (RBAC) only the quota passes wait for them ([`Self::run`]); the rollout
     /// controller, which `run.rs` starts after this, does not.
     pub async fn wait_ready(&self) {
+        if self.admission == QuotaAdmission::Gates {
+            let _ = tokio::join!(self.gates.wait_until_ready(), self.gpu_pods.wait_until_ready());
+        }
         let _ = tokio::join!(
             self.quotas.wait_until_ready(),
             self.rqs.wait_until_ready(),
@@ -221,6 +259,9 @@ impl QuotaController {
     /// each quota's status. A failed write fails only its part ([`Error::PartialPass`]); once the
     /// lease may have passed to another replica nothing more is written ([`Error::NotLeader`]).
     pub async fn reconcile(&self) -> Result<(), Error> {
+        if self.admission == QuotaAdmission::Gates {
+            return self.reconcile_gates().await;
+        }
         let inputs = self.observe();
         let plan = self.plan(&inputs);
         // The policy's params and Tessera's classes first: they close claims, the keys below count.
@@ -325,7 +366,7 @@ impl QuotaController {
         if let Some(k) = &a.in_force_keys {
             annotations.insert(IN_FORCE_KEYS.into(), json!(k));
         }
-        let body = json!({
+        let mut body = json!({
             "apiVersion": "v1", "kind": "ResourceQuota",
             "metadata": {"name": a.name, "namespace": a.namespace,
                 "labels": {QUOTA_LABEL: quota_label_value(&a.quota), "app.kubernetes.io/managed-by": "tessera"},
@@ -333,6 +374,10 @@ impl QuotaController {
                 "ownerReferences": [owner.controller_owner_ref(&()).expect("a stored object has a name and uid")]},
             "spec": {"hard": a.hard}
         });
+        if self.admission == QuotaAdmission::Gates {
+            // Held in force through its deletion until the namespace's new limits are (`gates`).
+            body["metadata"]["finalizers"] = json!([tessera_crds::gate::IN_FORCE_FINALIZER]);
+        }
         self.writer().may_write()?;
         info!(namespace = %a.namespace, quota = %a.quota, name = %a.name, "applying ResourceQuota");
         let api = Api::<ResourceQuota>::namespaced(self.client.clone(), &a.namespace);
@@ -394,8 +439,13 @@ fn report_policies(st: &mut TenantGpuQuotaStatus, check: &PolicyCheck, g: Option
     set_condition_status(&mut st.conditions, CLAIM_POLICY, status, reason, message, g, now.clone());
 }
 
-/// Whether `rq` already is what `a` would write (the plan checked that it is this quota's).
-fn is_current(rq: &ResourceQuota, a: &Apply) -> bool {
+/// Whether `rq` already is what `a` would write (the plan checked that it is this quota's), and
+/// carries the finalizer where `held` (gates mode).
+fn is_current(rq: &ResourceQuota, a: &Apply, held: bool) -> bool {
+    let finalized = rq.metadata.finalizers.iter().flatten().any(|f| f == tessera_crds::gate::IN_FORCE_FINALIZER);
+    if held && !finalized {
+        return false;
+    }
     // An empty `hard` may come back omitted; quantities come back canonical (`1000` as `1k`).
     let empty = BTreeMap::new();
     let h = rq.spec.as_ref().and_then(|s| s.hard.as_ref()).unwrap_or(&empty);

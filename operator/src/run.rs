@@ -24,6 +24,8 @@ pub struct RunOptions {
     pub identity: String,
     /// `--gpu-dra-drivers`: whose ResourceClaim allocations are GPUs.
     pub gpu_drivers: tessera_planner::dra::GpuDrivers,
+    /// `--quota-admission`.
+    pub quota_admission: crate::quota_controller::QuotaAdmission,
 }
 
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
@@ -88,6 +90,7 @@ impl Controllers {
             &ctx,
             opts.gpu_drivers.clone(),
             opts.lease_namespace.clone(),
+            opts.quota_admission,
         );
         Self { rollout: ctx, changed: caches.changed, quotas, dra: caches.dra }
     }

@@ -53,6 +53,9 @@ impl QuotaController {
         }
         let have = self.policy_params.state().first().and_then(|cm| cm.data.clone()).unwrap_or_default();
         let mut stale = false;
+        if self.admission == super::QuotaAdmission::Gates {
+            return Ok((failed, stale)); // no params: the gates carry what they said
+        }
         if have != plan.policy
             && let Err(e) = self.write_policy(&plan.policy).await?
         {

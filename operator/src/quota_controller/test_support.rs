@@ -35,6 +35,9 @@ impl QuotaController {
         let (metrics, changed) = (Arc::new(Metrics::default()), Arc::new(Notify::new()));
         Self {
             client,
+            admission: super::QuotaAdmission::Params,
+            gates: reflector::store().0,
+            gpu_pods: reflector::store().0,
             metrics,
             quotas,
             rqs,
@@ -86,6 +89,16 @@ impl QuotaController {
     /// With the verdicts the rollout controller published.
     pub(crate) fn with_not_reporting(mut self, verdicts: Verdicts) -> Self {
         self.not_reporting = verdicts;
+        self
+    }
+
+    /// In gates mode, with the cached gates and GPU pods.
+    pub(crate) fn with_gates(
+        mut self,
+        gates: Store<tessera_crds::gate::GpuQuotaGate>,
+        gpu_pods: Store<k8s_openapi::api::core::v1::Pod>,
+    ) -> Self {
+        (self.admission, self.gates, self.gpu_pods) = (super::QuotaAdmission::Gates, gates, gpu_pods);
         self
     }
 

@@ -13,6 +13,7 @@ mod binding_policy;
 mod claim_policy;
 mod deleted;
 mod early_claim;
+mod gates;
 mod leader;
 mod pod_policy;
 mod pod_watch;
@@ -296,18 +297,19 @@ fn a_resource_quota_in_canonical_form_is_current() {
         in_force_since: None,
         in_force_keys: None,
     };
-    assert!(is_current(&rq, &a));
+    assert!(is_current(&rq, &a, false));
+    assert!(!is_current(&rq, &a, true), "gates mode: applied again until it carries the finalizer");
     let b = Apply { hard: [("requests.nvidia.com/gpu".to_string(), "999".to_string())].into(), ..a.clone() };
-    assert!(!is_current(&rq, &b));
+    assert!(!is_current(&rq, &b, false));
     // Stamps cached but planned away (a scoped ResourceQuota): applied, so they are removed.
     let mut stamped = rq.clone();
     let annotations = stamped.metadata.annotations.get_or_insert_default();
     annotations.insert(tessera_planner::quota::stamp::IN_FORCE_SINCE.into(), "2026-06-01T10:00:02Z".into());
-    assert!(!is_current(&stamped, &a), "a stamp planned away is removed");
+    assert!(!is_current(&stamped, &a, false), "a stamp planned away is removed");
     let mut keyed = rq.clone();
     let annotations = keyed.metadata.annotations.get_or_insert_default();
     annotations.insert(tessera_planner::quota::stamp::keys::IN_FORCE_KEYS.into(), String::new());
-    assert!(!is_current(&keyed, &a), "a record planned away is removed");
+    assert!(!is_current(&keyed, &a, false), "a record planned away is removed");
 }
 
 /// The body of the pass's server-side apply of `ml`'s ResourceQuota.

@@ -45,7 +45,7 @@ impl QuotaController {
             let Some(owner) = i.quotas.iter().find(|q| q.name_any() == a.quota) else { continue };
             let current =
                 i.rqs.iter().find(|r| r.metadata.namespace.as_ref() == Some(&a.namespace) && r.name_any() == a.name);
-            if current.is_some_and(|rq| is_current(rq, a)) {
+            if current.is_some_and(|rq| is_current(rq, a, self.admission == super::QuotaAdmission::Gates)) {
                 continue;
             }
             if let Err(e) = self.apply(owner, a).await? {

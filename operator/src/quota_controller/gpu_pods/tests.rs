@@ -6,11 +6,13 @@ use super::{bare, holders, sift};
 use crate::quota_controller::test_support::store_of;
 
 fn pod(name: &str, node: Option<&str>, phase: &str, gpus: i64) -> Pod {
-    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "a", "creationTimestamp": "2026-12-01T00:00:00Z",
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "namespace": "a", "creationTimestamp": "2026-12-01T00:00:00Z",
             "labels": {"big": "label"}},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x",
             "resources": {"limits": {"nvidia.com/mig-1g.10gb": gpus.to_string(), "cpu": "1"}}}]},
-        "status": {"phase": phase}}))
+        "status": {"phase": phase}}),
+    )
     .unwrap()
 }
 
@@ -34,7 +36,10 @@ fn only_charged_pods_are_kept_bare_and_a_binding_wakes_a_pass() {
 
 #[test]
 fn the_cache_gives_each_namespace_its_holders_with_charges_and_binding() {
-    let store = store_of(vec![bare(&pod("a", Some("n1"), "Running", 2)).unwrap(), bare(&pod("b", None, "Pending", 1)).unwrap()]);
+    let store = store_of(vec![
+        bare(&pod("a", Some("n1"), "Running", 2)).unwrap(),
+        bare(&pod("b", None, "Pending", 1)).unwrap(),
+    ]);
     let hs = holders(&store);
     let mut a = hs["a"].clone();
     a.sort_by(|x, y| x.name.cmp(&y.name));

@@ -77,9 +77,11 @@ pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
         let shown = current
             .and_then(|r| r.status.as_ref()?.used.as_ref())
             .map(|used| used.iter().filter_map(|(k, q)| Some((k.clone(), count(&q.0)?))).collect::<BTreeMap<_, _>>());
+        // Tessera's classes the share grants any of (one held at 0 stays closed).
         let classes: BTreeSet<String> = share
-            .keys()
-            .filter_map(|k| class_of_key(k))
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .filter_map(|(k, _)| class_of_key(k))
             .filter(|c| resource_of_class(c).is_some())
             .map(String::from)
             .collect();

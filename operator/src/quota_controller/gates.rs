@@ -1,0 +1,190 @@
+//! Gates mode's pass (`--quota-admission=gates`, `docs/design/quota-gates.md`): the quota plan
+//! as in params mode, then what `quota::gates::pass` decides, acted on in this order:
+//! Tessera's DeviceClasses and the class list; the ResourceQuotas (their limits the share less
+//! what they do not count yet, held by a finalizer); the gates (owned by their ResourceQuota);
+//! the namespace labels; the held ResourceQuotas let go; the statuses. Each step writes only what
+//! differs from the cache, through the writer's tenure check. A failed write fails its quota's
+//! part of the pass (or, for what all quotas share, every quota's) and is retried next pass: the
+//! order keeps a namespace closed or limited whatever step fails or the process dies after.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
+use serde_json::json;
+use tessera_crds::gate::{CLASS_LIST_NAME, GATE_NAME, GpuClassList, GpuQuotaGate, IN_FORCE_FINALIZER, MARK};
+use tessera_planner::quota::claims::resource_of_class;
+use tessera_planner::quota::gates::namespace::{claim_holders, class_list};
+use tessera_planner::quota::gates::pass::{GateInputs, GatePlan, PlannedGate, plan_gates};
+use tracing::{info, warn};
+
+use super::claim_classes::PolicyCheck;
+use super::{Inputs, QuotaController, gpu_pods, writes};
+use crate::Error;
+use crate::writer::{Manager, Write};
+
+impl QuotaController {
+    /// One gates-mode pass (see the module).
+    pub(super) async fn reconcile_gates(&self) -> Result<(), Error> {
+        let inputs = self.observe();
+        let mut plan = self.plan(&inputs);
+        let gates = self.plan_gates(&inputs, &plan);
+        // The share is what the plan computed; the ResourceQuota is written with less while it
+        // does not count objects made before.
+        for a in &mut plan.apply {
+            if let Some(limits) = gates.limits.get(&(a.namespace.clone(), a.name.clone())) {
+                a.hard = limits.clone();
+            }
+        }
+        let (mut shared, _) = self.write_claim_classes(&plan, &inputs.classes).await?;
+        shared.extend(self.write_class_list(&inputs).await?);
+        let mut failures = writes::Failures::new();
+        self.apply_resource_quotas(&inputs, &plan, &mut failures).await?;
+        self.write_gates(&inputs, &gates, &mut failures).await?;
+        let unlabelled = self.write_labels(&gates).await?;
+        shared.extend(unlabelled);
+        self.release(&inputs, &gates, &mut failures).await?;
+        let idle = self.idle_report(&inputs.quotas).await;
+        let policies = PolicyCheck::Unreadable(
+            "gates mode: the gate policies (config/rbac/quota-gates.yaml) are not checked yet".into(),
+        );
+        let reports = writes::Reports { shared: &shared, failures: &failures, policies: &policies, idle: &idle };
+        let unsent = self.write_statuses(&inputs, &plan, &reports).await?;
+        match shared.len() + failures.values().map(Vec::len).sum::<usize>() + unsent {
+            0 => Ok(()),
+            n => Err(Error::PartialPass(n)),
+        }
+    }
+
+    /// The pass's gate decisions from the plan and the caches.
+    fn plan_gates(&self, i: &Inputs, plan: &tessera_planner::quota::QuotaPlan) -> GatePlan {
+        let gates: Vec<GpuQuotaGate> = self.gates.state().iter().map(|g| (**g).clone()).collect();
+        let namespaces: Vec<Namespace> = self.namespaces.state().iter().map(|n| (**n).clone()).collect();
+        let pods = gpu_pods::holders(&self.gpu_pods);
+        let gpu_class = |c: &str| i.dra.classes.reaching.contains(c) || resource_of_class(c).is_some();
+        let mut claims: BTreeMap<String, Vec<_>> = BTreeMap::new();
+        for c in self.claims.claims() {
+            let ns = c.namespace().unwrap_or_default();
+            claims.entry(ns).or_default().extend(claim_holders([&*c], gpu_class));
+        }
+        plan_gates(&GateInputs {
+            apply: &plan.apply,
+            delete: &plan.delete,
+            statuses: &plan.statuses,
+            rqs: &i.rqs,
+            gates: &gates,
+            namespaces: &namespaces,
+            pods: &pods,
+            claims: &claims,
+        })
+    }
+
+    /// Applies the class list where it differs; a failure concerns every quota.
+    async fn write_class_list(&self, i: &Inputs) -> Result<Option<String>, Error> {
+        let spec = class_list(i.classes.iter().map(|c| &**c), &self.drivers, &i.dra.classes.mismatched);
+        let api = Api::<GpuClassList>::all(self.client.clone());
+        let cached = self.class_list_cache(&api).await;
+        if cached.as_ref() == Some(&spec) {
+            return Ok(None);
+        }
+        let body = json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuClassList",
+            "metadata": {"name": CLASS_LIST_NAME}, "spec": spec});
+        info!("applying the GPU class list");
+        let sent = self.writer().send_counted(&api, CLASS_LIST_NAME, Write::apply(Manager::Operator, &body)).await?;
+        Ok(sent.err().map(|e| format!("GpuClassList {CLASS_LIST_NAME}: {e}")))
+    }
+
+    /// The class list as stored (read each pass: one small object, so an edit or a deletion is
+    /// undone within a pass); `None` when it cannot be read or does not exist.
+    async fn class_list_cache(&self, api: &Api<GpuClassList>) -> Option<tessera_crds::gate::GpuClassListSpec> {
+        api.get_opt(CLASS_LIST_NAME).await.ok().flatten().map(|l| l.spec)
+    }
+
+    /// Applies each planned gate whose cached one differs, owned by its ResourceQuota as cached
+    /// (none yet: next pass, once the ResourceQuota's creation is seen).
+    async fn write_gates(&self, i: &Inputs, plan: &GatePlan, failures: &mut writes::Failures) -> Result<(), Error> {
+        for g in plan.gates.values() {
+            let owner =
+                i.rqs.iter().find(|r| r.namespace().as_deref() == Some(&g.namespace) && r.name_any() == g.owner);
+            let Some(owner) = owner.filter(|o| o.metadata.uid.is_some()) else { continue };
+            if self.gate_is_current(g, owner) {
+                continue;
+            }
+            let body = gate_body(g, owner);
+            let api = Api::<GpuQuotaGate>::namespaced(self.client.clone(), &g.namespace);
+            info!(namespace = %g.namespace, quota = %g.spec.quota, "applying the namespace's GPU quota gate");
+            if let Err(e) = self.writer().send_counted(&api, GATE_NAME, Write::apply(Manager::Operator, &body)).await? {
+                warn!(namespace = %g.namespace, error = %e, "could not apply a GPU quota gate; retrying");
+                let msg = format!("GpuQuotaGate {GATE_NAME} in {}: {e}", g.namespace);
+                failures.entry(g.spec.quota.clone()).or_default().push(msg);
+            }
+        }
+        Ok(())
+    }
+
+    fn gate_is_current(&self, g: &PlannedGate, owner: &ResourceQuota) -> bool {
+        let uid = owner.metadata.uid.as_deref();
+        self.gates.state().iter().any(|have| {
+            have.namespace().as_deref() == Some(&g.namespace)
+                && have.spec == g.spec
+                && have.owner_references().iter().any(|o| Some(o.uid.as_str()) == uid)
+        })
+    }
+
+    /// Sets or removes the namespace labels the plan changes; returns what failed (for every
+    /// quota's status: the labels say which namespaces are enforced). A merge patch, not an
+    /// apply: a namespace deleted meanwhile must not be made again.
+    async fn write_labels(&self, plan: &GatePlan) -> Result<Vec<String>, Error> {
+        let mut failed = Vec::new();
+        for (ns, value) in &plan.labels {
+            let body = json!({"metadata": {"labels": {MARK: value}}});
+            let api = Api::<Namespace>::all(self.client.clone());
+            info!(namespace = %ns, label = ?value, "labelling the namespace for GPU admission");
+            if let Err(e) = self.writer().send_counted(&api, ns, Write::merge(&body)).await? {
+                warn!(namespace = %ns, error = %e, "could not label a namespace; retrying");
+                failed.push(format!("Namespace {ns} label {MARK}: {e}"));
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Deletes (where not yet deleted) and lets go of the held ResourceQuotas the plan releases.
+    async fn release(&self, i: &Inputs, plan: &GatePlan, failures: &mut writes::Failures) -> Result<(), Error> {
+        for (ns, name) in &plan.releases {
+            let Some(rq) = i.rqs.iter().find(|r| r.namespace().as_deref() == Some(ns) && &r.name_any() == name) else {
+                continue;
+            };
+            let quota = tessera_planner::quota::written_by(rq).unwrap_or_default().to_string();
+            let api = Api::<ResourceQuota>::namespaced(self.client.clone(), ns);
+            info!(namespace = %ns, name = %name, "letting go of a held ResourceQuota");
+            if rq.metadata.deletion_timestamp.is_none()
+                && let Err(e) = self.writer().delete_counted(&api, name, &DeleteParams::default()).await?
+            {
+                failures.entry(quota).or_default().push(format!("deleting ResourceQuota {name} in {ns}: {e}"));
+                continue;
+            }
+            let kept: Vec<&String> = rq.finalizers().iter().filter(|f| *f != IN_FORCE_FINALIZER).collect();
+            // The version read: a finalizer another controller added since is not dropped.
+            let body = json!({"metadata": {"finalizers": kept, "resourceVersion": rq.resource_version()}});
+            if let Err(e) = self.writer().send_counted(&api, name, Write::merge(&body)).await? {
+                let gone = matches!(&e, kube::Error::Api(s) if s.code == 404);
+                if !gone {
+                    failures.entry(quota).or_default().push(format!("releasing ResourceQuota {name} in {ns}: {e}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The gate as applied: the planned spec, owned by its ResourceQuota (not as controller: the
+/// ResourceQuota's owner is the quota).
+fn gate_body(g: &PlannedGate, owner: &ResourceQuota) -> serde_json::Value {
+    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuQuotaGate",
+        "metadata": {"name": GATE_NAME, "namespace": g.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "tessera"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ResourceQuota", "name": owner.name_any(),
+                "uid": owner.metadata.uid, "blockOwnerDeletion": false}]},
+        "spec": g.spec})
+}

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub const GATE_NAME: &str = "gpu";
 /// The name of the one class list.
 pub const CLASS_LIST_NAME: &str = "tessera";
-/// The annotation on a Namespace saying the operator has classified it: [`MARK_TENANT`] (its
+/// The label on a Namespace saying the operator has classified it: [`MARK_TENANT`] (its
 /// gate and ResourceQuota are in force) or [`MARK_NONE`] (no quota claims it). A namespace
 /// without it is closed to GPU work. Only the operator may set, change or remove it.
 pub const MARK: &str = "tessera.dev/gpu-gate";

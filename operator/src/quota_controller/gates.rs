@@ -16,7 +16,7 @@ use serde_json::json;
 use tessera_crds::gate::{CLASS_LIST_NAME, GATE_NAME, GpuClassList, GpuQuotaGate, IN_FORCE_FINALIZER, MARK};
 use tessera_planner::quota::claims::resource_of_class;
 use tessera_planner::quota::gates::namespace::{claim_holders, class_list};
-use tessera_planner::quota::gates::pass::{GateInputs, GatePlan, PlannedGate, plan_gates};
+use tessera_planner::quota::gates::pass::{GateInputs, GatePlan, PlannedGate, gate_is, plan_gates};
 use tracing::{info, warn};
 
 use super::claim_classes::PolicyCheck;
@@ -124,12 +124,8 @@ impl QuotaController {
     }
 
     fn gate_is_current(&self, g: &PlannedGate, owner: &ResourceQuota) -> bool {
-        let uid = owner.metadata.uid.as_deref();
-        self.gates.state().iter().any(|have| {
-            have.namespace().as_deref() == Some(&g.namespace)
-                && have.spec == g.spec
-                && have.owner_references().iter().any(|o| Some(o.uid.as_str()) == uid)
-        })
+        let cached: Vec<GpuQuotaGate> = self.gates.state().iter().map(|g| (**g).clone()).collect();
+        gate_is(&cached, g, Some(owner))
     }
 
     /// Sets or removes the namespace labels the plan changes; returns what failed (for every

@@ -111,7 +111,7 @@ pub(super) fn holders(store: &Store<Pod>) -> BTreeMap<String, Vec<Holder>> {
         });
         let holder = Holder {
             name: p.metadata.name.clone().unwrap_or_default(),
-            created: p.metadata.creation_timestamp.as_ref().map_or_else(|| "~".to_string(), |t| t.0.to_string()),
+            created: tessera_planner::quota::gates::namespace::created(&p.metadata),
             charges,
             placed: p.spec.as_ref().is_some_and(|s| s.node_name.is_some()),
         };

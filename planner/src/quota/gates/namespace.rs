@@ -45,7 +45,7 @@ pub fn claim_holders<'a>(
 
 /// The creation time as written (RFC 3339, which sorts as text), for the order only; an object
 /// without one (not stored) sorts last.
-fn created(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+pub fn created(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
     m.creation_timestamp.as_ref().map_or_else(|| "~".to_string(), |t| t.0.to_string())
 }
 

@@ -133,8 +133,8 @@ fn closed_by(status: Option<&TenantGpuQuotaStatus>) -> Option<String> {
         .map(|c| format!("{} ({})", c.message, c.reason))
 }
 
-/// Whether the cached gate is the planned one, owned by `owner` (as cached, with its UID).
-fn gate_is(gates: &[GpuQuotaGate], planned: &PlannedGate, owner: Option<&ResourceQuota>) -> bool {
+/// Whether a cached gate is the planned one, owned by `owner` (as cached, with its UID).
+pub fn gate_is(gates: &[GpuQuotaGate], planned: &PlannedGate, owner: Option<&ResourceQuota>) -> bool {
     let Some(uid) = owner.and_then(|o| o.metadata.uid.as_deref()) else { return false };
     gates.iter().any(|g| {
         g.namespace().as_deref() == Some(&planned.namespace)

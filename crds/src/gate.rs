@@ -13,12 +13,25 @@ use serde::{Deserialize, Serialize};
 pub const GATE_NAME: &str = "gpu";
 /// The name of the one class list.
 pub const CLASS_LIST_NAME: &str = "tessera";
-/// The label on a Namespace saying the operator has classified it: [`MARK_TENANT`] (its
-/// gate and ResourceQuota are in force) or [`MARK_NONE`] (no quota claims it). A namespace
-/// without it is closed to GPU work. Only the operator may set, change or remove it.
+/// The label on a Namespace saying how the operator has classified it. Only the operator may
+/// set, change or remove it; a namespace without it is closed to new GPU work (unclassified).
+/// - [`MARK_OPEN`]: no quota claims it and the operator's open list names it (the GPU
+///   Operator's, kube-system): GPU work is not limited.
+/// - [`MARK_CLOSED`]: no quota claims it and the open list does not name it (a namespace a
+///   tenant made for itself): no new GPU pod or claim.
+/// - [`MARK_JOINING`]: a quota claims it but its limits are not in force yet: no new GPU pod or
+///   claim, and its gate decides which pods are bound and claims allocated (all of them wait
+///   while the gate is missing).
+/// - [`MARK_TENANT`]: its gate and ResourceQuota are in force.
 pub const MARK: &str = "tessera.dev/gpu-gate";
 pub const MARK_TENANT: &str = "tenant";
-pub const MARK_NONE: &str = "none";
+pub const MARK_JOINING: &str = "joining";
+pub const MARK_OPEN: &str = "open";
+pub const MARK_CLOSED: &str = "closed";
+/// The longest `reason` a gate holds (its schema's bound).
+pub const MAX_REASON: usize = 1024;
+/// The most keys a gate lists in `over` (its schema's bound).
+pub const MAX_OVER: usize = 128;
 /// The finalizer on Tessera's ResourceQuotas: one being deleted (its quota deleted or renamed,
 /// or by hand) stays in force until the namespace's new limits are.
 pub const IN_FORCE_FINALIZER: &str = "tessera.dev/in-force";

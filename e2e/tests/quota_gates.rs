@@ -107,11 +107,11 @@ async fn gates_admit_within_them_and_only_the_operator_writes_them() {
     assert!(msg.contains("claims wait until the operator"), "{msg}");
 
     // The label is the operator's: refused to the admin and to a tenant, set by the operator.
-    let msg = label(&admin, "open", Some("none")).await.unwrap_err().to_string();
+    let msg = label(&admin, "open", Some("open")).await.unwrap_err().to_string();
     assert!(msg.contains("metadata.labels[tessera.dev/gpu-gate]: set by the Tessera operator only"), "{msg}");
     let namespaces: Api<Namespace> = Api::all(tenant.clone());
     let smuggled: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": "smuggled", "labels": {LABEL: "none"}}})).unwrap();
+        serde_json::from_value(json!({"metadata": {"name": "smuggled", "labels": {LABEL: "open"}}})).unwrap();
     assert!(
         namespaces.create(&PostParams::default(), &smuggled).await.is_err(),
         "a tenant cannot (RBAC, then the guard)"
@@ -119,13 +119,43 @@ async fn gates_admit_within_them_and_only_the_operator_writes_them() {
     let admins: Api<Namespace> = Api::all(admin.clone());
     let msg = admins.create(&PostParams::default(), &smuggled).await.unwrap_err().to_string();
     assert!(msg.contains("set by the Tessera operator only"), "nor can an admin: {msg}");
-    label(&operator, "open", Some("none")).await.unwrap();
+    // Nor through the namespace's status or finalize subresources: refused by the guard, or
+    // (where the API server drops metadata changes there) the label not set.
+    let unlabelled = || async { admins.get("open").await.unwrap().labels().get(LABEL).cloned() };
+    let status = json!({"metadata": {"labels": {LABEL: "open"}}});
+    match admins.patch_status("open", &PatchParams::default(), &Patch::Merge(&status)).await {
+        Err(e) => assert!(e.to_string().contains("set by the Tessera operator only"), "namespaces/status: {e}"),
+        Ok(_) => assert_eq!(unlabelled().await, None, "namespaces/status set the label"),
+    }
+    let mut fin = admins.get("open").await.unwrap();
+    fin.labels_mut().insert(LABEL.into(), "open".into());
+    let req = http::Request::put("/api/v1/namespaces/open/finalize")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&fin).unwrap())
+        .unwrap();
+    match admin.request_text(req).await {
+        Err(e) => assert!(e.to_string().contains("set by the Tessera operator only"), "namespaces/finalize: {e}"),
+        Ok(_) => assert_eq!(unlabelled().await, None, "namespaces/finalize set the label"),
+    }
+    label(&operator, "open", Some("open")).await.unwrap();
     let open: Api<Pod> = Api::namespaced(admin.clone(), "open");
     wait_for("GPU pods admitted where no quota claims", T, || async {
         refused(&open, &pod("gpu", mig(3))).await.is_none().then_some(())
     })
     .await
     .unwrap();
+    // Closed (no quota claims it, not on the open list): GPU pods refused, saying why; CPU pods admitted.
+    label(&operator, "fresh", Some("closed")).await.unwrap();
+    let mut n = 0;
+    let msg = wait_for("the closed label seen", T, || {
+        n += 1;
+        let (fresh, name) = (fresh.clone(), format!("closed-{n}"));
+        async move { refused(&fresh, &pod(&name, mig(1))).await.filter(|m| !m.contains("not classified")) }
+    })
+    .await
+    .unwrap();
+    assert!(msg.contains("which no TenantGpuQuota names and the operator does not keep open"), "{msg}");
+    assert_eq!(refused(&fresh, &pod("cpu-2", json!({"cpu": "1"}))).await, None, "a CPU pod is admitted");
 
     // A tenant namespace: class list, gate, ResourceQuota, then the label.
     let lists: Api<GpuClassList> = Api::all(operator.clone());
@@ -236,10 +266,12 @@ fn gated(name: &str) -> Pod {
 }
 
 /// The operator in gates mode, end to end with kube-scheduler and kwok: twenty gated GPU pods made
-/// while no quota claimed the namespace, then a quota with a share of 2. The namespace loses its
-/// `none` label, gets its ResourceQuota, its gate (eighteen pods blocked) and `tenant`; with every
-/// scheduling gate removed, exactly two are bound at every poll; one of them deleted, exactly one
-/// more is. No clock decides which: the first two made go first.
+/// in an open namespace, then a quota with a share of 2. The namespace goes from `open` to
+/// `joining`; every scheduling gate is removed as soon as it is `joining`, so the scheduler tries
+/// them while the limits come into force (ResourceQuota, gate with eighteen pods blocked, then
+/// `tenant`); exactly two are bound at every poll; one of them deleted, exactly one more is. No
+/// clock decides which: the first two made go first. A namespace a tenant makes for itself (not
+/// on the open list) is closed to GPU pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_twenty_gpu_pods_made_before_joining_exactly_the_share_is_bound() {
     use tessera_e2e::fixtures::{FakeGpuNode, create_gpu_nodes, spawn_operator_with};
@@ -250,7 +282,12 @@ async fn of_twenty_gpu_pods_made_before_joining_exactly_the_share_is_bound() {
         .await
         .unwrap();
     create_namespace(&admin, "team-a").await.unwrap();
-    let (_op, _) = spawn_operator_with(&cp, "op", &[("TESSERA_QUOTA_ADMISSION", "gates")]).unwrap();
+    let (_op, _) = spawn_operator_with(
+        &cp,
+        "op",
+        &[("TESSERA_QUOTA_ADMISSION", "gates"), ("TESSERA_GPU_OPEN_NAMESPACES", "kube-system,team-a")],
+    )
+    .unwrap();
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     let label_is = |want: Option<&'static str>| {
         let namespaces = namespaces.clone();
@@ -263,7 +300,7 @@ async fn of_twenty_gpu_pods_made_before_joining_exactly_the_share_is_bound() {
             .unwrap()
         }
     };
-    label_is(Some("none")).await;
+    label_is(Some("open")).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-a");
     for i in 0..20 {
         // One second apart at most matters not: the order is by creation time, then name.
@@ -275,16 +312,8 @@ async fn of_twenty_gpu_pods_made_before_joining_exactly_the_share_is_bound() {
         "spec": {"namespaces": ["team-a"], "hard": {"nvidia.com/gpu": 2}}}))
     .unwrap();
     quotas.create(&PostParams::default(), &quota).await.unwrap();
-    label_is(Some("tenant")).await;
-    let gates: Api<GpuQuotaGate> = Api::namespaced(admin.clone(), "team-a");
-    let gate = gates.get("gpu").await.unwrap();
-    assert_eq!(gate.spec.blocked_pods.len(), 18, "{:?}", gate.spec);
-    assert_eq!(gate.spec.over, vec!["requests.nvidia.com/gpu".to_string()]);
-    let rq = Api::<ResourceQuota>::namespaced(admin.clone(), "team-a").get("tessera-team-a").await.unwrap();
-    assert!(rq.finalizers().iter().any(|f| f == "tessera.dev/in-force"), "held");
-    // A new GPU pod is refused (the ResourceQuota counts all twenty).
-    assert!(refused(&pods, &pod("late", json!({"nvidia.com/gpu": "1"}))).await.is_some());
-
+    label_is(Some("joining")).await;
+    // The scheduler may bind them from now on: only the gate (missing, then blocking) stops it.
     let ungate = json!({"spec": {"schedulingGates": null}});
     for i in 0..20 {
         pods.patch(&format!("p{i:02}"), &PatchParams::default(), &Patch::Merge(&ungate)).await.unwrap();
@@ -300,6 +329,23 @@ async fn of_twenty_gpu_pods_made_before_joining_exactly_the_share_is_bound() {
                 .collect::<Vec<_>>()
         }
     };
+    wait_for("team-a labelled tenant, at most the share bound meanwhile", T, || async {
+        let b = bound().await;
+        assert!(b.len() <= 2, "more than the share bound while joining: {b:?}");
+        let ns = namespaces.get("team-a").await.ok()?;
+        (ns.labels().get(LABEL).map(String::as_str) == Some("tenant")).then_some(())
+    })
+    .await
+    .unwrap();
+    let gates: Api<GpuQuotaGate> = Api::namespaced(admin.clone(), "team-a");
+    let gate = gates.get("gpu").await.unwrap();
+    assert_eq!(gate.spec.blocked_pods.len(), 18, "{:?}", gate.spec);
+    assert_eq!(gate.spec.over, vec!["requests.nvidia.com/gpu".to_string()]);
+    let rq = Api::<ResourceQuota>::namespaced(admin.clone(), "team-a").get("tessera-team-a").await.unwrap();
+    assert!(rq.finalizers().iter().any(|f| f == "tessera.dev/in-force"), "held");
+    // A new GPU pod is refused (the ResourceQuota counts all twenty).
+    assert!(refused(&pods, &pod("late", json!({"nvidia.com/gpu": "1"}))).await.is_some());
+
     // Two bound, never more, at every poll for a while (the scheduler retries the rest).
     let mut seen_two = 0;
     for _ in 0..40 {
@@ -326,4 +372,27 @@ async fn of_twenty_gpu_pods_made_before_joining_exactly_the_share_is_bound() {
         assert!(b.len() <= 2, "more than the share bound: {b:?}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+
+    // A namespace made by someone allowed to (no quota names it, not on the open list): closed.
+    create_namespace(&admin, "made-by-a-tenant").await.unwrap();
+    let theirs: Api<Pod> = Api::namespaced(admin.clone(), "made-by-a-tenant");
+    wait_for("made-by-a-tenant labelled closed", T, || async {
+        let ns = namespaces.get("made-by-a-tenant").await.ok()?;
+        (ns.labels().get(LABEL).map(String::as_str) == Some("closed")).then_some(())
+    })
+    .await
+    .unwrap();
+    let mut n = 0;
+    let msg = wait_for("a GPU pod refused there", T, || {
+        n += 1;
+        let (theirs, name) = (theirs.clone(), format!("gpu-{n}"));
+        async move {
+            refused(&theirs, &pod(&name, json!({"nvidia.com/gpu": "1"})))
+                .await
+                .filter(|m| m.contains("does not keep open"))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(msg.contains("made-by-a-tenant"), "{msg}");
 }

@@ -10,6 +10,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tessera_crds::gate::{GpuClassList, GpuQuotaGate};
 use tessera_crds::{GpuNode, GpuPartitionPlan, TenantGpuQuota};
 use tessera_e2e::fixtures::{FakeGpuNode, create_gpu_nodes, create_namespace, install_crds, wait_for};
 use tessera_e2e::{ControlPlane, Identity};
@@ -43,7 +44,16 @@ async fn crds_install_and_every_kind_round_trips() {
     let cp = ControlPlane::start().await.unwrap();
     let admin = cp.client(Identity::Admin).await.unwrap();
     let names = install_crds(&admin).await.unwrap();
-    assert_eq!(names, ["gpunodes.tessera.dev", "gpupartitionplans.tessera.dev", "tenantgpuquotas.tessera.dev"]);
+    assert_eq!(
+        names,
+        [
+            "gpuclasslists.tessera.dev",
+            "gpunodes.tessera.dev",
+            "gpupartitionplans.tessera.dev",
+            "gpuquotagates.tessera.dev",
+            "tenantgpuquotas.tessera.dev"
+        ]
+    );
 
     // Every sample is accepted by the API server (schema and CEL) and reads back unchanged.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples");
@@ -88,6 +98,31 @@ async fn crds_install_and_every_kind_round_trips() {
     let got = nodes.get("node-a").await.unwrap();
     assert_eq!(got.spec, gn.spec);
     assert_eq!(got.status.unwrap().gpus[0].instances[0].uuid.as_deref(), Some("MIG-1"));
+
+    // The quota gate (namespaced) and the class list (cluster-scoped) read back as written; the
+    // schema caps a gate's reason at 1024 characters.
+    create_namespace(&admin, "tenant-a").await.unwrap();
+    let gates: Api<GpuQuotaGate> = Api::namespaced(admin.clone(), "tenant-a");
+    let gate: GpuQuotaGate = from_json(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuQuotaGate", "metadata": {"name": "gpu"},
+        "spec": {"quota": "team-a", "state": "Enforced", "reason": "within the share",
+                 "limited": ["requests.nvidia.com/mig-1g.10gb"], "blockedPods": ["p-1"]}
+    }));
+    gates.create(&PostParams::default(), &gate).await.unwrap();
+    assert_eq!(gates.get("gpu").await.unwrap().spec, gate.spec);
+    let mut long = gate.clone();
+    long.metadata = kube::api::ObjectMeta { name: Some("long".into()), ..Default::default() };
+    long.spec.reason = "x".repeat(1025);
+    let err = gates.create(&PostParams::default(), &long).await.unwrap_err();
+    assert_eq!(api_error_code(&err), Some(422), "{err}");
+    assert!(err.to_string().contains("spec.reason"), "{err}");
+    let lists: Api<GpuClassList> = Api::all(admin.clone());
+    let list: GpuClassList = from_json(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "GpuClassList", "metadata": {"name": "tessera"},
+        "spec": {"open": ["fpga.example.com"], "tessera": ["mig-1g.10gb.tessera.dev"]}
+    }));
+    lists.create(&PostParams::default(), &list).await.unwrap();
+    assert_eq!(lists.get("tessera").await.unwrap().spec, list.spec);
 
     // The CEL rules run in the API server: a bad maxUnavailable is refused with the rule's message.
     let mut bad: GpuPartitionPlan = plans.get("inference").await.unwrap();

@@ -46,6 +46,13 @@ enum Command {
         /// being built: install config/rbac/quota-gates.yaml with it).
         #[arg(long, env = "TESSERA_QUOTA_ADMISSION", default_value = "params", value_parser = ["params", "gates"])]
         quota_admission: String,
+        /// Gates mode: the namespaces no TenantGpuQuota claims where GPU work is not limited,
+        /// comma-separated names, each optionally ending in `*` (a prefix). Every other unclaimed
+        /// namespace is closed to new GPU pods and claims, so a tenant that may make namespaces
+        /// cannot make one outside its quota. `*` opens every unclaimed namespace.
+        #[arg(long, env = "TESSERA_GPU_OPEN_NAMESPACES", default_value = tessera_planner::quota::gates::open::DEFAULT_OPEN,
+              value_parser = tessera_planner::quota::gates::open::OpenNamespaces::parse)]
+        gpu_open_namespaces: tessera_planner::quota::gates::open::OpenNamespaces,
     },
     /// Plans against the live cluster (KUBECONFIG), changing nothing.
     Plan {
@@ -95,8 +102,15 @@ enum PlanCommand {
 
 fn main() {
     let args = Cli::parse();
-    if let Command::Run { listen, leader_elect, lease_namespace, identity, gpu_dra_drivers, quota_admission } =
-        args.command
+    if let Command::Run {
+        listen,
+        leader_elect,
+        lease_namespace,
+        identity,
+        gpu_dra_drivers,
+        quota_admission,
+        gpu_open_namespaces,
+    } = args.command
     {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
@@ -115,6 +129,7 @@ fn main() {
                 "gates" => tessera_operator::quota_controller::QuotaAdmission::Gates,
                 _ => tessera_operator::quota_controller::QuotaAdmission::Params,
             },
+            gpu_open_namespaces,
         };
         if let Err(e) = rt.block_on(tessera_operator::run::run(opts)) {
             let _ = writeln!(std::io::stderr(), "error: {e:#}");

@@ -49,6 +49,13 @@ mod pending_pods;
 mod policy_check;
 mod writes;
 
+/// `--quota-admission` and, in gates mode, `--gpu-open-namespaces`.
+#[derive(Debug, Clone)]
+pub struct AdmissionSettings {
+    pub mode: QuotaAdmission,
+    pub open: tessera_planner::quota::gates::open::OpenNamespaces,
+}
+
 /// How quota admission is held (`--quota-admission`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QuotaAdmission {
@@ -66,6 +73,8 @@ pub struct QuotaController {
     admission: QuotaAdmission,
     /// Gates mode: every GpuQuotaGate (empty and never listed otherwise).
     gates: Store<tessera_crds::gate::GpuQuotaGate>,
+    /// Gates mode: `--gpu-open-namespaces`, the unclaimed namespaces GPU work is not limited in.
+    open: tessera_planner::quota::gates::open::OpenNamespaces,
     /// Gates mode: the pods charged for GPUs, bound or not ([`gpu_pods`]).
     gpu_pods: Store<Pod>,
     metrics: Arc<Metrics>,
@@ -150,8 +159,9 @@ impl QuotaController {
         rollout: &Context,
         drivers: GpuDrivers,
         namespace: String,
-        admission: QuotaAdmission,
+        admission: AdmissionSettings,
     ) -> Arc<Self> {
+        let AdmissionSettings { mode: admission, open } = admission;
         // Woken by the shared quota cache (see `Caches`) and by every cache of its own.
         let changed = caches.quota_changed.clone();
         let d = watcher::Config::default;
@@ -169,6 +179,7 @@ impl QuotaController {
         };
         Arc::new(Self {
             admission,
+            open,
             gates,
             gpu_pods,
             quotas: caches.quotas.clone(),

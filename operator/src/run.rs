@@ -26,6 +26,8 @@ pub struct RunOptions {
     pub gpu_drivers: tessera_planner::dra::GpuDrivers,
     /// `--quota-admission`.
     pub quota_admission: crate::quota_controller::QuotaAdmission,
+    /// `--gpu-open-namespaces` (gates mode).
+    pub gpu_open_namespaces: tessera_planner::quota::gates::open::OpenNamespaces,
 }
 
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
@@ -90,7 +92,10 @@ impl Controllers {
             &ctx,
             opts.gpu_drivers.clone(),
             opts.lease_namespace.clone(),
-            opts.quota_admission,
+            crate::quota_controller::AdmissionSettings {
+                mode: opts.quota_admission,
+                open: opts.gpu_open_namespaces.clone(),
+            },
         );
         Self { rollout: ctx, changed: caches.changed, quotas, dra: caches.dra }
     }

@@ -2,7 +2,8 @@
 //! as in params mode, then what `quota::gates::pass` decides, acted on in this order:
 //! Tessera's DeviceClasses and the class list; the ResourceQuotas (their limits the share less
 //! what they do not count yet, held by a finalizer); the gates (owned by their ResourceQuota);
-//! the namespace labels; the held ResourceQuotas let go; the statuses. Each step writes only what
+//! the namespace labels; the held ResourceQuotas let go; the gates no longer wanted; the
+//! statuses. Each step writes only what
 //! differs from the cache, through the writer's tenure check. A failed write fails its quota's
 //! part of the pass (or, for what all quotas share, every quota's) and is retried next pass: the
 //! order keeps a namespace closed or limited whatever step fails or the process dies after.
@@ -45,6 +46,7 @@ impl QuotaController {
         let unlabelled = self.write_labels(&gates).await?;
         shared.extend(unlabelled);
         self.release(&inputs, &gates, &mut failures).await?;
+        shared.extend(self.delete_stale_gates(&gates).await?);
         let idle = self.idle_report(&inputs.quotas).await;
         let policies = PolicyCheck::Unreadable(
             "gates mode: the gate policies (config/rbac/quota-gates.yaml) are not checked yet".into(),
@@ -72,6 +74,8 @@ impl QuotaController {
             apply: &plan.apply,
             delete: &plan.delete,
             statuses: &plan.statuses,
+            claimed: &claimed(&i.quotas),
+            open: &self.open,
             rqs: &i.rqs,
             gates: &gates,
             namespaces: &namespaces,
@@ -102,12 +106,19 @@ impl QuotaController {
     }
 
     /// Applies each planned gate whose cached one differs, owned by its ResourceQuota as cached
-    /// (none yet: next pass, once the ResourceQuota's creation is seen).
+    /// (none yet: next pass, once the ResourceQuota's creation is seen), or by nothing where the
+    /// plan names no owner.
     async fn write_gates(&self, i: &Inputs, plan: &GatePlan, failures: &mut writes::Failures) -> Result<(), Error> {
         for g in plan.gates.values() {
-            let owner =
-                i.rqs.iter().find(|r| r.namespace().as_deref() == Some(&g.namespace) && r.name_any() == g.owner);
-            let Some(owner) = owner.filter(|o| o.metadata.uid.is_some()) else { continue };
+            let owner = match &g.owner {
+                None => None,
+                Some(name) => {
+                    let cached =
+                        i.rqs.iter().find(|r| r.namespace().as_deref() == Some(&g.namespace) && &r.name_any() == name);
+                    let Some(owner) = cached.filter(|o| o.metadata.uid.is_some()) else { continue };
+                    Some(owner)
+                }
+            };
             if self.gate_is_current(g, owner) {
                 continue;
             }
@@ -123,20 +134,37 @@ impl QuotaController {
         Ok(())
     }
 
-    fn gate_is_current(&self, g: &PlannedGate, owner: &ResourceQuota) -> bool {
+    fn gate_is_current(&self, g: &PlannedGate, owner: Option<&ResourceQuota>) -> bool {
         let cached: Vec<GpuQuotaGate> = self.gates.state().iter().map(|g| (**g).clone()).collect();
-        gate_is(&cached, g, Some(owner))
+        gate_is(&cached, g, owner)
     }
 
-    /// Sets or removes the namespace labels the plan changes; returns what failed (for every
-    /// quota's status: the labels say which namespaces are enforced). A merge patch, not an
-    /// apply: a namespace deleted meanwhile must not be made again.
+    /// Deletes the gates no quota wants any more (their namespace labelled open or closed);
+    /// returns what failed (a gate left behind admits nothing the label does not).
+    async fn delete_stale_gates(&self, plan: &GatePlan) -> Result<Vec<String>, Error> {
+        let mut failed = Vec::new();
+        for ns in &plan.stale_gates {
+            let api = Api::<GpuQuotaGate>::namespaced(self.client.clone(), ns);
+            info!(namespace = %ns, "deleting a GPU quota gate no quota wants");
+            if let Err(e) = self.writer().delete_counted(&api, GATE_NAME, &DeleteParams::default()).await? {
+                let gone = matches!(&e, kube::Error::Api(s) if s.code == 404);
+                if !gone {
+                    failed.push(format!("deleting GpuQuotaGate {GATE_NAME} in {ns}: {e}"));
+                }
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Sets the namespace labels the plan changes; returns what failed (for every quota's status:
+    /// the labels say which namespaces are enforced). A merge patch, not an apply: a namespace
+    /// deleted meanwhile must not be made again.
     async fn write_labels(&self, plan: &GatePlan) -> Result<Vec<String>, Error> {
         let mut failed = Vec::new();
         for (ns, value) in &plan.labels {
             let body = json!({"metadata": {"labels": {MARK: value}}});
             let api = Api::<Namespace>::all(self.client.clone());
-            info!(namespace = %ns, label = ?value, "labelling the namespace for GPU admission");
+            info!(namespace = %ns, label = %value, "labelling the namespace for GPU admission");
             if let Err(e) = self.writer().send_counted(&api, ns, Write::merge(&body)).await? {
                 warn!(namespace = %ns, error = %e, "could not label a namespace; retrying");
                 failed.push(format!("Namespace {ns} label {MARK}: {e}"));
@@ -145,7 +173,12 @@ impl QuotaController {
         Ok(failed)
     }
 
-    /// Deletes (where not yet deleted) and lets go of the held ResourceQuotas the plan releases.
+    /// Lets go of the held ResourceQuotas the plan releases (their finalizer), then deletes
+    /// those not yet deleted. In this order each write is sent against the version read: the
+    /// finalizer patch carries its resourceVersion, so one another controller added since is not
+    /// dropped, and a delete sent first would change that version. A crash between the two
+    /// leaves a stale ResourceQuota without the finalizer, which the next pass deletes (it is
+    /// still in force until then).
     async fn release(&self, i: &Inputs, plan: &GatePlan, failures: &mut writes::Failures) -> Result<(), Error> {
         for (ns, name) in &plan.releases {
             let Some(rq) = i.rqs.iter().find(|r| r.namespace().as_deref() == Some(ns) && &r.name_any() == name) else {
@@ -154,33 +187,56 @@ impl QuotaController {
             let quota = tessera_planner::quota::written_by(rq).unwrap_or_default().to_string();
             let api = Api::<ResourceQuota>::namespaced(self.client.clone(), ns);
             info!(namespace = %ns, name = %name, "letting go of a held ResourceQuota");
+            if rq.finalizers().iter().any(|f| f == IN_FORCE_FINALIZER) {
+                let kept: Vec<&String> = rq.finalizers().iter().filter(|f| *f != IN_FORCE_FINALIZER).collect();
+                let body = json!({"metadata": {"finalizers": kept, "resourceVersion": rq.resource_version()}});
+                if let Err(e) = self.writer().send_counted(&api, name, Write::merge(&body)).await? {
+                    if !matches!(&e, kube::Error::Api(s) if s.code == 404) {
+                        failures.entry(quota).or_default().push(format!("releasing ResourceQuota {name} in {ns}: {e}"));
+                    }
+                    continue;
+                }
+            }
             if rq.metadata.deletion_timestamp.is_none()
                 && let Err(e) = self.writer().delete_counted(&api, name, &DeleteParams::default()).await?
+                && !matches!(&e, kube::Error::Api(s) if s.code == 404)
             {
                 failures.entry(quota).or_default().push(format!("deleting ResourceQuota {name} in {ns}: {e}"));
-                continue;
-            }
-            let kept: Vec<&String> = rq.finalizers().iter().filter(|f| *f != IN_FORCE_FINALIZER).collect();
-            // The version read: a finalizer another controller added since is not dropped.
-            let body = json!({"metadata": {"finalizers": kept, "resourceVersion": rq.resource_version()}});
-            if let Err(e) = self.writer().send_counted(&api, name, Write::merge(&body)).await? {
-                let gone = matches!(&e, kube::Error::Api(s) if s.code == 404);
-                if !gone {
-                    failures.entry(quota).or_default().push(format!("releasing ResourceQuota {name} in {ns}: {e}"));
-                }
             }
         }
         Ok(())
     }
 }
 
+/// Each namespace a quota names, by the first quota (by name) naming it; quotas being deleted
+/// claim nothing (their ResourceQuotas are held until the namespace's new limits are in force).
+fn claimed(quotas: &[tessera_crds::TenantGpuQuota]) -> BTreeMap<String, String> {
+    let mut sorted: Vec<&tessera_crds::TenantGpuQuota> =
+        quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none()).collect();
+    sorted.sort_by_key(|q| q.name_any());
+    let mut out = BTreeMap::new();
+    for q in sorted {
+        for ns in &q.spec.namespaces {
+            out.entry(ns.clone()).or_insert_with(|| q.name_any());
+        }
+    }
+    out
+}
+
 /// The gate as applied: the planned spec, owned by its ResourceQuota (not as controller: the
 /// ResourceQuota's owner is the quota).
-fn gate_body(g: &PlannedGate, owner: &ResourceQuota) -> serde_json::Value {
+/// An ownerless gate is applied with no ownerReferences: the apply drops those it set before.
+fn gate_body(g: &PlannedGate, owner: Option<&ResourceQuota>) -> serde_json::Value {
+    let owners: Vec<serde_json::Value> = owner
+        .map(|o| {
+            json!({"apiVersion": "v1", "kind": "ResourceQuota", "name": o.name_any(),
+                "uid": o.metadata.uid, "blockOwnerDeletion": false})
+        })
+        .into_iter()
+        .collect();
     json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "GpuQuotaGate",
         "metadata": {"name": GATE_NAME, "namespace": g.namespace,
             "labels": {"app.kubernetes.io/managed-by": "tessera"},
-            "ownerReferences": [{"apiVersion": "v1", "kind": "ResourceQuota", "name": owner.name_any(),
-                "uid": owner.metadata.uid, "blockOwnerDeletion": false}]},
+            "ownerReferences": owners},
         "spec": g.spec})
 }

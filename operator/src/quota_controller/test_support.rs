@@ -36,6 +36,10 @@ impl QuotaController {
         Self {
             client,
             admission: super::QuotaAdmission::Params,
+            open: tessera_planner::quota::gates::open::OpenNamespaces::parse(
+                tessera_planner::quota::gates::open::DEFAULT_OPEN,
+            )
+            .expect("the default open list"),
             gates: reflector::store().0,
             gpu_pods: reflector::store().0,
             metrics,

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub mod charges;
 pub mod namespace;
+pub mod open;
 pub mod pass;
 
 use charges::Charges;

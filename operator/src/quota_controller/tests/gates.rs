@@ -53,49 +53,69 @@ fn requests(r: &Requests) -> Vec<(String, String, Value)> {
     r.lock().unwrap().clone()
 }
 
-#[tokio::test]
-async fn the_gate_is_written_owned_by_its_resource_quota_and_the_label_follows_once_it_is_seen() {
-    // A namespace still labelled `none` that a quota now claims: the label goes, the gate is written.
-    let (client, r) = recording_api(|_, _, _| None);
-    let _ = controller(client, Some("none"), vec![]).reconcile().await;
-    let reqs = requests(&r);
-    let gate = written(&reqs, GATE).expect("the gate applied");
-    assert_eq!(gate["metadata"]["ownerReferences"][0]["uid"], "rq-uid");
-    assert_eq!(gate["spec"]["state"], "Enforced");
-    let label = written(&reqs, NAMESPACE).expect("the none label removed");
-    assert_eq!(label["metadata"]["labels"]["tessera.dev/gpu-gate"], Value::Null);
+/// The gate as the API server would cache it after `written` (its body as applied).
+fn cached(written: &Value) -> GpuQuotaGate {
+    serde_json::from_value(json!({"metadata": {"name": "gpu", "namespace": "a",
+        "ownerReferences": written["metadata"]["ownerReferences"].clone()}, "spec": written["spec"].clone()}))
+    .unwrap()
+}
 
-    // Next pass: the gate as written is cached; the namespace is labelled tenant, the gate not rewritten.
-    let cached: GpuQuotaGate = serde_json::from_value(json!({"metadata": {"name": "gpu", "namespace": "a",
-        "ownerReferences": gate["metadata"]["ownerReferences"].clone()}, "spec": gate["spec"].clone()}))
-    .unwrap();
-    let (client, r) = recording_api(|_, _, _| None);
-    let _ = controller(client, None, vec![cached]).reconcile().await;
-    let reqs = requests(&r);
-    assert!(
-        written(&reqs, GATE).is_none(),
-        "current: {:?}",
-        reqs.iter().map(|(m, p, b)| format!("{m} {p} {b}")).collect::<Vec<_>>()
-    );
-    let dump: Vec<String> = reqs.iter().map(|(m, p, b)| format!("{m} {p} {b}")).collect();
-    assert_eq!(
-        written(&reqs, NAMESPACE).unwrap_or_else(|| panic!("labelled: {dump:?}"))["metadata"]["labels"]["tessera.dev/gpu-gate"],
-        "tenant"
-    );
+fn dump(reqs: &[(String, String, Value)]) -> Vec<String> {
+    reqs.iter().map(|(m, p, b)| format!("{m} {p} {b}")).collect()
 }
 
 #[tokio::test]
-async fn a_refused_gate_write_leaves_the_namespace_unlabelled_and_says_so_on_the_quota() {
-    let (client, r) = recording_api(|method, path, _| {
+async fn a_claimed_namespace_goes_joining_then_tenant_once_its_gate_owned_by_its_resource_quota_is_seen() {
+    // A namespace labelled `open` that a quota now claims: straight to joining, and a first gate
+    // that binds nothing (the pod cache may lag the label).
+    let (client, r) = recording_api(|_, _, _| None);
+    let _ = controller(client, Some("open"), vec![]).reconcile().await;
+    let reqs = requests(&r);
+    let first = written(&reqs, GATE).expect("the gate applied");
+    assert_eq!(first["metadata"]["ownerReferences"][0]["uid"], "rq-uid");
+    assert_eq!(first["spec"]["state"], "Enforced");
+    assert_eq!(first["spec"]["blockAllBindings"], true, "{first}");
+    let label = written(&reqs, NAMESPACE).expect("labelled");
+    assert_eq!(label["metadata"]["labels"]["tessera.dev/gpu-gate"], "joining");
+
+    // Seen joining: the gate is written without the block; not yet tenant (the cached gate is the first one).
+    let (client, r) = recording_api(|_, _, _| None);
+    let _ = controller(client, Some("joining"), vec![cached(first)]).reconcile().await;
+    let reqs = requests(&r);
+    let second = written(&reqs, GATE).unwrap_or_else(|| panic!("rewritten: {:?}", dump(&reqs)));
+    assert_eq!(second["spec"].get("blockAllBindings"), None, "{second}");
+    assert!(written(&reqs, NAMESPACE).is_none(), "not tenant before its gate is seen: {:?}", dump(&reqs));
+
+    // The gate as written cached: tenant, the gate not rewritten.
+    let (client, r) = recording_api(|_, _, _| None);
+    let _ = controller(client, Some("joining"), vec![cached(second)]).reconcile().await;
+    let reqs = requests(&r);
+    assert!(written(&reqs, GATE).is_none(), "current: {:?}", dump(&reqs));
+    let label = written(&reqs, NAMESPACE).unwrap_or_else(|| panic!("labelled: {:?}", dump(&reqs)));
+    assert_eq!(label["metadata"]["labels"]["tessera.dev/gpu-gate"], "tenant");
+}
+
+#[tokio::test]
+async fn a_refused_gate_write_never_makes_the_namespace_tenant_and_says_so_on_the_quota() {
+    let refuse = |method: &str, path: &str, _: &Value| {
         (method == "PATCH" && path == GATE).then(|| {
             (422, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 422, "message": "refused"}))
         })
-    });
+    };
+    // Unlabelled: joining (closed to new GPU work; bindings wait for the missing gate).
+    let (client, r) = recording_api(refuse);
     let result = controller(client, None, vec![]).reconcile().await;
     assert!(matches!(result, Err(crate::Error::PartialPass(_))), "{result:?}");
     let reqs = requests(&r);
-    assert!(written(&reqs, NAMESPACE).is_none(), "no tenant label without the gate: {reqs:?}");
+    let label = written(&reqs, NAMESPACE).expect("labelled");
+    assert_eq!(label["metadata"]["labels"]["tessera.dev/gpu-gate"], "joining");
     let status = written(&reqs, "/apis/tessera.dev/v1alpha1/tenantgpuquotas/team-a/status").expect("status");
     let text = status.to_string();
     assert!(text.contains("GpuQuotaGate gpu in a: "), "{text}");
+    // Joining, its ResourceQuota in force, the gate still refused: never tenant.
+    let (client, r) = recording_api(refuse);
+    let _ = controller(client, Some("joining"), vec![]).reconcile().await;
+    let reqs = requests(&r);
+    assert!(written(&reqs, GATE).is_some(), "the gate write was tried");
+    assert!(written(&reqs, NAMESPACE).is_none(), "no tenant label without the gate: {:?}", dump(&reqs));
 }

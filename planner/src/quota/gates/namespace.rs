@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
-use tessera_crds::gate::{GateState, GpuClassListSpec, GpuQuotaGateSpec, MAX_BLOCKED};
+use tessera_crds::gate::{GateState, GpuClassListSpec, GpuQuotaGateSpec, MAX_BLOCKED, MAX_OVER, MAX_REASON};
 
 use super::charges::{claim_charges, pod_charges};
 use super::{Holder, blocked, over, usage, written_limits};
@@ -87,7 +87,7 @@ pub fn plan_namespace(i: &NamespaceInputs<'_>) -> NamespacePlan {
         let gate = GpuQuotaGateSpec {
             quota: i.quota.to_string(),
             state: GateState::Closed,
-            reason: why.to_string(),
+            reason: fit_reason(why.to_string()),
             limited,
             blocked_pods,
             block_all_bindings,
@@ -102,8 +102,9 @@ pub fn plan_namespace(i: &NamespaceInputs<'_>) -> NamespacePlan {
     let claims: Vec<&Holder> = i.claims.iter().collect();
     let (blocked_pods, block_all_bindings) = bounded(blocked(i.share, &pods));
     let (blocked_claims, block_all_allocations) = bounded(blocked(i.share, &claims));
-    let over: Vec<String> = over(i.share, &used).into_iter().collect();
-    let reason = if over.is_empty() {
+    // The share has at most as many keys as the quota lists resources (its schema's bound).
+    let over: Vec<String> = over(i.share, &used).into_iter().take(MAX_OVER).collect();
+    let mut reason = if over.is_empty() {
         format!("the share of TenantGpuQuota {} is enforced", i.quota)
     } else {
         format!(
@@ -113,10 +114,16 @@ pub fn plan_namespace(i: &NamespaceInputs<'_>) -> NamespacePlan {
             i.quota
         )
     };
+    if block_all_bindings || block_all_allocations {
+        reason = format!(
+            "more objects made before the namespace's limits counted them wait than a gate can name ({MAX_BLOCKED}), \
+             so none of the namespace's pods is bound or claims allocated until they are fewer; {reason}"
+        );
+    }
     let gate = GpuQuotaGateSpec {
         quota: i.quota.to_string(),
         state: GateState::Enforced,
-        reason,
+        reason: fit_reason(reason),
         classes: i.classes.iter().cloned().collect(),
         limited,
         over,
@@ -126,6 +133,20 @@ pub fn plan_namespace(i: &NamespaceInputs<'_>) -> NamespacePlan {
         block_all_allocations,
     };
     NamespacePlan { gate, limits: written_limits(i.share, i.shown, &holders) }
+}
+
+/// The reason cut to what a gate holds ([`MAX_REASON`] bytes, at a character boundary, ending
+/// in an ellipsis where cut): a quota's message or many keys past the share must not make the
+/// gate unwritable.
+pub fn fit_reason(reason: String) -> String {
+    if reason.len() <= MAX_REASON {
+        return reason;
+    }
+    let mut end = MAX_REASON - '…'.len_utf8();
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &reason[..end])
 }
 
 /// The names, or none and `true` past [`MAX_BLOCKED`] (then everything is blocked).

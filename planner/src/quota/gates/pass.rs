@@ -1,26 +1,38 @@
 //! Gates mode's decisions for one pass, from what the quota plan wants written and what the
-//! caches show ([`plan_gates`]): each tenant namespace's gate and ResourceQuota limits, the
-//! namespace labels to change, and the ResourceQuotas whose finalizer may go. Acting on it is the
-//! runtime's (`quota_controller::gates`); the order of the steps keeps every namespace closed or
-//! limited, never open:
-//! - a namespace is labelled `tenant` only once its ResourceQuota enforces the written limits and
-//!   its gate, owned by that ResourceQuota, is the planned one;
-//! - a namespace that a quota claims but that is not yet `tenant` loses a `none` label first (GPU
-//!   work waits);
+//! caches show ([`plan_gates`]): each claimed namespace's gate and ResourceQuota limits, the
+//! namespace labels to change, the ResourceQuotas whose finalizer may go and the gates no longer
+//! wanted. Acting on it is the runtime's (`quota_controller::gates`); the order of the steps
+//! keeps every claimed namespace closed or limited, never open:
+//! - a namespace a quota claims goes straight to `joining` from whatever it was (no new GPU
+//!   object; its gate, Deny while missing, decides bindings and allocations), and its first gate
+//!   binds and allocates nothing until the pass after the label is seen (the pod cache may not
+//!   yet hold a pod made a moment before);
+//! - a namespace is labelled `tenant` only from `joining`, once its ResourceQuota enforces the
+//!   written limits and its gate, owned by that ResourceQuota, is the planned one;
+//! - a claimed namespace whose quota writes no ResourceQuota there (invalid, names taken) gets a
+//!   Closed gate of its own (no owner) and is never labelled open;
+//! - a namespace no quota claims is labelled `open` (on the open list) or `closed`; its gate is
+//!   deleted once that label is seen;
 //! - a Tessera ResourceQuota being deleted or stale keeps its finalizer (it stays in force)
-//!   until the namespace is terminating, no quota claims it and it is labelled `none`, or the
-//!   namespace's own ResourceQuota enforces its limits and owns the gate.
+//!   until the namespace is terminating, no quota claims it and its label says so, or the
+//!   namespace's gate in force no longer needs it: the new ResourceQuota enforces and owns it,
+//!   the namespace's ownerless Closed gate is in force, or (the planned one deleted by hand) the
+//!   gate it owns has been written Closed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use kube_core::ResourceExt;
 use tessera_crds::conditions::{CONFLICT, STALLED, find};
-use tessera_crds::gate::{GpuQuotaGate, GpuQuotaGateSpec, IN_FORCE_FINALIZER, MARK, MARK_NONE, MARK_TENANT};
+use tessera_crds::gate::{
+    GateState, GpuQuotaGate, GpuQuotaGateSpec, IN_FORCE_FINALIZER, MARK, MARK_CLOSED, MARK_JOINING, MARK_OPEN,
+    MARK_TENANT,
+};
 use tessera_crds::quota::TenantGpuQuotaStatus;
 
 use super::Holder;
-use super::namespace::{NamespaceInputs, plan_namespace};
+use super::namespace::{NamespaceInputs, NamespacePlan, plan_namespace};
+use super::open::OpenNamespaces;
 use crate::quota::claims::{class_of_key, resource_of_class};
 use crate::quota::quantity::count;
 use crate::quota::stamp::enforces;
@@ -34,6 +46,11 @@ pub struct GateInputs<'a> {
     pub delete: &'a [Delete],
     /// The quota plan's statuses (a stalled or conflicting quota closes its namespaces).
     pub statuses: &'a BTreeMap<String, TenantGpuQuotaStatus>,
+    /// Every namespace a quota names, by the first quota (by name) naming it: invalid quotas and
+    /// quotas whose ResourceQuota names are taken included, so their namespaces stay closed.
+    pub claimed: &'a BTreeMap<String, String>,
+    /// The namespaces no quota claims that stay open to GPU work.
+    pub open: &'a OpenNamespaces,
     pub rqs: &'a [ResourceQuota],
     pub gates: &'a [GpuQuotaGate],
     pub namespaces: &'a [Namespace],
@@ -41,12 +58,13 @@ pub struct GateInputs<'a> {
     pub claims: &'a BTreeMap<String, Vec<Holder>>,
 }
 
-/// One tenant namespace's gate: the ResourceQuota that owns it and what it says.
+/// One claimed namespace's gate: the ResourceQuota that owns it and what it says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannedGate {
     pub namespace: String,
-    /// The ResourceQuota (its name) that owns the gate.
-    pub owner: String,
+    /// The ResourceQuota (its name) that owns the gate; `None` for the Closed gate of a
+    /// namespace whose quota writes no ResourceQuota there (the operator deletes it).
+    pub owner: Option<String>,
     pub spec: GpuQuotaGateSpec,
 }
 
@@ -57,16 +75,20 @@ pub struct GatePlan {
     pub limits: BTreeMap<(String, String), BTreeMap<String, String>>,
     /// The gates, by namespace.
     pub gates: BTreeMap<String, PlannedGate>,
-    /// Namespace labels that must change: `Some(value)` to set, `None` to remove.
-    pub labels: BTreeMap<String, Option<&'static str>>,
-    /// Tessera ResourceQuotas (namespace, name) to delete and let go of (their finalizer).
+    /// Namespace labels that must change, to the value given (the operator never removes one).
+    pub labels: BTreeMap<String, &'static str>,
+    /// Tessera ResourceQuotas (namespace, name) to let go of (their finalizer) and delete.
     pub releases: Vec<(String, String)>,
+    /// Namespaces whose gate is no longer wanted (no quota claims them; their label says so).
+    pub stale_gates: Vec<String>,
 }
 
 /// The pass's gate decisions (see the module).
 pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
     let mut out = GatePlan::default();
     let rq = |ns: &str, name: &str| i.rqs.iter().find(|r| r.namespace().as_deref() == Some(ns) && r.name_any() == name);
+    let live = |ns: &str| i.namespaces.iter().find(|n| n.name_any() == ns && n.metadata.deletion_timestamp.is_none());
+    let label = |ns: &str| live(ns).and_then(|n| n.labels().get(MARK)).map(String::as_str);
     let no_holders = Vec::new();
     for a in i.apply {
         if out.gates.contains_key(&a.namespace) {
@@ -85,7 +107,11 @@ pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
             .filter(|c| resource_of_class(c).is_some())
             .map(String::from)
             .collect();
-        let closed = closed_by(i.statuses.get(&a.quota));
+        // Deleted by hand: its gate is closed before it is let go (it is written anew after).
+        let deleting = current
+            .is_some_and(|r| r.metadata.deletion_timestamp.is_some())
+            .then(|| format!("its ResourceQuota {} is being deleted; GPU work waits until it is written anew", a.name));
+        let closed = closed_by(i.statuses.get(&a.quota)).or(deleting);
         let planned = plan_namespace(&NamespaceInputs {
             quota: &a.quota,
             closed: closed.as_deref(),
@@ -97,30 +123,82 @@ pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
         });
         let limits = planned.limits.iter().map(|(k, n)| (k.clone(), n.to_string())).collect();
         out.limits.insert((a.namespace.clone(), a.name.clone()), limits);
+        let spec = joined(planned, label(&a.namespace), &a.quota);
         out.gates.insert(
             a.namespace.clone(),
-            PlannedGate { namespace: a.namespace.clone(), owner: a.name.clone(), spec: planned.gate },
+            PlannedGate { namespace: a.namespace.clone(), owner: Some(a.name.clone()), spec },
         );
+    }
+    for (ns, quota) in i.claimed {
+        if out.gates.contains_key(ns) || live(ns).is_none() {
+            continue;
+        }
+        let why = closed_by(i.statuses.get(quota)).unwrap_or_else(|| {
+            format!("TenantGpuQuota {quota} names the namespace but writes no ResourceQuota in it (see its status)")
+        });
+        let planned = plan_namespace(&NamespaceInputs {
+            quota,
+            closed: Some(&why),
+            share: &BTreeMap::new(),
+            shown: None,
+            pods: i.pods.get(ns).unwrap_or(&no_holders),
+            claims: i.claims.get(ns).unwrap_or(&no_holders),
+            classes: &BTreeSet::new(),
+        });
+        let spec = joined(planned, label(ns), quota);
+        out.gates.insert(ns.clone(), PlannedGate { namespace: ns.clone(), owner: None, spec });
     }
     for ns in i.namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
         let name = ns.name_any();
         let label = ns.labels().get(MARK).map(String::as_str);
         let want = match out.gates.get(&name) {
-            None => Some(MARK_NONE),
-            Some(g) => {
-                let enforced = rq(&name, &g.owner)
-                    .zip(out.limits.get(&(name.clone(), g.owner.clone())))
-                    .is_some_and(|(r, limits)| enforces(r, limits));
-                let gated = gate_is(i.gates, g, rq(&name, &g.owner));
-                if (enforced && gated) || label == Some(MARK_TENANT) { Some(MARK_TENANT) } else { None }
-            }
+            None if i.open.contains(&name) => MARK_OPEN,
+            None => MARK_CLOSED,
+            Some(_) if label == Some(MARK_TENANT) => MARK_TENANT,
+            Some(g) if label == Some(MARK_JOINING) && in_force(i, g, &out) => MARK_TENANT,
+            Some(_) => MARK_JOINING,
         };
-        if want != label {
+        if Some(want) != label {
             out.labels.insert(name, want);
         }
     }
     out.releases = releases(i, &out);
+    out.stale_gates = i
+        .gates
+        .iter()
+        .filter_map(|g| g.namespace())
+        .filter(|ns| !out.gates.contains_key(ns))
+        .filter(|ns| matches!(label(ns), Some(MARK_OPEN | MARK_CLOSED)))
+        .collect();
     out
+}
+
+/// The planned gate as written for a namespace labelled `label`: one not yet seen joining (or in
+/// force) binds and allocates nothing.
+fn joined(planned: NamespacePlan, label: Option<&str>, quota: &str) -> GpuQuotaGateSpec {
+    let mut gate = planned.gate;
+    if !matches!(label, Some(MARK_JOINING | MARK_TENANT)) {
+        gate.block_all_bindings = true;
+        gate.block_all_allocations = true;
+        gate.reason = super::namespace::fit_reason(format!(
+            "the namespace is joining TenantGpuQuota {quota}: nothing is bound or allocated until the operator has \
+             seen it join (a pass); then {}",
+            gate.reason
+        ));
+    }
+    gate
+}
+
+/// Whether a namespace's ResourceQuota enforces the written limits and its gate is the planned
+/// one, owned by it: its limits are in force.
+fn in_force(i: &GateInputs<'_>, g: &PlannedGate, plan: &GatePlan) -> bool {
+    let Some(owner) = &g.owner else { return false };
+    let Some(r) = i.rqs.iter().find(|r| r.namespace().as_deref() == Some(&g.namespace) && &r.name_any() == owner)
+    else {
+        return false;
+    };
+    plan.limits.get(&(g.namespace.clone(), owner.clone())).is_some_and(|l| enforces(r, l))
+        && gate_is(i.gates, g, Some(r))
 }
 
 /// Why a quota's namespaces are closed: it is stalled (an invalid spec) or in conflict.
@@ -133,13 +211,40 @@ fn closed_by(status: Option<&TenantGpuQuotaStatus>) -> Option<String> {
         .map(|c| format!("{} ({})", c.message, c.reason))
 }
 
-/// Whether a cached gate is the planned one, owned by `owner` (as cached, with its UID).
+/// Whether a cached gate is the planned one, owned by `owner` as cached (with its UID), or by
+/// nothing where the plan names no owner.
 pub fn gate_is(gates: &[GpuQuotaGate], planned: &PlannedGate, owner: Option<&ResourceQuota>) -> bool {
-    let Some(uid) = owner.and_then(|o| o.metadata.uid.as_deref()) else { return false };
-    gates.iter().any(|g| {
+    cached_gate(gates, planned, owner).is_some_and(|g| g.spec == planned.spec)
+}
+
+/// The namespace's cached gate, where its owner is the planned one (see [`gate_is`]).
+fn cached_gate<'g>(
+    gates: &'g [GpuQuotaGate],
+    planned: &PlannedGate,
+    owner: Option<&ResourceQuota>,
+) -> Option<&'g GpuQuotaGate> {
+    let uid = match (&planned.owner, owner) {
+        (None, _) => None,
+        (Some(_), Some(o)) => Some(o.metadata.uid.as_deref()?),
+        (Some(_), None) => return None,
+    };
+    gates.iter().find(|g| {
+        let owners = g.owner_references();
         g.namespace().as_deref() == Some(&planned.namespace)
-            && g.spec == planned.spec
-            && g.owner_references().iter().any(|o| o.uid == uid && o.kind == "ResourceQuota")
+            && match uid {
+                Some(uid) => owners.iter().any(|o| o.uid == uid && o.kind == "ResourceQuota"),
+                None => owners.is_empty(),
+            }
+    })
+}
+
+/// Whether the cached gate says what the planned one says about admission (its quota, state,
+/// classes and resources): its lists of blocked objects and keys past the share may lag, as
+/// pods come and go, without keeping a held ResourceQuota.
+fn gate_holds(gates: &[GpuQuotaGate], planned: &PlannedGate, owner: Option<&ResourceQuota>) -> bool {
+    cached_gate(gates, planned, owner).is_some_and(|g| {
+        let (c, p) = (&g.spec, &planned.spec);
+        c.quota == p.quota && c.state == p.state && c.classes == p.classes && c.limited == p.limited
     })
 }
 
@@ -159,22 +264,25 @@ fn releases(i: &GateInputs<'_>, plan: &GatePlan) -> Vec<(String, String)> {
         }
         let namespace = i.namespaces.iter().find(|n| n.name_any() == ns);
         let terminating = namespace.is_none_or(|n| n.metadata.deletion_timestamp.is_some());
-        let free = !plan.gates.contains_key(&ns)
-            && namespace.and_then(|n| n.labels().get(MARK)).map(String::as_str) == Some(MARK_NONE);
+        let label = namespace.and_then(|n| n.labels().get(MARK)).map(String::as_str);
+        let free = !plan.gates.contains_key(&ns) && matches!(label, Some(MARK_OPEN | MARK_CLOSED));
         let replaced = match plan.gates.get(&ns) {
             None => false,
-            // The planned one, deleted by hand: released, it is written anew (the gate it owned
-            // goes with it, and the namespace stays closed meanwhile: its gate bindings deny).
-            Some(g) if g.owner == name => deleting,
+            // The planned one, deleted by hand: let go once the gate it owns is written Closed
+            // (its share is written anew after; the namespace stays closed meanwhile).
+            Some(g) if g.owner.as_deref() == Some(name.as_str()) => {
+                deleting && g.spec.state == GateState::Closed && gate_holds(i.gates, g, Some(r))
+            }
+            // The namespace's ownerless Closed gate in force: nothing is admitted there.
+            Some(g) if g.owner.is_none() => gate_holds(i.gates, g, None),
             // Another: once the namespace's own ResourceQuota enforces its limits and owns the gate.
             Some(g) => {
-                i.rqs.iter().find(|o| o.namespace().as_deref() == Some(&ns) && o.name_any() == g.owner).is_some_and(
-                    |o| {
-                        o.metadata.deletion_timestamp.is_none()
-                            && plan.limits.get(&(ns.clone(), g.owner.clone())).is_some_and(|l| enforces(o, l))
-                            && gate_is(i.gates, g, Some(o))
-                    },
-                )
+                let owner = g.owner.as_deref().unwrap_or_default();
+                i.rqs.iter().find(|o| o.namespace().as_deref() == Some(&ns) && o.name_any() == owner).is_some_and(|o| {
+                    o.metadata.deletion_timestamp.is_none()
+                        && plan.limits.get(&(ns.clone(), owner.to_string())).is_some_and(|l| enforces(o, l))
+                        && gate_holds(i.gates, g, Some(o))
+                })
             }
         };
         if terminating || free || replaced {

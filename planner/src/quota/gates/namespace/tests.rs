@@ -73,12 +73,31 @@ fn past_the_bound_every_binding_is_blocked() {
     let plan = plan_namespace(&inputs(&share, &holders, &classes));
     assert!(plan.gate.block_all_bindings);
     assert!(plan.gate.blocked_pods.is_empty());
+    assert!(plan.gate.reason.contains("than a gate can name (256)"), "the refusal says why: {}", plan.gate.reason);
     // At the bound exactly, names are listed.
     let pods: Vec<Pod> = (0..(MAX_BLOCKED as u32 + 1)).map(|i| gpu_pod(&format!("p{i:04}"), i, None)).collect();
     let holders = pod_holders(&pods);
     let plan = plan_namespace(&inputs(&share, &holders, &classes));
     assert!(!plan.gate.block_all_bindings);
     assert_eq!(plan.gate.blocked_pods.len(), MAX_BLOCKED);
+}
+
+#[test]
+fn a_long_reason_is_cut_to_what_a_gate_holds() {
+    use tessera_crds::gate::MAX_REASON;
+    let classes = BTreeSet::new();
+    let share = share(1);
+    let mut i = inputs(&share, &[], &classes);
+    // Multi-byte characters across the cut: it lands on a character boundary.
+    let why = "é".repeat(MAX_REASON);
+    i.closed = Some(&why);
+    let reason = plan_namespace(&i).gate.reason;
+    assert!(reason.len() <= MAX_REASON, "{}", reason.len());
+    assert!(reason.ends_with('…') && reason.starts_with("éé"), "{reason}");
+    // One that fits is kept whole.
+    i.closed = Some("short");
+    assert_eq!(plan_namespace(&i).gate.reason, "short");
+    assert_eq!(super::fit_reason("x".repeat(MAX_REASON)).len(), MAX_REASON, "exactly the bound is kept");
 }
 
 #[test]

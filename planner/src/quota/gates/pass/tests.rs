@@ -6,6 +6,8 @@ use tessera_crds::gate::{GateState, GpuQuotaGate, IN_FORCE_FINALIZER};
 use tessera_crds::quota::TenantGpuQuotaStatus;
 
 use super::{GateInputs, GatePlan, plan_gates};
+use crate::quota::gates::Holder;
+use crate::quota::gates::open::OpenNamespaces;
 use crate::quota::{Apply, Delete};
 
 const KEY: &str = "requests.nvidia.com/gpu";
@@ -59,7 +61,20 @@ fn gate_of(plan: &GatePlan, namespace: &str, quota: &str) -> GpuQuotaGate {
     .unwrap()
 }
 
+/// The gate `plan` wants in `namespace`, as cached, owned by nothing.
+fn ownerless_gate_of(plan: &GatePlan, namespace: &str) -> GpuQuotaGate {
+    let spec = serde_json::to_value(&plan.gates[namespace].spec).unwrap();
+    serde_json::from_value(json!({"metadata": {"name": "gpu", "namespace": namespace}, "spec": spec})).unwrap()
+}
+
+fn holder(name: &str, created: &str, n: i64, placed: bool) -> Holder {
+    Holder { name: name.into(), created: created.into(), charges: [(KEY.to_string(), n)].into(), placed }
+}
+
 struct World {
+    claimed: BTreeMap<String, String>,
+    open: OpenNamespaces,
+    pods: BTreeMap<String, Vec<Holder>>,
     apply: Vec<Apply>,
     delete: Vec<Delete>,
     statuses: BTreeMap<String, TenantGpuQuotaStatus>,
@@ -75,43 +90,93 @@ impl World {
             apply: &self.apply,
             delete: &self.delete,
             statuses: &self.statuses,
+            claimed: &self.claimed,
+            open: &self.open,
             rqs: &self.rqs,
             gates: &self.gates,
             namespaces: &self.namespaces,
-            pods: &none,
+            pods: &self.pods,
             claims: &none,
         })
     }
 }
 
+/// The quota plan's `apply`, its quotas claiming what they apply to; `open` the open list.
 fn world(apply: Vec<Apply>, rqs: Vec<ResourceQuota>, namespaces: Vec<Namespace>) -> World {
-    World { apply, delete: vec![], statuses: BTreeMap::new(), rqs, gates: vec![], namespaces }
+    let claimed = apply.iter().map(|a| (a.namespace.clone(), a.quota.clone())).collect();
+    World {
+        claimed,
+        open: OpenNamespaces::parse("free").unwrap(),
+        pods: BTreeMap::new(),
+        apply,
+        delete: vec![],
+        statuses: BTreeMap::new(),
+        rqs,
+        gates: vec![],
+        namespaces,
+    }
 }
 
 #[test]
-fn a_namespace_no_quota_claims_is_labelled_none_and_a_claimed_one_loses_none_first() {
-    let w = world(vec![apply("a", "team-a", 2)], vec![], vec![ns("a", Some("none"), false), ns("free", None, false)]);
+fn an_unclaimed_namespace_is_open_only_on_the_open_list_and_a_claimed_one_goes_straight_to_joining() {
+    let w = world(
+        vec![apply("a", "team-a", 2)],
+        vec![],
+        vec![ns("a", Some("open"), false), ns("free", None, false), ns("made-by-a-tenant", None, false)],
+    );
     let plan = w.plan();
-    assert_eq!(plan.labels.get("free"), Some(&Some("none")));
-    assert_eq!(plan.labels.get("a"), Some(&None), "GPU work waits until the limits are in force");
+    assert_eq!(plan.labels.get("free"), Some(&"open"));
+    assert_eq!(plan.labels.get("made-by-a-tenant"), Some(&"closed"), "not on the open list: closed, not open");
+    assert_eq!(plan.labels.get("a"), Some(&"joining"), "from open to joining in one write: never unlabelled");
     assert_eq!(plan.gates["a"].spec.state, GateState::Enforced);
     assert_eq!(plan.limits[&("a".to_string(), "tessera-team-a".to_string())][KEY], "2");
+    // The same from no label and from closed.
+    for from in [None, Some("closed")] {
+        let w = world(vec![apply("a", "team-a", 2)], vec![], vec![ns("a", from, false)]);
+        assert_eq!(w.plan().labels.get("a"), Some(&"joining"), "from {from:?}");
+    }
 }
 
 #[test]
-fn a_namespace_is_labelled_tenant_only_once_its_resource_quota_enforces_and_owns_the_current_gate() {
-    // Written but not in force: no label.
-    let w = world(vec![apply("a", "team-a", 2)], vec![rq("a", "team-a", 2, false, false)], vec![ns("a", None, false)]);
+fn a_gate_written_before_the_namespace_is_seen_joining_binds_and_allocates_nothing() {
+    // A pod made a moment before the label changed may not be in the cache yet: the first gate
+    // blocks every binding; once the cached namespace shows `joining`, the gate names the pods.
+    let mut w = world(vec![apply("a", "team-a", 1)], vec![], vec![ns("a", Some("open"), false)]);
+    w.pods.insert(
+        "a".into(),
+        vec![holder("p1", "2026-01-01T00:00:01Z", 1, false), holder("p2", "2026-01-01T00:00:02Z", 1, false)],
+    );
+    let gate = &w.plan().gates["a"].spec;
+    assert!(gate.block_all_bindings && gate.block_all_allocations, "{gate:?}");
+    assert!(gate.reason.contains("joining TenantGpuQuota team-a"), "{}", gate.reason);
+    w.namespaces = vec![ns("a", Some("joining"), false)];
+    let gate = &w.plan().gates["a"].spec;
+    assert!(!gate.block_all_bindings && !gate.block_all_allocations);
+    assert_eq!(gate.blocked_pods, vec!["p2".to_string()], "the first made fits the share of 1");
+}
+
+#[test]
+fn a_namespace_is_labelled_tenant_only_from_joining_once_its_resource_quota_enforces_and_owns_the_current_gate() {
+    let joining = || vec![ns("a", Some("joining"), false)];
+    // Written but not in force: stays joining.
+    let w = world(vec![apply("a", "team-a", 2)], vec![rq("a", "team-a", 2, false, false)], joining());
     assert!(w.plan().labels.is_empty(), "{:?}", w.plan().labels);
-    // In force, but no gate yet: no label.
-    let mut w =
-        world(vec![apply("a", "team-a", 2)], vec![rq("a", "team-a", 2, true, false)], vec![ns("a", None, false)]);
+    // In force, but no gate yet: stays joining.
+    let mut w = world(vec![apply("a", "team-a", 2)], vec![rq("a", "team-a", 2, true, false)], joining());
     assert!(w.plan().labels.is_empty());
     // The planned gate, owned by it: tenant.
     let plan = w.plan();
     w.gates = vec![gate_of(&plan, "a", "team-a")];
-    assert_eq!(w.plan().labels.get("a"), Some(&Some("tenant")));
-    // A stale gate (another spec) owned by it: no label yet.
+    assert_eq!(w.plan().labels.get("a"), Some(&"tenant"));
+    // The same, but the namespace not yet seen joining (open): joining first, never straight to tenant.
+    let mut from_open = world(
+        vec![apply("a", "team-a", 2)],
+        vec![rq("a", "team-a", 2, true, false)],
+        vec![ns("a", Some("open"), false)],
+    );
+    from_open.gates = vec![gate_of(&from_open.plan(), "a", "team-a")];
+    assert_eq!(from_open.plan().labels.get("a"), Some(&"joining"));
+    // A stale gate (another spec) owned by it: stays joining.
     let mut stale = gate_of(&plan, "a", "team-a");
     stale.spec.limited = vec!["nvidia.com/mig-1g.10gb".into()];
     w.gates = vec![stale];
@@ -119,6 +184,54 @@ fn a_namespace_is_labelled_tenant_only_once_its_resource_quota_enforces_and_owns
     // Once tenant, a gate being rewritten keeps the label (the gate and ResourceQuota hold).
     w.namespaces = vec![ns("a", Some("tenant"), false)];
     assert!(w.plan().labels.is_empty());
+}
+
+#[test]
+fn a_namespace_claimed_by_a_quota_that_writes_no_resource_quota_gets_an_ownerless_closed_gate_never_open() {
+    // An invalid quota (or one whose ResourceQuota names are taken) plans no ResourceQuota.
+    let mut w = world(vec![], vec![], vec![ns("a", Some("open"), false)]);
+    w.claimed.insert("a".into(), "team-a".into());
+    w.open = OpenNamespaces::parse("a").unwrap();
+    w.pods.insert("a".into(), vec![holder("early", "2026-01-01T00:00:01Z", 1, false)]);
+    let plan = w.plan();
+    assert_eq!(plan.labels.get("a"), Some(&"joining"), "claimed: never open, even on the open list");
+    let g = &plan.gates["a"];
+    assert_eq!(g.owner, None);
+    assert_eq!(g.spec.state, GateState::Closed);
+    assert!(
+        g.spec.reason.contains("TenantGpuQuota team-a names the namespace but writes no ResourceQuota"),
+        "{}",
+        g.spec.reason
+    );
+    assert!(plan.limits.is_empty());
+    // Seen joining: the gate names the unbound GPU pod (CPU pods still bind).
+    w.namespaces = vec![ns("a", Some("joining"), false)];
+    let plan = w.plan();
+    assert_eq!(plan.gates["a"].spec.blocked_pods, vec!["early".to_string()]);
+    assert!(!plan.gates["a"].spec.block_all_bindings);
+    // It stays joining: never tenant without a ResourceQuota.
+    w.gates = vec![ownerless_gate_of(&plan, "a")];
+    assert!(w.plan().labels.is_empty(), "{:?}", w.plan().labels);
+    // Its old ResourceQuota (the quota was valid before), stale now, is let go once the Closed gate holds.
+    w.rqs = vec![rq("a", "team-a", 2, true, false)];
+    w.delete = vec![Delete { namespace: "a".into(), name: "tessera-team-a".into(), quota: "team-a".into() }];
+    assert_eq!(w.plan().releases, vec![("a".to_string(), "tessera-team-a".to_string())]);
+    w.gates = vec![];
+    assert!(w.plan().releases.is_empty(), "not before the Closed gate is in force");
+}
+
+#[test]
+fn a_gate_no_quota_wants_is_deleted_once_the_namespace_is_labelled_open_or_closed() {
+    let mut w = world(vec![], vec![], vec![ns("a", Some("tenant"), false)]);
+    let mut claimed = world(vec![], vec![], vec![ns("a", Some("tenant"), false)]);
+    claimed.claimed.insert("a".into(), "team-a".into());
+    w.gates = vec![ownerless_gate_of(&claimed.plan(), "a")];
+    assert!(w.plan().stale_gates.is_empty(), "still labelled tenant");
+    assert_eq!(w.plan().labels.get("a"), Some(&"closed"));
+    w.namespaces = vec![ns("a", Some("closed"), false)];
+    assert_eq!(w.plan().stale_gates, vec!["a".to_string()]);
+    claimed.namespaces = vec![ns("a", Some("closed"), false)];
+    assert!(claimed.plan().stale_gates.is_empty(), "a claimed namespace keeps its gate");
 }
 
 #[test]
@@ -136,13 +249,13 @@ fn a_renamed_quota_s_resource_quota_is_held_until_the_new_one_enforces_and_owns_
 }
 
 #[test]
-fn an_unclaimed_namespace_is_labelled_none_before_its_resource_quota_is_let_go() {
+fn an_unclaimed_namespace_is_labelled_open_or_closed_before_its_resource_quota_is_let_go() {
     let old = rq("a", "team-a", 2, true, true);
     let mut w = world(vec![], vec![old], vec![ns("a", Some("tenant"), false)]);
     let plan = w.plan();
-    assert_eq!(plan.labels.get("a"), Some(&Some("none")));
+    assert_eq!(plan.labels.get("a"), Some(&"closed"));
     assert!(plan.releases.is_empty(), "still labelled tenant: its gate bindings read the gate it owns");
-    w.namespaces = vec![ns("a", Some("none"), false)];
+    w.namespaces = vec![ns("a", Some("closed"), false)];
     assert_eq!(w.plan().releases, vec![("a".to_string(), "tessera-team-a".to_string())]);
 }
 
@@ -155,12 +268,30 @@ fn a_terminating_namespace_lets_go_at_once_and_is_not_labelled() {
 }
 
 #[test]
-fn the_planned_resource_quota_deleted_by_hand_is_let_go_to_be_written_anew() {
-    let w = world(
+fn the_planned_resource_quota_deleted_by_hand_closes_its_gate_before_it_is_let_go() {
+    let mut w = world(
         vec![apply("a", "team-a", 2)],
         vec![rq("a", "team-a", 2, true, true)],
         vec![ns("a", Some("tenant"), false)],
     );
+    // Its Enforced gate, cached: the gate goes Closed first, the ResourceQuota is kept.
+    let enforced = {
+        let mut live = world(
+            vec![apply("a", "team-a", 2)],
+            vec![rq("a", "team-a", 2, true, false)],
+            vec![ns("a", Some("tenant"), false)],
+        );
+        live.gates = vec![];
+        gate_of(&live.plan(), "a", "team-a")
+    };
+    assert_eq!(enforced.spec.state, GateState::Enforced);
+    w.gates = vec![enforced];
+    let plan = w.plan();
+    assert_eq!(plan.gates["a"].spec.state, GateState::Closed);
+    assert!(plan.gates["a"].spec.reason.contains("is being deleted"), "{}", plan.gates["a"].spec.reason);
+    assert!(plan.releases.is_empty(), "its Enforced gate still admits: kept until the gate is Closed");
+    // The Closed gate cached: let go (written anew once gone).
+    w.gates = vec![gate_of(&plan, "a", "team-a")];
     assert_eq!(w.plan().releases, vec![("a".to_string(), "tessera-team-a".to_string())]);
     // Not being deleted: kept.
     let w = world(
@@ -169,6 +300,23 @@ fn the_planned_resource_quota_deleted_by_hand_is_let_go_to_be_written_anew() {
         vec![ns("a", Some("tenant"), false)],
     );
     assert!(w.plan().releases.is_empty());
+}
+
+#[test]
+fn a_renamed_quota_s_resource_quota_is_let_go_while_the_new_gate_s_blocked_lists_churn() {
+    let old = rq("a", "team-a", 2, true, true);
+    let mut w = world(
+        vec![apply("a", "team-a2", 2)],
+        vec![old, rq("a", "team-a2", 2, true, false)],
+        vec![ns("a", Some("tenant"), false)],
+    );
+    let mut churned = gate_of(&w.plan(), "a", "team-a2");
+    churned.spec.blocked_pods = vec!["a-pod-since-deleted".into()];
+    w.gates = vec![churned.clone()];
+    assert_eq!(w.plan().releases.len(), 1, "the blocked list lags; the share and the resources are the planned ones");
+    churned.spec.state = GateState::Closed;
+    w.gates = vec![churned];
+    assert!(w.plan().releases.is_empty(), "a gate saying something else about admission does not replace it");
 }
 
 #[test]

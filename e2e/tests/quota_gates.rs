@@ -106,6 +106,19 @@ async fn gates_admit_within_them_and_only_the_operator_writes_them() {
     let msg = refused(&fresh_claims, &claim("c", "fpga.example.com")).await.expect("claims wait too");
     assert!(msg.contains("claims wait until the operator"), "{msg}");
 
+    // The guard in force (policies load one by one): an admin's gate write is refused.
+    let mut n = 0;
+    wait_for("the guard in force", T, || {
+        n += 1;
+        let (gates, name) = (Api::<GpuQuotaGate>::namespaced(admin.clone(), "fresh"), format!("probe-{n}"));
+        async move {
+            let mut probe = gate(json!({"quota": "x", "state": "Closed", "reason": "probe"}));
+            probe.metadata.name = Some(name);
+            refused(&gates, &probe).await.filter(|m| m.contains("written by the Tessera operator only"))
+        }
+    })
+    .await
+    .unwrap();
     // The label is the operator's: refused to the admin and to a tenant, set by the operator.
     let msg = label(&admin, "open", Some("open")).await.unwrap_err().to_string();
     assert!(msg.contains("metadata.labels[tessera.dev/gpu-gate]: set by the Tessera operator only"), "{msg}");

@@ -148,20 +148,7 @@ pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
         let spec = joined(planned, label(ns), quota);
         out.gates.insert(ns.clone(), PlannedGate { namespace: ns.clone(), owner: None, spec });
     }
-    for ns in i.namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
-        let name = ns.name_any();
-        let label = ns.labels().get(MARK).map(String::as_str);
-        let want = match out.gates.get(&name) {
-            None if i.open.contains(&name) => MARK_OPEN,
-            None => MARK_CLOSED,
-            Some(_) if label == Some(MARK_TENANT) => MARK_TENANT,
-            Some(g) if label == Some(MARK_JOINING) && in_force(i, g, &out) => MARK_TENANT,
-            Some(_) => MARK_JOINING,
-        };
-        if Some(want) != label {
-            out.labels.insert(name, want);
-        }
-    }
+    out.labels = labels(i, &out);
     out.releases = releases(i, &out);
     out.stale_gates = i
         .gates
@@ -171,6 +158,27 @@ pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
         .filter(|ns| matches!(label(ns), Some(MARK_OPEN | MARK_CLOSED)))
         .collect();
     out
+}
+
+/// The labels that must change (see the module): unclaimed namespaces open or closed, claimed
+/// ones joining, tenant only from joining once in force.
+fn labels(i: &GateInputs<'_>, plan: &GatePlan) -> BTreeMap<String, &'static str> {
+    let mut labels = BTreeMap::new();
+    for ns in i.namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()) {
+        let name = ns.name_any();
+        let label = ns.labels().get(MARK).map(String::as_str);
+        let want = match plan.gates.get(&name) {
+            None if i.open.contains(&name) => MARK_OPEN,
+            None => MARK_CLOSED,
+            Some(_) if label == Some(MARK_TENANT) => MARK_TENANT,
+            Some(g) if label == Some(MARK_JOINING) && in_force(i, g, plan) => MARK_TENANT,
+            Some(_) => MARK_JOINING,
+        };
+        if Some(want) != label {
+            labels.insert(name, want);
+        }
+    }
+    labels
 }
 
 /// The planned gate as written for a namespace labelled `label`: one not yet seen joining (or in

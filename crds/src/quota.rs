@@ -32,11 +32,19 @@ const RESOURCE_MAP_MESSAGE: &str =
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(NAMESPACES_RULE).message(NAMESPACES_MESSAGE))]
 pub struct TenantGpuQuotaSpec {
-    /// The tenant's namespaces. A namespace may belong to one quota only.
-    #[x_kube(validation = kube::core::Rule::new("size(self) > 0").message("at least one namespace is required"))]
-    #[schemars(extend("maxItems" = 64, "items" = {"type": "string", "maxLength": 63}))]
+    /// The tenant's namespaces by name. A namespace may belong to one quota only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 4096, "items" = {"type": "string", "maxLength": 63}))]
     pub namespaces: Vec<String>,
+    /// The tenant's namespaces by label, besides those named: every namespace whose labels
+    /// match, followed as namespaces come, go and are relabelled. A namespace matched by two
+    /// quotas is a Conflict on both. Select by a label tenants cannot set on namespaces (one
+    /// their platform sets, e.g. Capsule's or a vCluster host's): whoever can label a namespace
+    /// can move it into the quota. Not with `split: Explicit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
     /// Hard limits for the whole tenant: `nvidia.com/gpu` and `nvidia.com/mig-<profile>` counts.
     #[x_kube(validation = kube::core::Rule::new(RESOURCE_MAP_RULE).message(RESOURCE_MAP_MESSAGE))]
     #[schemars(extend("maxProperties" = 64))]
@@ -261,3 +269,7 @@ pub struct NamespaceUsage {
     #[serde(default)]
     pub used: BTreeMap<String, i64>,
 }
+
+/// A quota names at least one namespace or selects them by label.
+pub const NAMESPACES_RULE: &str = "(has(self.namespaces) && size(self.namespaces) > 0) || has(self.namespaceSelector)";
+pub const NAMESPACES_MESSAGE: &str = "at least one namespace (spec.namespaces) or a spec.namespaceSelector is required";

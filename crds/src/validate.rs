@@ -282,10 +282,15 @@ pub fn validate_quota(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
 /// from following its edits.
 pub fn validate_quota_limits(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    if spec.namespaces.is_empty() {
-        errs.push(FieldError::new("spec.namespaces", "at least one namespace is required"));
+    if spec.namespaces.is_empty() && spec.namespace_selector.is_none() {
+        errs.push(FieldError::new(
+            "spec.namespaces",
+            "at least one namespace (spec.namespaces) or a spec.namespaceSelector is required",
+        ));
     }
-    too_many(&mut errs, "spec.namespaces", spec.namespaces.len(), 64);
+    if let Some(sel) = &spec.namespace_selector {
+        validate_namespace_selector(spec, sel, &mut errs);
+    }
     too_many(&mut errs, "spec.hard", spec.hard.len(), 64);
     let mut seen = BTreeSet::new();
     for (i, ns) in spec.namespaces.iter().enumerate() {
@@ -317,6 +322,42 @@ pub fn validate_quota_limits(spec: &TenantGpuQuotaSpec) -> Vec<FieldError> {
                 errs.push(FieldError::new(format!("spec.physical.{name}"), format!("{v} must be >= 0")));
             }
         }
+    }
+    errs
+}
+
+/// A namespace selector must name a label (an empty one would claim every namespace), must not
+/// read the label Tessera sets from the quotas, and cannot go with shares named per namespace.
+fn validate_namespace_selector(spec: &TenantGpuQuotaSpec, sel: &LabelSelector, errs: &mut Vec<FieldError>) {
+    errs.extend(namespace_selector_errors(sel));
+    if spec.split == SplitPolicy::Explicit {
+        errs.push(FieldError::new(
+            "spec.split",
+            "Explicit names each namespace's share, but spec.namespaceSelector's namespaces change with their labels: \
+             use Even (each selected namespace takes a share)",
+        ));
+    }
+}
+
+/// What is wrong with `spec.namespaceSelector` on its own; the operator selects namespaces by
+/// it only when nothing is (an empty or malformed selector claims nothing).
+pub fn namespace_selector_errors(sel: &LabelSelector) -> Vec<FieldError> {
+    const AT: &str = "spec.namespaceSelector";
+    let mut errs = Vec::new();
+    validate_selector(sel, AT, &mut errs);
+    let labels = sel.match_labels.iter().flatten().map(|(k, _)| k);
+    let keys: Vec<&String> = labels.chain(sel.match_expressions.iter().flatten().map(|e| &e.key)).collect();
+    if keys.is_empty() {
+        errs.push(FieldError::new(
+            AT,
+            "an empty selector would claim every namespace (kube-system and the GPU Operator's included): name a label",
+        ));
+    }
+    if keys.iter().any(|k| k.as_str() == crate::gate::MARK) {
+        errs.push(FieldError::new(
+            AT,
+            format!("selects by {}, which Tessera sets from the quotas themselves", crate::gate::MARK),
+        ));
     }
     errs
 }

@@ -409,3 +409,64 @@ async fn of_twenty_gpu_pods_made_before_joining_exactly_the_share_is_bound() {
     .unwrap();
     assert!(msg.contains("made-by-a-tenant"), "{msg}");
 }
+
+/// A quota selecting namespaces by label follows them: a namespace made with the label joins
+/// (labelled tenant, its ResourceQuota in force with the whole share), a second one takes half
+/// the share (Even split), and one relabelled away leaves the quota (labelled closed, its
+/// ResourceQuota let go) and the other takes the whole share again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_by_label_picks_up_new_namespaces_and_lets_go_of_relabelled_ones() {
+    use tessera_e2e::fixtures::spawn_operator_with;
+    let cp = ControlPlane::start().await.unwrap();
+    let admin = cp.client(Identity::Admin).await.unwrap();
+    install(&admin).await;
+    let (_op, _) = spawn_operator_with(&cp, "op", &[("TESSERA_QUOTA_ADMISSION", "gates")]).unwrap();
+    let quotas: Api<tessera_crds::TenantGpuQuota> = Api::all(admin.clone());
+    let quota: tessera_crds::TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
+        "kind": "TenantGpuQuota", "metadata": {"name": "team-b"},
+        "spec": {"namespaceSelector": {"matchLabels": {"example.com/team": "b"}}, "hard": {"nvidia.com/gpu": 4}}}))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let make = |name: &'static str| {
+        let namespaces = namespaces.clone();
+        async move {
+            let ns: Namespace =
+                serde_json::from_value(json!({"metadata": {"name": name, "labels": {"example.com/team": "b"}}}))
+                    .unwrap();
+            namespaces.create(&PostParams::default(), &ns).await.unwrap();
+        }
+    };
+    // The share each namespace's ResourceQuota enforces, once the namespace is a tenant's.
+    let enforced = |ns: &'static str, want: &'static str| {
+        let (admin, namespaces) = (admin.clone(), namespaces.clone());
+        async move {
+            wait_for(&format!("{ns} a tenant's with a share of {want}"), T, || async {
+                let n = namespaces.get(ns).await.ok()?;
+                (n.labels().get(LABEL).map(String::as_str) == Some("tenant")).then_some(())?;
+                let rq = Api::<ResourceQuota>::namespaced(admin.clone(), ns).get("tessera-team-b").await.ok()?;
+                let hard = rq.status?.hard?;
+                (hard.get("requests.nvidia.com/gpu").map(|q| q.0.as_str()) == Some(want)).then_some(())
+            })
+            .await
+            .unwrap()
+        }
+    };
+    make("b-one").await;
+    enforced("b-one", "4").await;
+    make("b-two").await;
+    enforced("b-two", "2").await;
+    enforced("b-one", "2").await;
+    // Relabelled away: it leaves the quota, closed (not on the open list); b-one takes it all.
+    let away = json!({"metadata": {"labels": {"example.com/team": "c"}}});
+    namespaces.patch("b-two", &PatchParams::default(), &Patch::Merge(&away)).await.unwrap();
+    enforced("b-one", "4").await;
+    wait_for("b-two closed and its ResourceQuota gone", T, || async {
+        let n = namespaces.get("b-two").await.ok()?;
+        (n.labels().get(LABEL).map(String::as_str) == Some("closed")).then_some(())?;
+        let rqs = Api::<ResourceQuota>::namespaced(admin.clone(), "b-two");
+        rqs.get_opt("tessera-team-b").await.ok()?.is_none().then_some(())
+    })
+    .await
+    .unwrap();
+}

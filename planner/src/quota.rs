@@ -484,6 +484,7 @@ pub mod holdings;
 pub mod phases;
 pub mod pod_gate;
 pub mod quantity;
+pub mod selection;
 pub mod stamp;
 mod steps;
 pub mod unallocated;

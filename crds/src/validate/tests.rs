@@ -118,7 +118,41 @@ fn quota(namespaces: &[&str], hard: &[(&str, i64)]) -> TenantGpuQuotaSpec {
         namespace_hard: BTreeMap::new(),
         physical: None,
         idle_after: None,
+        namespace_selector: None,
     }
+}
+
+#[test]
+fn a_namespace_selector_names_a_label_not_tessera_s_own_and_goes_with_an_even_split() {
+    let sel = |v: serde_json::Value| Some(serde_json::from_value(v).unwrap());
+    let mut q = quota(&[], &[("nvidia.com/gpu", 2)]);
+    let errs = validate_quota(&q);
+    assert!(
+        errs.iter().any(|e| e.field == "spec.namespaces" && e.reason.contains("or a spec.namespaceSelector")),
+        "{errs:?}"
+    );
+    q.namespace_selector = sel(serde_json::json!({"matchLabels": {"team": "a"}}));
+    assert!(validate_quota(&q).is_empty(), "a selector alone is enough: {:?}", validate_quota(&q));
+    for (bad, part) in [
+        (serde_json::json!({}), "an empty selector would claim every namespace"),
+        (serde_json::json!({"matchLabels": {"tessera.dev/gpu-gate": "open"}}), "which Tessera sets from the quotas"),
+        (serde_json::json!({"matchExpressions": [{"key": "team", "operator": "Near"}]}), "is not one of In"),
+    ] {
+        q.namespace_selector = sel(bad.clone());
+        let errs = validate_quota(&q);
+        assert!(
+            errs.iter().any(|e| e.field.starts_with("spec.namespaceSelector") && e.reason.contains(part)),
+            "{bad}: {errs:?}"
+        );
+    }
+    q.namespace_selector = sel(serde_json::json!({"matchLabels": {"team": "a"}}));
+    q.split = SplitPolicy::Explicit;
+    let errs = validate_quota(&q);
+    assert!(errs.iter().any(|e| e.field == "spec.split" && e.reason.contains("use Even")), "{errs:?}");
+    // More than the old cap of 64 names is fine (the schema bounds what is written).
+    let many: Vec<String> = (0..100).map(|i| format!("ns-{i}")).collect();
+    let q = quota(&many.iter().map(String::as_str).collect::<Vec<_>>(), &[("nvidia.com/gpu", 2)]);
+    assert!(validate_quota(&q).is_empty(), "{:?}", validate_quota(&q));
 }
 
 #[test]

@@ -19,8 +19,12 @@ impl QuotaController {
     /// Reads the quotas, namespaces, ResourceQuotas, the fleet's capacity and the DRA side of
     /// the plan from the caches.
     pub(super) fn observe(&self) -> Inputs {
-        let quotas: Vec<TenantGpuQuota> = self.quotas.state().iter().map(|q| (**q).clone()).collect();
         let all_namespaces = self.namespaces.state();
+        // Selectors read as names: every step after sees one list of namespaces per quota.
+        let quotas: Vec<TenantGpuQuota> = tessera_planner::quota::selection::resolve(
+            self.quotas.state().iter().map(|q| (**q).clone()).collect(),
+            all_namespaces.iter().map(|n| &**n),
+        );
         let (namespace_uids, created) =
             tessera_planner::quota::pod_gate::namespace_facts(all_namespaces.iter().map(|n| &**n));
         let rqs = self.current_resource_quotas(&created);

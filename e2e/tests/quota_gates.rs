@@ -465,7 +465,9 @@ async fn a_quota_by_label_picks_up_new_namespaces_and_lets_go_of_relabelled_ones
         let n = namespaces.get("b-two").await.ok()?;
         (n.labels().get(LABEL).map(String::as_str) == Some("closed")).then_some(())?;
         let rqs = Api::<ResourceQuota>::namespaced(admin.clone(), "b-two");
-        rqs.get_opt("tessera-team-b").await.ok()?.is_none().then_some(())
+        rqs.get_opt("tessera-team-b").await.ok()?.is_none().then_some(())?;
+        let gates = Api::<GpuQuotaGate>::namespaced(admin.clone(), "b-two");
+        gates.get_opt("gpu").await.ok()?.is_none().then_some(())
     })
     .await
     .unwrap();

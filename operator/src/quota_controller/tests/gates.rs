@@ -112,9 +112,14 @@ async fn a_refused_gate_write_never_makes_the_namespace_tenant_and_says_so_on_th
     let status = written(&reqs, "/apis/tessera.dev/v1alpha1/tenantgpuquotas/team-a/status").expect("status");
     let text = status.to_string();
     assert!(text.contains("GpuQuotaGate gpu in a: "), "{text}");
-    // Joining, its ResourceQuota in force, the gate still refused: never tenant.
+    // Joining, its ResourceQuota in force, an older gate of it cached, the new gate refused:
+    // never tenant (the cached gate is not the planned one; the refused write changed nothing).
+    let stale: GpuQuotaGate = serde_json::from_value(json!({"metadata": {"name": "gpu", "namespace": "a",
+        "ownerReferences": [{"apiVersion": "v1", "kind": "ResourceQuota", "name": "tessera-team-a", "uid": "rq-uid"}]},
+        "spec": {"quota": "team-a", "state": "Enforced", "reason": "older", "limited": ["nvidia.com/gpu"]}}))
+    .unwrap();
     let (client, r) = recording_api(refuse);
-    let _ = controller(client, Some("joining"), vec![]).reconcile().await;
+    let _ = controller(client, Some("joining"), vec![stale]).reconcile().await;
     let reqs = requests(&r);
     assert!(written(&reqs, GATE).is_some(), "the gate write was tried");
     assert!(written(&reqs, NAMESPACE).is_none(), "no tenant label without the gate: {:?}", dump(&reqs));

@@ -86,7 +86,6 @@ pub struct GatePlan {
 /// The pass's gate decisions (see the module).
 pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
     let mut out = GatePlan::default();
-    let rq = |ns: &str, name: &str| i.rqs.iter().find(|r| r.namespace().as_deref() == Some(ns) && r.name_any() == name);
     let live = |ns: &str| i.namespaces.iter().find(|n| n.name_any() == ns && n.metadata.deletion_timestamp.is_none());
     let label = |ns: &str| live(ns).and_then(|n| n.labels().get(MARK)).map(String::as_str);
     let no_holders = Vec::new();
@@ -94,40 +93,9 @@ pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
         if out.gates.contains_key(&a.namespace) {
             continue; // two quotas claim it: the first names the gate; both are closed (Conflict)
         }
-        let share: BTreeMap<String, i64> = a.hard.iter().map(|(k, v)| (k.clone(), count(v).unwrap_or(0))).collect();
-        let current = rq(&a.namespace, &a.name);
-        let shown = current
-            .and_then(|r| r.status.as_ref()?.used.as_ref())
-            .map(|used| used.iter().filter_map(|(k, q)| Some((k.clone(), count(&q.0)?))).collect::<BTreeMap<_, _>>());
-        // Tessera's classes the share grants any of (one held at 0 stays closed).
-        let classes: BTreeSet<String> = share
-            .iter()
-            .filter(|(_, n)| **n > 0)
-            .filter_map(|(k, _)| class_of_key(k))
-            .filter(|c| resource_of_class(c).is_some())
-            .map(String::from)
-            .collect();
-        // Deleted by hand: its gate is closed before it is let go (it is written anew after).
-        let deleting = current
-            .is_some_and(|r| r.metadata.deletion_timestamp.is_some())
-            .then(|| format!("its ResourceQuota {} is being deleted; GPU work waits until it is written anew", a.name));
-        let closed = closed_by(i.statuses.get(&a.quota)).or(deleting);
-        let planned = plan_namespace(&NamespaceInputs {
-            quota: &a.quota,
-            closed: closed.as_deref(),
-            share: &share,
-            shown: shown.as_ref(),
-            pods: i.pods.get(&a.namespace).unwrap_or(&no_holders),
-            claims: i.claims.get(&a.namespace).unwrap_or(&no_holders),
-            classes: &classes,
-        });
-        let limits = planned.limits.iter().map(|(k, n)| (k.clone(), n.to_string())).collect();
+        let (limits, gate) = plan_applied(i, a, label(&a.namespace));
         out.limits.insert((a.namespace.clone(), a.name.clone()), limits);
-        let spec = joined(planned, label(&a.namespace), &a.quota);
-        out.gates.insert(
-            a.namespace.clone(),
-            PlannedGate { namespace: a.namespace.clone(), owner: Some(a.name.clone()), spec },
-        );
+        out.gates.insert(a.namespace.clone(), gate);
     }
     for (ns, quota) in i.claimed {
         if out.gates.contains_key(ns) || live(ns).is_none() {
@@ -158,6 +126,62 @@ pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
         .filter(|ns| matches!(label(ns), Some(MARK_OPEN | MARK_CLOSED)))
         .collect();
     out
+}
+
+/// The limits and gate of a namespace the quota plan writes a ResourceQuota in (its cached
+/// label `label`).
+fn plan_applied(i: &GateInputs<'_>, a: &Apply, label: Option<&str>) -> (BTreeMap<String, String>, PlannedGate) {
+    let rq = |ns: &str, name: &str| i.rqs.iter().find(|r| r.namespace().as_deref() == Some(ns) && r.name_any() == name);
+    let no_holders = Vec::new();
+    let share: BTreeMap<String, i64> = a.hard.iter().map(|(k, v)| (k.clone(), count(v).unwrap_or(0))).collect();
+    let current = rq(&a.namespace, &a.name);
+    let shown = current
+        .and_then(|r| r.status.as_ref()?.used.as_ref())
+        .map(|used| used.iter().filter_map(|(k, q)| Some((k.clone(), count(&q.0)?))).collect::<BTreeMap<_, _>>());
+    // Tessera's classes the share grants any of (one held at 0 stays closed).
+    let classes: BTreeSet<String> = share
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .filter_map(|(k, _)| class_of_key(k))
+        .filter(|c| resource_of_class(c).is_some())
+        .map(String::from)
+        .collect();
+    // Deleted by hand: its gate is closed before it is let go (it is written anew after).
+    let deleting = current
+        .is_some_and(|r| r.metadata.deletion_timestamp.is_some())
+        .then(|| format!("its ResourceQuota {} is being deleted; GPU work waits until it is written anew", a.name));
+    let closed = closed_by(i.statuses.get(&a.quota)).or(deleting);
+    let planned = plan_namespace(&NamespaceInputs {
+        quota: &a.quota,
+        closed: closed.as_deref(),
+        share: &share,
+        shown: shown.as_ref(),
+        pods: i.pods.get(&a.namespace).unwrap_or(&no_holders),
+        claims: i.claims.get(&a.namespace).unwrap_or(&no_holders),
+        classes: &classes,
+    });
+    let limits = planned.limits.iter().map(|(k, n)| (k.clone(), n.to_string())).collect();
+    // Its ResourceQuota not seen yet (being made, or deleted without our finalizer): a
+    // Closed gate of its own meanwhile, so a gate left from before, or an Enforced one the
+    // garbage collector has not taken yet, never decides alone.
+    let (planned, owner) = match current {
+        Some(_) => (planned, Some(a.name.clone())),
+        None => {
+            let why = format!("its ResourceQuota {} is not in force yet", a.name);
+            let closed = plan_namespace(&NamespaceInputs {
+                quota: &a.quota,
+                closed: Some(&why),
+                share: &share,
+                shown: None,
+                pods: i.pods.get(&a.namespace).unwrap_or(&no_holders),
+                claims: i.claims.get(&a.namespace).unwrap_or(&no_holders),
+                classes: &classes,
+            });
+            (closed, None)
+        }
+    };
+    let spec = joined(planned, label, &a.quota);
+    (limits, PlannedGate { namespace: a.namespace.clone(), owner, spec })
 }
 
 /// The labels that must change (see the module): unclaimed namespaces open or closed, claimed

@@ -128,7 +128,6 @@ fn an_unclaimed_namespace_is_open_only_on_the_open_list_and_a_claimed_one_goes_s
     assert_eq!(plan.labels.get("free"), Some(&"open"));
     assert_eq!(plan.labels.get("made-by-a-tenant"), Some(&"closed"), "not on the open list: closed, not open");
     assert_eq!(plan.labels.get("a"), Some(&"joining"), "from open to joining in one write: never unlabelled");
-    assert_eq!(plan.gates["a"].spec.state, GateState::Enforced);
     assert_eq!(plan.limits[&("a".to_string(), "tessera-team-a".to_string())][KEY], "2");
     // The same from no label and from closed.
     for from in [None, Some("closed")] {
@@ -138,10 +137,33 @@ fn an_unclaimed_namespace_is_open_only_on_the_open_list_and_a_claimed_one_goes_s
 }
 
 #[test]
+fn while_its_resource_quota_is_not_seen_a_namespace_s_gate_is_closed_and_owns_nothing() {
+    // Pass 1 of a join (the ResourceQuota being made), or one deleted without our finalizer: a
+    // gate left from before (its lists stale) or an Enforced one the garbage collector has not
+    // taken yet is replaced by a Closed one that needs no ResourceQuota.
+    let mut w = world(vec![apply("a", "team-a", 2)], vec![], vec![ns("a", Some("tenant"), false)]);
+    w.pods.insert("a".into(), vec![holder("waiting", "2026-01-01T00:00:01Z", 1, false)]);
+    let g = &w.plan().gates["a"];
+    assert_eq!(g.owner, None);
+    assert_eq!(g.spec.state, GateState::Closed);
+    assert!(g.spec.reason.contains("its ResourceQuota tessera-team-a is not in force yet"), "{}", g.spec.reason);
+    assert_eq!(g.spec.blocked_pods, vec!["waiting".to_string()]);
+    assert_eq!(w.plan().limits[&("a".to_string(), "tessera-team-a".to_string())][KEY], "2", "the share is written");
+    // Seen: Enforced, owned by it.
+    w.rqs = vec![rq("a", "team-a", 2, true, false)];
+    let g = &w.plan().gates["a"];
+    assert_eq!((g.owner.as_deref(), g.spec.state), (Some("tessera-team-a"), GateState::Enforced));
+}
+
+#[test]
 fn a_gate_written_before_the_namespace_is_seen_joining_binds_and_allocates_nothing() {
     // A pod made a moment before the label changed may not be in the cache yet: the first gate
     // blocks every binding; once the cached namespace shows `joining`, the gate names the pods.
-    let mut w = world(vec![apply("a", "team-a", 1)], vec![], vec![ns("a", Some("open"), false)]);
+    let mut w = world(
+        vec![apply("a", "team-a", 1)],
+        vec![rq("a", "team-a", 1, false, false)],
+        vec![ns("a", Some("open"), false)],
+    );
     w.pods.insert(
         "a".into(),
         vec![holder("p1", "2026-01-01T00:00:01Z", 1, false), holder("p2", "2026-01-01T00:00:02Z", 1, false)],
@@ -242,6 +264,10 @@ fn a_renamed_quota_s_resource_quota_is_held_until_the_new_one_enforces_and_owns_
     let mut w = world(vec![apply("a", "team-a2", 2)], vec![old.clone()], vec![ns("a", Some("tenant"), false)]);
     assert!(w.plan().releases.is_empty(), "the new one is not written yet");
     w.rqs.push(rq("a", "team-a2", 2, true, false));
+    assert!(w.plan().releases.is_empty(), "in force, but no gate of its own yet");
+    let mut old_gate = gate_of(&w.plan(), "a", "team-a");
+    old_gate.spec.quota = "team-a".into();
+    w.gates = vec![old_gate];
     assert!(w.plan().releases.is_empty(), "in force, but the gate is still the old one's");
     let plan = w.plan();
     w.gates = vec![gate_of(&plan, "a", "team-a2")];
@@ -321,7 +347,8 @@ fn a_renamed_quota_s_resource_quota_is_let_go_while_the_new_gate_s_blocked_lists
 
 #[test]
 fn a_conflicting_quota_closes_its_namespaces_gate() {
-    let mut w = world(vec![apply("a", "team-a", 2)], vec![], vec![ns("a", None, false)]);
+    let mut w =
+        world(vec![apply("a", "team-a", 2)], vec![rq("a", "team-a", 2, true, false)], vec![ns("a", None, false)]);
     let conflict: Value = json!({"conditions": [{"type": "Conflict", "status": "True", "reason": "NamespaceClaimedTwice",
         "message": "namespace a is claimed by team-b too", "lastTransitionTime": "2026-12-01T00:00:00Z"}]});
     w.statuses.insert("team-a".into(), serde_json::from_value(conflict).unwrap());

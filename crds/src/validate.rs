@@ -353,6 +353,21 @@ pub fn namespace_selector_errors(sel: &LabelSelector) -> Vec<FieldError> {
             "an empty selector would claim every namespace (kube-system and the GPU Operator's included): name a label",
         ));
     }
+    // Only requirements that name what a namespace has narrow the selection: `NotIn`,
+    // `DoesNotExist` alone, or `Exists` on the name label, match nearly every namespace.
+    let positive = sel.match_labels.as_ref().is_some_and(|m| !m.is_empty())
+        || sel
+            .match_expressions
+            .iter()
+            .flatten()
+            .any(|e| e.operator == "In" || (e.operator == "Exists" && e.key != "kubernetes.io/metadata.name"));
+    if !keys.is_empty() && !positive {
+        errs.push(FieldError::new(
+            AT,
+            "selects by what namespaces lack (NotIn, DoesNotExist) or by the name label's presence, which matches \
+             kube-system and every other tenant's namespaces: add matchLabels, an In, or an Exists on a label",
+        ));
+    }
     if keys.iter().any(|k| k.as_str() == crate::gate::MARK) {
         errs.push(FieldError::new(
             AT,

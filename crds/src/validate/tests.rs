@@ -137,6 +137,14 @@ fn a_namespace_selector_names_a_label_not_tessera_s_own_and_goes_with_an_even_sp
         (serde_json::json!({}), "an empty selector would claim every namespace"),
         (serde_json::json!({"matchLabels": {"tessera.dev/gpu-gate": "open"}}), "which Tessera sets from the quotas"),
         (serde_json::json!({"matchExpressions": [{"key": "team", "operator": "Near"}]}), "is not one of In"),
+        (
+            serde_json::json!({"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["b"]}]}),
+            "selects by what namespaces lack",
+        ),
+        (
+            serde_json::json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "Exists"}]}),
+            "selects by what namespaces lack",
+        ),
     ] {
         q.namespace_selector = sel(bad.clone());
         let errs = validate_quota(&q);

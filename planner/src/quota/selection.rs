@@ -80,7 +80,7 @@ mod tests {
         for sel in [
             json!({}),
             json!({"matchLabels": {"tessera.dev/gpu-gate": "open"}}),
-            json!({"matchExpressions": [{"key": "team", "operator": "Near"}]}),
+            json!({"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["b"]}]}),
         ] {
             let q = quota(json!({"namespaceSelector": sel, "hard": {"nvidia.com/gpu": 4}}));
             assert!(resolve(vec![q], &namespaces)[0].spec.namespaces.is_empty(), "{sel}");

@@ -305,8 +305,10 @@ fn releases(i: &GateInputs<'_>, plan: &GatePlan) -> Vec<(String, String)> {
             Some(g) if g.owner.as_deref() == Some(name.as_str()) => {
                 deleting && g.spec.state == GateState::Closed && gate_holds(i.gates, g, Some(r))
             }
-            // The namespace's ownerless Closed gate in force: nothing is admitted there.
-            Some(g) if g.owner.is_none() => gate_holds(i.gates, g, None),
+            // The namespace's ownerless Closed gate in force, where the quota writes no
+            // ResourceQuota (nothing is admitted there). Where it does and the new one is only
+            // not seen yet, the held one stays: its limits hold until the new ones are in force.
+            Some(g) if g.owner.is_none() => !plan.limits.keys().any(|(n, _)| n == &ns) && gate_holds(i.gates, g, None),
             // Another: once the namespace's own ResourceQuota enforces its limits and owns the gate.
             Some(g) => {
                 let owner = g.owner.as_deref().unwrap_or_default();

@@ -263,6 +263,11 @@ fn a_renamed_quota_s_resource_quota_is_held_until_the_new_one_enforces_and_owns_
     let old = rq("a", "team-a", 2, true, true);
     let mut w = world(vec![apply("a", "team-a2", 2)], vec![old.clone()], vec![ns("a", Some("tenant"), false)]);
     assert!(w.plan().releases.is_empty(), "the new one is not written yet");
+    // The new one not seen yet: the namespace's ownerless Closed gate, cached, lets nothing go.
+    w.gates = vec![ownerless_gate_of(&w.plan(), "a")];
+    assert!(w.plan().gates["a"].owner.is_none());
+    assert!(w.plan().releases.is_empty(), "the new ResourceQuota is not in force: the old one holds");
+    w.gates = vec![];
     w.rqs.push(rq("a", "team-a2", 2, true, false));
     assert!(w.plan().releases.is_empty(), "in force, but no gate of its own yet");
     let mut old_gate = gate_of(&w.plan(), "a", "team-a");

@@ -20,14 +20,15 @@ impl QuotaController {
     /// the plan from the caches.
     pub(super) fn observe(&self) -> Inputs {
         let all_namespaces = self.namespaces.state();
+        let (namespace_uids, created) =
+            tessera_planner::quota::pod_gate::namespace_facts(all_namespaces.iter().map(|n| &**n));
+        let rqs = self.current_resource_quotas(&created);
         // Selectors read as names: every step after sees one list of namespaces per quota.
         let quotas: Vec<TenantGpuQuota> = tessera_planner::quota::selection::resolve(
             self.quotas.state().iter().map(|q| (**q).clone()).collect(),
             all_namespaces.iter().map(|n| &**n),
+            &rqs,
         );
-        let (namespace_uids, created) =
-            tessera_planner::quota::pod_gate::namespace_facts(all_namespaces.iter().map(|n| &**n));
-        let rqs = self.current_resource_quotas(&created);
         let namespaces: BTreeSet<String> =
             all_namespaces.iter().filter(|n| n.metadata.deletion_timestamp.is_none()).map(|n| n.name_any()).collect();
         let capacity = self.capacity();

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use tessera_crds::TenantGpuQuota;
 use tessera_crds::validate::namespace_selector_errors;
 
@@ -13,24 +13,35 @@ use crate::selector::matches;
 
 /// The quotas with `spec.namespaces` as named plus every live namespace (not terminating) the
 /// selector matches, sorted by name after those named (an Even split gives the remainder to the
-/// first). A selector that is not valid selects nothing (the quota is refused for it).
+/// first). A selector that is not valid selects no new namespace, but keeps those where the
+/// quota has a ResourceQuota (`rqs`): the quota is refused, and its namespaces stay closed
+/// rather than leave it.
 pub fn resolve<'a>(
     quotas: Vec<TenantGpuQuota>,
     namespaces: impl IntoIterator<Item = &'a Namespace> + Clone,
+    rqs: &[ResourceQuota],
 ) -> Vec<TenantGpuQuota> {
     quotas
         .into_iter()
         .map(|mut q| {
-            let Some(sel) = q.spec.namespace_selector.as_ref().filter(|s| namespace_selector_errors(s).is_empty())
-            else {
+            let Some(sel) = q.spec.namespace_selector.clone() else { return q };
+            if !namespace_selector_errors(&sel).is_empty() {
+                let name = q.metadata.name.clone().unwrap_or_default();
+                let held: BTreeSet<String> = rqs
+                    .iter()
+                    .filter(|r| crate::quota::written_by(r) == Some(name.as_str()))
+                    .filter_map(|r| r.metadata.namespace.clone())
+                    .filter(|ns| !q.spec.namespaces.contains(ns))
+                    .collect();
+                q.spec.namespaces.extend(held);
                 return q;
-            };
+            }
             let named: BTreeSet<String> = q.spec.namespaces.iter().cloned().collect();
             let selected: BTreeSet<String> = namespaces
                 .clone()
                 .into_iter()
                 .filter(|n| n.metadata.deletion_timestamp.is_none())
-                .filter(|n| matches(sel, n.metadata.labels.as_ref().unwrap_or(&Default::default())))
+                .filter(|n| matches(&sel, n.metadata.labels.as_ref().unwrap_or(&Default::default())))
                 .filter_map(|n| n.metadata.name.clone())
                 .filter(|n| !named.contains(n))
                 .collect();
@@ -70,7 +81,7 @@ mod tests {
         ];
         let q = quota(json!({"namespaces": ["named"], "namespaceSelector": {"matchLabels": {"team": "a"}},
             "hard": {"nvidia.com/gpu": 4}}));
-        let got = resolve(vec![q], &namespaces);
+        let got = resolve(vec![q], &namespaces, &[]);
         assert_eq!(got[0].spec.namespaces, ["named", "b-team", "z-team"], "named first, then selected by name, once");
     }
 
@@ -83,10 +94,19 @@ mod tests {
             json!({"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["b"]}]}),
         ] {
             let q = quota(json!({"namespaceSelector": sel, "hard": {"nvidia.com/gpu": 4}}));
-            assert!(resolve(vec![q], &namespaces)[0].spec.namespaces.is_empty(), "{sel}");
+            assert!(resolve(vec![q], &namespaces, &[])[0].spec.namespaces.is_empty(), "{sel}");
         }
+        // Edited to an invalid one: the namespaces it holds ResourceQuotas in stay claimed (closed).
+        let held: ResourceQuota =
+            serde_json::from_value(json!({"metadata": {"name": "tessera-team-a", "namespace": "a",
+            "labels": {"tessera.dev/quota": "team-a"},
+            "ownerReferences": [{"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota", "name": "team-a",
+                "uid": "u", "controller": true}]}}))
+            .unwrap();
+        let q = quota(json!({"namespaceSelector": {}, "hard": {"nvidia.com/gpu": 4}}));
+        assert_eq!(resolve(vec![q], &namespaces, &[held])[0].spec.namespaces, ["a"]);
         // Without a selector, unchanged.
         let q = quota(json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 4}}));
-        assert_eq!(resolve(vec![q], &namespaces)[0].spec.namespaces, ["a"]);
+        assert_eq!(resolve(vec![q], &namespaces, &[])[0].spec.namespaces, ["a"]);
     }
 }

@@ -175,6 +175,42 @@ fn the_dra_driver_list_is_the_operators_flag() {
     assert_eq!(dra_drivers_arg(&helm_template(&["--set-json", "draDrivers=[]"])).as_deref(), Some(""));
 }
 
+/// With `quotaAdmission: gates` the chart renders config/rbac/quota-gates.yaml's objects as they
+/// are (the operator's service account from the release namespace) and passes the mode and the
+/// open list to the operator; by default it renders none of them.
+#[test]
+fn quota_admission_gates_renders_the_gate_policies_and_the_operators_flags() {
+    let shipped =
+        tessera_e2e::render::documents(&std::fs::read_to_string(repo().join("config/rbac/quota-gates.yaml")).unwrap());
+    assert!(shipped.len() >= 12, "{} objects", shipped.len());
+    let args = |docs: &[Value]| -> Vec<String> {
+        let c = &pod_spec(docs, "Deployment", "tessera-operator")["containers"][0]["args"];
+        c.as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect()
+    };
+    let default = by_key(helm_template(&[]));
+    for d in &shipped {
+        assert!(!default.contains_key(&key(d)), "{:?} rendered by default", key(d));
+    }
+    assert!(!args(&helm_template(&[])).iter().any(|a| a.starts_with("--quota-admission")));
+    let gates =
+        helm_template(&["--set", "quotaAdmission=gates", "--set", "gpuOpenNamespaces={kube-system,gpu-operator}"]);
+    let rendered = by_key(gates.clone());
+    for d in shipped {
+        let k = key(&d);
+        assert_eq!(rendered.get(&k), Some(&normalized(d)), "{k:?} differs from config/rbac/quota-gates.yaml");
+    }
+    let a = args(&gates);
+    assert!(a.contains(&"--quota-admission=gates".to_string()), "{a:?}");
+    assert!(a.contains(&"--gpu-open-namespaces=kube-system,gpu-operator".to_string()), "{a:?}");
+    // Another release namespace: the guard and the binding name the operator there.
+    let elsewhere = helm_template(&["--set", "quotaAdmission=gates", "--namespace", "gpu-platform"]);
+    let guard =
+        serde_json::to_string(object(&elsewhere, "ValidatingAdmissionPolicy", "tessera-gpu-gate-guard")).unwrap();
+    assert!(guard.contains("system:serviceaccount:gpu-platform:tessera-operator"), "{guard}");
+    let binding = object(&elsewhere, "ClusterRoleBinding", "tessera-operator-gates");
+    assert_eq!(binding["subjects"][0]["namespace"], json!("gpu-platform"));
+}
+
 /// The agent's `--gpu-client-selector` argument, if any.
 fn selector_arg(docs: &[Value]) -> Option<String> {
     let args = pod_spec(docs, "DaemonSet", "tessera-node-agent")["containers"][0]["args"].as_array().unwrap().clone();

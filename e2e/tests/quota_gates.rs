@@ -471,4 +471,30 @@ async fn a_quota_by_label_picks_up_new_namespaces_and_lets_go_of_relabelled_ones
     })
     .await
     .unwrap();
+
+    // ClaimPolicyBound checks the gate policies as shipped: True; a binding edited to Warn: False, named.
+    let bound = |status: &'static str| {
+        let quotas = quotas.clone();
+        async move {
+            wait_for(&format!("ClaimPolicyBound={status} on team-b"), T, || async {
+                let st = quotas.get("team-b").await.ok()?.status?;
+                st.conditions.into_iter().find(|c| c.type_ == "ClaimPolicyBound" && c.status == status)
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let ok = bound("True").await;
+    assert_eq!(ok.reason, "Bound", "{ok:?}");
+    let bindings: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding> =
+        Api::all(admin.clone());
+    let warn = json!({"spec": {"validationActions": ["Warn"]}});
+    bindings.patch("tessera-gpu-gate-bindings", &PatchParams::default(), &Patch::Merge(&warn)).await.unwrap();
+    let broken = bound("False").await;
+    assert_eq!(broken.reason, "PolicyNotEnforcing", "{broken:?}");
+    assert!(
+        broken.message.contains("ValidatingAdmissionPolicyBinding tessera-gpu-gate-bindings is not as shipped"),
+        "{}",
+        broken.message
+    );
 }

@@ -42,6 +42,7 @@ use tessera_planner::quota::{
 mod claim_classes;
 use claim_classes::PolicyCheck;
 mod deleted;
+mod gate_policies;
 mod gates;
 mod gpu_pods;
 mod observe;

@@ -20,7 +20,6 @@ use tessera_planner::quota::gates::namespace::{claim_holders, class_list};
 use tessera_planner::quota::gates::pass::{GateInputs, GatePlan, PlannedGate, gate_is, plan_gates};
 use tracing::{info, warn};
 
-use super::claim_classes::PolicyCheck;
 use super::{Inputs, QuotaController, gpu_pods, writes};
 use crate::Error;
 use crate::writer::{Manager, Write};
@@ -48,9 +47,7 @@ impl QuotaController {
         self.release(&inputs, &gates, &mut failures).await?;
         shared.extend(self.delete_stale_gates(&gates).await?);
         let idle = self.idle_report(&inputs.quotas).await;
-        let policies = PolicyCheck::Unreadable(
-            "gates mode: the gate policies (config/rbac/quota-gates.yaml) are not checked yet".into(),
-        );
+        let policies = self.check_gate_policies().await;
         let reports = writes::Reports { shared: &shared, failures: &failures, policies: &policies, idle: &idle };
         let unsent = self.write_statuses(&inputs, &plan, &reports).await?;
         match shared.len() + failures.values().map(Vec::len).sum::<usize>() + unsent {

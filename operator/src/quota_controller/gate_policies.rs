@@ -17,8 +17,8 @@ use super::policy_check::NOT_ENFORCING;
 
 /// The shipped policies and bindings: (kind, name, spec).
 static SHIPPED: LazyLock<Vec<(String, String, Value)>> = LazyLock::new(|| {
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(include_str!("../../../config/rbac/quota-gates.yaml")).unwrap_or_default();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(include_str!("../../../config/rbac/quota-gates.yaml"))
+        .expect("config/rbac/quota-gates.yaml parses (a test pins it)");
     docs.into_iter()
         .filter(|d| d["kind"].as_str().is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy")))
         .filter_map(|d| {
@@ -31,6 +31,17 @@ static SHIPPED: LazyLock<Vec<(String, String, Value)>> = LazyLock::new(|| {
 #[cfg(test)]
 fn shipped_names() -> Vec<&'static str> {
     SHIPPED.iter().map(|(_, n, _)| n.as_str()).collect()
+}
+
+/// The operator's service account as the shipped file names it (installed in `tessera-system`).
+const SHIPPED_OPERATOR: &str = "system:serviceaccount:tessera-system:tessera-operator";
+
+/// A shipped spec as installed in the operator's namespace `namespace` (the chart writes the
+/// release namespace into the guard; the file is edited so for another namespace).
+fn as_installed(spec: &Value, namespace: &str) -> Value {
+    let text = spec.to_string();
+    let ours = format!("system:serviceaccount:{namespace}:tessera-operator");
+    serde_json::from_str(&text.replace(SHIPPED_OPERATOR, &ours)).unwrap_or_else(|_| spec.clone())
 }
 
 /// Where `live` differs from `shipped` in a way that may narrow what it enforces, as paths (`""`: none).
@@ -88,7 +99,7 @@ impl QuotaController {
                 )),
                 Ok(Some(live)) => {
                     let mut diff = Vec::new();
-                    covers(spec, &live, "spec", &mut diff);
+                    covers(&as_installed(spec, &self.namespace), &live, "spec", &mut diff);
                     if !diff.is_empty() {
                         broken.push(format!(
                             "{kind} {name} is not as shipped ({}): it may admit GPU work past the gates (re-apply \
@@ -161,6 +172,23 @@ mod tests {
                 assert!(rule["resourceNames"].as_array().unwrap().iter().any(|x| x == n), "{kind} {n}");
             }
         }
+    }
+
+    #[test]
+    fn the_guard_is_judged_with_the_operator_of_its_own_namespace() {
+        let (_, _, guard) =
+            SHIPPED.iter().find(|(k, n, _)| k == "ValidatingAdmissionPolicy" && n == "tessera-gpu-gate-guard").unwrap();
+        let elsewhere = as_installed(guard, "gpu-platform");
+        let text = elsewhere.to_string();
+        assert!(
+            text.contains("system:serviceaccount:gpu-platform:tessera-operator") && !text.contains(SHIPPED_OPERATOR),
+            "{text}"
+        );
+        let mut out = Vec::new();
+        covers(&elsewhere, &elsewhere, "spec", &mut out);
+        assert!(out.is_empty());
+        covers(guard, &elsewhere, "spec", &mut out);
+        assert_eq!(out, ["spec.variables[0].expression changed"], "the shipped text itself names tessera-system");
     }
 
     #[test]

@@ -184,6 +184,9 @@ impl QuotaController {
             let quota = tessera_planner::quota::written_by(rq).unwrap_or_default().to_string();
             let api = Api::<ResourceQuota>::namespaced(self.client.clone(), ns);
             info!(namespace = %ns, name = %name, "letting go of a held ResourceQuota");
+            // Gone once ours is off and it is deleted: remembered, so a lagging cache that still
+            // shows it is not taken for a ResourceQuota in force ([`super::deleted`]).
+            let last = rq.finalizers().iter().all(|f| f == IN_FORCE_FINALIZER);
             if rq.finalizers().iter().any(|f| f == IN_FORCE_FINALIZER) {
                 let kept: Vec<&String> = rq.finalizers().iter().filter(|f| *f != IN_FORCE_FINALIZER).collect();
                 let body = json!({"metadata": {"finalizers": kept, "resourceVersion": rq.resource_version()}});
@@ -194,11 +197,19 @@ impl QuotaController {
                     continue;
                 }
             }
-            if rq.metadata.deletion_timestamp.is_none()
-                && let Err(e) = self.writer().delete_counted(&api, name, &DeleteParams::default()).await?
-                && !matches!(&e, kube::Error::Api(s) if s.code == 404)
-            {
-                failures.entry(quota).or_default().push(format!("deleting ResourceQuota {name} in {ns}: {e}"));
+            let deleted = match rq.metadata.deletion_timestamp {
+                Some(_) => true,
+                None => match self.writer().delete_counted(&api, name, &DeleteParams::default()).await? {
+                    Ok(_) => true,
+                    Err(kube::Error::Api(s)) if s.code == 404 => true,
+                    Err(e) => {
+                        failures.entry(quota).or_default().push(format!("deleting ResourceQuota {name} in {ns}: {e}"));
+                        false
+                    }
+                },
+            };
+            if deleted && last {
+                self.deleted.remember(rq);
             }
         }
         Ok(())

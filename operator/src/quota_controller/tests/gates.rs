@@ -124,3 +124,24 @@ async fn a_refused_gate_write_never_makes_the_namespace_tenant_and_says_so_on_th
     assert!(written(&reqs, GATE).is_some(), "the gate write was tried");
     assert!(written(&reqs, NAMESPACE).is_none(), "no tenant label without the gate: {:?}", dump(&reqs));
 }
+
+#[tokio::test]
+async fn a_resource_quota_let_go_is_remembered_as_deleted_so_a_lagging_cache_does_not_show_it_in_force() {
+    // No quota names `a` any more, labelled closed: its held ResourceQuota is let go and deleted.
+    let held = in_force();
+    let (client, r) = recording_api(|_, _, _| None);
+    let c = QuotaController::from_stores(
+        client,
+        store_of(vec![]),
+        store_of(vec![held]),
+        store_of(vec![namespace(Some("closed"))]),
+    )
+    .with_gates(store_of(vec![]), store_of(vec![]));
+    let _ = c.reconcile().await;
+    let reqs = requests(&r);
+    let rq = "/api/v1/namespaces/a/resourcequotas/tessera-team-a";
+    let order: Vec<&str> = reqs.iter().filter(|(_, p, _)| p == rq).map(|(m, _, _)| m.as_str()).collect();
+    assert_eq!(order, ["PATCH", "DELETE"], "the finalizer off, then the delete: {:?}", dump(&reqs));
+    assert_eq!(written(&reqs, rq).unwrap()["metadata"]["finalizers"], json!([]));
+    assert_eq!(c.deleted.len(), 1, "remembered as deleted");
+}

@@ -199,6 +199,17 @@ fn quota_admission_gates_renders_the_gate_policies_and_the_operators_flags() {
         let k = key(&d);
         assert_eq!(rendered.get(&k), Some(&normalized(d)), "{k:?} differs from config/rbac/quota-gates.yaml");
     }
+    // The params mode's policies are not rendered with gates (their ConfigMap is not written there).
+    for name in ["tessera-claim-classes", "tessera-gpu-pods", "tessera-gpu-bindings", "tessera-quota-names"] {
+        assert!(
+            default.contains_key(&("ValidatingAdmissionPolicy".to_string(), String::new(), name.to_string())),
+            "{name}"
+        );
+        assert!(
+            !rendered.contains_key(&("ValidatingAdmissionPolicy".to_string(), String::new(), name.to_string())),
+            "{name}"
+        );
+    }
     let a = args(&gates);
     assert!(a.contains(&"--quota-admission=gates".to_string()), "{a:?}");
     assert!(a.contains(&"--gpu-open-namespaces=kube-system,gpu-operator".to_string()), "{a:?}");

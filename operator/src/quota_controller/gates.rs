@@ -29,7 +29,9 @@ impl QuotaController {
     pub(super) async fn reconcile_gates(&self) -> Result<(), Error> {
         let inputs = self.observe();
         let mut plan = self.plan(&inputs);
-        let gates = self.plan_gates(&inputs, &plan);
+        // The cached gates, read once: the plan and the writes judge against the same copy.
+        let cached: Vec<GpuQuotaGate> = self.gates.state().iter().map(|g| (**g).clone()).collect();
+        let gates = self.plan_gates(&inputs, &plan, &cached);
         // The share is what the plan computed; the ResourceQuota is written with less while it
         // does not count objects made before.
         for a in &mut plan.apply {
@@ -41,7 +43,7 @@ impl QuotaController {
         shared.extend(self.write_class_list(&inputs).await?);
         let mut failures = writes::Failures::new();
         self.apply_resource_quotas(&inputs, &plan, &mut failures).await?;
-        self.write_gates(&inputs, &gates, &mut failures).await?;
+        self.write_gates(&inputs, &gates, &cached, &mut failures).await?;
         let unlabelled = self.write_labels(&gates).await?;
         shared.extend(unlabelled);
         self.release(&inputs, &gates, &mut failures).await?;
@@ -57,8 +59,7 @@ impl QuotaController {
     }
 
     /// The pass's gate decisions from the plan and the caches.
-    fn plan_gates(&self, i: &Inputs, plan: &tessera_planner::quota::QuotaPlan) -> GatePlan {
-        let gates: Vec<GpuQuotaGate> = self.gates.state().iter().map(|g| (**g).clone()).collect();
+    fn plan_gates(&self, i: &Inputs, plan: &tessera_planner::quota::QuotaPlan, gates: &[GpuQuotaGate]) -> GatePlan {
         let namespaces: Vec<Namespace> = self.namespaces.state().iter().map(|n| (**n).clone()).collect();
         let pods = gpu_pods::holders(&self.gpu_pods);
         let gpu_class = |c: &str| i.dra.classes.reaching.contains(c) || resource_of_class(c).is_some();
@@ -74,7 +75,7 @@ impl QuotaController {
             claimed: &claimed(&i.quotas),
             open: &self.open,
             rqs: &i.rqs,
-            gates: &gates,
+            gates,
             namespaces: &namespaces,
             pods: &pods,
             claims: &claims,
@@ -105,7 +106,13 @@ impl QuotaController {
     /// Applies each planned gate whose cached one differs, owned by its ResourceQuota as cached
     /// (none yet: next pass, once the ResourceQuota's creation is seen), or by nothing where the
     /// plan names no owner.
-    async fn write_gates(&self, i: &Inputs, plan: &GatePlan, failures: &mut writes::Failures) -> Result<(), Error> {
+    async fn write_gates(
+        &self,
+        i: &Inputs,
+        plan: &GatePlan,
+        cached: &[GpuQuotaGate],
+        failures: &mut writes::Failures,
+    ) -> Result<(), Error> {
         for g in plan.gates.values() {
             let owner = match &g.owner {
                 None => None,
@@ -116,7 +123,7 @@ impl QuotaController {
                     Some(owner)
                 }
             };
-            if self.gate_is_current(g, owner) {
+            if gate_is(cached, g, owner) {
                 continue;
             }
             let body = gate_body(g, owner);
@@ -129,11 +136,6 @@ impl QuotaController {
             }
         }
         Ok(())
-    }
-
-    fn gate_is_current(&self, g: &PlannedGate, owner: Option<&ResourceQuota>) -> bool {
-        let cached: Vec<GpuQuotaGate> = self.gates.state().iter().map(|g| (**g).clone()).collect();
-        gate_is(&cached, g, owner)
     }
 
     /// Deletes the gates no quota wants any more (their namespace labelled open or closed);
@@ -219,20 +221,14 @@ impl QuotaController {
 /// Each namespace a quota names, by the first quota (by name) naming it; quotas being deleted
 /// claim nothing (their ResourceQuotas are held until the namespace's new limits are in force).
 fn claimed(quotas: &[tessera_crds::TenantGpuQuota]) -> BTreeMap<String, String> {
-    let mut sorted: Vec<&tessera_crds::TenantGpuQuota> =
-        quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none()).collect();
-    sorted.sort_by_key(|q| q.name_any());
-    let mut out = BTreeMap::new();
-    for q in sorted {
-        for ns in &q.spec.namespaces {
-            out.entry(ns.clone()).or_insert_with(|| q.name_any());
-        }
-    }
-    out
+    let live = quotas.iter().filter(|q| q.metadata.deletion_timestamp.is_none());
+    let names = live.map(|q| (q.metadata.name.as_deref().unwrap_or_default(), &q.spec.namespaces[..]));
+    tessera_planner::quota::namespace_claims(names)
+        .into_iter()
+        .filter_map(|(ns, qs)| Some((ns.to_string(), qs.first()?.to_string())))
+        .collect()
 }
 
-/// The gate as applied: the planned spec, owned by its ResourceQuota (not as controller: the
-/// ResourceQuota's owner is the quota).
 /// An ownerless gate is applied with no ownerReferences: the apply drops those it set before.
 fn gate_body(g: &PlannedGate, owner: Option<&ResourceQuota>) -> serde_json::Value {
     let owners: Vec<serde_json::Value> = owner

@@ -151,7 +151,7 @@ fn plan_applied(i: &GateInputs<'_>, a: &Apply, label: Option<&str>) -> (BTreeMap
         .is_some_and(|r| r.metadata.deletion_timestamp.is_some())
         .then(|| format!("its ResourceQuota {} is being deleted; GPU work waits until it is written anew", a.name));
     let closed = closed_by(i.statuses.get(&a.quota)).or(deleting);
-    let planned = plan_namespace(&NamespaceInputs {
+    let inputs = NamespaceInputs {
         quota: &a.quota,
         closed: closed.as_deref(),
         share: &share,
@@ -159,7 +159,8 @@ fn plan_applied(i: &GateInputs<'_>, a: &Apply, label: Option<&str>) -> (BTreeMap
         pods: i.pods.get(&a.namespace).unwrap_or(&no_holders),
         claims: i.claims.get(&a.namespace).unwrap_or(&no_holders),
         classes: &classes,
-    });
+    };
+    let planned = plan_namespace(&inputs);
     let limits = planned.limits.iter().map(|(k, n)| (k.clone(), n.to_string())).collect();
     // Its ResourceQuota not seen yet (being made, or deleted without our finalizer): a
     // Closed gate of its own meanwhile, so a gate left from before, or an Enforced one the
@@ -168,16 +169,7 @@ fn plan_applied(i: &GateInputs<'_>, a: &Apply, label: Option<&str>) -> (BTreeMap
         Some(_) => (planned, Some(a.name.clone())),
         None => {
             let why = format!("its ResourceQuota {} is not in force yet", a.name);
-            let closed = plan_namespace(&NamespaceInputs {
-                quota: &a.quota,
-                closed: Some(&why),
-                share: &share,
-                shown: None,
-                pods: i.pods.get(&a.namespace).unwrap_or(&no_holders),
-                claims: i.claims.get(&a.namespace).unwrap_or(&no_holders),
-                classes: &classes,
-            });
-            (closed, None)
+            (plan_namespace(&NamespaceInputs { closed: Some(&why), shown: None, ..inputs }), None)
         }
     };
     let spec = joined(planned, label, &a.quota);

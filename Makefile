@@ -57,7 +57,7 @@ e2e: controlplane
 	$(CARGO) build --workspace --bins
 	$(CARGO) build -p tessera-nvml-sim
 	helm=$$($(TOOL) helm) && gfd=$$($(TOOL) gpu-feature-discovery) && bin=$$($(CONTROLPLANE_BUILD)) && \
-	  TESSERA_HELM=$$helm TESSERA_GFD=$$gfd TESSERA_CONTROLPLANE_BIN=$$bin $(CARGO) test -p tessera-e2e -- --test-threads=1
+	  TESSERA_HELM=$$helm TESSERA_GFD=$$gfd TESSERA_CONTROLPLANE_BIN=$$bin $(CARGO) test -p tessera-e2e -- --test-threads=1 $(E2E_ARGS)
 
 ## Container images (release binaries) as OCI archives in target/images/, with buildah, podman
 ## or docker: see README "Install on a real cluster".
@@ -80,11 +80,14 @@ test: lint chart alerts
 	  TESSERA_HELM=$$helm TESSERA_GFD=$$gfd TESSERA_CONTROLPLANE_BIN=$$bin $(CARGO) test --workspace -- --test-threads=2
 	scripts/demo.sh ci
 
-## The operator's cost per node reconfigured at 100 and 1,000 kwok nodes (see BENCHMARKS.md).
+## The operator's cost per node reconfigured at 100 and 1,000 kwok nodes, and quota admission at
+## 10,000 tenant namespaces under 1,000 quotas (BENCH_NAMESPACES, BENCH_QUOTAS; see BENCHMARKS.md).
 bench: controlplane
 	$(CARGO) build --release -p tessera-operator -p tessera-e2e --bins
 	bin=$$($(CONTROLPLANE_BUILD)) && TESSERA_CONTROLPLANE_BIN=$$bin \
 	  TESSERA_OPERATOR_BIN=target/release/tessera-operator target/release/bench-rollout $(BENCH_NODES)
+	bin=$$($(CONTROLPLANE_BUILD)) && TESSERA_CONTROLPLANE_BIN=$$bin \
+	  TESSERA_OPERATOR_BIN=target/release/tessera-operator target/release/bench-quota $(BENCH_NAMESPACES) $(BENCH_QUOTAS)
 	target/release/bench-fleet $(BENCH_GPUS)
 	target/release/bench-activity
 

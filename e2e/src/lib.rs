@@ -1,6 +1,7 @@
 //! End-to-end harness: a real control plane on loopback (see `ControlPlane`) and fixtures that
 //! install Tessera's CRDs and create fake GPU nodes managed by kwok.
 
+pub mod bench;
 pub mod controlplane;
 pub mod dra;
 pub mod fixtures;

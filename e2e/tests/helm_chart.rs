@@ -440,6 +440,12 @@ async fn helm_install_brings_tessera_up_upgrade_changes_the_fence_and_uninstall_
     quotas.create(&PostParams::default(), &q).await.unwrap();
 
     // An upgrade that names other GPU clients changes the agent's selector and its fence together.
+    // It also moves quota admission to gates: the gate policies are installed and the params
+    // mode's are kept (`helm.sh/resource-policy: keep`), in force until the operator, once the
+    // gates hold, deletes them (e2e/tests/quota_upgrade.rs).
+    for name in PARAMS_POLICIES {
+        vaps.get(name).await.unwrap();
+    }
     helm_cmd(
         &cp,
         &[
@@ -451,8 +457,14 @@ async fn helm_install_brings_tessera_up_upgrade_changes_the_fence_and_uninstall_
             "agent.gpuClients.labelKey=app.kubernetes.io/name",
             "--set",
             "agent.gpuClients.values={my-device-plugin}",
+            "--set",
+            "quotaAdmission=gates",
         ],
     );
+    for name in PARAMS_POLICIES {
+        assert!(vaps.get_opt(name).await.unwrap().is_some(), "{name}: dropped by the upgrade before the gates hold");
+    }
+    vaps.get("tessera-gpu-gate-guard").await.unwrap();
     let args =
         ds.get("tessera-node-agent").await.unwrap().spec.template.spec.unwrap().containers[0].args.clone().unwrap();
     assert!(
@@ -498,4 +510,9 @@ async fn helm_install_brings_tessera_up_upgrade_changes_the_fence_and_uninstall_
     assert!(roles.get_opt("tessera-operator").await.unwrap().is_none(), "the operator's ClusterRole is gone");
     crds.get("tenantgpuquotas.tessera.dev").await.unwrap();
     assert_eq!(quotas.get("team-a").await.unwrap().spec, q.spec, "a tenant's quota outlives the uninstall");
+    assert!(vaps.get_opt("tessera-gpu-gate-guard").await.unwrap().is_none(), "the gate policies go");
 }
+
+/// The params mode's policies, kept by Helm when a release stops shipping them.
+const PARAMS_POLICIES: [&str; 4] =
+    ["tessera-claim-classes", "tessera-gpu-pods", "tessera-gpu-bindings", "tessera-quota-names"];

@@ -100,6 +100,8 @@ pub struct Metrics {
     fragmented: Family<PlanLabel, Gauge>,
     /// Every request the operator sends to the API server (watches count once, when opened).
     pub api_requests: Counter,
+    /// The requests of [`Self::api_requests`] that may change an object (every method but GET).
+    pub api_writes: Counter,
     /// Nodes a pass left alone because the caches did not show the operator's last write yet.
     cache_behind: Counter,
     /// Nodes a pass planned in full, and nodes whose verdict of the pass before it reused.
@@ -126,6 +128,7 @@ impl Default for Metrics {
             evictions_blocked: Counter::default(),
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             api_requests: Counter::default(),
+            api_writes: Counter::default(),
             cache_behind: Counter::default(),
             nodes_planned: Counter::default(),
             nodes_reused: Counter::default(),
@@ -172,6 +175,11 @@ impl Metrics {
     /// What the passes cost: requests to the API server, and nodes planned or skipped.
     fn register_api(&self, registry: &mut Registry) {
         registry.register("api_requests", "Requests sent to the API server", self.api_requests.clone());
+        registry.register(
+            "api_writes",
+            "Requests sent to the API server that may change an object (every method but GET)",
+            self.api_writes.clone(),
+        );
         registry.register(
             "nodes_cache_behind",
             "Nodes left for a pass because the caches did not show the operator's last write to them yet",

@@ -48,6 +48,7 @@ mod gpu_pods;
 mod observe;
 mod pending_pods;
 mod policy_check;
+mod retire_params;
 mod writes;
 
 /// `--quota-admission` and, in gates mode, `--gpu-open-namespaces`.

@@ -190,11 +190,15 @@ impl Controllers {
     }
 }
 
-/// A client whose every request increments `tessera_operator_api_requests_total`.
+/// A client whose every request increments `tessera_operator_api_requests_total`, and each
+/// but a GET (a read, a list or a watch) `tessera_operator_api_writes_total`.
 fn counted_client(config: kube::Config, metrics: &Arc<Metrics>) -> anyhow::Result<Client> {
-    let counter = metrics.api_requests.clone();
+    let (requests, writes) = (metrics.api_requests.clone(), metrics.api_writes.clone());
     let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
-        counter.inc();
+        requests.inc();
+        if req.method() != http::Method::GET {
+            writes.inc();
+        }
         req
     });
     Ok(kube::client::ClientBuilder::try_from(config)?.with_layer(&layer).build())

@@ -18,35 +18,11 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tessera_crds::solver::{self, ProfileCounts};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog};
-use tessera_e2e::fixtures::{apply_file, http_get, install_crds, wait_for};
+use tessera_e2e::bench::{load, metric, proc_stat, start_operator};
+use tessera_e2e::fixtures::{apply_file, install_crds, wait_for};
 use tessera_e2e::process::Component;
 use tessera_e2e::{ControlPlane, Identity};
 use tokio::task::JoinHandle;
-
-fn proc_stat(pid: u32) -> (f64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    let cpu = (ticks(11) + ticks(12)) / 100.0; // utime + stime, USER_HZ = 100
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0);
-    (cpu, hwm)
-}
-
-/// A value from the operator's /metrics (first line starting with `name`).
-fn metric(port: u16, name: &str) -> f64 {
-    let m = http_get(port, "/metrics").unwrap_or_default();
-    m.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0.0)
-}
-
-/// The machine's 1-minute load average: other work on the cores skews wall time.
-fn load() -> f64 {
-    std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
-}
 
 /// One fleet size's figures.
 struct Row {
@@ -296,7 +272,7 @@ async fn bench(n: usize, operator: &std::path::Path) -> anyhow::Result<Row> {
     wait_settled(&admin, n).await?;
 
     let operator_started = k8s_openapi::jiff::Timestamp::now();
-    let (mut op, port) = start_operator(&cp, operator).await?;
+    let (mut op, port) = start_operator(&cp, operator, &[]).await?;
     if !heartbeat.renewing {
         renew_all_once(&admin, &names, heartbeat).await;
     }
@@ -381,24 +357,6 @@ async fn wait_settled(admin: &Client, n: usize) -> anyhow::Result<()> {
     .await?;
     tessera_e2e::tell!("{n} nodes: the cluster settled in {:.0} s", settled.elapsed().as_secs_f64());
     Ok(())
-}
-
-/// Runs the release operator as the operator identity, logging to the control plane's log
-/// folder; returns it with its metrics port once `/readyz` answers (and two seconds more).
-/// A component (killed when dropped, and when the bench dies), so a failed or killed run leaves
-/// no operator behind.
-async fn start_operator(cp: &ControlPlane, operator: &std::path::Path) -> anyhow::Result<(Component, u16)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let args = ["run".to_string(), "--listen".into(), format!("127.0.0.1:{port}")];
-    let env =
-        [("KUBECONFIG", cp.kubeconfig(Identity::Operator).display().to_string()), ("RUST_LOG", "warn".to_string())];
-    let op = Component::spawn_with_env("operator-bench", operator, &args, &env, &cp.dir.join("logs"))?;
-    wait_for("operator ready", Duration::from_secs(120), || async {
-        http_get(port, "/readyz").ok().filter(|r| r.starts_with("HTTP/1.1 200")).map(|_| ())
-    })
-    .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    Ok((op, port))
 }
 
 /// Tells the operator's cost with nothing to do (watch traffic, periodic passes) over 5 s: part

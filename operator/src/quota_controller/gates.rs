@@ -2,9 +2,9 @@
 //! as in params mode, then what `quota::gates::pass` decides, acted on in this order:
 //! Tessera's DeviceClasses and the class list; the ResourceQuotas (their limits the share less
 //! what they do not count yet, held by a finalizer); the gates (owned by their ResourceQuota);
-//! the namespace labels; the held ResourceQuotas let go; the gates no longer wanted; the
-//! statuses. Each step writes only what
-//! differs from the cache, through the writer's tenure check. A failed write fails its quota's
+//! the namespace labels; the held ResourceQuotas let go; the gates no longer wanted; the params
+//! mode's policies, once the gates hold everything ([`super::retire_params`]); the statuses.
+//! Each step writes only what differs from the cache, through the writer's tenure check. A failed write fails its quota's
 //! part of the pass (or, for what all quotas share, every quota's) and is retried next pass: the
 //! order keeps a namespace closed or limited whatever step fails or the process dies after.
 
@@ -50,6 +50,7 @@ impl QuotaController {
         shared.extend(self.delete_stale_gates(&gates).await?);
         let idle = self.idle_report(&inputs.quotas).await;
         let policies = self.check_gate_policies().await;
+        shared.extend(self.retire_params(&gates, &policies).await?);
         let reports = writes::Reports { shared: &shared, failures: &failures, policies: &policies, idle: &idle };
         let unsent = self.write_statuses(&inputs, &plan, &reports).await?;
         match shared.len() + failures.values().map(Vec::len).sum::<usize>() + unsent {

@@ -318,5 +318,16 @@ fn releases(i: &GateInputs<'_>, plan: &GatePlan) -> Vec<(String, String)> {
     out
 }
 
+/// Whether the gates alone now hold every namespace as the plan wants: each live namespace
+/// carries the mark, and the only relabel still planned is `joining` to `tenant` (a joining
+/// namespace is already closed to new GPU work and its gate decides bindings). Then the params
+/// mode's policies, left from an upgrade, hold nothing the gates do not, and may go.
+pub fn marks_settled(namespaces: &[Namespace], plan: &GatePlan) -> bool {
+    let label = |ns: &str| {
+        namespaces.iter().find(|n| n.name_any() == ns).and_then(|n| n.labels().get(MARK)).map(String::as_str)
+    };
+    plan.labels.iter().all(|(ns, want)| *want == MARK_TENANT && label(ns) == Some(MARK_JOINING))
+}
+
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 use tessera_crds::gate::{GateState, GpuQuotaGate, IN_FORCE_FINALIZER};
 use tessera_crds::quota::TenantGpuQuotaStatus;
 
-use super::{GateInputs, GatePlan, plan_gates};
+use super::{GateInputs, GatePlan, marks_settled, plan_gates};
 use crate::quota::gates::Holder;
 use crate::quota::gates::open::OpenNamespaces;
 use crate::quota::{Apply, Delete};
@@ -360,4 +360,25 @@ fn a_conflicting_quota_closes_its_namespaces_gate() {
     let gate = &w.plan().gates["a"].spec;
     assert_eq!(gate.state, GateState::Closed);
     assert!(gate.reason.contains("claimed by team-b too"), "{}", gate.reason);
+}
+
+#[test]
+fn the_marks_are_settled_once_every_namespace_carries_its_own_but_for_joining_to_tenant() {
+    let unlabelled = world(vec![apply("a", "team-a", 2)], vec![], vec![ns("a", None, false), ns("free", None, false)]);
+    let plan = unlabelled.plan();
+    assert!(!marks_settled(&unlabelled.namespaces, &plan), "unlabelled namespaces: the gates hold nothing yet");
+    let labelled = vec![ns("a", Some("joining"), false), ns("free", Some("open"), false)];
+    let joining = world(vec![apply("a", "team-a", 2)], vec![rq("a", "team-a", 2, true, false)], labelled);
+    let mut w = joining;
+    let first = w.plan();
+    w.gates = vec![gate_of(&first, "a", "team-a")];
+    let plan = w.plan();
+    assert_eq!(plan.labels.get("a"), Some(&"tenant"), "joining to tenant is still planned");
+    assert!(marks_settled(&w.namespaces, &plan), "a joining namespace is held by its gate");
+    // A namespace still open that a quota now claims: not settled (the gates do not hold it yet).
+    let w = world(vec![apply("a", "team-a", 2)], vec![], vec![ns("a", Some("open"), false)]);
+    assert!(!marks_settled(&w.namespaces, &w.plan()));
+    // A claimed namespace labelled tenant that leaves its quota (to be closed): not settled.
+    let w = world(vec![], vec![], vec![ns("gone", Some("tenant"), false)]);
+    assert!(!marks_settled(&w.namespaces, &w.plan()));
 }

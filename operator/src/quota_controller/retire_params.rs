@@ -1,0 +1,121 @@
+//! The last step of the upgrade from params mode to gates mode: the params mode's policies,
+//! their bindings and their params ConfigMap are deleted once the gates hold everything they
+//! held. Until then they stay in force beside the gate policies (each request must pass both, so
+//! the pair never admits more than either), and the ConfigMap is no longer written: stale params
+//! may refuse what the gates admit, never admit what they refuse.
+//!
+//! Due while the params ConfigMap is cached (deleted last, so a crash part-way is finished next
+//! pass); done once the gate policies enforce as shipped ([`super::gate_policies`]) and every
+//! namespace carries its mark ([`marks_settled`]). Bindings go before their policies and the
+//! ConfigMap last: a policy with its binding but no params would admit every request its
+//! `parameterNotFoundAction: Allow` lets through.
+
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DeleteParams};
+use tessera_planner::quota::claims::POLICY_PARAMS;
+use tessera_planner::quota::gates::pass::{GatePlan, marks_settled};
+use tracing::info;
+
+use super::QuotaController;
+use super::claim_classes::PolicyCheck;
+use super::policy_check::{BINDINGS, CLAIMS, PODS, QUOTA_NAMES};
+use crate::Error;
+
+/// The params mode's policies (each with a binding of the same name).
+pub(super) const PARAMS_POLICIES: [&str; 4] = [CLAIMS.name, PODS.name, BINDINGS.name, QUOTA_NAMES.name];
+
+/// Whether the params mode's objects may go now (see the module).
+pub(super) fn due(params_cached: bool, policies: &PolicyCheck, namespaces: &[Namespace], plan: &GatePlan) -> bool {
+    params_cached && matches!(policies, PolicyCheck::Enforces) && marks_settled(namespaces, plan)
+}
+
+impl QuotaController {
+    /// Deletes the params mode's bindings, policies and ConfigMap when [`due`]; returns what
+    /// failed (for every quota's status: the stale params may refuse what the gates admit).
+    pub(super) async fn retire_params(&self, plan: &GatePlan, policies: &PolicyCheck) -> Result<Vec<String>, Error> {
+        let namespaces: Vec<Namespace> = self.namespaces.state().iter().map(|n| (**n).clone()).collect();
+        if !due(!self.policy_params.state().is_empty(), policies, &namespaces, plan) {
+            return Ok(Vec::new());
+        }
+        info!("the gates hold every namespace: deleting the params mode's admission policies and their params");
+        let dp = DeleteParams::default();
+        let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone());
+        for name in PARAMS_POLICIES {
+            if let Err(e) = self.writer().delete_counted(&bindings, name, &dp).await? {
+                return Ok(vec![retire_failed("ValidatingAdmissionPolicyBinding", name, &e)]);
+            }
+        }
+        let policies = Api::<ValidatingAdmissionPolicy>::all(self.client.clone());
+        for name in PARAMS_POLICIES {
+            if let Err(e) = self.writer().delete_counted(&policies, name, &dp).await? {
+                return Ok(vec![retire_failed("ValidatingAdmissionPolicy", name, &e)]);
+            }
+        }
+        let params = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
+        if let Err(e) = self.writer().delete_counted(&params, POLICY_PARAMS, &dp).await? {
+            return Ok(vec![retire_failed("ConfigMap", POLICY_PARAMS, &e)]);
+        }
+        Ok(Vec::new())
+    }
+}
+
+fn retire_failed(kind: &str, name: &str, e: &kube::Error) -> String {
+    format!(
+        "deleting the params mode's {kind} {name} (the upgrade to gates mode; RBAC: delete on it): {e}; until it \
+         goes it may refuse what the gates admit"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Namespace;
+    use serde_json::json;
+
+    fn labelled(name: &str, label: &str) -> Namespace {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {"tessera.dev/gpu-gate": label}}})).unwrap()
+    }
+
+    #[test]
+    fn the_params_go_only_with_the_gate_policies_in_force_and_every_namespace_marked() {
+        let settled = GatePlan::default();
+        let namespaces = [labelled("a", "tenant"), labelled("kube-system", "open")];
+        assert!(due(true, &PolicyCheck::Enforces, &namespaces, &settled));
+        assert!(!due(false, &PolicyCheck::Enforces, &namespaces, &settled), "nothing left to retire");
+        for unsure in [PolicyCheck::Unreadable("x".into()), PolicyCheck::Broken("PolicyNotEnforcing", "y".into())] {
+            assert!(!due(true, &unsure, &namespaces, &settled), "{unsure:?}: the gates may not hold");
+        }
+        let mut relabel = GatePlan::default();
+        relabel.labels.insert("a".into(), "closed");
+        assert!(!due(true, &PolicyCheck::Enforces, &namespaces, &relabel), "a relabel to come");
+    }
+
+    #[test]
+    fn every_shipped_params_policy_and_binding_is_retired_and_the_operator_may_delete_them() {
+        let docs = |text: &str| -> Vec<serde_json::Value> { serde_saphyr::from_multiple(text).unwrap() };
+        let shipped = docs(include_str!("../../../config/rbac/claim-classes.yaml"));
+        for kind in ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] {
+            let mut names: Vec<&str> =
+                shipped.iter().filter(|d| d["kind"] == kind).filter_map(|d| d["metadata"]["name"].as_str()).collect();
+            names.sort_unstable();
+            let mut retired = PARAMS_POLICIES.to_vec();
+            retired.sort_unstable();
+            assert_eq!(names, retired, "{kind}");
+        }
+        let rbac = docs(include_str!("../../../config/rbac/operator.yaml"));
+        let grants = |resource: &str, name: &str| {
+            rbac.iter().filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role").any(|role| {
+                role["rules"].as_array().into_iter().flatten().any(|r| {
+                    let has = |field: &str, v: &str| r[field].as_array().is_some_and(|a| a.iter().any(|x| x == v));
+                    has("resources", resource) && has("resourceNames", name) && has("verbs", "delete")
+                })
+            })
+        };
+        for name in PARAMS_POLICIES {
+            assert!(grants("validatingadmissionpolicies", name), "{name}");
+            assert!(grants("validatingadmissionpolicybindings", name), "{name}");
+        }
+        assert!(grants("configmaps", POLICY_PARAMS));
+    }
+}

@@ -441,11 +441,16 @@ async fn helm_install_brings_tessera_up_upgrade_changes_the_fence_and_uninstall_
 
     // An upgrade that names other GPU clients changes the agent's selector and its fence together.
     // It also moves quota admission to gates: the gate policies are installed and the params
-    // mode's are kept (`helm.sh/resource-policy: keep`), in force until the operator, once the
-    // gates hold, deletes them (e2e/tests/quota_upgrade.rs).
+    // mode's are still rendered while their params ConfigMap (the operator's) exists, in force
+    // until the operator, once the gates hold, deletes them and then it (quota_upgrade.rs).
     for name in PARAMS_POLICIES {
         vaps.get(name).await.unwrap();
     }
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(admin.clone(), "tessera-system");
+    let params: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({"metadata":
+        {"name": "tessera-claim-classes"}, "data": {"team-a.quota": "team-a"}}))
+    .unwrap();
+    cms.create(&PostParams::default(), &params).await.unwrap();
     helm_cmd(
         &cp,
         &[
@@ -465,6 +470,24 @@ async fn helm_install_brings_tessera_up_upgrade_changes_the_fence_and_uninstall_
         assert!(vaps.get_opt(name).await.unwrap().is_some(), "{name}: dropped by the upgrade before the gates hold");
     }
     vaps.get("tessera-gpu-gate-guard").await.unwrap();
+    // Retired as the operator retires them: the next upgrade does not make them again.
+    let bindings: Api<kube::api::DynamicObject> = Api::all_with(
+        admin.clone(),
+        &kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+        )),
+    );
+    for name in PARAMS_POLICIES {
+        bindings.delete(name, &DeleteParams::default()).await.unwrap();
+        vaps.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    cms.delete("tessera-claim-classes", &DeleteParams::default()).await.unwrap();
+    helm_cmd(&cp, &["upgrade", "tessera", "config/helm/tessera", "--reuse-values"]);
+    for name in PARAMS_POLICIES {
+        assert!(vaps.get_opt(name).await.unwrap().is_none(), "{name}: made again once retired");
+    }
     let args =
         ds.get("tessera-node-agent").await.unwrap().spec.template.spec.unwrap().containers[0].args.clone().unwrap();
     assert!(
@@ -513,6 +536,6 @@ async fn helm_install_brings_tessera_up_upgrade_changes_the_fence_and_uninstall_
     assert!(vaps.get_opt("tessera-gpu-gate-guard").await.unwrap().is_none(), "the gate policies go");
 }
 
-/// The params mode's policies, kept by Helm when a release stops shipping them.
+/// The params mode's policies (each with a binding of the same name).
 const PARAMS_POLICIES: [&str; 4] =
     ["tessera-claim-classes", "tessera-gpu-pods", "tessera-gpu-bindings", "tessera-quota-names"];

@@ -5,7 +5,7 @@
 //! allocated; in the end exactly the share is, and no claim of NVIDIA's classes exists.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -23,8 +23,10 @@ use tessera_e2e::{ControlPlane, Identity};
 const T: Duration = Duration::from_secs(90);
 const SHARE: usize = 3;
 const BURST: usize = 50;
-/// How long each creator keeps trying (the limits come into force within it).
-const TRYING: Duration = Duration::from_secs(25);
+/// How long the creators go on trying once both namespaces are labelled tenant.
+const AFTER_TENANT: Duration = Duration::from_secs(10);
+/// Past this the limits are taken as never coming into force.
+const GIVE_UP: Duration = Duration::from_secs(120);
 const OURS: &str = "mig-1g.10gb.tessera.dev";
 
 fn gpu_pod(name: &str) -> Pod {
@@ -51,15 +53,16 @@ fn slice() -> ResourceSlice {
     .unwrap()
 }
 
-/// Runs `attempt` every second until it succeeds or [`TRYING`] has passed; counts successes.
-fn keep_trying<F, Fut>(done: Arc<AtomicUsize>, mut attempt: F) -> tokio::task::JoinHandle<()>
+/// Runs `attempt` every second until it succeeds or `stop` is set (at most [`GIVE_UP`]);
+/// counts successes.
+fn keep_trying<F, Fut>(done: Arc<AtomicUsize>, stop: Arc<AtomicBool>, mut attempt: F) -> tokio::task::JoinHandle<()>
 where
     F: FnMut() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = bool> + Send,
 {
     tokio::spawn(async move {
         let started = Instant::now();
-        while started.elapsed() < TRYING {
+        while !stop.load(Ordering::SeqCst) && started.elapsed() < GIVE_UP {
             if attempt().await {
                 done.fetch_add(1, Ordering::SeqCst);
                 return;
@@ -129,15 +132,16 @@ async fn fifty_pods_and_a_hundred_claims_from_the_moment_two_namespaces_join_nev
     let (pods_made, ours_made, nvidia_made) =
         (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let mut creators = Vec::new();
+    let stop = Arc::new(AtomicBool::new(false));
     for i in 0..BURST {
         let pods: Api<Pod> = Api::namespaced(admin.clone(), "team-p");
-        creators.push(keep_trying(pods_made.clone(), move || {
+        creators.push(keep_trying(pods_made.clone(), stop.clone(), move || {
             let pods = pods.clone();
             async move { pods.create(&PostParams::default(), &gpu_pod(&format!("p-{i:02}"))).await.is_ok() }
         }));
         let (claims, pods): (Api<ResourceClaim>, Api<Pod>) =
             (Api::namespaced(admin.clone(), "team-c"), Api::namespaced(admin.clone(), "team-c"));
-        creators.push(keep_trying(ours_made.clone(), move || {
+        creators.push(keep_trying(ours_made.clone(), stop.clone(), move || {
             let (claims, pods) = (claims.clone(), pods.clone());
             async move {
                 let name = format!("ours-{i:02}");
@@ -152,7 +156,7 @@ async fn fifty_pods_and_a_hundred_claims_from_the_moment_two_namespaces_join_nev
         }));
         let claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), "team-c");
         let class = if i % 2 == 0 { "mig.nvidia.com" } else { "gpu.nvidia.com" };
-        creators.push(keep_trying(nvidia_made.clone(), move || {
+        creators.push(keep_trying(nvidia_made.clone(), stop.clone(), move || {
             let claims = claims.clone();
             async move {
                 let c = claim("team-c", &format!("nvidia-{i:02}"), class, None, 1);
@@ -161,11 +165,12 @@ async fn fifty_pods_and_a_hundred_claims_from_the_moment_two_namespaces_join_nev
         }));
     }
 
-    // Every poll within the share, while the creators try and until the share is in use.
+    // Every poll within the share, while the creators try: until both namespaces have been
+    // tenants for a while and the share has been in use for 5 s.
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     let started = Instant::now();
-    let mut full_since = None;
-    while started.elapsed() < TRYING + Duration::from_secs(30) {
+    let (mut full_since, mut tenant_since) = (None, None);
+    while started.elapsed() < GIVE_UP {
         let (bound, allocated) = check(&admin).await;
         let full = bound == SHARE && allocated == SHARE;
         match (full, full_since) {
@@ -173,11 +178,21 @@ async fn fifty_pods_and_a_hundred_claims_from_the_moment_two_namespaces_join_nev
             (false, _) => full_since = None,
             _ => {}
         }
-        if started.elapsed() > TRYING && full_since.is_some_and(|t| t.elapsed() > Duration::from_secs(5)) {
+        if tenant_since.is_none() {
+            let mut tenants = 0;
+            for ns in ["team-p", "team-c"] {
+                let n = namespaces.get(ns).await.unwrap();
+                tenants += usize::from(n.labels().get("tessera.dev/gpu-gate").map(String::as_str) == Some("tenant"));
+            }
+            tenant_since = (tenants == 2).then(Instant::now);
+        }
+        let waited = tenant_since.is_some_and(|t| t.elapsed() > AFTER_TENANT);
+        if waited && full_since.is_some_and(|t| t.elapsed() > Duration::from_secs(5)) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    stop.store(true, Ordering::SeqCst);
     for c in creators {
         c.await.unwrap();
     }

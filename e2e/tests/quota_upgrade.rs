@@ -2,7 +2,10 @@
 //! gates mode, with kube-scheduler and kwok, as a platform team does it: the gate policies
 //! applied beside the old ones, the operator restarted with `--quota-admission=gates`. A GPU-pod
 //! creator runs throughout, and pods are deleted under it so that its pods keep being admitted
-//! and bound: at no poll are more than the share bound, before, during or after. At the end the
+//! and bound: at no poll are more than the share bound, before, during or after. In a second
+//! namespace six GPU pods made before its quota existed (no ResourceQuota counted them) have
+//! their scheduling gates removed as the switch begins: only the admission policies, params
+//! then gates, keep them to the share, and at no poll are more than two bound. At the end the
 //! operator has deleted the params mode's policies, bindings and ConfigMap, and GPU pods are
 //! admitted and bound again within the share.
 
@@ -32,7 +35,15 @@ fn gpu_pod(name: &str) -> Pod {
     .unwrap()
 }
 
-/// The GPU pods of team-a bound to a node and not terminating, oldest first.
+/// A GPU pod kube-scheduler leaves alone until its scheduling gate is removed.
+fn gated_pod(name: &str) -> Pod {
+    let mut pod = gpu_pod(name);
+    pod.spec.as_mut().unwrap().scheduling_gates =
+        Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate { name: "example.com/later".into() }]);
+    pod
+}
+
+/// The GPU pods bound to a node and not terminating, oldest first.
 async fn bound(pods: &Api<Pod>) -> Vec<Pod> {
     let mut list: Vec<Pod> = pods
         .list(&Default::default())
@@ -50,7 +61,7 @@ async fn bound(pods: &Api<Pod>) -> Vec<Pod> {
 fn creator(pods: Api<Pod>, admitted: Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         for n in 0.. {
-            if pods.create(&PostParams::default(), &gpu_pod(&format!("c-{n:04}"))).await.is_ok() {
+            if pods.create(&PostParams::default(), &gpu_pod(&format!("c-{n:05}"))).await.is_ok() {
                 admitted.fetch_add(1, Ordering::SeqCst);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -61,6 +72,9 @@ fn creator(pods: Api<Pod>, admitted: Arc<AtomicUsize>) -> tokio::task::JoinHandl
 /// Asserts at most the share bound, and deletes the oldest bound pod now and then so that the
 /// creator's pods keep being admitted. Returns the names bound.
 async fn check_and_churn(pods: &Api<Pod>, poll: usize) -> Vec<String> {
+    let early = Api::<Pod>::namespaced(pods.clone().into_client(), "team-b");
+    let b = bound(&early).await;
+    assert!(b.len() <= SHARE, "more than the share of team-b's early pods bound at poll {poll}: {}", b.len());
     let b = bound(pods).await;
     let names: Vec<String> = b.iter().map(|p| p.name_any()).collect();
     assert!(b.len() <= SHARE, "more than the share bound at poll {poll}: {names:?}");
@@ -100,19 +114,31 @@ async fn the_upgrade_from_params_to_gates_never_binds_past_the_share_and_retires
     create_gpu_nodes(&admin, &[FakeGpuNode::new("n1", "NVIDIA-H100-80GB-HBM3", 8).resource("nvidia.com/gpu", 8)])
         .await
         .unwrap();
-    create_namespace(&admin, "team-a").await.unwrap();
-    let quota: TenantGpuQuota = serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1",
-        "kind": "TenantGpuQuota", "metadata": {"name": "team-a"},
-        "spec": {"namespaces": ["team-a"], "hard": {"nvidia.com/gpu": SHARE}}}))
-    .unwrap();
-    Api::<TenantGpuQuota>::all(admin.clone()).create(&PostParams::default(), &quota).await.unwrap();
+    // team-b's six GPU pods are made before any quota claims it (no ResourceQuota counts them
+    // at creation): only the admission policies, params then gates, keep them to the share.
+    for ns in ["team-a", "team-b"] {
+        create_namespace(&admin, ns).await.unwrap();
+    }
+    let early: Api<Pod> = Api::namespaced(admin.clone(), "team-b");
     let (params_operator, _) = spawn_operator(&cp, "params").unwrap();
+    for i in 0..6 {
+        early.create(&PostParams::default(), &gated_pod(&format!("early-{i}"))).await.unwrap();
+    }
+    let quota = |name: &str| -> TenantGpuQuota {
+        serde_json::from_value(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "TenantGpuQuota",
+            "metadata": {"name": name}, "spec": {"namespaces": [name], "hard": {"nvidia.com/gpu": SHARE}}}))
+        .unwrap()
+    };
+    for name in ["team-a", "team-b"] {
+        Api::<TenantGpuQuota>::all(admin.clone()).create(&PostParams::default(), &quota(name)).await.unwrap();
+    }
     let rqs: Api<ResourceQuota> = Api::namespaced(admin.clone(), "team-a");
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "tessera-system");
     wait_for("params mode enforcing team-a", T, || async {
         let hard = rqs.get("tessera-team-a").await.ok()?.status?.hard?;
         (hard.get("requests.nvidia.com/gpu")?.0 == SHARE.to_string()).then_some(())?;
-        cms.get("tessera-claim-classes").await.ok()?.data?.contains_key("team-a.quota").then_some(())
+        let data = cms.get("tessera-claim-classes").await.ok()?.data?;
+        (data.contains_key("team-a.quota") && data.contains_key("team-b.quota")).then_some(())
     })
     .await
     .unwrap();
@@ -133,6 +159,12 @@ async fn the_upgrade_from_params_to_gates_never_binds_past_the_share_and_retires
     apply_file(&admin, "config/rbac/quota-gates.yaml").await.unwrap();
     drop(params_operator);
     let (_gates_operator, _) = spawn_operator_with(&cp, "gates", &[("TESSERA_QUOTA_ADMISSION", "gates")]).unwrap();
+    // The early pods' scheduling gates go as the switch begins: the scheduler tries them throughout.
+    let ungate = json!({"spec": {"schedulingGates": null}});
+    for i in 0..6 {
+        let patch = kube::api::Patch::Merge(&ungate);
+        early.patch(&format!("early-{i}"), &kube::api::PatchParams::default(), &patch).await.unwrap();
+    }
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     wait_for("team-a a tenant's under the gates and the params retired", Duration::from_secs(180), || {
         poll += 1;
@@ -149,9 +181,10 @@ async fn the_upgrade_from_params_to_gates_never_binds_past_the_share_and_retires
     let rq = rqs.get("tessera-team-a").await.unwrap();
     assert!(rq.finalizers().iter().any(|f| f == "tessera.dev/in-force"), "the gates mode holds its ResourceQuota");
 
-    // GPU work goes on under the gates: pods the creator makes from now on are admitted and bound.
+    // GPU work goes on under the gates: a pod the creator makes from now on is admitted and bound.
     let before = admitted.load(Ordering::SeqCst);
-    let since = bound(&pods).await.iter().map(|p| p.name_any()).max().unwrap_or_default();
+    let made = pods.list(&Default::default()).await.unwrap().items;
+    let since = made.iter().map(|p| p.name_any()).max().unwrap_or_default();
     wait_for("a pod made after the upgrade bound", T, || {
         poll += 1;
         let (pods, n, since) = (pods.clone(), poll, since.clone());
@@ -165,6 +198,19 @@ async fn the_upgrade_from_params_to_gates_never_binds_past_the_share_and_retires
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     creating.abort();
+    // The share of team-b's early pods, the first made, is bound (the scheduler retries the
+    // refused bindings with a backoff of up to 10 s).
+    wait_for("early-0 and early-1 bound", T, || {
+        poll += 1;
+        let (pods, n, early) = (pods.clone(), poll, early.clone());
+        async move {
+            check_and_churn(&pods, n).await;
+            let first: Vec<String> = bound(&early).await.iter().map(|p| p.name_any()).collect();
+            (first == ["early-0", "early-1"]).then_some(())
+        }
+    })
+    .await
+    .unwrap();
     let quotas: Api<TenantGpuQuota> = Api::all(admin.clone());
     let c = wait_for("ClaimPolicyBound on team-a", T, || async {
         let st = quotas.get("team-a").await.ok()?.status?;

@@ -50,7 +50,8 @@ impl QuotaController {
         shared.extend(self.delete_stale_gates(&gates).await?);
         let idle = self.idle_report(&inputs.quotas).await;
         let policies = self.check_gate_policies().await;
-        shared.extend(self.retire_params(&gates, &policies).await?);
+        let failed = shared.len() + failures.values().map(Vec::len).sum::<usize>();
+        shared.extend(self.retire_params(&gates, &policies, failed).await?);
         let reports = writes::Reports { shared: &shared, failures: &failures, policies: &policies, idle: &idle };
         let unsent = self.write_statuses(&inputs, &plan, &reports).await?;
         match shared.len() + failures.values().map(Vec::len).sum::<usize>() + unsent {

@@ -5,16 +5,19 @@
 //! may refuse what the gates admit, never admit what they refuse.
 //!
 //! Due while the params ConfigMap is cached (deleted last, so a crash part-way is finished next
-//! pass); done once the gate policies enforce as shipped ([`super::gate_policies`]) and every
-//! namespace carries its mark ([`marks_settled`]). Bindings go before their policies and the
+//! pass); done once the gate policies enforce as shipped ([`super::gate_policies`]), the pass
+//! has failed nothing so far, and the gates are settled ([`GatePlan::settled`]): every namespace
+//! carries its mark and every planned gate is cached as planned, so it was written in an earlier
+//! pass (a namespace labelled `tenant` by hand before the guard existed still gets a gate
+//! computed from a full look at its pods before the params go). Bindings go before their policies and the
 //! ConfigMap last: a policy with its binding but no params would admit every request its
 //! `parameterNotFoundAction: Allow` lets through.
 
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams};
 use tessera_planner::quota::claims::POLICY_PARAMS;
-use tessera_planner::quota::gates::pass::{GatePlan, marks_settled};
+use tessera_planner::quota::gates::pass::GatePlan;
 use tracing::info;
 
 use super::QuotaController;
@@ -25,17 +28,22 @@ use crate::Error;
 /// The params mode's policies (each with a binding of the same name).
 pub(super) const PARAMS_POLICIES: [&str; 4] = [CLAIMS.name, PODS.name, BINDINGS.name, QUOTA_NAMES.name];
 
-/// Whether the params mode's objects may go now (see the module).
-pub(super) fn due(params_cached: bool, policies: &PolicyCheck, namespaces: &[Namespace], plan: &GatePlan) -> bool {
-    params_cached && matches!(policies, PolicyCheck::Enforces) && marks_settled(namespaces, plan)
+/// Whether the params mode's objects may go now (see the module); `failed`: what the pass has
+/// failed so far.
+pub(super) fn due(params_cached: bool, policies: &PolicyCheck, failed: usize, plan: &GatePlan) -> bool {
+    params_cached && matches!(policies, PolicyCheck::Enforces) && failed == 0 && plan.settled
 }
 
 impl QuotaController {
     /// Deletes the params mode's bindings, policies and ConfigMap when [`due`]; returns what
     /// failed (for every quota's status: the stale params may refuse what the gates admit).
-    pub(super) async fn retire_params(&self, plan: &GatePlan, policies: &PolicyCheck) -> Result<Vec<String>, Error> {
-        let namespaces: Vec<Namespace> = self.namespaces.state().iter().map(|n| (**n).clone()).collect();
-        if !due(!self.policy_params.state().is_empty(), policies, &namespaces, plan) {
+    pub(super) async fn retire_params(
+        &self,
+        plan: &GatePlan,
+        policies: &PolicyCheck,
+        failed: usize,
+    ) -> Result<Vec<String>, Error> {
+        if !due(!self.policy_params.state().is_empty(), policies, failed, plan) {
             return Ok(Vec::new());
         }
         info!("the gates hold every namespace: deleting the params mode's admission policies and their params");
@@ -70,25 +78,17 @@ fn retire_failed(kind: &str, name: &str, e: &kube::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::Namespace;
-    use serde_json::json;
-
-    fn labelled(name: &str, label: &str) -> Namespace {
-        serde_json::from_value(json!({"metadata": {"name": name, "labels": {"tessera.dev/gpu-gate": label}}})).unwrap()
-    }
 
     #[test]
-    fn the_params_go_only_with_the_gate_policies_in_force_and_every_namespace_marked() {
-        let settled = GatePlan::default();
-        let namespaces = [labelled("a", "tenant"), labelled("kube-system", "open")];
-        assert!(due(true, &PolicyCheck::Enforces, &namespaces, &settled));
-        assert!(!due(false, &PolicyCheck::Enforces, &namespaces, &settled), "nothing left to retire");
+    fn the_params_go_only_with_the_gate_policies_in_force_nothing_failed_and_the_gates_settled() {
+        let settled = GatePlan { settled: true, ..Default::default() };
+        assert!(due(true, &PolicyCheck::Enforces, 0, &settled));
+        assert!(!due(false, &PolicyCheck::Enforces, 0, &settled), "nothing left to retire");
         for unsure in [PolicyCheck::Unreadable("x".into()), PolicyCheck::Broken("PolicyNotEnforcing", "y".into())] {
-            assert!(!due(true, &unsure, &namespaces, &settled), "{unsure:?}: the gates may not hold");
+            assert!(!due(true, &unsure, 0, &settled), "{unsure:?}: the gates may not hold");
         }
-        let mut relabel = GatePlan::default();
-        relabel.labels.insert("a".into(), "closed");
-        assert!(!due(true, &PolicyCheck::Enforces, &namespaces, &relabel), "a relabel to come");
+        assert!(!due(true, &PolicyCheck::Enforces, 1, &settled), "a write of the pass failed");
+        assert!(!due(true, &PolicyCheck::Enforces, 0, &GatePlan::default()), "the gates are not settled");
     }
 
     #[test]

@@ -81,6 +81,11 @@ pub struct GatePlan {
     pub releases: Vec<(String, String)>,
     /// Namespaces whose gate is no longer wanted (no quota claims them; their label says so).
     pub stale_gates: Vec<String>,
+    /// Whether the gates alone already hold every namespace as this plan wants: each live
+    /// namespace carries its mark ([`marks_settled`]) and each planned gate is cached as planned,
+    /// owned as planned (so it was written by an earlier pass, from an earlier look at the pods).
+    /// What was admitted in the meantime by another mechanism may go then (the upgrade).
+    pub settled: bool,
 }
 
 /// The pass's gate decisions (see the module).
@@ -125,6 +130,7 @@ pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
         .filter(|ns| !out.gates.contains_key(ns))
         .filter(|ns| matches!(label(ns), Some(MARK_OPEN | MARK_CLOSED)))
         .collect();
+    out.settled = marks_settled(i.namespaces, &out) && every_gate_cached(i, &out);
     out
 }
 
@@ -316,6 +322,21 @@ fn releases(i: &GateInputs<'_>, plan: &GatePlan) -> Vec<(String, String)> {
         }
     }
     out
+}
+
+/// Whether each planned gate is cached just as planned, owned by its planned ResourceQuota.
+fn every_gate_cached(i: &GateInputs<'_>, plan: &GatePlan) -> bool {
+    plan.gates.values().all(|g| {
+        let owner = g
+            .owner
+            .as_ref()
+            .map(|name| i.rqs.iter().find(|r| r.namespace().as_deref() == Some(&g.namespace) && &r.name_any() == name));
+        match owner {
+            None => gate_is(i.gates, g, None),
+            Some(None) => false,
+            Some(Some(rq)) => gate_is(i.gates, g, Some(rq)),
+        }
+    })
 }
 
 /// Whether the gates alone now hold every namespace as the plan wants: each live namespace

@@ -382,3 +382,20 @@ fn the_marks_are_settled_once_every_namespace_carries_its_own_but_for_joining_to
     let w = world(vec![], vec![], vec![ns("gone", Some("tenant"), false)]);
     assert!(!marks_settled(&w.namespaces, &w.plan()));
 }
+
+#[test]
+fn a_namespace_labelled_tenant_by_hand_is_settled_only_once_its_planned_gate_is_cached() {
+    let mut w = world(
+        vec![apply("a", "team-a", 2)],
+        vec![rq("a", "team-a", 2, true, false)],
+        vec![ns("a", Some("tenant"), false)],
+    );
+    let first = w.plan();
+    assert!(first.labels.is_empty(), "the label already says tenant");
+    assert!(!first.settled, "no gate cached yet: the first is written from this pass's look at the pods");
+    w.gates = vec![gate_of(&first, "a", "team-a")];
+    assert!(w.plan().settled, "the planned gate cached, owned by its ResourceQuota");
+    // A gate cached with other blocked pods than planned: not settled.
+    w.pods.insert("a".into(), vec![holder("late", "2026-12-01T00:00:00Z", 3, false)]);
+    assert!(!w.plan().settled, "the pods changed since the cached gate");
+}

@@ -70,14 +70,15 @@ fn quota(j: usize, n: usize, q: usize) -> TenantGpuQuota {
 /// The serialized size of the largest of `objects` as the API server stores it (less
 /// `managedFields`, which the server adds).
 fn largest<K: serde::Serialize + kube::Resource>(objects: impl IntoIterator<Item = K>) -> usize {
-    objects
-        .into_iter()
-        .map(|mut o| {
-            o.meta_mut().managed_fields = None;
-            serde_json::to_vec(&o).map(|v| v.len()).unwrap_or(0)
-        })
-        .max()
-        .unwrap_or(0)
+    let sized = objects.into_iter().map(|mut o| {
+        o.meta_mut().managed_fields = None;
+        let name =
+            format!("{}/{}", o.meta().namespace.clone().unwrap_or_default(), o.meta().name.clone().unwrap_or_default());
+        (serde_json::to_vec(&o).map(|v| v.len()).unwrap_or(0), name)
+    });
+    let (size, name) = sized.max().unwrap_or_default();
+    tessera_e2e::tell!("largest {}: {name}, {size} B", std::any::type_name::<K>().rsplit("::").next().unwrap_or("?"));
+    size
 }
 
 /// Waits until every bench namespace (`TEAM` label) has a gate and is labelled `tenant`; returns
@@ -113,13 +114,21 @@ fn rest() -> Duration {
     Duration::from_secs(s)
 }
 
-/// The operator's writes while `change` is made and the passes it wakes settle: counted until
-/// no write for a third of [`rest`] (at most 5 minutes).
-async fn writes_for(port: u16, change: impl std::future::Future<Output = ()>) -> f64 {
+/// The operator's writes for `change`: counted from before it is made until `seen` says its
+/// effect is in the cluster and then no write for a third of [`rest`] (at most 10 minutes: a
+/// pass at 10,000 namespaces takes seconds, so the quiet alone would end the count too soon).
+async fn writes_for<S, Fut>(port: u16, change: impl std::future::Future<Output = ()>, mut seen: S) -> f64
+where
+    S: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
     let before = metric(port, "tessera_operator_api_writes_total");
     change.await;
-    let (mut last, mut quiet) = (before, Instant::now());
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !seen().await && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (mut last, mut quiet) = (metric(port, "tessera_operator_api_writes_total"), Instant::now());
     while quiet.elapsed() < rest() / 3 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = metric(port, "tessera_operator_api_writes_total");
@@ -128,6 +137,12 @@ async fn writes_for(port: u16, change: impl std::future::Future<Output = ()>) ->
         }
     }
     last - before
+}
+
+/// Whether namespace `ns` is labelled `mark`.
+async fn marked(namespaces: &Api<Namespace>, ns: &str, mark: &str) -> bool {
+    let got = namespaces.get_opt(ns).await.ok().flatten();
+    got.is_some_and(|n| n.labels().get(MARK).map(String::as_str) == Some(mark))
 }
 
 struct Row {
@@ -190,7 +205,7 @@ async fn bench(n: usize, q: usize, operator: &std::path::Path) -> anyhow::Result
     let (cpu, _) = proc_stat(op.pid());
 
     // At rest: the periodic passes (every 5 s) write nothing.
-    writes_for(port, async {}).await;
+    writes_for(port, async {}, || async { true }).await;
     let (writes0, passes0) =
         (metric(port, "tessera_operator_api_writes_total"), metric(port, "tessera_operator_reconciles_total"));
     tokio::time::sleep(rest()).await;
@@ -202,8 +217,11 @@ async fn bench(n: usize, q: usize, operator: &std::path::Path) -> anyhow::Result
     // One namespace no quota claims (labelled closed), then one that joins quota q0000 (its
     // gate, its ResourceQuota, two labels, the quota's status, and the Even share of each of
     // the quota's other namespaces lowered).
-    let writes_unclaimed = writes_for(port, create_namespaces(&admin, vec![("unclaimed".into(), "none".into())])).await;
-    let writes_joining = writes_for(port, create_namespaces(&admin, vec![("joins".into(), team(0))])).await;
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let unclaimed = create_namespaces(&admin, vec![("unclaimed".into(), "none".into())]);
+    let writes_unclaimed = writes_for(port, unclaimed, || marked(&namespaces, "unclaimed", "closed")).await;
+    let joins = create_namespaces(&admin, vec![("joins".into(), team(0))]);
+    let writes_joining = writes_for(port, joins, || marked(&namespaces, "joins", "tenant")).await;
     let (_, hwm) = proc_stat(op.pid());
 
     let gates: Api<GpuQuotaGate> = Api::all(admin.clone());

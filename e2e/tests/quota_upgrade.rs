@@ -4,8 +4,9 @@
 //! creator runs throughout, and pods are deleted under it so that its pods keep being admitted
 //! and bound: at no poll are more than the share bound, before, during or after. In a second
 //! namespace six GPU pods made before its quota existed (no ResourceQuota counted them) have
-//! their scheduling gates removed as the switch begins: only the admission policies, params
-//! then gates, keep them to the share, and at no poll are more than two bound. At the end the
+//! their scheduling gates removed in params mode, before the switch: only the admission
+//! policies, params then both then gates, keep them to the share, and at no poll are more than
+//! two bound; in the end two are. At the end the
 //! operator has deleted the params mode's policies, bindings and ConfigMap, and GPU pods are
 //! admitted and bound again within the share.
 
@@ -155,16 +156,29 @@ async fn the_upgrade_from_params_to_gates_never_binds_past_the_share_and_retires
     .await
     .unwrap();
 
-    // The upgrade: the gate policies beside the old ones, then the operator in gates mode.
-    apply_file(&admin, "config/rbac/quota-gates.yaml").await.unwrap();
-    drop(params_operator);
-    let (_gates_operator, _) = spawn_operator_with(&cp, "gates", &[("TESSERA_QUOTA_ADMISSION", "gates")]).unwrap();
-    // The early pods' scheduling gates go as the switch begins: the scheduler tries them throughout.
+    // In params mode alone first: team-b's early pods ungated and listed in the params, never
+    // more than the share bound for longer than the scheduler's longest backoff.
+    wait_for("team-b's early pods in the params", T, || async {
+        let pods = cms.get("tessera-claim-classes").await.ok()?.data?.get("team-b.pods")?.clone();
+        (0..6).all(|i| pods.contains(&format!("early-{i}"))).then_some(())
+    })
+    .await
+    .unwrap();
     let ungate = json!({"spec": {"schedulingGates": null}});
     for i in 0..6 {
         let patch = kube::api::Patch::Merge(&ungate);
         early.patch(&format!("early-{i}"), &kube::api::PatchParams::default(), &patch).await.unwrap();
     }
+    for _ in 0..60 {
+        poll += 1;
+        check_and_churn(&pods, poll).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // The upgrade: the gate policies beside the old ones, then the operator in gates mode.
+    apply_file(&admin, "config/rbac/quota-gates.yaml").await.unwrap();
+    drop(params_operator);
+    let (_gates_operator, _) = spawn_operator_with(&cp, "gates", &[("TESSERA_QUOTA_ADMISSION", "gates")]).unwrap();
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     wait_for("team-a a tenant's under the gates and the params retired", Duration::from_secs(180), || {
         poll += 1;
@@ -182,7 +196,6 @@ async fn the_upgrade_from_params_to_gates_never_binds_past_the_share_and_retires
     assert!(rq.finalizers().iter().any(|f| f == "tessera.dev/in-force"), "the gates mode holds its ResourceQuota");
 
     // GPU work goes on under the gates: a pod the creator makes from now on is admitted and bound.
-    let before = admitted.load(Ordering::SeqCst);
     let made = pods.list(&Default::default()).await.unwrap().items;
     let since = made.iter().map(|p| p.name_any()).max().unwrap_or_default();
     wait_for("a pod made after the upgrade bound", T, || {
@@ -192,21 +205,20 @@ async fn the_upgrade_from_params_to_gates_never_binds_past_the_share_and_retires
     })
     .await
     .unwrap();
-    assert!(admitted.load(Ordering::SeqCst) > before, "the creator's pods are admitted again");
     for n in 0..20 {
         check_and_churn(&pods, n * 8 + 1).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     creating.abort();
-    // The share of team-b's early pods, the first made, is bound (the scheduler retries the
-    // refused bindings with a backoff of up to 10 s).
-    wait_for("early-0 and early-1 bound", T, || {
+    assert!(admitted.load(Ordering::SeqCst) > 2 * SHARE, "the churn kept the creator's pods being admitted");
+    // The share of team-b's early pods is bound (the scheduler retries the refused bindings
+    // with a backoff of up to 10 s): the gates let the share through, no more.
+    wait_for("two of team-b's early pods bound", T, || {
         poll += 1;
         let (pods, n, early) = (pods.clone(), poll, early.clone());
         async move {
             check_and_churn(&pods, n).await;
-            let first: Vec<String> = bound(&early).await.iter().map(|p| p.name_any()).collect();
-            (first == ["early-0", "early-1"]).then_some(())
+            (bound(&early).await.len() == SHARE).then_some(())
         }
     })
     .await

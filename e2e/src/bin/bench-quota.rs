@@ -125,7 +125,11 @@ where
     let before = metric(port, "tessera_operator_api_writes_total");
     change.await;
     let deadline = Instant::now() + Duration::from_secs(600);
-    while !seen().await && Instant::now() < deadline {
+    while !seen().await {
+        if Instant::now() > deadline {
+            tessera_e2e::tell!("the change's effect not seen within 10 minutes: its writes are not counted");
+            return f64::NAN;
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let (mut last, mut quiet) = (metric(port, "tessera_operator_api_writes_total"), Instant::now());

@@ -33,13 +33,13 @@ impl QuotaController {
         let cached: Vec<GpuQuotaGate> = self.gates.state().iter().map(|g| (**g).clone()).collect();
         let gates = self.plan_gates(&inputs, &plan, &cached);
         // The share is what the plan computed; the ResourceQuota is written with less while it
-        // does not count objects made before. No clock decides anything here: the params mode's
-        // in-force stamps are not written (and an apply without them drops those written before).
+        // does not count objects made before. The params mode's in-force stamps are still
+        // written: no gate decision reads them, but the quota plan's stale-ResourceQuota list
+        // does (`pod_gate::enforced`), until params mode goes.
         for a in &mut plan.apply {
             if let Some(limits) = gates.limits.get(&(a.namespace.clone(), a.name.clone())) {
                 a.hard = limits.clone();
             }
-            (a.in_force_since, a.in_force_keys) = (None, None);
         }
         let (mut shared, _) = self.write_claim_classes(&plan, &inputs.classes).await?;
         shared.extend(self.write_class_list(&inputs).await?);

@@ -145,32 +145,3 @@ async fn a_resource_quota_let_go_is_remembered_as_deleted_so_a_lagging_cache_doe
     assert_eq!(written(&reqs, rq).unwrap()["metadata"]["finalizers"], json!([]));
     assert_eq!(c.deleted.len(), 1, "remembered as deleted");
 }
-
-#[tokio::test]
-async fn no_in_force_stamp_is_written_and_one_left_from_params_mode_is_dropped() {
-    const RQ: &str = "/api/v1/namespaces/a/resourcequotas/tessera-team-a";
-    let mut stamped = in_force();
-    stamped.metadata.annotations.get_or_insert_with(Default::default).extend([
-        ("tessera.dev/limits-in-force-since".to_string(), "2026-12-01T00:00:00Z".to_string()),
-        ("tessera.dev/limits-in-force-keys".to_string(), format!("{CLASS_KEY}=2026-12-01T00:00:00Z")),
-    ]);
-    let q = quota("team-a", json!({"namespaces": ["a"], "hard": {"nvidia.com/gpu": 2}}));
-    let stores = |rq: ResourceQuota, client| {
-        QuotaController::from_stores(
-            client,
-            store_of(vec![q.clone()]),
-            store_of(vec![rq]),
-            store_of(vec![namespace(Some("tenant"))]),
-        )
-        .with_gates(store_of(vec![]), store_of(vec![]))
-    };
-    let (client, r) = recording_api(|_, _, _| None);
-    let _ = stores(stamped, client).reconcile().await;
-    let reqs = requests(&r);
-    let applied = written(&reqs, RQ).unwrap_or_else(|| panic!("the stamped one applied again: {:?}", dump(&reqs)));
-    assert_eq!(applied["metadata"]["annotations"], json!({"tessera.dev/quota-name": "team-a"}), "{applied}");
-    let (client, r) = recording_api(|_, _, _| None);
-    let _ = stores(in_force(), client).reconcile().await;
-    let reqs = requests(&r);
-    assert!(written(&reqs, RQ).is_none(), "without stamps it is current: {:?}", dump(&reqs));
-}

@@ -28,6 +28,24 @@ pub fn metric(port: u16, name: &str) -> f64 {
     m.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0.0)
 }
 
+/// The operator binary the benches run (`TESSERA_OPERATOR_BIN`, default the release build);
+/// an error saying how to build it where it is missing.
+pub fn operator_binary() -> std::io::Result<std::path::PathBuf> {
+    let operator = std::path::PathBuf::from(
+        std::env::var("TESSERA_OPERATOR_BIN").unwrap_or_else(|_| "target/release/tessera-operator".into()),
+    );
+    if !operator.exists() {
+        let msg = format!("{} missing: run `cargo build --release -p tessera-operator`", operator.display());
+        return Err(std::io::Error::new(std::io::ErrorKind::NotFound, msg));
+    }
+    Ok(operator)
+}
+
+/// Where the benches write their tables (`BENCH_OUT`, default `docs/bench`).
+pub fn output_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(std::env::var("BENCH_OUT").unwrap_or_else(|_| "docs/bench".into()))
+}
+
 /// The machine's 1-minute load average.
 pub fn load() -> f64 {
     std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)

@@ -16,7 +16,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tessera_crds::TenantGpuQuota;
 use tessera_crds::gate::{GpuClassList, GpuQuotaGate};
-use tessera_e2e::bench::{load, metric, proc_stat, start_operator};
+use tessera_e2e::bench::{load, metric, operator_binary, output_dir, proc_stat, start_operator};
 use tessera_e2e::fixtures::{apply_file, install_crds};
 use tessera_e2e::{ControlPlane, Identity};
 
@@ -257,15 +257,7 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let n = args.first().copied().unwrap_or(10_000);
     let q = args.get(1).copied().unwrap_or(1_000).clamp(1, n);
-    let operator = std::path::PathBuf::from(
-        std::env::var("TESSERA_OPERATOR_BIN").unwrap_or_else(|_| "target/release/tessera-operator".into()),
-    );
-    anyhow::ensure!(
-        operator.exists(),
-        "{} missing: run `cargo build --release -p tessera-operator`",
-        operator.display()
-    );
-    let out = std::path::PathBuf::from(std::env::var("BENCH_OUT").unwrap_or_else(|_| "docs/bench".into()));
+    let (operator, out) = (operator_binary()?, output_dir());
     tessera_e2e::say!("{HEADER}");
     let row = bench(n, q, &operator).await?;
     tessera_e2e::say!("{}", row.markdown());

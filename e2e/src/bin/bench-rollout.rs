@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tessera_crds::solver::{self, ProfileCounts};
 use tessera_crds::{GpuNode, GpuPartitionPlan, catalog};
-use tessera_e2e::bench::{load, metric, proc_stat, start_operator};
+use tessera_e2e::bench::{load, metric, operator_binary, output_dir, proc_stat, start_operator};
 use tessera_e2e::fixtures::{apply_file, install_crds, wait_for};
 use tessera_e2e::process::Component;
 use tessera_e2e::{ControlPlane, Identity};
@@ -441,15 +441,7 @@ fn write_results(dir: &std::path::Path, rows: &[Row]) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() { vec![100, 1000] } else { sizes };
-    let operator = std::path::PathBuf::from(
-        std::env::var("TESSERA_OPERATOR_BIN").unwrap_or_else(|_| "target/release/tessera-operator".into()),
-    );
-    anyhow::ensure!(
-        operator.exists(),
-        "{} missing: run `cargo build --release -p tessera-operator`",
-        operator.display()
-    );
-    let out = std::path::PathBuf::from(std::env::var("BENCH_OUT").unwrap_or_else(|_| "docs/bench".into()));
+    let (operator, out) = (operator_binary()?, output_dir());
     tessera_e2e::say!("{HEADER}");
     let mut rows = Vec::new();
     for n in sizes {

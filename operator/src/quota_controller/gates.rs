@@ -4,9 +4,10 @@
 //! what they do not count yet, held by a finalizer); the gates (owned by their ResourceQuota);
 //! the namespace labels; the held ResourceQuotas let go; the gates no longer wanted; the params
 //! mode's policies, once the gates hold everything ([`super::retire_params`]); the statuses.
-//! Each step writes only what differs from the cache, through the writer's tenure check. A failed write fails its quota's
-//! part of the pass (or, for what all quotas share, every quota's) and is retried next pass: the
-//! order keeps a namespace closed or limited whatever step fails or the process dies after.
+//! Each step writes only what differs from the cache, through the writer's tenure check. A
+//! failed write fails its quota's part of the pass (or, for what all quotas share, every
+//! quota's) and is retried next pass: the order keeps a namespace closed or limited whatever
+//! step fails or the process dies after.
 
 use std::collections::BTreeMap;
 

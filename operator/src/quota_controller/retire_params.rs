@@ -9,9 +9,9 @@
 //! has failed nothing so far, and the gates are settled ([`GatePlan::settled`]): every namespace
 //! carries its mark and every planned gate is cached as planned, so it was written in an earlier
 //! pass (a namespace labelled `tenant` by hand before the guard existed still gets a gate
-//! computed from a full look at its pods before the params go). Bindings go before their policies and the
-//! ConfigMap last: a policy with its binding but no params would admit every request its
-//! `parameterNotFoundAction: Allow` lets through.
+//! computed from a full look at its pods before the params go). Bindings go before their
+//! policies and the ConfigMap last: a policy with its binding but no params would admit every
+//! request its `parameterNotFoundAction: Allow` lets through.
 
 use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
 use k8s_openapi::api::core::v1::ConfigMap;

@@ -137,7 +137,7 @@ pub fn plan_gates(i: &GateInputs<'_>) -> GatePlan {
 /// The limits and gate of a namespace the quota plan writes a ResourceQuota in (its cached
 /// label `label`).
 fn plan_applied(i: &GateInputs<'_>, a: &Apply, label: Option<&str>) -> (BTreeMap<String, String>, PlannedGate) {
-    let rq = |ns: &str, name: &str| i.rqs.iter().find(|r| r.namespace().as_deref() == Some(ns) && r.name_any() == name);
+    let rq = |ns: &str, name: &str| resource_quota(i.rqs, ns, name);
     let no_holders = Vec::new();
     let share: BTreeMap<String, i64> = a.hard.iter().map(|(k, v)| (k.clone(), count(v).unwrap_or(0))).collect();
     let current = rq(&a.namespace, &a.name);
@@ -223,10 +223,7 @@ fn joined(planned: NamespacePlan, label: Option<&str>, quota: &str) -> GpuQuotaG
 /// one, owned by it: its limits are in force.
 fn in_force(i: &GateInputs<'_>, g: &PlannedGate, plan: &GatePlan) -> bool {
     let Some(owner) = &g.owner else { return false };
-    let Some(r) = i.rqs.iter().find(|r| r.namespace().as_deref() == Some(&g.namespace) && &r.name_any() == owner)
-    else {
-        return false;
-    };
+    let Some(r) = resource_quota(i.rqs, &g.namespace, owner) else { return false };
     plan.limits.get(&(g.namespace.clone(), owner.clone())).is_some_and(|l| enforces(r, l))
         && gate_is(i.gates, g, Some(r))
 }
@@ -310,7 +307,7 @@ fn releases(i: &GateInputs<'_>, plan: &GatePlan) -> Vec<(String, String)> {
             // Another: once the namespace's own ResourceQuota enforces its limits and owns the gate.
             Some(g) => {
                 let owner = g.owner.as_deref().unwrap_or_default();
-                i.rqs.iter().find(|o| o.namespace().as_deref() == Some(&ns) && o.name_any() == owner).is_some_and(|o| {
+                resource_quota(i.rqs, &ns, owner).is_some_and(|o| {
                     o.metadata.deletion_timestamp.is_none()
                         && plan.limits.get(&(ns.clone(), owner.to_string())).is_some_and(|l| enforces(o, l))
                         && gate_holds(i.gates, g, Some(o))
@@ -326,17 +323,15 @@ fn releases(i: &GateInputs<'_>, plan: &GatePlan) -> Vec<(String, String)> {
 
 /// Whether each planned gate is cached just as planned, owned by its planned ResourceQuota.
 fn every_gate_cached(i: &GateInputs<'_>, plan: &GatePlan) -> bool {
-    plan.gates.values().all(|g| {
-        let owner = g
-            .owner
-            .as_ref()
-            .map(|name| i.rqs.iter().find(|r| r.namespace().as_deref() == Some(&g.namespace) && &r.name_any() == name));
-        match owner {
-            None => gate_is(i.gates, g, None),
-            Some(None) => false,
-            Some(Some(rq)) => gate_is(i.gates, g, Some(rq)),
-        }
+    plan.gates.values().all(|g| match &g.owner {
+        None => gate_is(i.gates, g, None),
+        Some(name) => resource_quota(i.rqs, &g.namespace, name).is_some_and(|rq| gate_is(i.gates, g, Some(rq))),
     })
+}
+
+/// The cached ResourceQuota `name` of namespace `ns`.
+fn resource_quota<'a>(rqs: &'a [ResourceQuota], ns: &str, name: &str) -> Option<&'a ResourceQuota> {
+    rqs.iter().find(|r| r.namespace().as_deref() == Some(ns) && r.name_any() == name)
 }
 
 /// Whether the gates alone now hold every namespace as the plan wants: each live namespace
